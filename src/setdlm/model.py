@@ -1,0 +1,339 @@
+"""The transformer backbone and its KV cache (SPEC.md §3.1, §3.3; DESIGN.md §3).
+
+The default architecture is the authors' DiT exactly, so their checkpoints convert weight for weight:
+pre-LayerNorm without bias (computed in at least float32), fused QKV without bias, RoPE (rotate-half,
+base 10000) on q and k at the given position ids, output projection without bias, MLP ``d → 4d → d`` with
+biases and tanh-GELU, final LayerNorm, untied zero-initialised output head with bias, no time
+conditioning.
+
+Contract::
+
+    forward(input_ids (B, T), position_ids (B, T), attn_mask (B, 1|H, T, C+T) bool, cache=None) -> (B, T, V)
+
+``C`` is the cache's width (its longest row) at call time; the first ``C`` mask columns address cache
+entries ``0..C-1`` of each row, the last ``T`` the new tokens. Entries past a row's own length are ignored
+whatever the mask says. The backbone knows nothing about families, MASK tokens or orders.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass
+class ModelConfig:
+    """Every architecture field of the backbone. Round-trips through JSON (``to_json`` / ``from_json``)."""
+
+    vocab_size: int
+    hidden_size: int = 256
+    n_heads: int = 4
+    n_layers: int = 4
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "n_heads", "n_layers", "mlp_ratio"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {v!r}")
+        if self.vocab_size < 2:
+            raise ValueError(f"ModelConfig.vocab_size must be >= 2, got {self.vocab_size}")
+        if self.hidden_size % self.n_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by n_heads={self.n_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"ModelConfig.dropout must lie in [0, 1), got {self.dropout}")
+        if self.rope_base <= 0 or self.norm_eps <= 0:
+            raise ValueError("ModelConfig.rope_base and norm_eps must be positive")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, s: str) -> "ModelConfig":
+        return cls.from_dict(json.loads(s))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# KV cache (SPEC §3.3)
+# ---------------------------------------------------------------------------------------------------------
+
+
+class KVCache:
+    """Keys (RoPE already applied) and values per layer, with a valid length per row.
+
+    Storage: ``k[l], v[l]``: (B, H, capacity, hd); ``pos``: (B, capacity) the position id of each entry;
+    ``lengths``: (B,) long. Row ``b`` holds entries ``0..lengths[b]-1``; anything beyond is garbage that no
+    forward reads. A forward appends its ``T`` new tokens at each row's own offset; :meth:`crop` moves the
+    lengths back, so "append then crop to keep a prefix" costs nothing extra.
+    """
+
+    def __init__(self, n_layers: int, batch: int, n_heads: int, head_dim: int, *, dtype=torch.float32,
+                 device=None, capacity: int = 64):
+        capacity = max(int(capacity), 1)
+        shape = (batch, n_heads, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.pos = torch.zeros(batch, capacity, dtype=torch.long, device=device)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+
+    @classmethod
+    def for_model(cls, model: "Transformer", batch: int, capacity: int = 64) -> "KVCache":
+        p = next(model.parameters())
+        c = model.config
+        return cls(c.n_layers, batch, c.n_heads, c.head_dim, dtype=p.dtype, device=p.device, capacity=capacity)
+
+    @property
+    def batch(self) -> int:
+        return self.lengths.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.pos.shape[1]
+
+    @property
+    def width(self) -> int:
+        """Length of the longest row: the ``C`` of the mask contract."""
+        return int(self.lengths.max()) if self.batch else 0
+
+    def _ensure(self, need: int) -> None:
+        if need <= self.capacity:
+            return
+        new = max(need, 2 * self.capacity)
+        grow = new - self.capacity
+        self.k = [F.pad(t, (0, 0, 0, grow)) for t in self.k]
+        self.v = [F.pad(t, (0, 0, 0, grow)) for t in self.v]
+        self.pos = F.pad(self.pos, (0, grow))
+
+    def crop(self, lengths: int | Tensor) -> None:
+        """Crop every row back to ``lengths`` (an int or a (B,) tensor); never lengthens a row."""
+        lengths = torch.as_tensor(lengths, dtype=torch.long, device=self.lengths.device).expand_as(self.lengths)
+        if (lengths < 0).any():
+            raise ValueError("cannot crop a cache to a negative length")
+        self.lengths = torch.minimum(self.lengths, lengths).clone()
+
+    def select_rows(self, rows: Tensor) -> None:
+        """Keep only the given rows (a (B',) index or a (B,) bool), e.g. to drop finished sequences."""
+        self.k = [t[rows] for t in self.k]
+        self.v = [t[rows] for t in self.v]
+        self.pos = self.pos[rows]
+        self.lengths = self.lengths[rows]
+
+    def keep_entries(self, index: Tensor, lengths: Tensor) -> None:
+        """Rebuild each row from the entries ``index[b, :lengths[b]]`` (in that order), e.g. to evict the
+        oldest entries or those with the smallest positions on overflow. ``index``: (B, n) long."""
+        B, n = index.shape
+        self.k = [t.gather(2, index[:, None, :, None].expand(B, t.shape[1], n, t.shape[3])) for t in self.k]
+        self.v = [t.gather(2, index[:, None, :, None].expand(B, t.shape[1], n, t.shape[3])) for t in self.v]
+        self.pos = self.pos.gather(1, index)
+        self.lengths = lengths.to(torch.long).clone()
+
+    def valid(self) -> Tensor:
+        """(B, width) bool: which cache columns hold an entry of their row."""
+        return torch.arange(self.width, device=self.lengths.device)[None, :] < self.lengths[:, None]
+
+    def positions(self) -> Tensor:
+        """(B, width) position ids of the entries (garbage where not :meth:`valid`)."""
+        return self.pos[:, : self.width]
+
+    def clone(self) -> "KVCache":
+        new = KVCache.__new__(KVCache)
+        new.k = [t.clone() for t in self.k]
+        new.v = [t.clone() for t in self.v]
+        new.pos = self.pos.clone()
+        new.lengths = self.lengths.clone()
+        return new
+
+
+# ---------------------------------------------------------------------------------------------------------
+# layers
+# ---------------------------------------------------------------------------------------------------------
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with a weight and no bias, computed in at least float32, cast back (SPEC §3.1)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+        self.dim = dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        dt = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            y = F.layer_norm(x.to(dt), [self.dim], weight=self.weight.to(dt), eps=self.eps)
+        return y.to(x.dtype)
+
+
+def rope_cos_sin(position_ids: Tensor, head_dim: int, base: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos/sin of the rotary angles at arbitrary position ids, rotate-half layout: (B, 1, T, hd) each."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=position_ids.device) / head_dim))
+    ang = position_ids.to(torch.float64)[..., None] * inv_freq  # (B, T, hd/2)
+    ang = torch.cat([ang, ang], dim=-1)[:, None]  # (B, 1, T, hd)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``x·cos + rotate_half(x)·sin`` with ``rotate_half(x) = cat(−x2, x1)``. x: (B, H, T, hd)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """The one place the attention kernel is chosen: PyTorch SDPA with a boolean mask, scale 1/√hd.
+    q: (B, H, T, hd); k, v: (B, H, S, hd); mask: (B, 1|H, T, S) bool."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: ``x + attn(LN1 x)``, ``x + mlp(LN2 x)`` with residual dropout."""
+
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        d = c.hidden_size
+        self.n_heads, self.head_dim = c.n_heads, c.head_dim
+        self.norm1 = LayerNorm(d, c.norm_eps)
+        self.attn_qkv = nn.Linear(d, 3 * d, bias=False)
+        self.attn_out = nn.Linear(d, d, bias=False)
+        self.norm2 = LayerNorm(d, c.norm_eps)
+        self.mlp = nn.Sequential(nn.Linear(d, c.mlp_ratio * d), nn.GELU(approximate="tanh"),
+                                 nn.Linear(c.mlp_ratio * d, d))
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, layer: int,
+                cache: KVCache | None, write_idx: Tensor | None, width: int) -> Tensor:
+        B, T, d = x.shape
+        H, hd = self.n_heads, self.head_dim
+        qkv = self.attn_qkv(self.norm1(x)).view(B, T, 3, H, hd)  # 'b s (three h d) -> b s three h d'
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            idx = write_idx[:, None, :, None].expand(B, H, T, hd)  # (B, H, T, hd)
+            ck, cv = cache.k[layer], cache.v[layer]
+            ck.scatter_(2, idx, k.to(ck.dtype))
+            cv.scatter_(2, idx, v.to(cv.dtype))
+            k, v = ck[:, :, :width].to(q.dtype), cv[:, :, :width].to(q.dtype)  # (B, H, W, hd)
+        y = attention(q, k, v, mask)  # (B, H, T, hd)
+        y = y.transpose(1, 2).reshape(B, T, d)
+        x = x + self.dropout(self.attn_out(y))
+        return x + self.dropout(self.mlp(self.norm2(x)))
+
+
+class Transformer(nn.Module):
+    """The DiT backbone of SPEC §3.1 (no time conditioning)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm_final = LayerNorm(config.hidden_size, config.norm_eps)
+        self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, *, zero_head: bool = True, generator: torch.Generator | None = None) -> "Transformer":
+        """Reference init: Kaiming-uniform(a=√5) embedding, ``nn.Linear`` defaults, unit LayerNorms and a
+        zero output head. ``zero_head=False`` gives the head a random init too (random-weight tests and
+        benchmarks, where a zero head would make every logit tie)."""
+        g = generator
+        nn.init.kaiming_uniform_(self.embed.weight, a=math.sqrt(5), generator=g)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.kaiming_uniform_(m.weight, a=math.sqrt(5), generator=g)
+                if m.bias is not None:
+                    bound = 1 / math.sqrt(m.in_features)
+                    nn.init.uniform_(m.bias, -bound, bound, generator=g)
+            elif isinstance(m, LayerNorm):
+                m.weight.fill_(1.0)
+        if zero_head:
+            self.head.weight.zero_()
+            self.head.bias.zero_()
+        return self
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self, batch: int, capacity: int = 64) -> KVCache:
+        return KVCache.for_model(self, batch, capacity)
+
+    def forward(self, input_ids: Tensor, position_ids: Tensor | None = None, attn_mask: Tensor | None = None,
+                cache: KVCache | None = None, *, keep: int | Tensor | None = None,
+                logits_start: int = 0, return_hidden: bool = False) -> Tensor:
+        """Logits (B, T − logits_start, V) for ``input_ids`` (B, T) at ``position_ids`` (B, T).
+
+        ``attn_mask``: (B, 1|H, T, C+T) bool with ``C = cache.width`` (``C = 0`` without a cache); None =
+        full attention. With a cache the new K/V are appended to each row; ``keep`` (int or (B,)) then crops
+        each row to its old length + ``keep`` (default: keep all ``T``).
+        """
+        B, T = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
+        x = self.embed(input_ids)  # (B, T, d)
+        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_base, x.dtype)
+        write_idx, width, mask = None, T, attn_mask
+        if cache is not None:
+            if cache.batch != B:
+                raise ValueError(f"cache holds {cache.batch} rows but the input has {B}")
+            start = cache.lengths.clone()  # (B,)
+            C = cache.width
+            width = int(start.max()) + T if B else T
+            cache._ensure(width)
+            write_idx = start[:, None] + torch.arange(T, device=start.device)  # (B, T)
+            cache.pos.scatter_(1, write_idx, position_ids.to(torch.long))
+            if mask is not None:
+                mask = _mask_to_buffer(mask, start, C, T, width)
+            else:
+                cols = torch.arange(width, device=start.device)
+                mask = (cols[None, :] < (start + T)[:, None])[:, None, None, :]  # (B, 1, 1, W)
+        if mask is not None:
+            mask = mask | ~mask.any(-1, keepdim=True)  # a row with no visible key would give NaN
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, mask, i, cache, write_idx, width)
+        if cache is not None:
+            n_keep = T if keep is None else keep
+            cache.lengths = start + torch.as_tensor(n_keep, dtype=torch.long, device=start.device).clamp(0, T)
+        h = self.norm_final(x[:, logits_start:])
+        return h if return_hidden else self.head(h)
+
+
+def _mask_to_buffer(mask: Tensor, start: Tensor, C: int, T: int, width: int) -> Tensor:
+    """Re-index a mask from contract coordinates (``C`` cache columns then ``T`` new) to buffer columns,
+    where row b's new tokens sit at ``start[b]..start[b]+T-1``. Columns a row does not hold become False."""
+    if mask.shape[-1] != C + T:
+        raise ValueError(f"attention mask has {mask.shape[-1]} key columns; expected cache width {C} + {T} new")
+    if bool((start == C).all()):
+        return mask  # rows share one length: the two coordinate systems coincide
+    B = start.shape[0]
+    c = torch.arange(width, device=start.device)[None, :]  # (1, W)
+    s = start[:, None]  # (B, 1)
+    src = torch.where(c < s, c, C + (c - s))  # (B, W)
+    ok = c < s + T
+    src = src.clamp(max=C + T - 1)
+    m = mask.expand(B, mask.shape[1], T, C + T).gather(-1, src[:, None, None, :].expand(B, mask.shape[1], T, width))
+    return m & ok[:, None, None, :]

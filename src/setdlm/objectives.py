@@ -1,0 +1,177 @@
+"""Training objectives and likelihood bounds of the four families (SPEC.md §2.3–2.5, §2.8).
+
+Every objective returns a :class:`LossOutput`: the scalar training loss (with the family's own
+reduction) and, for evaluation, per-token NLLs in nats at **original** positions with the mask of the
+tokens they count, so that a bound over a dataset is ``Σ nll / Σ mask``:
+
+* ``ar``     — exact next-token NLL.
+* ``mdlm``   — train: mean CE over masked tokens; bound: CE/t on masked tokens (1/t NELBO), over targets.
+* ``bd3lm``  — two-stream ``[x0, xt]`` with the block mask, ``t`` per block, ≥1 mask per block; same weights.
+* ``setdlm`` — two-stream in reveal order, every target masked in the query stream, plain CE (no
+  ``α'/(1−α)`` weight, SPEC §2.5, pitfall 1); loss = per-sequence mean, then mean over sequences.
+
+The MASK logit is never predicted (−∞ before the softmax, SPEC pitfall 16). Context tokens
+(``context_mask``) are never masked and never in a loss; padding (``attention_mask`` False) is invisible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .family import FamilyConfig
+from .masks import bd3lm_two_stream_mask, bidirectional_mask, causal_mask, setdlm_two_stream_mask, two_stream_set_mask
+from .schedules import LinearSchedule, StaggeredSchedule
+
+
+@dataclass
+class Batch:
+    input_ids: Tensor  # (B, L) long
+    attention_mask: Tensor  # (B, L) bool, False on padding
+    context_mask: Tensor | None = None  # (B, L) bool, True on prompt tokens
+
+    def __post_init__(self):
+        self.attention_mask = self.attention_mask.bool()
+        if self.context_mask is None:
+            self.context_mask = torch.zeros_like(self.attention_mask)
+        self.context_mask = self.context_mask.bool()
+        if self.input_ids.shape != self.attention_mask.shape or self.input_ids.shape != self.context_mask.shape:
+            raise ValueError("input_ids, attention_mask and context_mask must share one (B, L) shape")
+
+    @property
+    def targets(self) -> Tensor:
+        """(B, L) bool: tokens to be generated and scored."""
+        return self.attention_mask & ~self.context_mask
+
+    def to(self, device) -> "Batch":
+        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.context_mask.to(device))
+
+
+@dataclass
+class LossOutput:
+    loss: Tensor  # () training loss
+    nll: Tensor  # (B, L) nats per token at original positions, 0 where not counted
+    mask: Tensor  # (B, L) bool, the tokens the bound counts
+
+    @property
+    def nats(self) -> float:
+        return float(self.nll.sum())
+
+    @property
+    def tokens(self) -> int:
+        return int(self.mask.sum())
+
+
+def log_probs(logits: Tensor, mask_token_id: int) -> Tensor:
+    """Log-softmax in at least float32 with the MASK logit at −∞: (..., V) → (..., V)."""
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    x = x.index_fill(-1, torch.tensor([mask_token_id], device=x.device), float("-inf"))
+    return torch.log_softmax(x, dim=-1)
+
+
+def _token_nll(logits: Tensor, labels: Tensor, mask_token_id: int) -> Tensor:
+    """−log p(label): (B, n, V), (B, n) → (B, n)."""
+    return -log_probs(logits, mask_token_id).gather(-1, labels[..., None])[..., 0]
+
+
+def _per_sequence_mean(nll: Tensor, mask: Tensor) -> Tensor:
+    """Mean over each row's counted tokens (0 for a row with none), then over rows."""
+    per_row = (nll * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_row.mean()
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def ar_loss(model, batch: Batch, mask_token_id: int) -> LossOutput:
+    """Next-token NLL with a causal mask; position 0 has no prediction and is never counted."""
+    x, valid = batch.input_ids, batch.attention_mask
+    B, L = x.shape
+    pos = torch.arange(L, device=x.device).expand(B, L)
+    logits = model(x, pos, causal_mask(valid))  # (B, L, V)
+    mask = batch.targets.clone()
+    mask[:, 0] = False
+    nll = torch.zeros(B, L, dtype=torch.promote_types(logits.dtype, torch.float32), device=x.device)
+    nll[:, 1:] = _token_nll(logits[:, :-1], x[:, 1:], mask_token_id)
+    nll = nll * mask
+    return LossOutput(nll.sum() / mask.sum().clamp(min=1), nll, mask)
+
+
+def masked_diffusion_loss(model, batch: Batch, mask_token_id: int, schedule: LinearSchedule, *,
+                          two_stream: bool, train: bool = True, t: Tensor | None = None,
+                          masked: Tensor | None = None, generator: torch.Generator | None = None,
+                          eps: float = 1e-3, antithetic: bool = False) -> LossOutput:
+    """MDLM (``two_stream=False``, ``block_size = L``) and BD3LM (``two_stream=True``), SPEC §2.8.
+
+    ``t`` (B, n_blocks) and ``masked`` (B, L) may be given explicitly (tests); otherwise sampled.
+    """
+    x, valid, targets = batch.input_ids, batch.attention_mask, batch.targets
+    B, L = x.shape
+    if t is None:
+        t = schedule.sample_t(B, eps=eps, antithetic=antithetic, generator=generator, device=x.device)
+    if masked is None:
+        masked = schedule.sample_masked(targets, t, generator=generator, at_least_one=two_stream)
+    masked = masked & targets
+    xt = torch.where(masked, torch.full_like(x, mask_token_id), x)  # (B, L)
+    pos = torch.arange(L, device=x.device).expand(B, L)
+    if two_stream:
+        ids = torch.cat([x, xt], 1)  # (B, 2L)
+        logits = model(ids, torch.cat([pos, pos], 1), bd3lm_two_stream_mask(valid, schedule.block_size),
+                       logits_start=L)  # (B, L, V): the xt half
+    else:
+        logits = model(xt, pos, bidirectional_mask(valid))  # (B, L, V)
+    ce = _token_nll(logits, x, mask_token_id) * masked  # (B, L)
+    t_tok = schedule.expand(t).to(ce.dtype).to(x.device)  # (B, L)
+    nll = ce / t_tok  # weight −α'/(1−α) = 1/t on masked tokens, 0 elsewhere
+    loss = ce.sum() / masked.sum().clamp(min=1) if train else nll.sum() / targets.sum().clamp(min=1)
+    return LossOutput(loss, nll, targets)
+
+
+def setdlm_loss(model, batch: Batch, mask_token_id: int, schedule: StaggeredSchedule | None = None, *,
+                order: Tensor | None = None, set_ids: Tensor | None = None,
+                generator: torch.Generator | None = None) -> LossOutput:
+    """Two-stream any-order NLL in one sampled reveal order (SPEC §2.3–2.5).
+
+    ``order`` (B, L): explicit permutation (tests, parity); otherwise sampled from ``schedule``.
+    ``set_ids`` (B, L): optional set id per reveal rank (nondecreasing) to train with sets larger than one
+    token (general set mask); default singleton sets, the paper's setting.
+    """
+    x, valid, targets = batch.input_ids, batch.attention_mask, batch.targets
+    B, L = x.shape
+    if order is None:
+        order = schedule.sample_order(targets, generator=generator)  # (B, L)
+    x0p = x.gather(1, order)  # (B, L) clean tokens in reveal order
+    valid_p = valid.gather(1, order)
+    tgt_p = targets.gather(1, order)
+    xtp = torch.where(tgt_p, torch.full_like(x0p, mask_token_id), x0p)  # every target masked
+    ids = torch.cat([x0p, xtp], 1)  # (B, 2L)
+    pos = torch.cat([order, order], 1)  # original positions for both streams
+    mask = setdlm_two_stream_mask(valid_p) if set_ids is None else two_stream_set_mask(set_ids, valid_p)
+    logits = model(ids, pos, mask, logits_start=L)  # (B, L, V): query stream
+    nll_p = _token_nll(logits, x0p, mask_token_id) * tgt_p  # (B, L) by rank
+    loss = _per_sequence_mean(nll_p, tgt_p)
+    nll = torch.zeros_like(nll_p).scatter(1, order, nll_p)  # back to original positions
+    return LossOutput(loss, nll, targets)
+
+
+def compute_loss(model, family: FamilyConfig, batch: Batch, *, train: bool = True,
+                 generator: torch.Generator | None = None, antithetic: bool = False) -> LossOutput:
+    """The family's objective on a batch. ``train=False`` returns the likelihood bound as ``loss``."""
+    L = batch.input_ids.shape[1]
+    if L > family.length:
+        raise ValueError(f"batch length {L} exceeds the model's context length {family.length}")
+    if family.family == "ar":
+        return ar_loss(model, batch, family.mask_token_id)
+    if family.family == "setdlm":
+        out = setdlm_loss(model, batch, family.mask_token_id, family.schedule(), generator=generator)
+        if not train:
+            out.loss = out.nll.sum() / out.mask.sum().clamp(min=1)
+        return out
+    if family.family == "mdlm":
+        return masked_diffusion_loss(model, batch, family.mask_token_id, LinearSchedule(L, L),
+                                     two_stream=False, train=train, generator=generator, antithetic=antithetic)
+    S = family.block_size
+    return masked_diffusion_loss(model, batch, family.mask_token_id, LinearSchedule(L, S), two_stream=True,
+                                 train=train, generator=generator, antithetic=antithetic)
