@@ -129,6 +129,29 @@ def masked_diffusion_loss(model, batch: Batch, mask_token_id: int, schedule: Lin
     return LossOutput(loss, nll, targets)
 
 
+@dataclass
+class TwoStreamInputs:
+    """The SetDLM backbone input (SPEC §2.3–2.4), everything in reveal order."""
+
+    input_ids: Tensor  # (B, 2L): [x0 in reveal order | same with every target replaced by MASK]
+    position_ids: Tensor  # (B, 2L): original positions, repeated for both streams
+    attn_mask: Tensor  # (B, 1, 2L, 2L) bool
+    clean: Tensor  # (B, L) x0 in reveal order (the labels of the query stream)
+    targets: Tensor  # (B, L) bool, targets in reveal order
+    order: Tensor  # (B, L) the permutation (original position of each rank)
+
+
+def setdlm_inputs(batch: Batch, order: Tensor, mask_token_id: int, set_ids: Tensor | None = None) -> TwoStreamInputs:
+    """Build the two-stream input for a given reveal order, padding handled in permuted coordinates."""
+    x, valid, targets = batch.input_ids, batch.attention_mask, batch.targets
+    x0p = x.gather(1, order)  # (B, L) clean tokens in reveal order
+    valid_p = valid.gather(1, order)
+    tgt_p = targets.gather(1, order)
+    xtp = torch.where(tgt_p, torch.full_like(x0p, mask_token_id), x0p)  # every target masked
+    mask = setdlm_two_stream_mask(valid_p) if set_ids is None else two_stream_set_mask(set_ids, valid_p)
+    return TwoStreamInputs(torch.cat([x0p, xtp], 1), torch.cat([order, order], 1), mask, x0p, tgt_p, order)
+
+
 def setdlm_loss(model, batch: Batch, mask_token_id: int, schedule: StaggeredSchedule | None = None, *,
                 order: Tensor | None = None, set_ids: Tensor | None = None,
                 generator: torch.Generator | None = None) -> LossOutput:
@@ -138,22 +161,15 @@ def setdlm_loss(model, batch: Batch, mask_token_id: int, schedule: StaggeredSche
     ``set_ids`` (B, L): optional set id per reveal rank (nondecreasing) to train with sets larger than one
     token (general set mask); default singleton sets, the paper's setting.
     """
-    x, valid, targets = batch.input_ids, batch.attention_mask, batch.targets
-    B, L = x.shape
+    L = batch.input_ids.shape[1]
     if order is None:
-        order = schedule.sample_order(targets, generator=generator)  # (B, L)
-    x0p = x.gather(1, order)  # (B, L) clean tokens in reveal order
-    valid_p = valid.gather(1, order)
-    tgt_p = targets.gather(1, order)
-    xtp = torch.where(tgt_p, torch.full_like(x0p, mask_token_id), x0p)  # every target masked
-    ids = torch.cat([x0p, xtp], 1)  # (B, 2L)
-    pos = torch.cat([order, order], 1)  # original positions for both streams
-    mask = setdlm_two_stream_mask(valid_p) if set_ids is None else two_stream_set_mask(set_ids, valid_p)
-    logits = model(ids, pos, mask, logits_start=L)  # (B, L, V): query stream
-    nll_p = _token_nll(logits, x0p, mask_token_id) * tgt_p  # (B, L) by rank
-    loss = _per_sequence_mean(nll_p, tgt_p)
+        order = schedule.sample_order(batch.targets, generator=generator)  # (B, L)
+    inp = setdlm_inputs(batch, order, mask_token_id, set_ids)
+    logits = model(inp.input_ids, inp.position_ids, inp.attn_mask, logits_start=L)  # (B, L, V): query stream
+    nll_p = _token_nll(logits, inp.clean, mask_token_id) * inp.targets  # (B, L) by rank
+    loss = _per_sequence_mean(nll_p, inp.targets)
     nll = torch.zeros_like(nll_p).scatter(1, order, nll_p)  # back to original positions
-    return LossOutput(loss, nll, targets)
+    return LossOutput(loss, nll, batch.targets)
 
 
 def compute_loss(model, family: FamilyConfig, batch: Batch, *, train: bool = True,
