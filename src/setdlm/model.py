@@ -152,6 +152,16 @@ class KVCache:
         self.pos = self.pos.gather(1, index)
         self.lengths = lengths.to(torch.long).clone()
 
+    def update(self, layer: int, k: Tensor, v: Tensor, step: "CacheStep") -> tuple[Tensor, Tensor]:
+        """Write this step's new keys/values (B, H, T, hd) at each row's offset; return the layer's keys and
+        values over the step's buffer width (B, H, W, hd), in the dtype of ``k``."""
+        B, H, T, hd = k.shape
+        idx = step.write_idx[:, None, :, None].expand(B, H, T, hd)
+        ck, cv = self.k[layer], self.v[layer]
+        ck.scatter_(2, idx, k.to(ck.dtype))
+        cv.scatter_(2, idx, v.to(cv.dtype))
+        return ck[:, :, : step.width].to(k.dtype), cv[:, :, : step.width].to(v.dtype)
+
     def valid(self) -> Tensor:
         """(B, width) bool: which cache columns hold an entry of their row."""
         return torch.arange(self.width, device=self.lengths.device)[None, :] < self.lengths[:, None]
@@ -226,18 +236,14 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, layer: int,
-                cache: KVCache | None, write_idx: Tensor | None, width: int) -> Tensor:
+                cache: KVCache | None, step: "CacheStep") -> Tensor:
         B, T, d = x.shape
         H, hd = self.n_heads, self.head_dim
         qkv = self.attn_qkv(self.norm1(x)).view(B, T, 3, H, hd)  # 'b s (three h d) -> b s three h d'
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
-            idx = write_idx[:, None, :, None].expand(B, H, T, hd)  # (B, H, T, hd)
-            ck, cv = cache.k[layer], cache.v[layer]
-            ck.scatter_(2, idx, k.to(ck.dtype))
-            cv.scatter_(2, idx, v.to(cv.dtype))
-            k, v = ck[:, :, :width].to(q.dtype), cv[:, :, :width].to(q.dtype)  # (B, H, W, hd)
+            k, v = cache.update(layer, k, v, step)  # (B, H, W, hd): cached entries + this step's
         y = attention(q, k, v, mask)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, d)
         x = x + self.dropout(self.attn_out(y))
@@ -296,33 +302,62 @@ class Transformer(nn.Module):
             position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
         x = self.embed(input_ids)  # (B, T, d)
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_base, x.dtype)
-        write_idx, width, mask = None, T, attn_mask
-        if cache is not None:
-            if cache.batch != B:
-                raise ValueError(f"cache holds {cache.batch} rows but the input has {B}")
-            start = cache.lengths.clone()  # (B,)
-            C = cache.width
-            width = int(start.max()) + T if B else T
-            cache._ensure(width)
-            write_idx = start[:, None] + torch.arange(T, device=start.device)  # (B, T)
-            cache.pos.scatter_(1, write_idx, position_ids.to(torch.long))
-            if mask is not None:
-                mask = _mask_to_buffer(mask, start, C, T, width)
-            else:
-                cols = torch.arange(width, device=start.device)
-                mask = (cols[None, :] < (start + T)[:, None])[:, None, None, :]  # (B, 1, 1, W)
-        if mask is not None:
-            mask = mask | ~mask.any(-1, keepdim=True)  # a row with no visible key would give NaN
+        step = begin_step(cache, position_ids, attn_mask)
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, mask, i, cache, write_idx, width)
-        if cache is not None:
-            n_keep = T if keep is None else keep
-            cache.lengths = start + torch.as_tensor(n_keep, dtype=torch.long, device=start.device).clamp(0, T)
+            x = block(x, cos, sin, step.mask, i, cache, step)
+        end_step(cache, step, keep)
         h = self.norm_final(x[:, logits_start:])
         return h if return_hidden else self.head(h)
 
 
-def _mask_to_buffer(mask: Tensor, start: Tensor, C: int, T: int, width: int) -> Tensor:
+@dataclass
+class CacheStep:
+    """Bookkeeping of one forward against a cache (shared by every backbone that honours the contract)."""
+
+    mask: Tensor | None  # (B, 1|H, T, W) bool in buffer coordinates, or None (full attention)
+    start: Tensor | None = None  # (B,) row lengths before the step
+    write_idx: Tensor | None = None  # (B, T) buffer column of each new token
+    width: int = 0  # W: buffer columns the step attends over
+    T: int = 0
+
+
+def begin_step(cache: KVCache | None, position_ids: Tensor, attn_mask: Tensor | None) -> CacheStep:
+    """Translate a contract mask (B, 1|H, T, C+T) to buffer coordinates, reserve room and record the new
+    tokens' positions. Without a cache the mask passes through. Rows with no visible key see everything
+    (their output is garbage but finite; callers ignore it)."""
+    B, T = position_ids.shape
+    if cache is None:
+        mask = attn_mask
+        step = CacheStep(mask, width=T, T=T)
+    else:
+        if cache.batch != B:
+            raise ValueError(f"cache holds {cache.batch} rows but the input has {B}")
+        start = cache.lengths.clone()  # (B,)
+        C = cache.width
+        width = (int(start.max()) if B else 0) + T
+        cache._ensure(width)
+        write_idx = start[:, None] + torch.arange(T, device=start.device)  # (B, T)
+        cache.pos.scatter_(1, write_idx, position_ids.to(torch.long))
+        if attn_mask is not None:
+            mask = mask_to_buffer(attn_mask, start, C, T, width)
+        else:
+            cols = torch.arange(width, device=start.device)
+            mask = (cols[None, :] < (start + T)[:, None])[:, None, None, :]  # (B, 1, 1, W)
+        step = CacheStep(mask, start, write_idx, width, T)
+    if step.mask is not None:
+        step.mask = step.mask | ~step.mask.any(-1, keepdim=True)  # a row with no visible key would give NaN
+    return step
+
+
+def end_step(cache: KVCache | None, step: CacheStep, keep: int | Tensor | None) -> None:
+    """Persist the first ``keep`` (int or (B,)) of the step's new tokens per row (default all)."""
+    if cache is None:
+        return
+    n_keep = step.T if keep is None else keep
+    cache.lengths = step.start + torch.as_tensor(n_keep, dtype=torch.long, device=step.start.device).clamp(0, step.T)
+
+
+def mask_to_buffer(mask: Tensor, start: Tensor, C: int, T: int, width: int) -> Tensor:
     """Re-index a mask from contract coordinates (``C`` cache columns then ``T`` new) to buffer columns,
     where row b's new tokens sit at ``start[b]..start[b]+T-1``. Columns a row does not hold become False."""
     if mask.shape[-1] != C + T:
