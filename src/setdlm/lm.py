@@ -1,0 +1,41 @@
+"""A ready-to-use model: a backbone, the family it was trained as, and its tokenizer (DESIGN.md §4).
+
+``Model`` is a plain container; the work is done by free functions (``setdlm.decoding.generate``,
+``setdlm.decoding.infill``, ``setdlm.objectives.compute_loss``) that accept it. Any backbone honouring the
+contract of ``setdlm.model`` works (the DiT, or a Hugging Face causal LM through the adapter).
+
+Tokenizers are duck-typed: ``encode(text) -> list[int]``, ``decode(ids) -> str`` and the attributes
+``vocab_size``, ``mask_token_id``, ``bos_token_id``, ``eos_token_id``, ``pad_token_id`` (None when absent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from .family import FamilyConfig
+
+
+@dataclass
+class Model:
+    backbone: nn.Module
+    family: FamilyConfig
+    tokenizer: Any | None = None
+
+    def generate(self, prompts, **kwargs):
+        """Decode continuations of ``prompts`` (strings or token-id lists) with the family's decoder."""
+        from .decoding import generate
+
+        return generate(self, prompts, **kwargs)
+
+    def infill(self, prefixes, suffixes, lengths, **kwargs):
+        """Fill ``lengths`` tokens between each prefix and suffix."""
+        from .decoding import infill
+
+        return infill(self, prefixes, suffixes, lengths, **kwargs)
+
+    def eval(self) -> "Model":
+        self.backbone.eval()
+        return self
