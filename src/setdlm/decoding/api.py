@@ -1,0 +1,272 @@
+"""One entry point for every family: ``generate``, ``infill`` and ``fill`` (SPEC.md §4, DESIGN.md §4).
+
+The family of ``model.family`` picks the decoder: ``ar`` (KV-cached next token), ``mdlm`` (no cache,
+semi-AR sub-blocks), ``bd3lm`` (block by block, fused cache write), ``setdlm`` (sliding window, cache
+updated every step). All share the logits processors, the commit rule and the stopping rules; all decode
+batches of ragged rows, and a batch gives the same tokens as decoding each row alone (with per-row seeds
+when sampling). Only the backbone contract (``backbone(ids, pos, mask, cache, keep=, logits_start=)``)
+and ``backbone.new_cache(batch, capacity)`` are used, so any backbone honouring it works.
+
+Which knobs apply where: ``window`` and ``cache_order`` to SetDLM, ``block_size`` to BD3LM and MDLM,
+``threshold`` to SetDLM, BD3LM and MDLM (AR commits exactly one token per step); knobs that do not apply
+to a family are validated and ignored, so one call can sweep every family.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from . import ar, bd3lm, mdlm, setdlm
+from .output import GenerationOutput
+from .sampling import Sampling
+from .state import DecodeConfig, DecodeState, stop_index
+
+DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}
+
+
+def generate(model, prompts, *, max_new_tokens: int = 64, window: int | None = None,
+             threshold: float | None = None, block_size: int | None = None, temperature: float = 0.0,
+             top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0,
+             length_penalty: tuple[int, float] | None = None, eos_token_id: int | Sequence[int] | None = None,
+             ignore_eos: bool = False, stop: str | Sequence[str] | None = None,
+             seed: int | Sequence[int] | None = None, batch_size: int | None = None,
+             cache_order: str = "position", progress: bool = False, trace: bool = False) -> GenerationOutput:
+    """Continue each prompt by up to ``max_new_tokens`` tokens.
+
+    ``prompts``: token-id lists or strings (strings need ``model.tokenizer``); one prompt alone is accepted
+    too. An empty prompt becomes ``[BOS]`` when the tokenizer has one.
+    ``window``: SetDLM positional window ``w`` (default ``D``, as the paper's evals). ``threshold``: τ in
+    (0, 1], commit every masked token at least this confident in addition to the top-1; None = off
+    (exactly one token per step). ``block_size``: BD3LM/MDLM block (default ``family.block_size``).
+    ``temperature`` 0 = greedy; ``top_p``, ``top_k``, ``repetition_penalty`` (on the generated tokens),
+    ``length_penalty=(start, factor)`` (EOS boost, SPEC §5.3).
+    Stopping: a row ends at its first EOS (``eos_token_id``, default the tokenizer's; ``ignore_eos`` turns
+    it off) once every position before it is decoded, at a stop string (needs a tokenizer; the text ends
+    before it), or after ``max_new_tokens``. ``seed``: one int for every row or one per row.
+    ``cache_order``: SetDLM order of newly cached tokens, ``"position"`` or ``"reveal"`` (sampled reveal
+    times, SPEC §4.5). ``trace=True`` records every step of every row (:class:`StepTrace`).
+    """
+    t0 = time.perf_counter()
+    ids = _encode_all(model, prompts, "prompt")
+    if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    mask_id = model.family.mask_token_id
+    for i, p in enumerate(ids):
+        if mask_id in p:
+            raise ValueError(f"prompt {i} contains the MASK id {mask_id}; use fill() for masked inputs")
+    stops = _stops(model, stop)
+    eos = () if ignore_eos else _eos_ids(model, eos_token_id)
+    sequences = [p + [mask_id] * max_new_tokens for p in ids]
+    targets = [[False] * len(p) + [True] * max_new_tokens for p in ids]
+    return _run(model, sequences, targets, t0, mode="generate", window=window, threshold=threshold,
+                block_size=block_size, temperature=temperature, top_p=top_p, top_k=top_k,
+                repetition_penalty=repetition_penalty, length_penalty=length_penalty, eos=eos, stops=stops,
+                seed=seed, batch_size=batch_size, cache_order=cache_order, progress=progress, trace=trace)
+
+
+def infill(model, prefixes, suffixes, lengths: int | Sequence[int], **kwargs) -> GenerationOutput:
+    """Fill ``lengths`` tokens between each prefix and suffix (SPEC §4.6): the row is
+    ``prefix + [MASK] × length + suffix`` and is decoded by :func:`fill`. ``out.tokens`` are the filled
+    middles, ``out.sequences`` the whole rows, ``out.texts`` the decoded middles. Add BOS/EOS to the
+    prefix/suffix yourself if your model was trained with them. Keyword arguments: as :func:`fill`."""
+    t0 = time.perf_counter()
+    pre = _encode_all(model, prefixes, "prefix")
+    suf = _encode_all(model, suffixes, "suffix", allow_empty=True)
+    if len(pre) != len(suf):
+        raise ValueError(f"got {len(pre)} prefixes but {len(suf)} suffixes")
+    lens = [lengths] * len(pre) if isinstance(lengths, int) else list(lengths)
+    if len(lens) != len(pre) or not all(isinstance(m, int) and m >= 0 for m in lens):
+        raise ValueError(f"lengths must be one integer >= 0 or one per row ({len(pre)}), got {lengths!r}")
+    mask_id = model.family.mask_token_id
+    return fill(model, [p + [mask_id] * m + s for p, m, s in zip(pre, lens, suf)], _t0=t0, **kwargs)
+
+
+def fill(model, sequences, *, window: int | None = None, threshold: float | None = None,
+         block_size: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+         repetition_penalty: float = 1.0, length_penalty: tuple[int, float] | None = None,
+         eos_token_id: int | Sequence[int] | None = None, seed: int | Sequence[int] | None = None,
+         batch_size: int | None = None, progress: bool = False, trace: bool = False,
+         _t0: float | None = None) -> GenerationOutput:
+    """Decode every MASK token of each sequence (token-id lists, or strings the tokenizer maps to MASK
+    ids), at arbitrary positions: several gaps work for every family. Every non-MASK token is context:
+    SetDLM caches it all up front and slides its window over the masks; MDLM sees it all every step;
+    BD3LM sees the blocks before the current one; AR sees what lies before each gap. A row ends when no
+    MASK is left (``finish_reason`` "done"); no EOS or stop strings apply. The repetition penalty counts
+    the visible context too (SPEC §4.3). ``eos_token_id`` only serves the length penalty.
+    ``out.tokens`` lists the filled tokens left to right."""
+    t0 = time.perf_counter() if _t0 is None else _t0
+    ids = _encode_all(model, sequences, "sequence")
+    mask_id = model.family.mask_token_id
+    L = model.family.length
+    for i, s in enumerate(ids):
+        if len(s) > L:
+            raise ValueError(f"sequence {i} has {len(s)} tokens, more than the context length L={L}")
+    eos = _eos_ids(model, eos_token_id) if length_penalty is not None else ()
+    return _run(model, ids, [[t == mask_id for t in s] for s in ids], t0, mode="fill", window=window,
+                threshold=threshold, block_size=block_size, temperature=temperature, top_p=top_p, top_k=top_k,
+                repetition_penalty=repetition_penalty, length_penalty=length_penalty, eos=eos, stops=(),
+                seed=seed, batch_size=batch_size, cache_order="position", progress=progress, trace=trace)
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _run(model, sequences, targets, t0, *, mode, window, threshold, block_size, temperature, top_p, top_k,
+         repetition_penalty, length_penalty, eos, stops, seed, batch_size, cache_order, progress,
+         trace) -> GenerationOutput:
+    fam, backbone = model.family, model.backbone
+    sampling = Sampling(fam.mask_token_id, temperature=temperature, top_p=top_p, top_k=top_k,
+                        repetition_penalty=repetition_penalty,
+                        length_penalty=tuple(length_penalty) if length_penalty is not None else None,
+                        threshold=threshold, eos_token_ids=tuple(eos))
+    cfg = DecodeConfig(sampling, fam.length, mode=mode, window=_window(fam, window),
+                       block_size=_block_size(fam, block_size), cache_order=cache_order, stop=stops,
+                       tokenizer=model.tokenizer, trace=trace)
+    if cache_order not in ("position", "reveal"):
+        raise ValueError(f"cache_order must be 'position' or 'reveal', got {cache_order!r}")
+    B = len(sequences)
+    if batch_size is not None and not (isinstance(batch_size, int) and batch_size >= 1):
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    for i, (s, t) in enumerate(zip(sequences, targets)):
+        n_ctx = len(s) - sum(t) if mode == "generate" else len(s)
+        if n_ctx > fam.length:
+            raise ValueError(f"prompt {i} has {n_ctx} tokens, longer than the context length L={fam.length}")
+    decoder = DECODERS[fam.family]
+    reveal = fam.family == "setdlm" and cache_order == "reveal"
+    seeds = _seeds(seed, B) if (not sampling.greedy or reveal) else None
+    device = _device(backbone)
+    bs = batch_size or B
+    results, forwards = {}, 0
+    bar = tqdm(total=sum(sum(t) for t in targets), disable=not progress, desc=f"{fam.family} decoding")
+    was_training = backbone.training
+    backbone.eval()
+    try:
+        with torch.inference_mode():
+            for lo in range(0, B, bs):
+                rows = list(range(lo, min(lo + bs, B)))
+                gens = None if seeds is None else [torch.Generator(device=device).manual_seed(seeds[i]) for i in rows]
+                st = DecodeState([sequences[i] for i in rows], [targets[i] for i in rows], cfg, index=rows,
+                                 generators=gens, device=device)
+                base = bar.n
+                if st.finish():  # rows with nothing to decode leave before any forward
+                    decoder.init(backbone, st)
+                    if reveal:
+                        setdlm.reveal_rank(st, fam.schedule())
+                while st.batch:
+                    decoder.step(backbone, st)
+                    st.finish()
+                    if progress:
+                        done = sum(r.committed for r in st.results.values()) + int(st.committed.sum())
+                        bar.update(base + done - bar.n)
+                results.update(st.results)
+                forwards += st.forwards
+    finally:
+        backbone.train(was_training)
+        bar.close()
+    rows = [results[i] for i in range(B)]
+    texts = None
+    if model.tokenizer is not None:
+        texts = [_text(model.tokenizer, r, stops, eos) for r in rows]
+    return GenerationOutput(tokens=[r.tokens for r in rows], sequences=[r.sequence for r in rows], texts=texts,
+                            finish_reason=[r.finish_reason for r in rows], nfe=forwards,
+                            row_nfe=[r.nfe for r in rows], row_committed=[r.committed for r in rows],
+                            seconds=time.perf_counter() - t0,
+                            trace=[r.trace for r in rows] if trace else None)
+
+
+def _text(tokenizer, r, stops, eos) -> str:
+    toks = r.tokens
+    if r.finish_reason == "eos":
+        toks = toks[:-1]
+    text = tokenizer.decode(toks)
+    if r.finish_reason == "stop":
+        text = text[: stop_index(text, stops)]
+    return text
+
+
+def _encode_all(model, items, what: str, allow_empty: bool = False) -> list[list[int]]:
+    """Strings or token-id lists → token-id lists; one item alone is wrapped into a batch."""
+    if isinstance(items, str) or (isinstance(items, (list, tuple)) and items and isinstance(items[0], int)):
+        items = [items]
+    if isinstance(items, torch.Tensor):
+        items = items.tolist() if items.dim() == 2 else [items.tolist()]
+    items = list(items)
+    if not items:
+        raise ValueError(f"empty batch: no {what}s given")
+    tok = model.tokenizer
+    out = []
+    for i, x in enumerate(items):
+        if isinstance(x, str):
+            if tok is None:
+                raise ValueError(f"{what} {i} is a string but the model has no tokenizer; pass token ids")
+            x = tok.encode(x)
+        if isinstance(x, torch.Tensor):
+            x = x.tolist()
+        x = list(x)
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in x):
+            raise ValueError(f"{what} {i} must hold non-negative integer token ids, got {x[:8]!r}")
+        if not x and not allow_empty:
+            bos = getattr(tok, "bos_token_id", None) if tok is not None else None
+            if bos is None:
+                raise ValueError(f"{what} {i} is empty and no BOS token is known to start it")
+            x = [bos]
+        out.append(x)
+    return out
+
+
+def _window(fam, window) -> int:
+    if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window >= 1):
+        raise ValueError(f"window must be a positive integer, got {window!r}")
+    if fam.family != "setdlm":
+        return 1
+    return window if window is not None else fam.D
+
+
+def _block_size(fam, block_size) -> int:
+    if block_size is not None and not (isinstance(block_size, int) and not isinstance(block_size, bool)
+                                       and block_size >= 1):
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    if fam.family not in ("bd3lm", "mdlm"):
+        return 1
+    return block_size if block_size is not None else fam.block_size
+
+
+def _stops(model, stop) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if not all(isinstance(s, str) and s for s in stops):
+        raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+    if stops and model.tokenizer is None:
+        raise ValueError("stop strings need a tokenizer to decode the text; the model has none")
+    return stops
+
+
+def _eos_ids(model, eos_token_id) -> tuple[int, ...]:
+    if eos_token_id is None:
+        e = getattr(model.tokenizer, "eos_token_id", None) if model.tokenizer is not None else None
+        return () if e is None else (int(e),)
+    ids = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
+    if not all(isinstance(e, int) and e >= 0 for e in ids):
+        raise ValueError(f"eos_token_id must be a token id or a list of them, got {eos_token_id!r}")
+    return ids
+
+
+def _seeds(seed, B: int) -> list[int]:
+    if seed is None:
+        return torch.randint(0, 2**62, (B,)).tolist()  # from torch's global RNG: torch.manual_seed applies
+    if isinstance(seed, int):
+        return [seed] * B
+    seeds = list(seed)
+    if len(seeds) != B or not all(isinstance(s, int) for s in seeds):
+        raise ValueError(f"seed must be an int or one int per row ({B}), got {seed!r}")
+    return seeds
+
+
+def _device(backbone) -> torch.device:
+    p = next(iter(backbone.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")

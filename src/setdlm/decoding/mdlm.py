@@ -1,0 +1,40 @@
+"""MDLM decoding: no cache, semi-autoregressive sub-blocks (SPEC.md §4.9).
+
+Every step is one forward over the whole canvas (prompt or context, committed tokens and every remaining
+MASK), bidirectional. The masked positions are split, left to right, into sub-blocks of ``block_size``
+(for ``generate``: ``[P + j·bs, P + (j+1)·bs)``); each step predicts the masks of the row's current
+sub-block and commits top-1 plus every one above the threshold, so at most ``block_size`` steps per
+sub-block. The input is reordered so that the current sub-block comes last (positions travel as position
+ids and the mask is bidirectional, so the order does not change the result) and only its logits are
+computed. Requires prompt + generation <= L.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .state import DecodeState, forward
+
+
+def init(backbone, st: DecodeState) -> None:
+    if int(st.length.max()) > st.cfg.context_length:
+        raise ValueError(f"MDLM has no cache to slide: prompt + new tokens ({int(st.length.max())}) must be "
+                         f"<= L={st.cfg.context_length}")
+    rank = st.target.long().cumsum(-1) - 1  # (B, S+1) rank of each target position
+    st.extra["sub_block"] = torch.where(st.target, rank // st.cfg.block_size, -1)
+
+
+def step(backbone, st: DecodeState) -> None:
+    S, sub = st.S, st.extra["sub_block"]
+    cur = sub.gather(1, st.first_masked[:, None])  # (B, 1)
+    inb = st.masked & (sub == cur)  # (B, S+1) queries: the masks of the current sub-block
+    q = int(inb.sum(-1).max())
+    key = torch.where(inb, st.pos + (S + 1), st.pos)[:, :S]  # (B, S): current sub-block last
+    slot_pos = key.argsort(-1)  # (B, S)
+    valid = slot_pos < st.length[:, None]
+    slot_pos = torch.where(valid, slot_pos, S)
+    eye = torch.eye(S, dtype=torch.bool, device=st.device)
+    new = (valid[:, :, None] & valid[:, None, :]) | eye  # (B, S, S) bidirectional
+    logits = forward(backbone, st, slot_pos, new, keep=None, logits_start=S - q, n_new=valid.sum(-1))
+    qpos = slot_pos[:, S - q:]
+    st.commit(logits, qpos, inb.gather(1, qpos), slot_pos, valid)

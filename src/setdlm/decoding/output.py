@@ -1,0 +1,61 @@
+"""What a decoding call returns: tokens, texts and the figures people benchmark (SPEC.md §4.10).
+
+NFE counts backbone forwards; the prefill forward that caches the prompt (or the infilling context) is
+not counted, as in the paper. ``tokens_per_step`` is the parallelism factor: tokens committed per forward
+a row took part in, pooled over rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepTrace:
+    """One row's view of one decoding step (recorded with ``trace=True``)."""
+
+    input_positions: list[int]  # backbone position ids of the row's input tokens, in input order
+    query_positions: list[int]  # masked positions predicted this step (ascending)
+    candidates: list[int]  # the candidate token of each query
+    confidences: list[float]  # its probability under the processed distribution
+    committed_positions: list[int]  # positions committed this step (ascending)
+    committed_tokens: list[int]
+    cache_length: int  # entries in the row's KV cache after the forward (0 without a cache)
+
+
+@dataclass
+class GenerationOutput:
+    """Result of :func:`setdlm.decoding.generate` / :func:`~setdlm.decoding.infill` (one entry per row).
+
+    ``tokens`` are the generated tokens only (for infilling: the filled positions, left to right); an EOS
+    that ended a row is included, a stop string's tokens too (the text excludes both). ``sequences`` are
+    the whole rows: prompt + tokens, or prefix + middle + suffix.
+    """
+
+    tokens: list[list[int]]
+    sequences: list[list[int]]
+    texts: list[str] | None
+    finish_reason: list[str]  # "eos" | "stop" | "length" (max_new_tokens reached) | "done" (all masks filled)
+    nfe: int  # backbone forwards, prefill excluded (a batched forward counts once)
+    row_nfe: list[int]  # forwards each row took part in
+    row_committed: list[int]  # tokens each row committed (including any past its EOS or stop string)
+    seconds: float  # wall-clock time of the whole call, prefill and tokenization included
+    trace: list[list[StepTrace]] | None = field(default=None, repr=False)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Committed tokens per forward, pooled over rows (1.0 for AR and for threshold off)."""
+        return sum(self.row_committed) / max(sum(self.row_nfe), 1)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Output tokens per wall-clock second over the whole call."""
+        return self.num_tokens / self.seconds if self.seconds > 0 else float("inf")
+
+    @property
+    def row_tokens_per_step(self) -> list[float]:
+        return [c / max(n, 1) for c, n in zip(self.row_committed, self.row_nfe)]

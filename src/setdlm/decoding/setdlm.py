@@ -1,0 +1,71 @@
+"""SetDLM sliding-window decoding with a KV cache updated after every step (SPEC.md §4.2, §4.3, §4.5, §4.6).
+
+Per row: ``f`` = first still-masked position; the window holds the masked positions in ``[f, f + w)``
+(positional, so never more than ``w`` masks). One forward per step, with input
+
+    [tokens committed last step (clean, not yet cached) | masked positions of the window]
+
+at their own position ids. Clean tokens see the whole cache and the clean tokens before them (causal);
+each mask sees the cache, every new clean token and itself; no clean token sees a mask. This is the
+training mask with cache + new clean tokens as the x0 stream and the masks as queries ranked after them.
+``keep = #clean`` persists the clean tokens' K/V and drops the masks', so the tokens committed at step
+``i`` enter the cache inside the forward of step ``i + 1``, with no extra forward (pitfall 10). Step 0 has
+no clean tokens and persists nothing. The commit rule is :func:`setdlm.decoding.sampling.commit_rule`.
+
+Newly cached tokens go in ascending position (``cache_order="position"``, the paper's default and the
+infilling rule) or by decreasing sampled reveal time (``"reveal"``, ``setdlm_fht_cache_order``: slot ``j`` of
+the ``N`` generated positions uses offset ``loc[L − N + j]`` of the length-``L`` schedule).
+
+Prefill caches every non-MASK token in ascending position, causally (the prompt; for infilling the prefix
+and the suffix: ``cache_full_infill_context``). On overflow (cache + new tokens > L) the entries with the
+smallest positions are evicted (SPEC §4.5); remaining cached tokens stay visible to every query.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .state import DecodeState, forward, prefill as prefill_positions
+
+
+def init(backbone, st: DecodeState) -> None:
+    st.cache = backbone.new_cache(st.batch, capacity=min(st.S, st.cfg.context_length) + 2 * st.cfg.window)
+    st.extra["pending"] = torch.zeros_like(st.masked)  # (B, S+1) committed last step, not yet cached
+    st.extra["pend_key"] = st.pos.expand(st.batch, -1).clone()  # (B, S+1) order of clean tokens in the input
+    prefill_positions(backbone, st, ~st.target & (st.pos < st.length[:, None]))
+
+
+def reveal_rank(st: DecodeState, schedule) -> None:
+    """Order newly cached tokens by decreasing sampled reveal time (SPEC §4.5): one draw per generated
+    position from each row's generator."""
+    n = st.target.sum(-1).tolist()
+    if max(n) > schedule.L:
+        raise ValueError(f"cache_order='reveal' needs max_new_tokens <= L={schedule.L}, got {max(n)}")
+    key = torch.zeros(st.batch, st.S + 1, dtype=torch.float64, device=st.device)
+    for b, g in enumerate(st.generators):
+        times = schedule.sample_reveal_times(1, n[b], generator=g, device=st.device)[0]  # (n_b,)
+        key[b, st.target[b]] = -times  # ascending key = decreasing reveal time
+    st.extra["pend_key"] = key.argsort(-1, stable=True).argsort(-1)  # (B, S+1) integer ranks
+
+
+def step(backbone, st: DecodeState) -> None:
+    w, S = st.cfg.window, st.S
+    pending, pos = st.extra["pending"], st.pos
+    win = st.masked & (pos < (st.first_masked + w)[:, None])  # (B, S+1) masks in [f, f + w)
+    c = pending.sum(-1)  # (B,) clean inputs
+    n = c + win.sum(-1)  # (B,) all inputs
+    T, ls = torch.stack([n.max(), c.min()]).tolist()
+    # input order: pending clean tokens (by pend_key), then window masks (ascending), then the rest
+    key = torch.where(pending, st.extra["pend_key"], torch.where(win, pos + (S + 1), pos + 2 * (S + 1)))
+    slot = torch.arange(T, device=st.device)  # (T,)
+    valid = slot < n[:, None]  # (B, T)
+    slot_pos = torch.where(valid, key.topk(T, dim=-1, largest=False, sorted=True).indices, S)  # (B, T)
+    clean_q = slot[None, :, None] < c[:, None, None]  # (B, T, 1)
+    clean_k = slot[None, None, :] < c[:, None, None]  # (B, 1, T)
+    causal = slot[None, :, None] >= slot[None, None, :]  # (1, T, T)
+    new = (clean_k & (causal | ~clean_q)) | (slot[:, None] == slot[None, :])  # (B, T, T)
+    logits = forward(backbone, st, slot_pos, new, keep=c, logits_start=ls, n_new=n)  # (B, T − ls, V)
+    qvalid = (valid & ~clean_q[..., 0])[:, ls:]  # (B, T − ls) the mask slots
+    write = st.commit(logits, slot_pos[:, ls:], qvalid, slot_pos, valid)
+    st.extra["pending"] = torch.zeros_like(pending).scatter_(1, write, True)
+    st.extra["pending"][:, S] = False

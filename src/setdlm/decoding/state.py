@@ -1,0 +1,290 @@
+"""Batched per-row decoding state shared by every decoder (SPEC.md §4.2, §4.5, §4.6, §4.9).
+
+Every decoder works on a *canvas*: one row per sequence holding its tokens at their absolute positions,
+MASK where a token is still to be decoded. ``generate`` builds ``[prompt, MASK × N]``; infilling builds
+``[prefix, MASK × m, suffix]`` (or any sequence with MASK tokens at arbitrary positions). Rows are
+ragged: row ``b`` owns positions ``0..length[b]-1``; column ``S`` (one past the widest row) is a trash
+column where writes of padded or uncommitted slots land, so that no scatter ever collides.
+
+A decoder step builds its backbone input as a list of canvas positions per row (``slot_pos``, padded with
+the trash column), runs one forward through :func:`forward`, and hands the logits of its query slots to
+:meth:`DecodeState.commit`. Finished rows leave the batch (``KVCache.select_rows``) so they stop costing
+compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .output import StepTrace
+from .sampling import Sampling, commit_rule, propose
+
+
+@dataclass
+class DecodeConfig:
+    """Everything a decoder needs besides the backbone and the rows."""
+
+    sampling: Sampling
+    context_length: int  # L: the cache never holds more than L − (new tokens) entries (SPEC §4.5)
+    mode: str = "generate"  # "generate" (stop on EOS / stop strings) or "fill" (stop when no MASK is left)
+    window: int = 1  # SetDLM positional window w
+    block_size: int = 1  # BD3LM block S / MDLM sub-block
+    cache_order: str = "position"  # SetDLM: order of newly cached tokens, "position" or "reveal"
+    stop: tuple[str, ...] = ()
+    tokenizer: object | None = None
+    trace: bool = False
+
+
+@dataclass
+class RowResult:
+    tokens: list[int]
+    sequence: list[int]
+    finish_reason: str
+    nfe: int
+    committed: int
+    trace: list[StepTrace] | None
+
+
+class DecodeState:
+    """The rows still being decoded, with their canvas, cache and bookkeeping (first dim = rows)."""
+
+    def __init__(self, sequences: list[list[int]], targets: list[list[bool]], cfg: DecodeConfig, *,
+                 index: list[int], generators: list[torch.Generator] | None, device):
+        B = len(sequences)
+        S = max(len(s) for s in sequences)
+        mask_id = cfg.sampling.mask_token_id
+        self.cfg = cfg
+        self.S = S
+        self.device = device
+        self.tokens = torch.full((B, S + 1), mask_id, dtype=torch.long, device=device)  # (B, S+1)
+        self.target = torch.zeros(B, S + 1, dtype=torch.bool, device=device)  # positions to decode
+        for b, (seq, tgt) in enumerate(zip(sequences, targets)):
+            self.tokens[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            self.target[b, : len(tgt)] = torch.tensor(tgt, dtype=torch.bool)
+        self.masked = self.target.clone()  # (B, S+1) still MASK
+        self.length = torch.tensor([len(s) for s in sequences], dtype=torch.long, device=device)  # (B,)
+        self.gen_start = torch.tensor([t.index(True) if any(t) else len(t) for t in targets], device=device)
+        self.index = torch.tensor(index, dtype=torch.long)  # (B,) rows of the caller's batch (CPU)
+        self.generators = generators
+        self.pos = torch.arange(S + 1, device=device)  # (S+1,)
+        self.first_masked = self._first_masked()  # (B,) f, or S when nothing is masked
+        self.eos_pos = torch.full((B,), S, dtype=torch.long, device=device)  # first committed EOS
+        self.stop_checked = self.gen_start.clone()  # resolved prefix already searched for stop strings
+        self.stop_end = torch.full((B,), S, dtype=torch.long, device=device)  # end of a found stop string
+        self.nfe = torch.zeros(B, dtype=torch.long, device=device)
+        self.committed = torch.zeros(B, dtype=torch.long, device=device)
+        self.seen: Tensor | None = None  # (B, V) counts for the repetition penalty, built on first use
+        self.extra: dict[str, Tensor] = {}  # decoder-specific per-row tensors, first dim = rows
+        self.cache = None
+        self.forwards = 0
+        self.traces: list[list[StepTrace]] | None = [[] for _ in range(B)] if cfg.trace else None
+        self.results: dict[int, RowResult] = {}
+
+    # -- bookkeeping -----------------------------------------------------------------------------------------
+
+    @property
+    def batch(self) -> int:
+        return self.length.shape[0]
+
+    def _first_masked(self) -> Tensor:
+        return torch.where(self.masked, self.pos, self.S).min(-1).values  # (B,)
+
+    def select(self, rows: Tensor) -> None:
+        """Keep only ``rows`` (a (B',) index), e.g. after some rows finished."""
+        for name in ("tokens", "target", "masked", "length", "gen_start", "first_masked", "eos_pos",
+                     "stop_checked", "stop_end", "nfe", "committed"):
+            setattr(self, name, getattr(self, name)[rows])
+        if self.seen is not None:
+            self.seen = self.seen[rows]
+        self.extra = {k: v[rows] for k, v in self.extra.items()}
+        keep = rows.tolist()
+        self.index = self.index[rows.cpu()]
+        if self.generators is not None:
+            self.generators = [self.generators[i] for i in keep]
+        if self.traces is not None:
+            self.traces = [self.traces[i] for i in keep]
+        if self.cache is not None:
+            self.cache.select_rows(rows)
+
+    # -- one step's commit ---------------------------------------------------------------------------------
+
+    def commit(self, logits: Tensor, qpos: Tensor, qvalid: Tensor, slot_pos: Tensor, slot_valid: Tensor) -> Tensor:
+        """Apply the commit rule to query logits (B, Q, V) at canvas positions ``qpos`` (B, Q) with
+        ``qvalid`` (B, Q); write the committed tokens. ``slot_pos``/``slot_valid`` (B, T): the step's input
+        (for the trace). Returns the write index (B, Q): the committed position, or the trash column ``S``
+        where nothing was committed."""
+        s = self.cfg.sampling
+        gen_len = None
+        if s.length_penalty is not None:
+            done = self.target & ~self.masked  # (B, S+1) generated tokens already visible
+            gen_len = done.cumsum(-1).gather(1, qpos)  # queries are masked: the count is exclusive
+        if s.repetition_penalty != 1.0 and self.seen is None:
+            self.seen = self._initial_seen(logits.shape[-1])
+        tok, conf = propose(logits, qvalid, s, self.generators, self.seen, gen_len)  # (B, Q) each
+        commit = commit_rule(conf, qvalid, s.threshold)  # (B, Q)
+        write = torch.where(commit, qpos, self.S)  # (B, Q)
+        self.tokens.scatter_(1, write, tok)
+        self.masked.scatter_(1, write, False)
+        if self.seen is not None:
+            self.seen.scatter_add_(1, tok, commit.long())
+        if s.eos_token_ids and self.cfg.mode == "generate":
+            is_eos = commit & torch.isin(tok, torch.tensor(s.eos_token_ids, device=tok.device))
+            self.eos_pos = torch.minimum(self.eos_pos, torch.where(is_eos, qpos, self.S).min(-1).values)
+        self.committed += commit.sum(-1)
+        self.nfe += 1
+        self.forwards += 1
+        self.first_masked = self._first_masked()
+        if self.traces is not None:
+            self._trace(qpos, qvalid, tok, conf, commit, slot_pos, slot_valid)
+        return write
+
+    def _initial_seen(self, V: int) -> Tensor:
+        """Token counts the repetition penalty starts from: nothing when generating (the penalty covers
+        the generated span, SPEC §4.3), every visible context token when infilling."""
+        seen = torch.zeros(self.batch, V, dtype=torch.long, device=self.device)
+        if self.cfg.mode == "fill":
+            ctx = (~self.target & (self.pos < self.length[:, None]))[:, : self.S]  # (B, S)
+            seen.scatter_add_(1, self.tokens[:, : self.S], ctx.long())
+        return seen
+
+    def _trace(self, qpos, qvalid, tok, conf, commit, slot_pos, slot_valid) -> None:
+        cache_len = self.cache.lengths.tolist() if self.cache is not None else [0] * self.batch
+        for b in range(self.batch):
+            v, c = qvalid[b], commit[b]
+            ins = slot_pos[b][slot_valid[b]].tolist()
+            order = torch.argsort(qpos[b][v])
+            cpos, ctok = qpos[b][c], tok[b][c]
+            corder = torch.argsort(cpos)
+            self.traces[b].append(StepTrace(
+                input_positions=ins, query_positions=qpos[b][v][order].tolist(),
+                candidates=tok[b][v][order].tolist(), confidences=conf[b][v][order].tolist(),
+                committed_positions=cpos[corder].tolist(), committed_tokens=ctok[corder].tolist(),
+                cache_length=cache_len[b]))
+
+    # -- stopping (SPEC §4.4) ------------------------------------------------------------------------------
+
+    def finish(self) -> int:
+        """Record and drop every finished row; returns how many rows remain.
+
+        A row is finished when no MASK is left, or (``generate``) when an EOS has been committed with
+        every position before it resolved, or a stop string appears in the resolved generated text."""
+        f = self.first_masked
+        done = f >= self.S
+        if self.cfg.mode == "generate":
+            done = done | (self.eos_pos < f)
+            if self.cfg.stop:
+                self._search_stop_strings()
+                done = done | (self.stop_end < self.S)
+        if not bool(done.any()):
+            return self.batch
+        for b in torch.nonzero(done).flatten().tolist():
+            self._record(b)
+        self.select(torch.nonzero(~done).flatten())
+        return self.batch
+
+    def _search_stop_strings(self) -> None:
+        """Search the newly resolved generated text of each row for the stop strings (Python, per row)."""
+        tok = self.cfg.tokenizer
+        resolved = torch.minimum(self.first_masked, self.eos_pos)  # (B,) the text before any EOS
+        grew = torch.nonzero((resolved > self.stop_checked) & (self.stop_end >= self.S)).flatten().tolist()
+        for b in grew:
+            start, end = int(self.gen_start[b]), int(resolved[b])
+            ids = self.tokens[b, start:end].tolist()
+            if stop_index(tok.decode(ids), self.cfg.stop) is not None:
+                # the shortest token prefix whose text contains a stop string
+                lo, hi = max(int(self.stop_checked[b]) - start, 0), len(ids)
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if stop_index(tok.decode(ids[:mid]), self.cfg.stop) is None:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                self.stop_end[b] = start + lo
+        self.stop_checked = torch.maximum(self.stop_checked, resolved)
+
+    def _record(self, b: int) -> None:
+        f, S = int(self.first_masked[b]), self.S
+        eos, stop, length = int(self.eos_pos[b]), int(self.stop_end[b]), int(self.length[b])
+        if self.cfg.mode == "fill":
+            reason, end = "done", length
+        elif stop < S:  # found in the text before the EOS, so it ends first
+            reason, end = "stop", stop
+        elif eos < f:
+            reason, end = "eos", eos + 1
+        else:
+            reason, end = "length", length
+        row = self.tokens[b, :length].tolist()
+        tgt = self.target[b, :length].tolist()
+        tokens = [t for i, (t, g) in enumerate(zip(row, tgt)) if g and i < end]
+        sequence = row if self.cfg.mode == "fill" else row[:end]
+        self.results[int(self.index[b])] = RowResult(tokens, sequence, reason, int(self.nfe[b]),
+                                                     int(self.committed[b]),
+                                                     self.traces[b] if self.traces is not None else None)
+
+
+def stop_index(text: str, stops: tuple[str, ...]) -> int | None:
+    """Index of the earliest occurrence of any stop string in ``text`` (None if none occurs)."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# forwards
+# ---------------------------------------------------------------------------------------------------------
+
+
+def evict_overflow(cache, n_new: Tensor, limit: int) -> None:
+    """SPEC §4.5: where a row's cache plus its ``n_new`` (B,) new tokens would exceed ``limit`` (= L),
+    evict the cache entries with the smallest positions (the position ledger's rule), keeping the rest in
+    insertion order. Queries keep seeing every remaining entry."""
+    over = cache.lengths + n_new - limit  # (B,)
+    if not bool((over > 0).any()):
+        return
+    over = over.clamp(min=0)
+    valid = cache.valid()  # (B, W)
+    pos = cache.positions().masked_fill(~valid, torch.iinfo(torch.long).max)  # (B, W)
+    rank = pos.argsort(-1, stable=True).argsort(-1)  # (B, W) rank of each entry by position
+    keep = valid & (rank >= over[:, None])
+    index = (~keep).long().argsort(-1, stable=True)  # kept entries first, in insertion order
+    cache.keep_entries(index, keep.sum(-1))
+
+
+def step_mask(new: Tensor, cache_width: int) -> Tensor:
+    """Contract mask (B, 1, T, C + T) from the mask among new tokens (B, T, T): every query sees every
+    entry of its row's cache (entries past a row's length are ignored by the backbone)."""
+    B, T, _ = new.shape
+    old = torch.ones(B, T, cache_width, dtype=torch.bool, device=new.device)
+    return torch.cat([old, new], dim=-1)[:, None]
+
+
+def forward(backbone, st: DecodeState, slot_pos: Tensor, new_mask: Tensor, *, keep: Tensor | int | None,
+            logits_start: int, n_new: Tensor) -> Tensor:
+    """One backbone call on the canvas positions ``slot_pos`` (B, T) (trash column = padding) with the mask
+    among the new tokens ``new_mask`` (B, T, T). With a cache: overflow is evicted first, and each row
+    keeps its first ``keep`` new tokens. Returns logits (B, T − logits_start, V)."""
+    ids = st.tokens.gather(1, slot_pos)  # (B, T)
+    if st.cache is None:
+        return backbone(ids, slot_pos, new_mask[:, None], None, logits_start=logits_start)
+    evict_overflow(st.cache, n_new, st.cfg.context_length)
+    mask = step_mask(new_mask, st.cache.width)
+    return backbone(ids, slot_pos, mask, st.cache, keep=keep, logits_start=logits_start)
+
+
+def prefill(backbone, st: DecodeState, take: Tensor, block_size: int | None = None) -> None:
+    """Cache the canvas positions ``take`` (B, S+1) of each row in ascending order, with the clean-stream
+    mask: causal (``block_size`` None) or block-causal (BD3LM). Not counted as an NFE."""
+    counts = take.sum(-1)  # (B,)
+    T = int(counts.max())
+    if T == 0:
+        return
+    key = torch.where(take, st.pos, st.pos + st.S + 1)  # (B, S+1): taken positions first, ascending
+    slot_pos = key.topk(T, dim=-1, largest=False, sorted=True).indices  # (B, T)
+    valid = torch.arange(T, device=st.device) < counts[:, None]  # (B, T)
+    slot_pos = torch.where(valid, slot_pos, st.S)
+    blk = slot_pos if block_size is None else slot_pos // block_size
+    new = (valid[:, :, None] & valid[:, None, :] & (blk[:, None, :] <= blk[:, :, None])) | torch.eye(
+        T, dtype=torch.bool, device=st.device)  # (B, T, T)
+    forward(backbone, st, slot_pos, new, keep=counts, logits_start=T, n_new=counts)

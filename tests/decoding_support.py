@@ -1,0 +1,89 @@
+"""Helpers for the decoding tests: tiny models per family, a real character tokenizer, and the real
+backbone instrumented to record every call (inputs, logits, cache after the call)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from conftest import make_model
+from setdlm import FamilyConfig, Model
+
+V = 48
+MASK = V - 1
+PAD, BOS, EOS = 0, 1, 2
+PROMPTS = [[BOS, 5, 7], [BOS, 9, 4, 11, 3, 6, 20], [BOS, 30, 8, 12, 40]]  # ragged on purpose
+
+
+def tiny_model(family: str, L: int = 48, seed: int = 1, dtype=torch.float64, **fam) -> Model:
+    """A float64 random model whose outputs are not all one token (larger embeddings and head)."""
+    m = make_model(vocab=V, hidden=32, heads=2, layers=2, seed=seed, dtype=dtype)
+    with torch.no_grad():
+        m.head.weight.mul_(4)
+        m.embed.weight.mul_(4)
+    if family == "setdlm":
+        fam.setdefault("D", 2)
+    if family in ("bd3lm", "mdlm"):
+        fam.setdefault("block_size", 4)
+    return Model(m, FamilyConfig(family, L, MASK, **fam))
+
+
+class CharTokenizer:
+    """A character tokenizer: 0 PAD, 1 BOS, 2 EOS, 3 unused, letters and punctuation, MASK last."""
+
+    chars = "abcdefghijklmnopqrstuvwxyz .,;:!?'-0123456789"[: V - 5]
+    vocab_size, pad_token_id, bos_token_id, eos_token_id, mask_token_id = V, PAD, BOS, EOS, MASK
+
+    def encode(self, text: str) -> list[int]:
+        return [4 + self.chars.index(c) for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[i - 4] for i in ids if 4 <= i < 4 + len(self.chars))
+
+
+@dataclass
+class Call:
+    ids: torch.Tensor  # (B, T)
+    pos: torch.Tensor  # (B, T)
+    mask: torch.Tensor  # (B, 1, T, C + T)
+    logits: torch.Tensor  # (B, T − logits_start, V)
+    logits_start: int
+    keep: object
+    lengths: torch.Tensor | None  # cache row lengths after the call
+    k: list[torch.Tensor] | None  # per layer (B, H, W, hd) after the call
+    v: list[torch.Tensor] | None
+    cache_pos: torch.Tensor | None  # (B, W)
+
+
+class Recorder(nn.Module):
+    """The real backbone with every call recorded (not a mock: it runs the wrapped model)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.calls: list[Call] = []
+
+    def forward(self, ids, pos, mask, cache=None, *, keep=None, logits_start=0):
+        out = self.inner(ids, pos, mask, cache, keep=keep, logits_start=logits_start)
+        snap = (None,) * 4
+        if cache is not None:
+            W = cache.width
+            snap = (cache.lengths.clone(), [k[:, :, :W].clone() for k in cache.k],
+                    [v[:, :, :W].clone() for v in cache.v], cache.positions().clone())
+        self.calls.append(Call(ids.clone(), pos.clone(), mask.clone(), out.clone(), logits_start, keep, *snap))
+        return out
+
+    def new_cache(self, batch, capacity=64):
+        return self.inner.new_cache(batch, capacity)
+
+
+def recorded(model: Model) -> tuple[Model, Recorder]:
+    rec = Recorder(model.backbone)
+    return Model(rec, model.family, model.tokenizer), rec
+
+
+def active_rows(row_nfe: list[int], step: int) -> list[int]:
+    """Original rows present in the batch at decoding step ``step``: finished rows leave in order."""
+    return [r for r, n in enumerate(row_nfe) if n > step]
