@@ -10,6 +10,7 @@ from torch import nn
 
 from conftest import make_model
 from setdlm import FamilyConfig, Model
+from setdlm.model import KVCache
 
 V = 48
 MASK = V - 1
@@ -51,10 +52,15 @@ class Call:
     logits: torch.Tensor  # (B, T − logits_start, V)
     logits_start: int
     keep: object
-    lengths: torch.Tensor | None  # cache row lengths after the call
-    k: list[torch.Tensor] | None  # per layer (B, H, W, hd) after the call
-    v: list[torch.Tensor] | None
-    cache_pos: torch.Tensor | None  # (B, W)
+    cache: KVCache | None  # a clone of the cache right after the call
+
+    @property
+    def lengths(self):
+        return self.cache.lengths
+
+    @property
+    def cache_pos(self):
+        return self.cache.positions()
 
 
 class Recorder(nn.Module):
@@ -67,12 +73,8 @@ class Recorder(nn.Module):
 
     def forward(self, ids, pos, mask, cache=None, *, keep=None, logits_start=0):
         out = self.inner(ids, pos, mask, cache, keep=keep, logits_start=logits_start)
-        snap = (None,) * 4
-        if cache is not None:
-            W = cache.width
-            snap = (cache.lengths.clone(), [k[:, :, :W].clone() for k in cache.k],
-                    [v[:, :, :W].clone() for v in cache.v], cache.positions().clone())
-        self.calls.append(Call(ids.clone(), pos.clone(), mask.clone(), out.clone(), logits_start, keep, *snap))
+        self.calls.append(Call(ids.clone(), pos.clone(), mask.clone(), out.clone(), logits_start, keep,
+                               cache.clone() if cache is not None else None))
         return out
 
     def new_cache(self, batch, capacity=64):

@@ -59,13 +59,14 @@ def generate(model, prompts, *, max_new_tokens: int = 64, window: int | None = N
         if mask_id in p:
             raise ValueError(f"prompt {i} contains the MASK id {mask_id}; use fill() for masked inputs")
     stops = _stops(model, stop)
-    eos = () if ignore_eos else _eos_ids(model, eos_token_id)
+    eos = _eos_ids(model, eos_token_id)
     sequences = [p + [mask_id] * max_new_tokens for p in ids]
     targets = [[False] * len(p) + [True] * max_new_tokens for p in ids]
     return _run(model, sequences, targets, t0, mode="generate", window=window, threshold=threshold,
                 block_size=block_size, temperature=temperature, top_p=top_p, top_k=top_k,
-                repetition_penalty=repetition_penalty, length_penalty=length_penalty, eos=eos, stops=stops,
-                seed=seed, batch_size=batch_size, cache_order=cache_order, progress=progress, trace=trace)
+                repetition_penalty=repetition_penalty, length_penalty=length_penalty, eos=eos,
+                stop_on_eos=not ignore_eos, stops=stops, seed=seed, batch_size=batch_size, cache_order=cache_order,
+                progress=progress, trace=trace)
 
 
 def infill(model, prefixes, suffixes, lengths: int | Sequence[int], **kwargs) -> GenerationOutput:
@@ -105,25 +106,25 @@ def fill(model, sequences, *, window: int | None = None, threshold: float | None
     for i, s in enumerate(ids):
         if len(s) > L:
             raise ValueError(f"sequence {i} has {len(s)} tokens, more than the context length L={L}")
-    eos = _eos_ids(model, eos_token_id) if length_penalty is not None else ()
+    eos = _eos_ids(model, eos_token_id)
     return _run(model, ids, [[t == mask_id for t in s] for s in ids], t0, mode="fill", window=window,
                 threshold=threshold, block_size=block_size, temperature=temperature, top_p=top_p, top_k=top_k,
-                repetition_penalty=repetition_penalty, length_penalty=length_penalty, eos=eos, stops=(),
-                seed=seed, batch_size=batch_size, cache_order="position", progress=progress, trace=trace)
+                repetition_penalty=repetition_penalty, length_penalty=length_penalty, eos=eos, stop_on_eos=False,
+                stops=(), seed=seed, batch_size=batch_size, cache_order="position", progress=progress, trace=trace)
 
 
 # ---------------------------------------------------------------------------------------------------------
 
 
 def _run(model, sequences, targets, t0, *, mode, window, threshold, block_size, temperature, top_p, top_k,
-         repetition_penalty, length_penalty, eos, stops, seed, batch_size, cache_order, progress,
+         repetition_penalty, length_penalty, eos, stop_on_eos, stops, seed, batch_size, cache_order, progress,
          trace) -> GenerationOutput:
     fam, backbone = model.family, model.backbone
     sampling = Sampling(fam.mask_token_id, temperature=temperature, top_p=top_p, top_k=top_k,
                         repetition_penalty=repetition_penalty,
                         length_penalty=tuple(length_penalty) if length_penalty is not None else None,
                         threshold=threshold, eos_token_ids=tuple(eos))
-    cfg = DecodeConfig(sampling, fam.length, mode=mode, window=_window(fam, window),
+    cfg = DecodeConfig(sampling, fam.length, mode=mode, stop_on_eos=stop_on_eos, window=_window(fam, window),
                        block_size=_block_size(fam, block_size), cache_order=cache_order, stop=stops,
                        tokenizer=model.tokenizer, trace=trace)
     if cache_order not in ("position", "reveal"):
@@ -170,7 +171,7 @@ def _run(model, sequences, targets, t0, *, mode, window, threshold, block_size, 
     rows = [results[i] for i in range(B)]
     texts = None
     if model.tokenizer is not None:
-        texts = [_text(model.tokenizer, r, stops, eos) for r in rows]
+        texts = [_text(model.tokenizer, r, stops) for r in rows]
     return GenerationOutput(tokens=[r.tokens for r in rows], sequences=[r.sequence for r in rows], texts=texts,
                             finish_reason=[r.finish_reason for r in rows], nfe=forwards,
                             row_nfe=[r.nfe for r in rows], row_committed=[r.committed for r in rows],
@@ -178,7 +179,7 @@ def _run(model, sequences, targets, t0, *, mode, window, threshold, block_size, 
                             trace=[r.trace for r in rows] if trace else None)
 
 
-def _text(tokenizer, r, stops, eos) -> str:
+def _text(tokenizer, r, stops) -> str:
     toks = r.tokens
     if r.finish_reason == "eos":
         toks = toks[:-1]

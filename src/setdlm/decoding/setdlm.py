@@ -45,7 +45,7 @@ def reveal_rank(st: DecodeState, schedule) -> None:
     for b, g in enumerate(st.generators):
         times = schedule.sample_reveal_times(1, n[b], generator=g, device=st.device)[0]  # (n_b,)
         key[b, st.target[b]] = -times  # ascending key = decreasing reveal time
-    st.extra["pend_key"] = key.argsort(-1, stable=True).argsort(-1)  # (B, S+1) integer ranks
+    st.extra["pend_key"] = key.argsort(dim=-1, stable=True).argsort(dim=-1)  # (B, S+1) integer ranks
 
 
 def step(backbone, st: DecodeState) -> None:

@@ -30,6 +30,7 @@ class DecodeConfig:
     sampling: Sampling
     context_length: int  # L: the cache never holds more than L − (new tokens) entries (SPEC §4.5)
     mode: str = "generate"  # "generate" (stop on EOS / stop strings) or "fill" (stop when no MASK is left)
+    stop_on_eos: bool = True  # generate: a row ends at its first EOS (sampling.eos_token_ids)
     window: int = 1  # SetDLM positional window w
     block_size: int = 1  # BD3LM block S / MDLM sub-block
     cache_order: str = "position"  # SetDLM: order of newly cached tokens, "position" or "reveal"
@@ -130,7 +131,7 @@ class DecodeState:
         self.masked.scatter_(1, write, False)
         if self.seen is not None:
             self.seen.scatter_add_(1, tok, commit.long())
-        if s.eos_token_ids and self.cfg.mode == "generate":
+        if s.eos_token_ids and self.cfg.stop_on_eos and self.cfg.mode == "generate":
             is_eos = commit & torch.isin(tok, torch.tensor(s.eos_token_ids, device=tok.device))
             self.eos_pos = torch.minimum(self.eos_pos, torch.where(is_eos, qpos, self.S).min(-1).values)
         self.committed += commit.sum(-1)
@@ -246,9 +247,9 @@ def evict_overflow(cache, n_new: Tensor, limit: int) -> None:
     over = over.clamp(min=0)
     valid = cache.valid()  # (B, W)
     pos = cache.positions().masked_fill(~valid, torch.iinfo(torch.long).max)  # (B, W)
-    rank = pos.argsort(-1, stable=True).argsort(-1)  # (B, W) rank of each entry by position
+    rank = pos.argsort(dim=-1, stable=True).argsort(dim=-1)  # (B, W) rank of each entry by position
     keep = valid & (rank >= over[:, None])
-    index = (~keep).long().argsort(-1, stable=True)  # kept entries first, in insertion order
+    index = (~keep).long().argsort(dim=-1, stable=True)  # kept entries first, in insertion order
     cache.keep_entries(index, keep.sum(-1))
 
 
