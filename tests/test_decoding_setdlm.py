@@ -87,3 +87,12 @@ def test_reveal_cache_order_follows_sampled_reveal_times():
     assert multi > 0  # some steps cached several tokens, so the order was exercised
     with pytest.raises(ValueError, match="cache_order='reveal' needs max_new_tokens <= L"):
         generate(model, PROMPTS[:1], max_new_tokens=model.family.length + 1, cache_order="reveal")
+
+
+def test_precomputed_and_computed_step_masks_agree():
+    """Windows up to 32 use a precomputed table of step masks, wider ones compute them: with both windows
+    covering all 12 new positions the decodes must coincide."""
+    model = tiny_model("setdlm", D=2)
+    a = generate(model, PROMPTS, max_new_tokens=N, window=N, threshold=0.3, ignore_eos=True, trace=True)
+    b = generate(model, PROMPTS, max_new_tokens=N, window=40, threshold=0.3, ignore_eos=True, trace=True)
+    assert a.tokens == b.tokens and a.trace == b.trace

@@ -161,7 +161,7 @@ def _run(model, sequences, targets, t0, *, mode, window, threshold, block_size, 
                     decoder.step(backbone, st)
                     st.finish()
                     if progress:
-                        done = sum(r.committed for r in st.results.values()) + int(st.committed.sum())
+                        done = sum(r.committed for r in st.results.values()) + int((st.target & ~st.masked).sum())
                         bar.update(base + done - bar.n)
                 results.update(st.results)
                 forwards += st.forwards

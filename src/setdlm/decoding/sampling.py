@@ -65,6 +65,12 @@ class Sampling:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with no processor besides MASK removal."""
+        return (self.greedy and self.top_p == 1.0 and self.top_k == 0 and self.repetition_penalty == 1.0
+                and self.length_penalty is None)
+
 
 def process_logits(logits: Tensor, s: Sampling, seen: Tensor | None = None, gen_len: Tensor | None = None) -> Tensor:
     """Processed log-probabilities (B, Q, V) from raw logits (B, Q, V), in at least float32.
@@ -110,6 +116,11 @@ def uniforms(valid: Tensor, generators: list[torch.Generator]) -> Tensor:
 def propose(logits: Tensor, valid: Tensor, s: Sampling, generators: list[torch.Generator] | None,
             seen: Tensor | None = None, gen_len: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Candidate token and its confidence for every query: (B, Q) long, (B, Q) float."""
+    if s.plain_greedy:  # the common case, in fewer ops: argmax and its softmax probability
+        x = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        x = x.index_fill(-1, torch.tensor([s.mask_token_id], device=x.device), float("-inf"))
+        conf, tok = torch.softmax(x, dim=-1).max(-1)
+        return tok, conf
     logp = process_logits(logits, s, seen, gen_len)  # (B, Q, V)
     if s.greedy:
         lp, tok = logp.max(-1)

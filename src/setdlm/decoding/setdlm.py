@@ -32,6 +32,14 @@ def init(backbone, st: DecodeState) -> None:
     st.cache = backbone.new_cache(st.batch, capacity=min(st.S, st.cfg.context_length) + 2 * st.cfg.window)
     st.extra["pending"] = torch.zeros_like(st.masked)  # (B, S+1) committed last step, not yet cached
     st.extra["pend_key"] = st.pos.expand(st.batch, -1).clone()  # (B, S+1) order of clean tokens in the input
+    st.extra["win_key"] = st.extra["pend_key"] + (st.S + 1)  # then the window's masks
+    st.extra["rest_key"] = st.extra["pend_key"] + 2 * (st.S + 1)
+    w = st.cfg.window
+    if w <= 32:  # every (clean, masks) input mask, precomputed: (w+1, w+1, 2w, 2w)
+        c = torch.arange(w + 1, device=st.device).repeat_interleave(w + 1)  # (K,)
+        m = torch.arange(w + 1, device=st.device).repeat(w + 1)
+        table = input_mask(c, c + m, 2 * w).view(w + 1, w + 1, 2 * w, 2 * w)
+        st.shared["mask_table"] = table
     prefill_positions(backbone, st, ~st.target & (st.pos < st.length[:, None]))
 
 
@@ -48,6 +56,16 @@ def reveal_rank(st: DecodeState, schedule) -> None:
     st.extra["pend_key"] = key.argsort(dim=-1, stable=True).argsort(dim=-1)  # (B, S+1) integer ranks
 
 
+def input_mask(c: torch.Tensor, n: torch.Tensor, T: int) -> torch.Tensor:
+    """Mask among the ``T`` new tokens (B, T, T) for ``c`` (B,) clean tokens then ``n − c`` masks: clean
+    tokens causal among themselves, masks see every clean token and themselves, clean never sees a mask."""
+    slot = torch.arange(T, device=c.device)
+    clean_q = slot[None, :, None] < c[:, None, None]  # (B, T, 1)
+    clean_k = slot[None, None, :] < c[:, None, None]  # (B, 1, T)
+    causal = slot[:, None] >= slot[None, :]  # (T, T)
+    return (clean_k & (causal | ~clean_q)) | (slot[:, None] == slot[None, :])  # (B, T, T)
+
+
 def step(backbone, st: DecodeState) -> None:
     w, S = st.cfg.window, st.S
     pending, pos = st.extra["pending"], st.pos
@@ -56,16 +74,14 @@ def step(backbone, st: DecodeState) -> None:
     n = c + win.sum(-1)  # (B,) all inputs
     T, ls = torch.stack([n.max(), c.min()]).tolist()
     # input order: pending clean tokens (by pend_key), then window masks (ascending), then the rest
-    key = torch.where(pending, st.extra["pend_key"], torch.where(win, pos + (S + 1), pos + 2 * (S + 1)))
+    key = torch.where(pending, st.extra["pend_key"], torch.where(win, st.extra["win_key"], st.extra["rest_key"]))
     slot = torch.arange(T, device=st.device)  # (T,)
     valid = slot < n[:, None]  # (B, T)
     slot_pos = torch.where(valid, key.topk(T, dim=-1, largest=False, sorted=True).indices, S)  # (B, T)
-    clean_q = slot[None, :, None] < c[:, None, None]  # (B, T, 1)
-    clean_k = slot[None, None, :] < c[:, None, None]  # (B, 1, T)
-    causal = slot[None, :, None] >= slot[None, None, :]  # (1, T, T)
-    new = (clean_k & (causal | ~clean_q)) | (slot[:, None] == slot[None, :])  # (B, T, T)
+    table = st.shared.get("mask_table")
+    new = table[c, n - c, :T, :T] if table is not None else input_mask(c, n, T)  # (B, T, T)
     logits = forward(backbone, st, slot_pos, new, keep=c, logits_start=ls, n_new=n)  # (B, T − ls, V)
-    qvalid = (valid & ~clean_q[..., 0])[:, ls:]  # (B, T − ls) the mask slots
+    qvalid = (valid & (slot >= c[:, None]))[:, ls:]  # (B, T − ls) the mask slots
     write = st.commit(logits, slot_pos[:, ls:], qvalid, slot_pos, valid)
     st.extra["pending"] = torch.zeros_like(pending).scatter_(1, write, True)
     st.extra["pending"][:, S] = False

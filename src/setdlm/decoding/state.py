@@ -75,12 +75,12 @@ class DecodeState:
         self.eos_pos = torch.full((B,), S, dtype=torch.long, device=device)  # first committed EOS
         self.stop_checked = self.gen_start.clone()  # resolved prefix already searched for stop strings
         self.stop_end = torch.full((B,), S, dtype=torch.long, device=device)  # end of a found stop string
-        self.nfe = torch.zeros(B, dtype=torch.long, device=device)
-        self.committed = torch.zeros(B, dtype=torch.long, device=device)
         self.seen: Tensor | None = None  # (B, V) counts for the repetition penalty, built on first use
         self.extra: dict[str, Tensor] = {}  # decoder-specific per-row tensors, first dim = rows
+        self.shared: dict[str, Tensor] = {}  # decoder-specific tensors shared by all rows
         self.cache = None
-        self.forwards = 0
+        self.forwards = 0  # steps so far (every row still here took part in all of them)
+        self.may_overflow = S > cfg.context_length  # cache + new tokens <= S distinct positions otherwise
         self.traces: list[list[StepTrace]] | None = [[] for _ in range(B)] if cfg.trace else None
         self.results: dict[int, RowResult] = {}
 
@@ -96,7 +96,7 @@ class DecodeState:
     def select(self, rows: Tensor) -> None:
         """Keep only ``rows`` (a (B',) index), e.g. after some rows finished."""
         for name in ("tokens", "target", "masked", "length", "gen_start", "first_masked", "eos_pos",
-                     "stop_checked", "stop_end", "nfe", "committed"):
+                     "stop_checked", "stop_end"):
             setattr(self, name, getattr(self, name)[rows])
         if self.seen is not None:
             self.seen = self.seen[rows]
@@ -134,8 +134,6 @@ class DecodeState:
         if s.eos_token_ids and self.cfg.stop_on_eos and self.cfg.mode == "generate":
             is_eos = commit & torch.isin(tok, torch.tensor(s.eos_token_ids, device=tok.device))
             self.eos_pos = torch.minimum(self.eos_pos, torch.where(is_eos, qpos, self.S).min(-1).values)
-        self.committed += commit.sum(-1)
-        self.nfe += 1
         self.forwards += 1
         self.first_masked = self._first_masked()
         if self.traces is not None:
@@ -221,8 +219,9 @@ class DecodeState:
         tgt = self.target[b, :length].tolist()
         tokens = [t for i, (t, g) in enumerate(zip(row, tgt)) if g and i < end]
         sequence = row if self.cfg.mode == "fill" else row[:end]
-        self.results[int(self.index[b])] = RowResult(tokens, sequence, reason, int(self.nfe[b]),
-                                                     int(self.committed[b]),
+        committed = sum(g for g, m in zip(tgt, self.masked[b, :length].tolist()) if not m)
+        # rows decode together from the first step until they finish, so a row's NFE is the step count
+        self.results[int(self.index[b])] = RowResult(tokens, sequence, reason, self.forwards, committed,
                                                      self.traces[b] if self.traces is not None else None)
 
 
@@ -269,7 +268,8 @@ def forward(backbone, st: DecodeState, slot_pos: Tensor, new_mask: Tensor, *, ke
     ids = st.tokens.gather(1, slot_pos)  # (B, T)
     if st.cache is None:
         return backbone(ids, slot_pos, new_mask[:, None], None, logits_start=logits_start)
-    evict_overflow(st.cache, n_new, st.cfg.context_length)
+    if st.may_overflow:
+        evict_overflow(st.cache, n_new, st.cfg.context_length)
     mask = step_mask(new_mask, st.cache.width)
     return backbone(ids, slot_pos, mask, st.cache, keep=keep, logits_start=logits_start)
 
