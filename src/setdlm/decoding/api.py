@@ -50,7 +50,6 @@ def generate(model, prompts, *, max_new_tokens: int = 64, window: int | None = N
     ``cache_order``: SetDLM order of newly cached tokens, ``"position"`` or ``"reveal"`` (sampled reveal
     times, SPEC §4.5). ``trace=True`` records every step of every row (:class:`StepTrace`).
     """
-    t0 = time.perf_counter()
     ids = _encode_all(model, prompts, "prompt")
     if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -62,7 +61,7 @@ def generate(model, prompts, *, max_new_tokens: int = 64, window: int | None = N
     eos = _eos_ids(model, eos_token_id)
     sequences = [p + [mask_id] * max_new_tokens for p in ids]
     targets = [[False] * len(p) + [True] * max_new_tokens for p in ids]
-    return _run(model, sequences, targets, t0, mode="generate", window=window, threshold=threshold,
+    return _run(model, sequences, targets, mode="generate", window=window, threshold=threshold,
                 block_size=block_size, temperature=temperature, top_p=top_p, top_k=top_k,
                 repetition_penalty=repetition_penalty, length_penalty=length_penalty, eos=eos,
                 stop_on_eos=not ignore_eos, stops=stops, seed=seed, batch_size=batch_size, cache_order=cache_order,
@@ -74,7 +73,6 @@ def infill(model, prefixes, suffixes, lengths: int | Sequence[int], **kwargs) ->
     ``prefix + [MASK] × length + suffix`` and is decoded by :func:`fill`. ``out.tokens`` are the filled
     middles, ``out.sequences`` the whole rows, ``out.texts`` the decoded middles. Add BOS/EOS to the
     prefix/suffix yourself if your model was trained with them. Keyword arguments: as :func:`fill`."""
-    t0 = time.perf_counter()
     pre = _encode_all(model, prefixes, "prefix")
     suf = _encode_all(model, suffixes, "suffix", allow_empty=True)
     if len(pre) != len(suf):
@@ -83,15 +81,14 @@ def infill(model, prefixes, suffixes, lengths: int | Sequence[int], **kwargs) ->
     if len(lens) != len(pre) or not all(isinstance(m, int) and m >= 0 for m in lens):
         raise ValueError(f"lengths must be one integer >= 0 or one per row ({len(pre)}), got {lengths!r}")
     mask_id = model.family.mask_token_id
-    return fill(model, [p + [mask_id] * m + s for p, m, s in zip(pre, lens, suf)], _t0=t0, **kwargs)
+    return fill(model, [p + [mask_id] * m + s for p, m, s in zip(pre, lens, suf)], **kwargs)
 
 
 def fill(model, sequences, *, window: int | None = None, threshold: float | None = None,
          block_size: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
          repetition_penalty: float = 1.0, length_penalty: tuple[int, float] | None = None,
          eos_token_id: int | Sequence[int] | None = None, seed: int | Sequence[int] | None = None,
-         batch_size: int | None = None, progress: bool = False, trace: bool = False,
-         _t0: float | None = None) -> GenerationOutput:
+         batch_size: int | None = None, progress: bool = False, trace: bool = False) -> GenerationOutput:
     """Decode every MASK token of each sequence (token-id lists, or strings the tokenizer maps to MASK
     ids), at arbitrary positions: several gaps work for every family. Every non-MASK token is context:
     SetDLM caches it all up front and slides its window over the masks; MDLM sees it all every step;
@@ -99,7 +96,6 @@ def fill(model, sequences, *, window: int | None = None, threshold: float | None
     MASK is left (``finish_reason`` "done"); no EOS or stop strings apply. The repetition penalty counts
     the visible context too (SPEC §4.3). ``eos_token_id`` only serves the length penalty.
     ``out.tokens`` lists the filled tokens left to right."""
-    t0 = time.perf_counter() if _t0 is None else _t0
     ids = _encode_all(model, sequences, "sequence")
     mask_id = model.family.mask_token_id
     L = model.family.length
@@ -107,7 +103,7 @@ def fill(model, sequences, *, window: int | None = None, threshold: float | None
         if len(s) > L:
             raise ValueError(f"sequence {i} has {len(s)} tokens, more than the context length L={L}")
     eos = _eos_ids(model, eos_token_id)
-    return _run(model, ids, [[t == mask_id for t in s] for s in ids], t0, mode="fill", window=window,
+    return _run(model, ids, [[t == mask_id for t in s] for s in ids], mode="fill", window=window,
                 threshold=threshold, block_size=block_size, temperature=temperature, top_p=top_p, top_k=top_k,
                 repetition_penalty=repetition_penalty, length_penalty=length_penalty, eos=eos, stop_on_eos=False,
                 stops=(), seed=seed, batch_size=batch_size, cache_order="position", progress=progress, trace=trace)
@@ -116,7 +112,7 @@ def fill(model, sequences, *, window: int | None = None, threshold: float | None
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _run(model, sequences, targets, t0, *, mode, window, threshold, block_size, temperature, top_p, top_k,
+def _run(model, sequences, targets, *, mode, window, threshold, block_size, temperature, top_p, top_k,
          repetition_penalty, length_penalty, eos, stop_on_eos, stops, seed, batch_size, cache_order, progress,
          trace) -> GenerationOutput:
     fam, backbone = model.family, model.backbone
@@ -136,15 +132,16 @@ def _run(model, sequences, targets, t0, *, mode, window, threshold, block_size, 
         n_ctx = len(s) - sum(t) if mode == "generate" else len(s)
         if n_ctx > fam.length:
             raise ValueError(f"prompt {i} has {n_ctx} tokens, longer than the context length L={fam.length}")
-    decoder = DECODERS[fam.family]
     reveal = fam.family == "setdlm" and cache_order == "reveal"
     seeds = _seeds(seed, B) if (not sampling.greedy or reveal) else None
     device = _device(backbone)
     bs = batch_size or B
     results, forwards = {}, 0
-    bar = tqdm(total=sum(sum(t) for t in targets), disable=not progress, desc=f"{fam.family} decoding")
+    n_targets = [sum(t) for t in targets]
+    bar = tqdm(total=sum(n_targets), disable=not progress, desc=f"{fam.family} decoding", unit="tok")
     was_training = backbone.training
     backbone.eval()
+    t0 = time.perf_counter()
     try:
         with torch.inference_mode():
             for lo in range(0, B, bs):
@@ -152,22 +149,13 @@ def _run(model, sequences, targets, t0, *, mode, window, threshold, block_size, 
                 gens = None if seeds is None else [torch.Generator(device=device).manual_seed(seeds[i]) for i in rows]
                 st = DecodeState([sequences[i] for i in rows], [targets[i] for i in rows], cfg, index=rows,
                                  generators=gens, device=device)
-                base = bar.n
-                if st.finish():  # rows with nothing to decode leave before any forward
-                    decoder.init(backbone, st)
-                    if reveal:
-                        setdlm.reveal_rank(st, fam.schedule())
-                while st.batch:
-                    decoder.step(backbone, st)
-                    st.finish()
-                    if progress:
-                        done = sum(r.committed for r in st.results.values()) + int((st.target & ~st.masked).sum())
-                        bar.update(base + done - bar.n)
+                _decode_chunk(backbone, st, fam, reveal, bar if progress else None, n_targets)
                 results.update(st.results)
                 forwards += st.forwards
     finally:
         backbone.train(was_training)
         bar.close()
+    seconds = time.perf_counter() - t0
     rows = [results[i] for i in range(B)]
     texts = None
     if model.tokenizer is not None:
@@ -175,8 +163,24 @@ def _run(model, sequences, targets, t0, *, mode, window, threshold, block_size, 
     return GenerationOutput(tokens=[r.tokens for r in rows], sequences=[r.sequence for r in rows], texts=texts,
                             finish_reason=[r.finish_reason for r in rows], nfe=forwards,
                             row_nfe=[r.nfe for r in rows], row_committed=[r.committed for r in rows],
-                            seconds=time.perf_counter() - t0,
+                            seconds=seconds,
                             trace=[r.trace for r in rows] if trace else None)
+
+
+def _decode_chunk(backbone, st: DecodeState, fam, reveal: bool, bar, n_targets: list[int]) -> None:
+    """Decode every row of ``st`` to the end: prefill, then one step per forward until all rows finished."""
+    decoder = DECODERS[fam.family]
+    base = bar.n if bar is not None else 0
+    if st.finish():  # rows with nothing to decode leave before any forward
+        decoder.init(backbone, st)
+        if reveal:
+            setdlm.reveal_rank(st, fam.schedule())
+    while st.batch:
+        decoder.step(backbone, st)
+        st.finish()
+        if bar is not None:  # a finished row counts as complete, whatever EOS or a stop string cut off
+            done = sum(n_targets[i] for i in st.results) + int((st.target & ~st.masked).sum())
+            bar.update(base + done - bar.n)
 
 
 def _text(tokenizer, r, stops) -> str:

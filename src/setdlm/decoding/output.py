@@ -39,7 +39,7 @@ class GenerationOutput:
     nfe: int  # backbone forwards, prefill excluded (a batched forward counts once)
     row_nfe: list[int]  # forwards each row took part in
     row_committed: list[int]  # tokens each row committed (including any past its EOS or stop string)
-    seconds: float  # wall-clock time of the whole call, prefill and tokenization included
+    seconds: float  # wall-clock time of decoding, prefill included (tokenization excluded)
     trace: list[list[StepTrace]] | None = field(default=None, repr=False)
 
     @property
