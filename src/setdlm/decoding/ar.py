@@ -16,6 +16,7 @@ from .state import DecodeState, forward, prefill as prefill_positions
 
 
 def init(backbone, st: DecodeState) -> None:
+    """Cache every token before the last one preceding the first MASK, causally."""
     if bool((st.first_masked < 1).any()):
         raise ValueError("AR decoding needs at least one token before the first MASK position")
     st.cache = backbone.new_cache(st.batch, capacity=min(st.S, st.cfg.context_length) + 1)
@@ -25,6 +26,7 @@ def init(backbone, st: DecodeState) -> None:
 
 
 def step(backbone, st: DecodeState) -> None:
+    """Feed (and cache) the clean tokens up to the first MASK; commit the prediction for it."""
     f, ce = st.first_masked, st.extra["cache_end"]
     n = f - ce  # (B,) clean tokens to feed, >= 1
     T, ls = torch.stack([n.max(), n.min() - 1]).tolist()

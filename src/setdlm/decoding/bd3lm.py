@@ -21,6 +21,7 @@ from .state import DecodeState, forward, prefill as prefill_positions
 
 
 def init(backbone, st: DecodeState) -> None:
+    """Cache the full blocks before the first block holding a MASK, block-causally."""
     S_b = st.cfg.block_size
     st.cache = backbone.new_cache(st.batch, capacity=min(st.S, st.cfg.context_length) + 2 * S_b)
     end = st.first_masked // S_b * S_b  # (B,) start of the first block with a MASK
@@ -29,6 +30,7 @@ def init(backbone, st: DecodeState) -> None:
 
 
 def step(backbone, st: DecodeState) -> None:
+    """Run the current block whole (after any completed, uncached blocks, which this forward caches)."""
     S_b, ce = st.cfg.block_size, st.extra["cache_end"]
     start = st.first_masked // S_b * S_b  # (B,) current block
     end = torch.minimum(start + S_b, st.length)

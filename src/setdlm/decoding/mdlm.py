@@ -17,6 +17,7 @@ from .state import DecodeState, forward
 
 
 def init(backbone, st: DecodeState) -> None:
+    """No cache: split the masked positions into sub-blocks of ``block_size``, left to right."""
     if int(st.length.max()) > st.cfg.context_length:
         raise ValueError(f"MDLM has no cache to slide: prompt + new tokens ({int(st.length.max())}) must be "
                          f"<= L={st.cfg.context_length}")
@@ -25,6 +26,7 @@ def init(backbone, st: DecodeState) -> None:
 
 
 def step(backbone, st: DecodeState) -> None:
+    """One bidirectional forward over the whole canvas; commit in the current sub-block."""
     S, sub = st.S, st.extra["sub_block"]
     cur = sub.gather(1, st.first_masked[:, None])  # (B, 1)
     inb = st.masked & (sub == cur)  # (B, S+1) queries: the masks of the current sub-block

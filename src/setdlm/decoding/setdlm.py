@@ -29,11 +29,14 @@ from .state import DecodeState, forward, prefill as prefill_positions
 
 
 def init(backbone, st: DecodeState) -> None:
+    """Cache every non-MASK token (prompt, or infilling context) in ascending position, causally."""
     st.cache = backbone.new_cache(st.batch, capacity=min(st.S, st.cfg.context_length) + 2 * st.cfg.window)
     st.extra["pending"] = torch.zeros_like(st.masked)  # (B, S+1) committed last step, not yet cached
-    st.extra["pend_key"] = st.pos.expand(st.batch, -1).clone()  # (B, S+1) order of clean tokens in the input
-    st.extra["win_key"] = st.extra["pend_key"] + (st.S + 1)  # then the window's masks
-    st.extra["rest_key"] = st.extra["pend_key"] + 2 * (st.S + 1)
+    # sort keys of the step input: clean tokens by pend_key (position, or reveal rank), then the window's
+    # masks by position, then everything else
+    st.extra["pend_key"] = st.pos.expand(st.batch, -1).clone()  # (B, S+1)
+    st.shared["win_key"] = st.pos + (st.S + 1)  # (S+1,)
+    st.shared["rest_key"] = st.pos + 2 * (st.S + 1)
     w = st.cfg.window
     if w <= 32:  # every (clean, masks) input mask, precomputed: (w+1, w+1, 2w, 2w)
         c = torch.arange(w + 1, device=st.device).repeat_interleave(w + 1)  # (K,)
@@ -67,14 +70,14 @@ def input_mask(c: torch.Tensor, n: torch.Tensor, T: int) -> torch.Tensor:
 
 
 def step(backbone, st: DecodeState) -> None:
+    """One forward: cache last step's tokens, predict the window's masks, commit (SPEC §4.2 loop 1–6)."""
     w, S = st.cfg.window, st.S
     pending, pos = st.extra["pending"], st.pos
     win = st.masked & (pos < (st.first_masked + w)[:, None])  # (B, S+1) masks in [f, f + w)
     c = pending.sum(-1)  # (B,) clean inputs
     n = c + win.sum(-1)  # (B,) all inputs
     T, ls = torch.stack([n.max(), c.min()]).tolist()
-    # input order: pending clean tokens (by pend_key), then window masks (ascending), then the rest
-    key = torch.where(pending, st.extra["pend_key"], torch.where(win, st.extra["win_key"], st.extra["rest_key"]))
+    key = torch.where(pending, st.extra["pend_key"], torch.where(win, st.shared["win_key"], st.shared["rest_key"]))
     slot = torch.arange(T, device=st.device)  # (T,)
     valid = slot < n[:, None]  # (B, T)
     slot_pos = torch.where(valid, key.topk(T, dim=-1, largest=False, sorted=True).indices, S)  # (B, T)
