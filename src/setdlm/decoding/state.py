@@ -14,7 +14,7 @@ compute.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -244,7 +244,7 @@ def evict_overflow(cache, n_new: Tensor, limit: int) -> None:
     if not bool((over > 0).any()):
         return
     over = over.clamp(min=0)
-    valid = cache.valid()  # (B, W)
+    valid = torch.arange(cache.width, device=over.device) < cache.lengths[:, None]  # (B, W)
     pos = cache.positions().masked_fill(~valid, torch.iinfo(torch.long).max)  # (B, W)
     rank = pos.argsort(dim=-1, stable=True).argsort(dim=-1)  # (B, W) rank of each entry by position
     keep = valid & (rank >= over[:, None])
