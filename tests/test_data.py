@@ -76,7 +76,8 @@ def test_hf_folder_with_mask(tmp_path):
     _bert_like_folder(tmp_path / "bert")
     tok = load_tokenizer(tmp_path / "bert")
     assert tok.kind == "hf" and tok.vocab_size == 9
-    assert tok.mask_token_id == 4 and tok.pad_token_id == 0 and tok.bos_token_id is None
+    assert tok.mask_token_id == 4 and tok.pad_token_id == 0
+    assert tok.bos_token_id == 2 and tok.eos_token_id == 3  # [CLS]/[SEP] stand in for BOS/EOS
     assert tok.encode("The cat SAT.") == [5, 6, 7, 8]  # no [CLS]/[SEP]: BOS/EOS are the datasets' business
 
 
@@ -231,3 +232,14 @@ def test_shipped_corpus_is_reproducible_gzip():
     raw = resources.files("setdlm.data").joinpath("corpora/shakespeare.jsonl.gz").read_bytes()
     assert raw[4:8] == b"\x00\x00\x00\x00"  # gzip mtime 0 (scripts/make_shakespeare.py)
     assert len(gzip.decompress(raw).splitlines()) == 42
+
+
+def test_hf_datasets_source_from_a_local_folder(tmp_path):
+    """The ``hf:`` path through the real `datasets` library (optional extra), offline on a local folder."""
+    pytest.importorskip("datasets")
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "train.jsonl").write_text('{"prompt": "2+2=", "completion": "4"}\n{"prompt": "1+1=", "completion": "2"}\n')
+    c = read_source(f"hf:{tmp_path / 'ds'}@train")
+    assert c.pairs == [("2+2=", "4"), ("1+1=", "2")]
+    with pytest.raises(ValueError, match=r"could not load dataset .*Unknown split"):
+        read_source(f"hf:{tmp_path / 'ds'}@test")

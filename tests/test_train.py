@@ -142,3 +142,13 @@ def test_sigkill_then_resume_equals_uninterrupted(corpus, tmp_path):
     assert [(r["step"], r["loss"], r["grad_norm"]) for r in la] == [(r["step"], r["loss"], r["grad_norm"]) for r in lb]
     assert ea == eb and [r["step"] for r in lb] == list(range(1, 41))
     assert sorted(p.name for p in (crashed / "checkpoints").iterdir()) == ["step-00000030", "step-00000035", "step-00000040"]
+
+
+@pytest.mark.slow
+def test_compile_matches_eager(corpus, tmp_path):
+    """`--compile` trains the same model (to float tolerance); slow: compiling takes ~a minute on 2 cores."""
+    kw = dict(data=corpus, family="setdlm", D=2, steps=4, eval_every=0, save_every=0, **{**TINY, "log_every": 1})
+    eager = train(TrainConfig(out=str(tmp_path / "e"), **kw))
+    compiled = train(TrainConfig(out=str(tmp_path / "c"), compile=True, **kw))
+    assert [r["loss"] for r in compiled.history if "split" not in r] == pytest.approx(
+        [r["loss"] for r in eager.history if "split" not in r], rel=1e-4)

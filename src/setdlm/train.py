@@ -281,7 +281,8 @@ def likelihood(backbone: nn.Module, family: FamilyConfig, data: TokenDataset, *,
     starts = list(range(0, len(data), batch_size))
     amp = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
     with torch.no_grad(), amp:
-        for i in tqdm(range(dist.rank, len(starts), dist.world), disable=not progress, desc="eval", leave=False):
+        for i in tqdm(range(dist.rank, len(starts), dist.world), disable=None if progress else True, desc="eval",
+                      leave=False):
             batch = data.batch(torch.arange(starts[i], min(starts[i] + batch_size, len(data)))).to(device)
             gen = torch.Generator(device).manual_seed(derive_seed(seed, "eval", i))
             out = compute_loss(backbone, family, batch, train=False, generator=gen)

@@ -214,9 +214,13 @@ def load_tokenizer(folder: str | Path) -> Tokenizer:
                 cfg = json.loads(p.read_text(encoding="utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise ValueError(f"{p}: not valid JSON ({e})") from None
-            names.update({r: _token_name(cfg[f"{r}_token"]) for r in ROLES if f"{r}_token" in cfg})
+            names.update({r: _token_name(cfg[f"{r}_token"]) for r in ROLES + ("cls", "sep") if f"{r}_token" in cfg})
             kind = cfg.get("setdlm_kind", kind)
     names = {r: (n if n is not None and backend.token_to_id(n) is not None else None) for r, n in names.items()}
+    # BERT-style tokenizers: [CLS] ... [SEP] play BOS ... EOS (as in the BD3LM/SetDLM LM1B data)
+    cls, sep = names.pop("cls", None), names.pop("sep", None)
+    names["bos"] = names.get("bos") or cls
+    names["eos"] = names.get("eos") or sep
     return Tokenizer(backend, kind=kind, **names)
 
 
