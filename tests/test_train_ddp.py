@@ -4,9 +4,12 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import setdlm
+from setdlm import checkpoint as ckpt
+from setdlm.train import heldout_of, likelihood
 
 from train_helpers import subprocess_env, write_hamlet
 
@@ -33,3 +36,9 @@ def test_torchrun_two_processes(tmp_path):
     assert [r["step"] for r in rows if r.get("split") == "heldout"] == [10, 20]
     model = setdlm.load(run)
     assert all(torch.isfinite(p).all() for p in model.backbone.parameters())
+    # the bound the two processes computed together (each a share of the batches) is the one-process bound
+    logged = [r for r in rows if r.get("split") == "heldout"][-1]
+    args = ckpt.read_config(run)["training"]
+    alone = likelihood(model.backbone, model.family, heldout_of(args, model.tokenizer),
+                       batch_size=args["eval_batch_size"], seed=args["eval_seed"])
+    assert alone["tokens"] == logged["tokens"] and alone["nelbo"] == pytest.approx(logged["nelbo"], rel=1e-9)
