@@ -47,8 +47,10 @@ class HFBackbone(nn.Module):
         cfg = hf_model.config
         kind = getattr(cfg, "model_type", None)
         if kind not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"unsupported model_type {kind!r}; the adapter supports {', '.join(SUPPORTED_MODEL_TYPES)}")
-        if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
+            raise ValueError(f"unsupported model_type {kind!r}; the adapter supports "
+                             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+        layer_types = getattr(cfg, "layer_types", None) or ()
+        if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in layer_types:
             raise ValueError(f"{kind} config uses sliding-window attention, which the adapter does not support")
         if kind == "gpt2" and getattr(cfg, "add_cross_attention", False):
             raise ValueError("GPT-2 config has add_cross_attention=True; the adapter supports decoder-only models")
