@@ -36,6 +36,13 @@ class Model:
 
         return infill(self, prefixes, suffixes, lengths, **kwargs)
 
+    def save(self, path, **kwargs):
+        """Write a checkpoint folder (config.json, model.safetensors, tokenizer.json); see
+        :func:`setdlm.checkpoint.save`. ``setdlm.load(path)`` reads it back."""
+        from .checkpoint import save
+
+        return save(path, self, **kwargs)
+
     def eval(self) -> "Model":
         self.backbone.eval()
         return self

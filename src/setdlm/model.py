@@ -214,10 +214,12 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-    """The one place the attention kernel is chosen: PyTorch SDPA with a boolean mask, scale 1/√hd.
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float | None = None,
+              dropout_p: float = 0.0) -> Tensor:
+    """The one place the attention kernel is chosen: PyTorch SDPA with a boolean mask, scale 1/√hd unless
+    given, optional dropout on the attention probabilities (pretrained backbones that train with it).
     q: (B, H, T, hd); k, v: (B, H, S, hd); mask: (B, 1|H, T, S) bool."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
 
 class Block(nn.Module):

@@ -1,0 +1,297 @@
+"""Checkpoints in a Hugging Face-style folder, written atomically and never pickled (DESIGN.md §3, §5).
+
+A checkpoint folder holds::
+
+    config.json            architecture (ModelConfig), family (FamilyConfig), tokenizer info, training args
+    model.safetensors      the weights
+    ema.safetensors        EMA weights (when training kept them)
+    tokenizer.json         the tokenizer (+ tokenizer_config.json naming its special tokens)
+    training_state.json    step, data position, optimizer hyper-parameters, ... (to resume training)
+    optimizer.safetensors  the optimizer's tensors (AdamW moments)
+
+A folder is first written under a temporary name next to its destination and then renamed, so a crash
+(even SIGKILL) leaves either the previous checkpoint or the new one, never half of one. A training run keeps
+its checkpoints as ``RUN/checkpoints/step-NNNNNNNN`` and a ``RUN/latest`` pointer (replaced atomically);
+:func:`load` accepts the run folder too.
+
+Every loading error is a ``ValueError`` naming the file and the problem: a missing file, invalid JSON, a
+truncated or corrupt safetensors file, tensors that do not match the config, a tokenizer whose vocabulary
+does not match the model, or a config of another family than the one expected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from .family import FamilyConfig
+from .lm import Model
+from .model import ModelConfig, Transformer
+
+CONFIG, WEIGHTS, EMA_WEIGHTS = "config.json", "model.safetensors", "ema.safetensors"
+STATE, OPTIMIZER, LATEST = "training_state.json", "optimizer.safetensors", "latest"
+FORMAT, FORMAT_VERSION = "setdlm", 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# atomic writes
+# ---------------------------------------------------------------------------------------------------------
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, flush it to disk, then rename it over ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _fsync_tree(folder: Path) -> None:
+    for p in folder.iterdir():
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+
+
+def is_checkpoint(folder: Path) -> bool:
+    try:
+        return json.loads((Path(folder) / CONFIG).read_text(encoding="utf-8")).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _commit_dir(tmp: Path, dst: Path) -> None:
+    """Move the finished folder ``tmp`` to ``dst``; an existing checkpoint at ``dst`` is replaced."""
+    if dst.exists():
+        if not is_checkpoint(dst):
+            raise ValueError(f"refusing to overwrite {str(dst)!r}: it exists and is not a setdlm checkpoint")
+        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        os.replace(dst, old)
+        os.replace(tmp, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, dst)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# save
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _contiguous(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: v.detach().contiguous().cpu() for k, v in sd.items()}
+
+
+def model_config_dict(model: Model, training_args: dict | None = None) -> dict:
+    backbone = model.backbone
+    if not isinstance(backbone, Transformer):
+        raise ValueError(f"saving a {type(backbone).__name__} backbone is not supported: only the setdlm DiT")
+    tok = model.tokenizer
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "backbone": "dit",
+            "architecture": backbone.config.to_dict(), "family": model.family.to_dict(),
+            "tokenizer": tok.info() if hasattr(tok, "info") else None,
+            "dtype": str(next(backbone.parameters()).dtype).removeprefix("torch."),
+            "training": training_args}
+
+
+def save(path: str | Path, model: Model, *, ema: dict[str, Tensor] | None = None,
+         training_args: dict | None = None, training_state: dict | None = None,
+         optimizer_state: dict | None = None) -> Path:
+    """Write a checkpoint folder at ``path`` atomically (see the module docstring). Returns ``path``."""
+    dst = Path(path)
+    if model.tokenizer is None or not hasattr(model.tokenizer, "save"):
+        raise ValueError("a checkpoint needs the model's tokenizer (a setdlm.data.Tokenizer); model.tokenizer is "
+                         f"{type(model.tokenizer).__name__}")
+    config = model_config_dict(model, training_args)
+    config["ema"] = ema is not None
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.tmp-"))
+    try:
+        save_file(_contiguous(model.backbone.state_dict()), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        if ema is not None:
+            save_file(_contiguous(ema), str(tmp / EMA_WEIGHTS), metadata={"format": "pt"})
+        model.tokenizer.save(tmp)
+        if optimizer_state is not None:
+            tensors, meta = flatten_optimizer_state(optimizer_state)
+            save_file(tensors, str(tmp / OPTIMIZER), metadata={"format": "pt"})
+            training_state = {**(training_state or {}), "optimizer": meta}
+        if training_state is not None:
+            (tmp / STATE).write_text(json.dumps(training_state, indent=2) + "\n", encoding="utf-8")
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        _fsync_tree(tmp)
+        _commit_dir(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dst
+
+
+def flatten_optimizer_state(sd: dict) -> tuple[dict[str, Tensor], dict]:
+    """``optimizer.state_dict()`` → (tensors for safetensors, JSON-able rest). Keys ``"<param>.<name>"``."""
+    tensors, scalars = {}, {}
+    for pid, st in sd["state"].items():
+        for name, v in st.items():
+            if isinstance(v, Tensor):
+                tensors[f"{pid}.{name}"] = v.detach().contiguous().cpu()
+            else:
+                scalars[f"{pid}.{name}"] = v
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def unflatten_optimizer_state(tensors: dict[str, Tensor], meta: dict) -> dict:
+    state: dict[int, dict] = {}
+    for key, v in list(tensors.items()) + list(meta["scalars"].items()):
+        pid, name = key.split(".", 1)
+        state.setdefault(int(pid), {})[name] = v
+    groups = [{**g, "betas": tuple(g["betas"])} if "betas" in g else g for g in meta["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# load
+# ---------------------------------------------------------------------------------------------------------
+
+
+def resolve(path: str | Path) -> Path:
+    """A checkpoint folder, or a training run folder whose ``latest`` names one."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"checkpoint {str(p)!r} does not exist")
+    if not p.is_dir():
+        raise ValueError(f"checkpoint {str(p)!r} is not a folder")
+    if not (p / CONFIG).exists() and (p / LATEST).is_file():
+        target = (p / LATEST).read_text(encoding="utf-8").strip()
+        if not (p / target / CONFIG).exists():
+            raise ValueError(f"{p / LATEST}: points to {target!r}, which holds no {CONFIG}")
+        return p / target
+    return p
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    p = Path(run_dir) / LATEST
+    return resolve(run_dir) if p.is_file() else None
+
+
+def read_json(path: Path, missing: str) -> dict:
+    """A JSON file, or a ``ValueError`` naming it: ``missing (<missing>)`` or ``not valid JSON``."""
+    if not path.is_file():
+        raise ValueError(f"{path}: missing ({missing})")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def read_config(folder: str | Path) -> dict:
+    path = resolve(folder) / CONFIG
+    cfg = read_json(path, "not a setdlm checkpoint folder")
+    if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a setdlm config (no \"format\": \"setdlm\"); Hugging Face models load "
+                         "through setdlm.hf")
+    for key in ("architecture", "family"):
+        if not isinstance(cfg.get(key), dict):
+            raise ValueError(f"{path}: missing the {key!r} section")
+    return cfg
+
+
+def parse_configs(folder: Path, cfg: dict, family: str | None = None) -> tuple[ModelConfig, FamilyConfig]:
+    path = folder / CONFIG
+    try:
+        arch = ModelConfig.from_dict(cfg["architecture"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: bad architecture: {e}") from None
+    try:
+        fam = FamilyConfig.from_dict(cfg["family"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: bad family config: {e}") from None
+    if family is not None and fam.family != family:
+        raise ValueError(f"{path}: a {fam.family!r} model, but a {family!r} model was expected")
+    if not 0 <= fam.mask_token_id < arch.vocab_size:
+        raise ValueError(f"{path}: mask_token_id {fam.mask_token_id} is outside the vocabulary of {arch.vocab_size}")
+    return arch, fam
+
+
+def read_tensors(path: Path, expected: dict[str, tuple] | None = None, what: str = "") -> dict[str, Tensor]:
+    """Load a safetensors file; check names and shapes against ``expected`` and that values are finite."""
+    if not path.is_file():
+        raise ValueError(f"{path}: missing{what}")
+    try:
+        sd = load_file(str(path))
+    except Exception as e:  # safetensors raises its own error type on a bad header / short file
+        raise ValueError(f"{path}: corrupt or truncated safetensors file ({str(e).splitlines()[0]})") from None
+    if expected is not None:
+        missing = [k for k in expected if k not in sd]
+        extra = [k for k in sd if k not in expected]
+        if missing or extra:
+            raise ValueError(f"{path}: tensors do not match config.json (missing {missing[:3]}, unexpected "
+                             f"{extra[:3]})")
+        for k, shape in expected.items():
+            if tuple(sd[k].shape) != shape:
+                raise ValueError(f"{path}: tensor {k!r} has shape {tuple(sd[k].shape)} but config.json implies {shape}")
+    for k, v in sd.items():
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise ValueError(f"{path}: tensor {k!r} holds non-finite values (corrupt file?)")
+    return sd
+
+
+def load_checkpoint_tokenizer(folder: Path, cfg: dict, arch: ModelConfig, fam: FamilyConfig):
+    from .data.tokenizers import TOKENIZER_FILE, load_tokenizer
+
+    path = folder / TOKENIZER_FILE
+    if not path.is_file():
+        raise ValueError(f"{path}: missing (the checkpoint's tokenizer)")
+    tok = load_tokenizer(folder)
+    recorded = (cfg.get("tokenizer") or {}).get("vocab_size")
+    if recorded is not None and tok.vocab_size != recorded:
+        raise ValueError(f"{path}: vocabulary of {tok.vocab_size} tokens, but config.json records {recorded}")
+    if tok.vocab_size > arch.vocab_size:
+        raise ValueError(f"{path}: vocabulary of {tok.vocab_size} tokens does not fit the model's "
+                         f"vocab_size {arch.vocab_size}")
+    if tok.mask_token_id != fam.mask_token_id:
+        raise ValueError(f"{path}: MASK token id {tok.mask_token_id} differs from the family's mask_token_id "
+                         f"{fam.mask_token_id}")
+    return tok
+
+
+def load(path: str | Path, *, ema: bool = False, family: str | None = None, device=None,
+         dtype: torch.dtype | None = None) -> Model:
+    """A ready :class:`~setdlm.lm.Model` (backbone, family, tokenizer) in eval mode.
+
+    ``path``: a checkpoint folder or a training run folder (its latest checkpoint). ``ema=True`` loads the
+    EMA weights. ``family``: the family you expect (an error otherwise). ``dtype``: cast the weights.
+    """
+    folder = resolve(path)
+    cfg = read_config(folder)
+    arch, fam = parse_configs(folder, cfg, family)
+    tok = load_checkpoint_tokenizer(folder, cfg, arch, fam)
+    backbone = Transformer(arch)
+    expected = {k: tuple(v.shape) for k, v in backbone.state_dict().items()}
+    file = folder / (EMA_WEIGHTS if ema else WEIGHTS)
+    sd = read_tensors(file, expected, " (this checkpoint kept no EMA weights)" if ema else "")
+    saved = sd[next(iter(sd))].dtype
+    backbone.to(saved).load_state_dict(sd)
+    backbone.to(device=device, dtype=dtype)
+    return Model(backbone, fam, tok).eval()
+
+
+def load_training_state(folder: str | Path) -> tuple[dict, dict | None]:
+    """``(training_state, optimizer_state_dict or None)`` of a checkpoint folder, for resuming."""
+    folder = Path(folder)
+    state = read_json(folder / STATE, "the checkpoint cannot resume training")
+    meta = state.pop("optimizer", None)
+    if meta is None:
+        return state, None
+    return state, unflatten_optimizer_state(read_tensors(folder / OPTIMIZER), meta)

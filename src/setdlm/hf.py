@@ -1,0 +1,265 @@
+"""Hugging Face causal LMs as setdlm backbones (SPEC.md §3.2, §3.3, §7 pitfall 18).
+
+The paper's GSM8K models are a pretrained ``Qwen3ForCausalLM`` fine-tuned into set diffusion (§2.9). This
+module makes any ``transformers`` causal LM of the Llama, Qwen2/Qwen3 or GPT-2 families honour the backbone
+contract of :mod:`setdlm.model`::
+
+    backbone(input_ids (B, T), position_ids (B, T), attn_mask (B, 1|H, T, C+T) bool, cache=KVCache|None,
+             *, keep=None, logits_start=0) -> logits (B, T - logits_start, V)
+
+How: :class:`HFBackbone` runs the model's **own submodules** (token/position embeddings, norms, q/k/v/o
+projections, Qwen3's per-head q/k norms, rotary embedding, MLPs, final norm, ``lm_head``) in a forward
+written against that contract, instead of calling the HF decoder layers. HF's layers build their own
+masks and caches, and their SDPA/flash paths drop or reinterpret a custom dense mask (pitfall 18); here the
+boolean mask goes to :func:`setdlm.model.attention` unchanged, and the cache bookkeeping is the same code
+the DiT uses (:func:`~setdlm.model.begin_step`, :meth:`~setdlm.model.KVCache.update`,
+:func:`~setdlm.model.end_step`): per-row lengths, append at each row's offset, ``keep=`` crop. The cache
+stores the KV heads (GQA); they are expanded to the query heads only for the attention product. Only the
+submodule names (``q_proj``, ``c_attn``, ...), stable across ``transformers`` releases, are relied upon.
+
+Unsupported on purpose (ValueError): sliding-window layers (Qwen2 ``use_sliding_window``), GPT-2 cross
+attention, other architectures.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from urllib.parse import urlsplit
+
+import torch
+from torch import Tensor, nn
+
+from .model import KVCache, apply_rope, attention, begin_step, end_step
+
+LLAMA_LIKE = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = (*LLAMA_LIKE, "gpt2")
+DEFAULT_MASK_TOKEN = "<|mask|>"
+
+
+class HFBackbone(nn.Module):
+    """A ``transformers`` causal LM (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``,
+    ``GPT2LMHeadModel``) behind the setdlm backbone contract. The HF model is held as ``self.hf`` and keeps
+    its parameters, so ``backbone.hf.save_pretrained(...)`` still works after fine-tuning."""
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        cfg = hf_model.config
+        kind = getattr(cfg, "model_type", None)
+        if kind not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"unsupported model_type {kind!r}; the adapter supports "
+                             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+        layer_types = getattr(cfg, "layer_types", None) or ()
+        if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in layer_types:
+            raise ValueError(f"{kind} config uses sliding-window attention, which the adapter does not support")
+        if kind == "gpt2" and getattr(cfg, "add_cross_attention", False):
+            raise ValueError("GPT-2 config has add_cross_attention=True; the adapter supports decoder-only models")
+        self.hf = hf_model
+        self.training = hf_model.training  # wrapping changes no mode (dropout stays off for an eval model)
+        self.kind = kind
+        self.n_layers = cfg.num_hidden_layers
+        if kind == "gpt2":
+            self.n_kv_heads = cfg.num_attention_heads
+            self.head_dim = cfg.hidden_size // cfg.num_attention_heads
+        else:
+            attn = hf_model.model.layers[0].self_attn
+            self.head_dim = attn.head_dim
+            self.n_kv_heads = attn.k_proj.out_features // attn.head_dim
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_output_embeddings().out_features
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self, batch: int, capacity: int = 64) -> KVCache:
+        p = next(self.parameters())
+        return KVCache(self.n_layers, batch, self.n_kv_heads, self.head_dim, dtype=p.dtype, device=p.device,
+                       capacity=capacity)
+
+    def forward(self, input_ids: Tensor, position_ids: Tensor | None = None, attn_mask: Tensor | None = None,
+                cache: KVCache | None = None, *, keep: int | Tensor | None = None,
+                logits_start: int = 0, return_hidden: bool = False) -> Tensor:
+        """Logits (B, T − logits_start, V); the arguments mean what they mean for
+        :meth:`setdlm.model.Transformer.forward`."""
+        B, T = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
+        step = begin_step(cache, position_ids, attn_mask)
+        if self.kind == "gpt2":
+            x = self._gpt2_layers(input_ids, position_ids, step, cache)  # (B, T, d)
+            norm = self.hf.transformer.ln_f
+        else:
+            x = self._llama_layers(input_ids, position_ids, step, cache)  # (B, T, d)
+            norm = self.hf.model.norm
+        end_step(cache, step, keep)
+        h = norm(x[:, logits_start:])  # (B, T', d)
+        return h if return_hidden else self.hf.lm_head(h)  # (B, T', V)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, layer: int, step, cache: KVCache | None,
+                scale: float, dropout_p: float) -> Tensor:
+        """Cache the new keys/values (KV heads), attend with the step's boolean mask. q: (B, H, T, hd);
+        k, v: (B, Hkv, T, hd) → (B, T, H·hd)."""
+        B, H, T, hd = q.shape
+        if cache is not None:
+            k, v = cache.update(layer, k, v, step)  # (B, Hkv, W, hd)
+        groups = H // k.shape[1]
+        if groups > 1:  # GQA: query head h reads KV head h // groups (transformers' repeat_kv)
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, W, hd)
+        y = attention(q, k, v, step.mask, scale=scale, dropout_p=dropout_p if self.training else 0.0)
+        return y.transpose(1, 2).reshape(B, T, H * hd)  # (B, T, H·hd)
+
+    def _llama_layers(self, input_ids: Tensor, position_ids: Tensor, step, cache: KVCache | None) -> Tensor:
+        base = self.hf.model
+        x = base.embed_tokens(input_ids)  # (B, T, d)
+        cos, sin = base.rotary_emb(x, position_ids)  # (B, T, hd) each, the model's own RoPE variant
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, hd)
+        B, T, _ = x.shape
+        for i, layer in enumerate(base.layers):
+            a = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = a.q_proj(h).view(B, T, -1, a.head_dim)  # (B, T, H, hd)
+            k = a.k_proj(h).view(B, T, -1, a.head_dim)  # (B, T, Hkv, hd)
+            v = a.v_proj(h).view(B, T, -1, a.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
+            if hasattr(a, "q_norm"):  # Qwen3: RMSNorm over each head, before RoPE
+                q, k = a.q_norm(q), a.k_norm(k)
+            q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, H, T, hd)
+            k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, Hkv, T, hd)
+            scale = getattr(a, "scaling", a.head_dim ** -0.5)
+            y = self._attend(q, k, v, i, step, cache, scale, getattr(a, "attention_dropout", 0.0))
+            x = x + a.o_proj(y)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return x
+
+    def _gpt2_layers(self, input_ids: Tensor, position_ids: Tensor, step, cache: KVCache | None) -> Tensor:
+        base = self.hf.transformer
+        n_pos = base.wpe.num_embeddings
+        if position_ids.numel() and (int(position_ids.max()) >= n_pos or int(position_ids.min()) < 0):
+            raise ValueError(f"GPT-2 position ids must lie in [0, {n_pos}), got max {int(position_ids.max())}")
+        x = base.drop(base.wte(input_ids) + base.wpe(position_ids))  # (B, T, d) learned absolute positions
+        B, T, d = x.shape
+        H, hd = d // self.head_dim, self.head_dim
+        cfg = self.hf.config
+        for i, block in enumerate(base.h):
+            a = block.attn
+            q, k, v = a.c_attn(block.ln_1(x)).split(d, dim=2)  # (B, T, d) each
+            q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
+            scale = hd ** -0.5 if cfg.scale_attn_weights else 1.0
+            if cfg.scale_attn_by_inverse_layer_idx:
+                scale /= float(i + 1)
+            y = self._attend(q, k, v, i, step, cache, scale, a.attn_dropout.p)
+            x = x + a.resid_dropout(a.c_proj(y))
+            x = x + block.mlp(block.ln_2(x))
+        return x
+
+
+# ---------------------------------------------------------------------------------------------------------
+# MASK token, tokenizer, loading
+# ---------------------------------------------------------------------------------------------------------
+
+
+def add_mask_token(model: nn.Module, tokenizer, mask_token: str = DEFAULT_MASK_TOKEN) -> int:
+    """Give ``tokenizer`` a MASK token when it has none and make sure ``model``'s embeddings (and its head)
+    have a row for it, resizing them when needed; returns the MASK id. A tokenizer that already has a MASK
+    token keeps it. Models whose embedding matrix has spare rows (Qwen) need no resize."""
+    if tokenizer.mask_token_id is None:
+        tokenizer.add_special_tokens({"mask_token": mask_token})
+    mask_id = int(tokenizer.mask_token_id)
+    if mask_id >= model.get_input_embeddings().num_embeddings:
+        model.resize_token_embeddings(len(tokenizer))  # new rows: mean of the old ones (transformers default)
+    return mask_id
+
+
+def adapt(model: nn.Module, tokenizer, mask_token: str = DEFAULT_MASK_TOKEN) -> tuple[HFBackbone, int]:
+    """An HF causal LM and its tokenizer → (setdlm backbone, MASK token id). Adds the MASK token if needed."""
+    mask_id = add_mask_token(model, tokenizer, mask_token)
+    return HFBackbone(model), mask_id
+
+
+class HFTokenizer:
+    """setdlm's duck-typed tokenizer (see :mod:`setdlm.lm`) over a ``transformers`` tokenizer: ``encode``
+    adds no special tokens (the data pipeline decides about BOS/EOS), ``vocab_size`` counts added tokens."""
+
+    def __init__(self, tokenizer):
+        self.hf = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        return self.hf.decode([int(i) for i in ids])
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    mask_token_id = property(lambda self: self.hf.mask_token_id)
+    bos_token_id = property(lambda self: self.hf.bos_token_id)
+    eos_token_id = property(lambda self: self.hf.eos_token_id)
+    pad_token_id = property(lambda self: self.hf.pad_token_id)
+
+
+class HubUnreachableError(ConnectionError):
+    """A Hub id was given but the Hugging Face Hub cannot be reached (and the files are not cached)."""
+
+
+def load_pretrained(name_or_path: str, *, dtype: torch.dtype | None = None, device=None,
+                    mask_token: str = DEFAULT_MASK_TOKEN, revision: str | None = None,
+                    cache_dir: str | None = None) -> tuple[HFBackbone, HFTokenizer, int]:
+    """Load an HF causal LM and its tokenizer from a local folder (never touches the network) or a Hub id
+    (needs network unless already in the local HF cache), add the MASK token, wrap it.
+
+    Returns ``(backbone, tokenizer, mask_token_id)``. Without network a Hub id that is not cached raises
+    :class:`HubUnreachableError`, saying that it needs network or a local path.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local = os.path.isdir(os.path.expanduser(name_or_path))
+    if not local and (name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1):
+        raise ValueError(f"no model folder at {name_or_path!r}")
+    path = os.path.expanduser(name_or_path) if local else name_or_path
+    offline = not local and not _hub_reachable()
+    kw = dict(revision=revision, cache_dir=cache_dir, local_files_only=local or offline)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **kw)
+        model = AutoModelForCausalLM.from_pretrained(path, **kw)
+    except OSError as e:
+        if not local and (offline or _is_connection_failure(e)):
+            raise HubUnreachableError(
+                f"{name_or_path!r} is not a local folder and the Hugging Face Hub cannot be reached: loading a Hub "
+                f"id needs network access; otherwise pass the path of a local folder holding the model (e.g. made "
+                f"elsewhere with `hf download {name_or_path} --local-dir DIR`)") from e
+        raise
+    model = model.to(device=device, dtype=dtype).eval()
+    backbone, mask_id = adapt(model, tokenizer, mask_token)
+    return backbone, HFTokenizer(tokenizer), mask_id
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """False in offline mode (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``) or when a TCP connection to the
+    Hub endpoint fails; True when it succeeds or a proxy is configured (then transformers finds out itself)."""
+    from huggingface_hub import constants
+
+    flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"))
+    if constants.HF_HUB_OFFLINE or any(f and f.upper() in ("1", "ON", "YES", "TRUE") for f in flags):
+        return False
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+        return True
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _is_connection_failure(e: BaseException) -> bool:
+    """Does the exception chain say that the Hub could not be reached (as opposed to, e.g., no such repo)?"""
+    while e is not None:
+        if isinstance(e, (ConnectionError, TimeoutError, socket.gaierror)) or type(e).__name__ in (
+                "LocalEntryNotFoundError", "ConnectError", "ConnectTimeout", "OfflineModeIsEnabled"):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
