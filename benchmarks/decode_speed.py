@@ -42,6 +42,7 @@ class TimedBackbone(nn.Module):
         super().__init__()
         self.inner = inner
         self.seconds = self.cpu_seconds = 0.0
+        self.train(inner.training)
 
     def forward(self, *args, **kwargs):
         t0, c0 = time.perf_counter(), time.thread_time()

@@ -1,5 +1,5 @@
-"""Helpers for the decoding tests: tiny models per family, a real character tokenizer, and the real
-backbone instrumented to record every call (inputs, logits, cache after the call)."""
+"""Helpers for the decoding tests: tiny models per family, a real character tokenizer, the real backbone
+instrumented to record every call (inputs, logits, cache after the call), and from-scratch references."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from torch import nn
 from conftest import make_model
 from setdlm import FamilyConfig, Model
 from setdlm.model import KVCache
+from setdlm.objectives import Batch, setdlm_inputs
 
 V = 48
 MASK = V - 1
@@ -70,6 +71,7 @@ class Recorder(nn.Module):
         super().__init__()
         self.inner = inner
         self.calls: list[Call] = []
+        self.train(inner.training)  # same mode as the wrapped model (generate restores the wrapper's mode)
 
     def forward(self, ids, pos, mask, cache=None, *, keep=None, logits_start=0):
         out = self.inner(ids, pos, mask, cache, keep=keep, logits_start=logits_start)
@@ -89,3 +91,45 @@ def recorded(model: Model) -> tuple[Model, Recorder]:
 def active_rows(row_nfe: list[int], step: int) -> list[int]:
     """Original rows present in the batch at decoding step ``step``: finished rows leave in order."""
     return [r for r, n in enumerate(row_nfe) if n > step]
+
+
+
+def step_logits(call, b: int, q: int):
+    """Logits the decoder used for canvas position ``q`` in batch row ``b`` of a recorded call."""
+    slots = (call.pos[b] == q).nonzero().flatten().tolist()
+    slots = [s for s in slots if s >= call.logits_start]
+    assert len(slots) == 1
+    return call.logits[b, slots[0] - call.logits_start]
+
+
+def assert_cache_clean(backbone, call, b, tokens, positions, block_size=None, tol=1e-9):
+    """The row's cache equals a from-scratch clean-stream prefill of ``tokens`` at ``positions`` in this
+    (insertion) order: causal, or block-causal for BD3LM."""
+    n = len(tokens)
+    assert int(call.lengths[b]) == n
+    if n == 0:
+        return
+    assert call.cache_pos[b, :n].tolist() == positions
+    ref = backbone.new_cache(1)
+    pos = torch.tensor([positions])
+    blk = torch.arange(n)[None] if block_size is None else pos // block_size  # insertion order / blocks
+    mask = (blk[:, None, :] <= blk[:, :, None])[:, None]  # (1, 1, n, n)
+    backbone(torch.tensor([tokens]), pos, mask, ref)
+    for layer in range(len(ref.k)):
+        assert torch.allclose(call.cache.k[layer][b, :, :n], ref.k[layer][0, :, :n], atol=tol, rtol=0)
+        assert torch.allclose(call.cache.v[layer][b, :, :n], ref.v[layer][0, :, :n], atol=tol, rtol=0)
+
+
+def setdlm_training_logits(backbone, seq, visible, q, mask_id=MASK):
+    """Logits of the query at position ``q`` ranked right after ``visible`` (positions in reveal order) in
+    the two-stream training input (SPEC §2.3–2.4); every other position is padding."""
+    n_pos = max(visible + [q]) + 1
+    ids = torch.zeros(1, n_pos, dtype=torch.long)
+    ids[0, visible] = torch.tensor([seq[p] for p in visible])
+    att = torch.zeros(1, n_pos, dtype=torch.bool)
+    att[0, visible + [q]] = True
+    ctx = torch.zeros_like(att)
+    ctx[0, visible] = True
+    rest = [p for p in range(n_pos) if p not in visible and p != q]
+    inp = setdlm_inputs(Batch(ids, att, ctx), torch.tensor([visible + [q] + rest]), mask_id)
+    return backbone(inp.input_ids, inp.position_ids, inp.attn_mask, logits_start=n_pos)[0, len(visible)]

@@ -8,53 +8,12 @@ smallest positions."""
 import pytest
 import torch
 
-from decoding_support import MASK, PROMPTS, active_rows, recorded, tiny_model
+from decoding_support import (MASK, PROMPTS, active_rows, assert_cache_clean, recorded, setdlm_training_logits,
+                              step_logits, tiny_model)
 from setdlm.decoding import fill, generate
 from setdlm.masks import bd3lm_two_stream_mask, bidirectional_mask, causal_mask
-from setdlm.objectives import Batch, setdlm_inputs
 
 TOL = 1e-9
-
-
-def _step_logits(call, b: int, q: int):
-    """Logits the decoder used for canvas position ``q`` in batch row ``b`` of a recorded call."""
-    slots = (call.pos[b] == q).nonzero().flatten().tolist()
-    slots = [s for s in slots if s >= call.logits_start]
-    assert len(slots) == 1
-    return call.logits[b, slots[0] - call.logits_start]
-
-
-def _assert_cache_clean(backbone, call, b, tokens, positions, block_size=None):
-    """The row's cache equals a from-scratch clean-stream prefill of ``tokens`` at ``positions`` in this
-    (insertion) order: causal, or block-causal for BD3LM."""
-    n = len(tokens)
-    assert int(call.lengths[b]) == n
-    if n == 0:
-        return
-    assert call.cache_pos[b, :n].tolist() == positions
-    ref = backbone.new_cache(1)
-    pos = torch.tensor([positions])
-    blk = torch.arange(n)[None] if block_size is None else pos // block_size  # insertion order / blocks
-    mask = (blk[:, None, :] <= blk[:, :, None])[:, None]  # (1, 1, n, n)
-    backbone(torch.tensor([tokens]), pos, mask, ref)
-    for layer in range(len(ref.k)):
-        assert torch.allclose(call.cache.k[layer][b, :, :n], ref.k[layer][0, :, :n], atol=TOL, rtol=0)
-        assert torch.allclose(call.cache.v[layer][b, :, :n], ref.v[layer][0, :, :n], atol=TOL, rtol=0)
-
-
-def _setdlm_training_logits(backbone, seq, visible, q):
-    """Logits of the query at position ``q`` ranked right after ``visible`` (positions in reveal order) in
-    the two-stream training input (SPEC §2.3–2.4); every other position is padding."""
-    n_pos = max(visible + [q]) + 1
-    ids = torch.zeros(1, n_pos, dtype=torch.long)
-    ids[0, visible] = torch.tensor([seq[p] for p in visible])
-    att = torch.zeros(1, n_pos, dtype=torch.bool)
-    att[0, visible + [q]] = True
-    ctx = torch.zeros_like(att)
-    ctx[0, visible] = True
-    rest = [p for p in range(n_pos) if p not in visible and p != q]
-    inp = setdlm_inputs(Batch(ids, att, ctx), torch.tensor([visible + [q] + rest]), MASK)
-    return backbone(inp.input_ids, inp.position_ids, inp.attn_mask, logits_start=n_pos)[0, len(visible)]
 
 
 GAPPED = [[1, 5, MASK, MASK, MASK, 7, 9, MASK, MASK, 3],  # several gaps, ragged rows
@@ -84,7 +43,7 @@ def test_setdlm_steps_equal_training_forward(case, threshold, cache_order):
         seq = out.sequences[r]
         cached = [p for p, t in enumerate(row) if t != MASK]  # prefill: all context, ascending
         n_ctx = len(cached)
-        _assert_cache_clean(bb, rec.calls[0], r, [seq[p] for p in cached], cached)
+        assert_cache_clean(bb, rec.calls[0], r, [seq[p] for p in cached], cached)
         committed = 0
         for k, step in enumerate(out.trace[r]):
             call, b = rec.calls[k + 1], active_rows(out.row_nfe, k).index(r)
@@ -92,10 +51,10 @@ def test_setdlm_steps_equal_training_forward(case, threshold, cache_order):
             assert sorted(step.input_positions[len(clean):]) == step.query_positions  # masks after clean
             assert step.cache_length == n_ctx + committed  # context + all but the last step's commits
             for q in step.query_positions:
-                ref = _setdlm_training_logits(bb, seq, cached + clean, q)
-                assert torch.allclose(_step_logits(call, b, q), ref, atol=TOL, rtol=0), (r, k, q)
+                ref = setdlm_training_logits(bb, seq, cached + clean, q)
+                assert torch.allclose(step_logits(call, b, q), ref, atol=TOL, rtol=0), (r, k, q)
             cached += clean
-            _assert_cache_clean(bb, call, b, [seq[p] for p in cached], cached)
+            assert_cache_clean(bb, call, b, [seq[p] for p in cached], cached)
             committed += len(step.committed_positions)
 
 
@@ -111,7 +70,7 @@ def test_bd3lm_steps_equal_training_forward(case, threshold):
         resolved = {p for p, t in enumerate(row) if t != MASK}
         full = row.index(MASK) // S * S
         if prefilled:
-            _assert_cache_clean(bb, rec.calls[0], r, seq[:full], list(range(full)), block_size=S)
+            assert_cache_clean(bb, rec.calls[0], r, seq[:full], list(range(full)), block_size=S)
         for k, step in enumerate(out.trace[r]):
             call, b = rec.calls[k + prefilled], active_rows(out.row_nfe, k).index(r)
             start = step.query_positions[0] // S * S
@@ -123,8 +82,8 @@ def test_bd3lm_steps_equal_training_forward(case, threshold):
             ref = bb(torch.cat([x, xt], 1), torch.cat([pos, pos], 1),
                      bd3lm_two_stream_mask(torch.ones(1, end, dtype=torch.bool), S), logits_start=end)[0]
             for q in step.query_positions:
-                assert torch.allclose(_step_logits(call, b, q), ref[q], atol=TOL, rtol=0), (r, k, q)
-            _assert_cache_clean(bb, call, b, seq[:start], list(range(start)), block_size=S)
+                assert torch.allclose(step_logits(call, b, q), ref[q], atol=TOL, rtol=0), (r, k, q)
+            assert_cache_clean(bb, call, b, seq[:start], list(range(start)), block_size=S)
             resolved |= set(step.committed_positions)
 
 
@@ -135,15 +94,15 @@ def test_ar_steps_equal_full_causal_forward():
     assert out.nfe == 8 and out.row_nfe == [8, 8, 8]  # prefill excluded: one forward per token
     for r, prompt in enumerate(PROMPTS):
         seq = out.sequences[r]
-        _assert_cache_clean(bb, rec.calls[0], r, seq[: len(prompt) - 1], list(range(len(prompt) - 1)))
+        assert_cache_clean(bb, rec.calls[0], r, seq[: len(prompt) - 1], list(range(len(prompt) - 1)))
         for k, step in enumerate(out.trace[r]):
             call, b = rec.calls[k + 1], active_rows(out.row_nfe, k).index(r)
             (q,) = step.query_positions
             assert step.input_positions == [q - 1]
             ids = torch.tensor([seq[:q]])
             ref = bb(ids, None, causal_mask(torch.ones(1, q, dtype=torch.bool)))[0, q - 1]
-            assert torch.allclose(_step_logits(call, b, q - 1), ref, atol=TOL, rtol=0)
-            _assert_cache_clean(bb, call, b, seq[:q], list(range(q)))
+            assert torch.allclose(step_logits(call, b, q - 1), ref, atol=TOL, rtol=0)
+            assert_cache_clean(bb, call, b, seq[:q], list(range(q)))
 
 
 @pytest.mark.parametrize("case", ["generate", "fill"])
@@ -165,7 +124,7 @@ def test_mdlm_reordered_step_equals_natural_order_forward(case):
             xt = torch.tensor([[t if p in resolved else MASK for p, t in enumerate(seq)]])
             ref = bb(xt, None, bidirectional_mask(torch.ones(1, len(seq), dtype=torch.bool)))[0]
             for q in step.query_positions:
-                assert torch.allclose(_step_logits(call, b, q), ref[q], atol=TOL, rtol=0)
+                assert torch.allclose(step_logits(call, b, q), ref[q], atol=TOL, rtol=0)
             resolved |= set(step.committed_positions)
 
 
@@ -188,7 +147,7 @@ def test_ar_overflow_is_a_sliding_window():
         visible = cache.positions() >= lo  # (1, C)
         mask = torch.cat([visible, torch.ones(1, 1, dtype=torch.bool)], -1)[:, None, None]  # (1, 1, 1, C + 1)
         ref = bb(torch.tensor([[seq[q - 1]]]), torch.tensor([[q - 1]]), mask, cache)[0, 0]
-        assert torch.allclose(_step_logits(call, 0, q - 1), ref, atol=TOL, rtol=0), k
+        assert torch.allclose(step_logits(call, 0, q - 1), ref, atol=TOL, rtol=0), k
 
 
 @pytest.mark.parametrize("family", ["setdlm", "bd3lm"])

@@ -91,3 +91,15 @@ def test_bad_arguments_raise_clear_errors():
         generate(model, [[]])
     with pytest.raises(ValueError, match="block_size must be a positive integer"):
         generate(tiny_model("bd3lm"), PROMPTS, block_size=0)
+
+
+def test_decodes_in_eval_mode_and_restores_the_training_mode():
+    from setdlm import FamilyConfig
+    from setdlm.model import ModelConfig, Transformer
+
+    bb = Transformer(ModelConfig(vocab_size=48, hidden_size=32, n_heads=2, n_layers=2, dropout=0.5))
+    bb.init_weights(zero_head=False).train()
+    model = Model(bb, FamilyConfig("setdlm", 48, MASK, D=2))
+    a = generate(model, PROMPTS, max_new_tokens=8, ignore_eos=True).tokens
+    assert bb.training  # restored
+    assert generate(model, PROMPTS, max_new_tokens=8, ignore_eos=True).tokens == a  # no dropout while decoding

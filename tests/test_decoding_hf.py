@@ -1,0 +1,46 @@
+"""The decoders on a Hugging Face backbone (``setdlm.hf.HFBackbone``): they use only the backbone contract
+and ``new_cache``, so every decoder runs unchanged; a batch equals its rows alone, and each SetDLM step
+equals the from-scratch training forward, with every cached entry clean.
+
+Tolerance 1e-6: Llama/Qwen RMSNorm computes in float32 even in a float64 model (see test_hf.py); a wrong
+mask or a MASK state left in the cache is off by ~1e-1."""
+
+import pytest
+import torch
+
+from decoding_support import PROMPTS, active_rows, assert_cache_clean, recorded, setdlm_training_logits, step_logits
+from setdlm import FamilyConfig, Model
+from setdlm.decoding import generate
+
+hf = pytest.importorskip("setdlm.hf")
+tiny_hf = pytest.importorskip("test_hf").tiny_hf
+
+TOL = 1e-6
+MASK = 99  # the tiny HF models have 100 ids
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "gpt2"])
+@pytest.mark.parametrize("family", ["ar", "mdlm", "bd3lm", "setdlm"])
+def test_batch_equals_rows_alone_on_hf_backbones(kind, family):
+    model = Model(hf.HFBackbone(tiny_hf(kind)), FamilyConfig(family, 32, MASK, D=2, block_size=4))
+    kw = dict(max_new_tokens=8, threshold=0.2, ignore_eos=True)
+    batch = generate(model, PROMPTS, **kw)
+    assert batch.tokens == [generate(model, [p], **kw).tokens[0] for p in PROMPTS]
+    assert [len(t) for t in batch.tokens] == [8, 8, 8]
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "gpt2"])
+def test_setdlm_steps_equal_training_forward_on_hf_backbones(kind):
+    model, rec = recorded(Model(hf.HFBackbone(tiny_hf(kind)), FamilyConfig("setdlm", 32, MASK, D=3)))
+    out = generate(model, PROMPTS, max_new_tokens=8, threshold=0.2, ignore_eos=True, trace=True)
+    bb = model.backbone.inner
+    for r, prompt in enumerate(PROMPTS):
+        seq, cached = out.sequences[r], list(range(len(prompt)))
+        for k, step in enumerate(out.trace[r]):
+            call, b = rec.calls[k + 1], active_rows(out.row_nfe, k).index(r)
+            clean = step.input_positions[: len(step.input_positions) - len(step.query_positions)]
+            for q in step.query_positions:
+                ref = setdlm_training_logits(bb, seq, cached + clean, q, mask_id=MASK)
+                assert torch.allclose(step_logits(call, b, q), ref, atol=TOL, rtol=0), (r, k, q)
+            cached += clean
+            assert_cache_clean(bb, call, b, [seq[p] for p in cached], cached, tol=TOL)
