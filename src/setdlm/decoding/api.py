@@ -89,8 +89,8 @@ def fill(model, sequences, *, window: int | None = None, threshold: float | None
          repetition_penalty: float = 1.0, length_penalty: tuple[int, float] | None = None,
          eos_token_id: int | Sequence[int] | None = None, seed: int | Sequence[int] | None = None,
          batch_size: int | None = None, progress: bool = False, trace: bool = False) -> GenerationOutput:
-    """Decode every MASK token of each sequence (token-id lists, or strings the tokenizer maps to MASK
-    ids), at arbitrary positions: several gaps work for every family. Every non-MASK token is context:
+    """Decode every MASK token of each sequence (token-id lists; strings only if the tokenizer can map
+    text to the MASK id), at arbitrary positions: several gaps work for every family. Every non-MASK token is context:
     SetDLM caches it all up front and slides its window over the masks; MDLM sees it all every step;
     BD3LM sees the blocks before the current one; AR sees what lies before each gap. A row ends when no
     MASK is left (``finish_reason`` "done"); no EOS or stop strings apply. The repetition penalty counts
