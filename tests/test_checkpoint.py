@@ -34,7 +34,7 @@ def logits(model: Model) -> torch.Tensor:
 def test_save_load_identical_logits(family, tmp_path):
     m = tiny_model(family)
     m.save(tmp_path / "ck")
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["config.json", "model.safetensors",
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["README.md", "config.json", "model.safetensors",
                                                                    "tokenizer.json", "tokenizer_config.json"]
     back = setdlm.load(tmp_path / "ck")
     assert not back.backbone.training

@@ -1,7 +1,7 @@
 """SetDLM decoding parity with the authors' code (case ``setdlm_generate_w2_tau_off`` of the tiny reference
 DiT fixture): greedy, window 2, threshold off, 8 new tokens. Pins down SPEC §4.2 exactly: the positional
 window [f, f + w), clean-first-then-masks input order, the tokens of step i cached inside the forward of
-step i + 1 with the masks' K/V dropped, and one token per NFE."""
+step i + 1 with the masks' K/V dropped, and one token per NFE. Runs on each way of reaching the weights (``reference_sources.SOURCES``)."""
 
 import json
 from pathlib import Path
@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 
 from decoding_support import recorded
+from reference_sources import SOURCES, reference_model
 from setdlm import Model
-from setdlm.convert import load_reference
 from setdlm.decoding import generate
 
 FIX = Path(__file__).parent / "fixtures" / "reference-dit-tiny"
 CASE = json.loads((FIX / "expected.json").read_text())["setdlm_generate_w2_tau_off"]
 
 
-@pytest.fixture(scope="module")
-def decoded():
-    backbone, family = load_reference(FIX)
+@pytest.fixture(scope="module", params=SOURCES)
+def decoded(request, tmp_path_factory):
+    backbone, family = reference_model(request.param, tmp_path_factory.mktemp(request.param))
     model, rec = recorded(Model(backbone, family))
     out = generate(model, [CASE["prompt"]], max_new_tokens=CASE["max_new_tokens"],
                    window=CASE["max_window_size"], threshold=None, trace=True)

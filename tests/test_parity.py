@@ -1,7 +1,9 @@
 """Numerical parity with the authors' implementation on the reference-dit-tiny fixture (SPEC §3.1, §2.3–2.5).
 
 Reference values were computed by the authors' code in float32 on CPU; NLLs, losses and logits must agree
-within 1e-4 absolute, inputs and masks exactly.
+within 1e-4 absolute, inputs and masks exactly. Every check runs on each way of reaching the weights
+(``reference_sources.SOURCES``: the fixture folder, auto-detection in ``setdlm.load``, the ``setdlm convert``
+CLI, the released Hub layout with ``pytorch_model.bin``).
 """
 
 import json
@@ -11,7 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from setdlm.convert import convert_reference_state_dict, infer_D, load_reference, reference_configs
+import setdlm
+from reference_sources import SOURCES, copy_fixture, reference_model, tokenizer_folder
+from setdlm.convert import convert_reference_state_dict, infer_D, reference_configs
 from setdlm.masks import describe
 from setdlm.objectives import Batch, log_probs, setdlm_inputs, setdlm_loss
 
@@ -19,9 +23,9 @@ FIX = Path(__file__).parent / "fixtures" / "reference-dit-tiny"
 EXP = json.loads((FIX / "expected.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def ref():
-    return load_reference(FIX)
+@pytest.fixture(scope="module", params=SOURCES)
+def ref(request, tmp_path_factory):
+    return reference_model(request.param, tmp_path_factory.mktemp(request.param))
 
 
 def test_config_and_schedule(ref):
@@ -75,8 +79,7 @@ def test_loss_nlls_and_logits(ref):
     assert (logits[:, :c.shape[1]] - c).abs().max() < 1e-4
 
 
-def test_bad_state_dicts_name_the_key(ref):
-    model, _ = ref
+def test_bad_state_dicts_name_the_key():
     mc, _ = reference_configs(json.loads((FIX / "config.json").read_text()))
     sd = load_file(str(FIX / "setdlm_tiny.safetensors"))
     missing = {k: v for k, v in sd.items() if k != "backbone.blocks.1.attn_out.weight"}
@@ -99,3 +102,46 @@ def test_infer_D_from_names():
     assert infer_D("run_tgt16_x") == 16
     assert infer_D("setdlm-d4") == 4
     assert infer_D("kuleshov-group/owt-ar") is None
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda sd: sd.pop("backbone.blocks.0.mlp.2.bias"), "missing key 'backbone.blocks.0.mlp.2.bias'"),
+    (lambda sd: sd.update({"backbone.extra.weight": torch.zeros(2)}), "unknown key 'backbone.extra.weight'"),
+    (lambda sd: sd.update({"backbone.blocks.1.norm2.weight": torch.ones(33)}),
+     r"wrong shape for 'backbone.blocks.1.norm2.weight': expected \[32\], got \[33\]"),
+])
+def test_bad_reference_folders_name_the_key(tmp_path, edit, message):
+    """Through setdlm.load and the convert CLI, a broken folder in the authors' layout names the key."""
+    from safetensors.torch import save_file
+
+    folder = copy_fixture(tmp_path / "ref")
+    sd = load_file(str(folder / "setdlm_tiny.safetensors"))
+    edit(sd)
+    save_file(sd, str(folder / "setdlm_tiny.safetensors"))
+    tok = tokenizer_folder(tmp_path / "tok")
+    with pytest.raises(ValueError, match=message):
+        setdlm.load(folder, tokenizer=str(tok))
+    from setdlm.cli import main as cli
+
+    assert cli(["convert", "--from-reference", str(folder), str(tmp_path / "out"), "--tokenizer", str(tok)]) == 2
+    assert not (tmp_path / "out").exists()
+
+
+def test_detection_and_schedule_overrides(tmp_path):
+    """setdlm.load tells the layouts apart; D/M overrides rebuild the schedule; errors are clear."""
+    tok = str(tokenizer_folder(tmp_path / "tok"))
+    m = setdlm.load(FIX, tokenizer=tok, D=4)
+    assert (m.family.D, m.family.M) == (4, 8)
+    assert setdlm.load(FIX, tokenizer=tok, D=1, M=4).family.M == 4
+    assert setdlm.load(FIX).tokenizer is None  # weights usable with token ids; convert needs a tokenizer
+    with pytest.raises(ValueError, match="drop ema=True"):
+        setdlm.load(FIX, ema=True)
+    with pytest.raises(ValueError, match="a 'setdlm' model, but a 'ar' model was expected"):
+        setdlm.load(FIX, family="ar")
+    m.save(tmp_path / "ours")
+    with pytest.raises(ValueError, match=r"apply only to the authors' layout"):
+        setdlm.load(tmp_path / "ours", D=2)
+    from setdlm.cli import main as cli
+
+    assert cli(["convert", "--from-reference", str(tmp_path / "ours"), str(tmp_path / "x")]) == 2  # not theirs
+    assert cli(["convert", "--from-reference", str(FIX), str(tmp_path / "y")]) == 2  # no tokenizer

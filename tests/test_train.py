@@ -84,7 +84,7 @@ def test_bf16_and_accumulation_and_ema(corpus, tmp_path):
                             grad_accum=2, ema=0.9, eval_ema=True, save_every=3, eval_every=3, **TINY))
     assert math.isfinite(res.loss) and math.isfinite(res.eval["nelbo"])
     names = sorted(p.name for p in res.checkpoint.iterdir())
-    assert names == ["config.json", "ema.safetensors", "model.safetensors", "optimizer.safetensors",
+    assert names == ["README.md", "config.json", "ema.safetensors", "model.safetensors", "optimizer.safetensors",
                      "tokenizer.json", "tokenizer_config.json", "training_state.json"]
     state = json.loads((res.checkpoint / "training_state.json").read_text())
     assert state["step"] == 6 and state["data"]["rows_seen"] == 48 and state["world_size"] == 1

@@ -9,10 +9,17 @@ A checkpoint folder holds::
     training_state.json    step, data position, optimizer hyper-parameters, ... (to resume training)
     optimizer.safetensors  the optimizer's tensors (AdamW moments)
 
+    README.md              a model card: family, schedule, training data, results (Hugging Face Hub ready)
+
+The backbone is the setdlm DiT (``"backbone": "dit"``, ``architecture`` = :class:`ModelConfig`) or a
+Hugging Face causal LM behind :class:`setdlm.hf.HFBackbone` (``"backbone": "hf"``, ``architecture`` = its
+``transformers`` config; weights under the backbone's own names, tied embeddings stored once).
+
 A folder is first written under a temporary name next to its destination and then renamed, so a crash
 (even SIGKILL) leaves either the previous checkpoint or the new one, never half of one. A training run keeps
 its checkpoints as ``RUN/checkpoints/step-NNNNNNNN`` and a ``RUN/latest`` pointer (replaced atomically);
-:func:`load` accepts the run folder too.
+:func:`load` accepts the run folder too, a Hugging Face Hub id (:mod:`setdlm.hub`), and a folder or Hub id
+in the paper authors' layout (converted on the fly by :mod:`setdlm.convert`).
 
 Every loading error is a ``ValueError`` naming the file and the problem: a missing file, invalid JSON, a
 truncated or corrupt safetensors file, tensors that do not match the config, a tokenizer whose vocabulary
@@ -35,7 +42,7 @@ from .family import FamilyConfig
 from .lm import Model
 from .model import ModelConfig, Transformer
 
-CONFIG, WEIGHTS, EMA_WEIGHTS = "config.json", "model.safetensors", "ema.safetensors"
+CONFIG, WEIGHTS, EMA_WEIGHTS, CARD = "config.json", "model.safetensors", "ema.safetensors", "README.md"
 STATE, OPTIMIZER, LATEST = "training_state.json", "optimizer.safetensors", "latest"
 FORMAT, FORMAT_VERSION = "setdlm", 1
 
@@ -95,34 +102,89 @@ def _contiguous(sd: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k: v.detach().contiguous().cpu() for k, v in sd.items()}
 
 
-def model_config_dict(model: Model, training_args: dict | None = None) -> dict:
+def is_hf_backbone(backbone) -> bool:
+    return type(backbone).__name__ == "HFBackbone" and hasattr(backbone, "hf")
+
+
+def unique_state_dict(module: torch.nn.Module) -> dict[str, Tensor]:
+    """``module.state_dict()`` without aliases: a tensor reachable under several names (tied input and
+    output embeddings) is kept under its first name only, as safetensors requires."""
+    out, seen = {}, set()
+    for k, v in module.state_dict().items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), v.stride())
+        if v.numel() and key in seen:
+            continue
+        seen.add(key)
+        out[k] = v
+    return out
+
+
+def expected_shapes(module: torch.nn.Module) -> dict[str, tuple]:
+    return {k: tuple(v.shape) for k, v in unique_state_dict(module).items()}
+
+
+def load_weights(module: torch.nn.Module, sd: dict[str, Tensor]) -> None:
+    """Load ``sd`` (alias-free, as :func:`unique_state_dict` makes it) into ``module``; names and shapes
+    must match exactly, aliases follow the tensor they share."""
+    expected = expected_shapes(module)
+    missing, extra = [k for k in expected if k not in sd], [k for k in sd if k not in expected]
+    if missing or extra:
+        raise ValueError(f"weights do not match the model (missing {missing[:3]}, unexpected {extra[:3]})")
+    result = module.load_state_dict(sd, strict=False)
+    aliases = set(module.state_dict()) - set(expected)
+    if set(result.missing_keys) != aliases or result.unexpected_keys:
+        raise ValueError(f"weights left unset: {sorted(set(result.missing_keys) - aliases)[:3]}")
+
+
+def model_config_dict(model: Model, training_args: dict | None = None, source: dict | None = None) -> dict:
     backbone = model.backbone
-    if not isinstance(backbone, Transformer):
-        raise ValueError(f"saving a {type(backbone).__name__} backbone is not supported: only the setdlm DiT")
+    if isinstance(backbone, Transformer):
+        kind, arch = "dit", backbone.config.to_dict()
+    elif is_hf_backbone(backbone):
+        from .hf import config_dict
+
+        kind, arch = "hf", config_dict(backbone)
+    else:
+        raise ValueError(f"saving a {type(backbone).__name__} backbone is not supported: only the setdlm DiT "
+                         "and setdlm.hf.HFBackbone")
     tok = model.tokenizer
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, "backbone": "dit",
-            "architecture": backbone.config.to_dict(), "family": model.family.to_dict(),
-            "tokenizer": tok.info() if hasattr(tok, "info") else None,
-            "dtype": str(next(backbone.parameters()).dtype).removeprefix("torch."),
-            "training": training_args}
+    cfg = {"format": FORMAT, "format_version": FORMAT_VERSION, "backbone": kind,
+           "architecture": arch, "family": model.family.to_dict(),
+           "tokenizer": tok.info() if hasattr(tok, "info") else None,
+           "dtype": str(next(backbone.parameters()).dtype).removeprefix("torch."),
+           "training": training_args}
+    if source is not None:
+        cfg["source"] = source
+    return cfg
 
 
 def save(path: str | Path, model: Model, *, ema: dict[str, Tensor] | None = None,
          training_args: dict | None = None, training_state: dict | None = None,
-         optimizer_state: dict | None = None) -> Path:
-    """Write a checkpoint folder at ``path`` atomically (see the module docstring). Returns ``path``."""
+         optimizer_state: dict | None = None, source: dict | None = None, bench=None,
+         push_to_hub: str | None = None, private: bool | None = None, token: str | None = None,
+         commit_message: str | None = None) -> Path:
+    """Write a checkpoint folder at ``path`` atomically (see the module docstring), with a model card
+    (``README.md``; ``bench``: a results table, see :func:`setdlm.hub.model_card`). Returns ``path``.
+
+    ``push_to_hub="user/repo"`` then uploads the folder to the Hugging Face Hub (needs ``huggingface_hub``,
+    network and a token; ``private``, ``token``, ``commit_message`` go to the upload). The optimizer state
+    is not uploaded. ``source``: where the weights came from (recorded in config.json, e.g. by convert).
+    """
+    from .hub import model_card
+
     dst = Path(path)
     if model.tokenizer is None or not hasattr(model.tokenizer, "save"):
         raise ValueError("a checkpoint needs the model's tokenizer (a setdlm.data.Tokenizer); model.tokenizer is "
                          f"{type(model.tokenizer).__name__}")
-    config = model_config_dict(model, training_args)
+    config = model_config_dict(model, training_args, source)
     config["ema"] = ema is not None
+    weights = unique_state_dict(model.backbone)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.tmp-"))
     try:
-        save_file(_contiguous(model.backbone.state_dict()), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        save_file(_contiguous(weights), str(tmp / WEIGHTS), metadata={"format": "pt"})
         if ema is not None:
-            save_file(_contiguous(ema), str(tmp / EMA_WEIGHTS), metadata={"format": "pt"})
+            save_file(_contiguous({k: ema[k] for k in weights}), str(tmp / EMA_WEIGHTS), metadata={"format": "pt"})
         model.tokenizer.save(tmp)
         if optimizer_state is not None:
             tensors, meta = flatten_optimizer_state(optimizer_state)
@@ -131,11 +193,16 @@ def save(path: str | Path, model: Model, *, ema: dict[str, Tensor] | None = None
         if training_state is not None:
             (tmp / STATE).write_text(json.dumps(training_state, indent=2) + "\n", encoding="utf-8")
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        (tmp / CARD).write_text(model_card(config, bench=bench, repo_id=push_to_hub), encoding="utf-8")
         _fsync_tree(tmp)
         _commit_dir(tmp, dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if push_to_hub is not None:
+        from .hub import push_folder
+
+        push_folder(dst, push_to_hub, private=private, token=token, commit_message=commit_message)
     return dst
 
 
@@ -199,28 +266,38 @@ def read_config(folder: str | Path) -> dict:
     path = resolve(folder) / CONFIG
     cfg = read_json(path, "not a setdlm checkpoint folder")
     if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a setdlm config (no \"format\": \"setdlm\"); Hugging Face models load "
-                         "through setdlm.hf")
+        hint = ("it is a Hugging Face causal LM: load it with setdlm.hf.load_pretrained, or fine-tune it with "
+                "`setdlm train --init-from`" if isinstance(cfg, dict) and "model_type" in cfg
+                else "Hugging Face models load through setdlm.hf")
+        raise ValueError(f"{path}: not a setdlm config (no \"format\": \"setdlm\"); {hint}")
     for key in ("architecture", "family"):
         if not isinstance(cfg.get(key), dict):
             raise ValueError(f"{path}: missing the {key!r} section")
     return cfg
 
 
-def parse_configs(folder: Path, cfg: dict, family: str | None = None) -> tuple[ModelConfig, FamilyConfig]:
+def parse_configs(folder: Path, cfg: dict, family: str | None = None) -> tuple[ModelConfig | dict, FamilyConfig]:
+    """(architecture, family) of a config: a :class:`ModelConfig` for the DiT, the ``transformers`` config
+    dict for an HF backbone."""
     path = folder / CONFIG
+    kind = cfg.get("backbone", "dit")
+    if kind not in ("dit", "hf"):
+        raise ValueError(f"{path}: unknown backbone {kind!r} (expected 'dit' or 'hf')")
     try:
-        arch = ModelConfig.from_dict(cfg["architecture"])
+        arch = ModelConfig.from_dict(cfg["architecture"]) if kind == "dit" else dict(cfg["architecture"])
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: bad architecture: {e}") from None
+    vocab = arch.vocab_size if kind == "dit" else arch.get("vocab_size")
+    if not isinstance(vocab, int) or vocab < 1:
+        raise ValueError(f"{path}: the architecture records no vocab_size")
     try:
         fam = FamilyConfig.from_dict(cfg["family"])
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: bad family config: {e}") from None
     if family is not None and fam.family != family:
         raise ValueError(f"{path}: a {fam.family!r} model, but a {family!r} model was expected")
-    if not 0 <= fam.mask_token_id < arch.vocab_size:
-        raise ValueError(f"{path}: mask_token_id {fam.mask_token_id} is outside the vocabulary of {arch.vocab_size}")
+    if not 0 <= fam.mask_token_id < vocab:
+        raise ValueError(f"{path}: mask_token_id {fam.mask_token_id} is outside the vocabulary of {vocab}")
     return arch, fam
 
 
@@ -247,7 +324,7 @@ def read_tensors(path: Path, expected: dict[str, tuple] | None = None, what: str
     return sd
 
 
-def load_checkpoint_tokenizer(folder: Path, cfg: dict, arch: ModelConfig, fam: FamilyConfig):
+def load_checkpoint_tokenizer(folder: Path, cfg: dict, vocab_size: int, fam: FamilyConfig):
     from .data.tokenizers import TOKENIZER_FILE, load_tokenizer
 
     path = folder / TOKENIZER_FILE
@@ -257,32 +334,71 @@ def load_checkpoint_tokenizer(folder: Path, cfg: dict, arch: ModelConfig, fam: F
     recorded = (cfg.get("tokenizer") or {}).get("vocab_size")
     if recorded is not None and tok.vocab_size != recorded:
         raise ValueError(f"{path}: vocabulary of {tok.vocab_size} tokens, but config.json records {recorded}")
-    if tok.vocab_size > arch.vocab_size:
+    if tok.vocab_size > vocab_size:
         raise ValueError(f"{path}: vocabulary of {tok.vocab_size} tokens does not fit the model's "
-                         f"vocab_size {arch.vocab_size}")
+                         f"vocab_size {vocab_size}")
     if tok.mask_token_id != fam.mask_token_id:
         raise ValueError(f"{path}: MASK token id {tok.mask_token_id} differs from the family's mask_token_id "
                          f"{fam.mask_token_id}")
     return tok
 
 
+def locate(path: str | Path, *, revision: str | None = None, ema: bool = False) -> Path:
+    """A local checkpoint folder (or run folder), or a Hugging Face Hub id downloaded into the HF cache
+    (the files loading needs; ``ema``: the EMA weights too)."""
+    from .hub import is_hub_id, snapshot_checkpoint
+
+    p = Path(path).expanduser()
+    if not p.exists() and is_hub_id(str(path)):
+        return snapshot_checkpoint(str(path), revision=revision, ema=ema)
+    return resolve(p)
+
+
+def build_backbone(cfg: dict, arch: ModelConfig | dict, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """An untrained backbone of the checkpoint's architecture (weights to be loaded)."""
+    if cfg.get("backbone", "dit") == "hf":
+        from .hf import backbone_from_config
+
+        return backbone_from_config(arch, dtype=dtype)
+    return Transformer(arch).to(dtype) if dtype is not None else Transformer(arch)
+
+
 def load(path: str | Path, *, ema: bool = False, family: str | None = None, device=None,
-         dtype: torch.dtype | None = None) -> Model:
+         dtype: torch.dtype | None = None, revision: str | None = None, **reference) -> Model:
     """A ready :class:`~setdlm.lm.Model` (backbone, family, tokenizer) in eval mode.
 
-    ``path``: a checkpoint folder or a training run folder (its latest checkpoint). ``ema=True`` loads the
-    EMA weights. ``family``: the family you expect (an error otherwise). ``dtype``: cast the weights.
+    ``path``: a checkpoint folder, a training run folder (its latest checkpoint), or a Hugging Face Hub id
+    ``"user/repo"`` (downloaded into the HF cache; needs ``huggingface_hub`` and network, unless already
+    cached). A folder or Hub id in the paper authors' layout is detected and converted on the fly
+    (:func:`setdlm.convert.load_reference_model`; ``reference`` keywords such as ``tokenizer=``, ``D=``,
+    ``base=`` go there). ``ema=True`` loads the EMA weights. ``family``: the family you expect (an error
+    otherwise). ``dtype``: cast the weights. ``revision``: a Hub branch, tag or commit.
     """
-    folder = resolve(path)
+    folder = locate(path, revision=revision, ema=ema)
+    if not is_checkpoint(folder):
+        from .convert import is_reference_folder, load_reference_model
+
+        if is_reference_folder(folder):
+            if ema:
+                raise ValueError(f"{path}: the authors' checkpoints hold one set of weights (EMA already applied "
+                                 "where the paper used it); drop ema=True")
+            model = load_reference_model(folder, name=str(path), dtype=dtype, **reference)
+            if family is not None and model.family.family != family:
+                raise ValueError(f"{path}: a {model.family.family!r} model, but a {family!r} model was expected")
+            model.backbone.to(device=device)
+            return model.eval()
+    if reference:
+        raise ValueError(f"{path}: is a setdlm checkpoint; {sorted(reference)} apply only to the authors' layout")
     cfg = read_config(folder)
     arch, fam = parse_configs(folder, cfg, family)
-    tok = load_checkpoint_tokenizer(folder, cfg, arch, fam)
-    backbone = Transformer(arch)
-    expected = {k: tuple(v.shape) for k, v in backbone.state_dict().items()}
+    vocab = arch.vocab_size if isinstance(arch, ModelConfig) else arch["vocab_size"]
+    tok = load_checkpoint_tokenizer(folder, cfg, vocab, fam)
+    backbone = build_backbone(cfg, arch)
     file = folder / (EMA_WEIGHTS if ema else WEIGHTS)
-    sd = read_tensors(file, expected, " (this checkpoint kept no EMA weights)" if ema else "")
+    sd = read_tensors(file, expected_shapes(backbone), " (this checkpoint kept no EMA weights)" if ema else "")
     saved = sd[next(iter(sd))].dtype
-    backbone.to(saved).load_state_dict(sd)
+    backbone.to(saved)
+    load_weights(backbone, sd)
     backbone.to(device=device, dtype=dtype)
     return Model(backbone, fam, tok).eval()
 

@@ -7,6 +7,7 @@ Every subcommand is registered in ``COMMANDS`` below; ``setdlm --help`` lists th
 * ``generate`` — :func:`setdlm.decoding.generate` on prompts from arguments, a file or stdin
 * ``infill``   — :func:`setdlm.decoding.infill`
 * ``schedule`` — print the position-offset schedule for (L, D, M)
+* ``convert``  — :func:`setdlm.convert.convert_reference`: the authors' checkpoints → a setdlm checkpoint
 
 Bad arguments print a one-line error naming the bad value and exit with code 2; nothing is written then.
 """
@@ -365,7 +366,51 @@ def _add_infill(sub) -> None:
     p.set_defaults(func=_infill)
 
 
-COMMANDS = [_add_train, _add_eval, _add_generate, _add_infill, _add_schedule]
+# ---------------------------------------------------------------------------------------------------------
+# convert
+# ---------------------------------------------------------------------------------------------------------
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def _convert(args) -> int:
+    """Convert a checkpoint of the paper's authors (folder or Hub id) into a setdlm checkpoint folder."""
+    import torch
+
+    from .convert import convert_reference
+    from .checkpoint import read_config
+
+    for flag in ("D", "M"):
+        v = getattr(args, flag)
+        if v is not None and v < 1:
+            raise ValueError(f"--{flag} must be a positive integer, got {v}")
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    out = convert_reference(args.from_reference, args.out, tokenizer=args.tokenizer, D=args.D, M=args.M,
+                            base=args.base, dtype=dtype, revision=args.revision)
+    cfg = read_config(out)
+    fam = cfg["family"]
+    extra = f" D={fam['D']} M={fam['M']}" if fam["family"] == "setdlm" else ""
+    print(f"wrote {out}: {fam['family']} L={fam['length']}{extra}, {cfg['backbone']} backbone, "
+          f"mask id {fam['mask_token_id']}, tokenizer of {cfg['tokenizer']['vocab_size']} tokens")
+    return 0
+
+
+def _add_convert(sub) -> None:
+    p = sub.add_parser("convert", help=_convert.__doc__.splitlines()[0], description=_convert.__doc__)
+    p.add_argument("--from-reference", required=True, metavar="SRC",
+                   help="folder or Hub id in the authors' layout, e.g. kuleshov-group/owt-setdlm-smax16")
+    p.add_argument("out", help="the setdlm checkpoint folder to write")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder or Hub name (default: the checkpoint's own, "
+                   "else the dataset's: gpt2, bert-base-uncased, Qwen3)")
+    p.add_argument("--D", type=int, default=None, help="override D (default: from the config or the name)")
+    p.add_argument("--M", type=int, default=None, help="override M (default: min(2D, L), as the authors' loader)")
+    p.add_argument("--base", default=None, help="Qwen3 checkpoints: folder or Hub id of the base model's config")
+    p.add_argument("--dtype", choices=tuple(_DTYPES), default=None, help="cast the weights (default: as stored)")
+    p.add_argument("--revision", default=None, help="Hub branch, tag or commit")
+    p.set_defaults(func=_convert)
+
+
+COMMANDS = [_add_train, _add_eval, _add_generate, _add_infill, _add_schedule, _add_convert]
 
 
 def build_parser() -> argparse.ArgumentParser:

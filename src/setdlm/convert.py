@@ -1,6 +1,23 @@
-"""Convert the authors' DiT checkpoints (``kuleshov-group/setdlms``) to setdlm's layout (SPEC.md §3.1, §5.7).
+"""Load and convert the authors' checkpoints (``kuleshov-group/setdlms``) into setdlm (SPEC.md §3.1, §3.2, §5.7).
 
-Key map (official → ours)::
+A folder (or Hub repo) in the authors' layout holds ``config.json`` (their ``backbone_config`` /
+``noise_config`` dicts, or the flat layout of ``tests/fixtures/reference-dit-tiny``), the weights
+(``*.safetensors`` or ``pytorch_model.bin``, sharded or not) and usually the tokenizer files.
+:func:`load_reference_model` turns it into a :class:`~setdlm.lm.Model`; :func:`convert_reference`
+(``setdlm convert --from-reference SRC OUT``) writes it as a setdlm checkpoint; ``setdlm.load`` detects
+the layout by itself (:func:`is_reference_folder`).
+
+Two backbones:
+
+* the DiT (LM1B, OWT; ``_target_`` ``...dit.DIT``) becomes :class:`setdlm.model.Transformer`;
+* ``AutoModelFromPreTrained`` (GSM8K: pretrained Qwen3-1.7B-Base; CNN/DM: the Qwen3-0.6B architecture
+  re-initialised with overrides) wraps a ``Qwen3ForCausalLM`` as ``backbone.model``, so its keys are
+  ``backbone.model.<transformers key>``; it becomes :class:`setdlm.hf.HFBackbone`. Its config holds only
+  the base model's name and the overrides, so the architecture is the base model's ``config.json`` (a
+  local folder or Hub id: ``base=``, default the name recorded in the checkpoint) with the overrides
+  applied. A missing ``lm_head.weight`` means tied embeddings.
+
+DiT key map (official → ours)::
 
     backbone.vocab_embed.embedding                 → embed.weight
     backbone.blocks.N.{norm1,attn_qkv,attn_out,norm2}.weight, .mlp.{0,2}.{weight,bias}
@@ -9,8 +26,13 @@ Key map (official → ours)::
     backbone.output_layer.linear.{weight,bias}     → head.{weight,bias}
     static_attention_mask, backbone.rotary_emb.inv_freq   (buffers, not weights: checked, dropped)
 
-The schedule is rebuilt the way their loader does (SPEC §5.7, pitfall 9): ``D`` from the config's
-``desired_block_size`` or from ``d{N}`` / ``tgt{N}`` / ``smax{2N}`` in the name, ``M = min(2D, L)``.
+The family comes from the config's ``architectures`` or the name (SetDLM, BD3LM ``-s{N}``, MDLM, AR). The
+SetDLM schedule is rebuilt the way their loader does (SPEC §5.7, pitfall 9): ``D`` from the config's
+``desired_block_size`` or from ``d{N}`` / ``tgt{N}`` / ``smax{2N}`` in the name, ``M = min(2D, L)`` (the
+exported configs may carry ``max_block_size = L``). Tokenizers: the checkpoint's own files, else
+``tokenizer=`` (a folder or Hub name), else the config's ``tokenizer_name`` or the base model, else the
+dataset's (``owt`` → ``gpt2`` + MASK, ``lm1b`` → ``bert-base-uncased``, ``gsm8k`` / ``cnndm`` → Qwen3); the
+token at the checkpoint's ``mask_token_id`` becomes MASK (one past the vocabulary: a MASK token is added).
 """
 
 from __future__ import annotations
@@ -21,8 +43,10 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+from torch import nn
 
 from .family import FamilyConfig
+from .lm import Model
 from .model import ModelConfig, Transformer
 
 _BLOCK_PARAMS = ("norm1.weight", "attn_qkv.weight", "attn_out.weight", "norm2.weight",
@@ -96,49 +120,343 @@ def _pick(d: dict, *names, default=None):
     return default
 
 
-def reference_configs(cfg: dict, name: str = "") -> tuple[ModelConfig, FamilyConfig]:
-    """Our (ModelConfig, FamilyConfig) from an official config dict (the fixture's ``config.json`` layout,
-    or a flat HF-style config with the same field names)."""
-    bb = cfg.get("backbone_config_passed", cfg)
-    if _pick(bb, "adaln", default=False):
-        raise ValueError("config has adaln=true: legacy time-conditioned DiTs are not supported")
-    hidden = _pick(bb, "hidden_size", "hidden_dim")
-    mc = ModelConfig(vocab_size=int(_pick(bb, "vocab_size")), hidden_size=int(hidden),
-                     n_heads=int(_pick(bb, "n_heads", "num_attention_heads")),
-                     n_layers=int(_pick(bb, "num_layers", "n_blocks", "num_hidden_layers")),
-                     dropout=float(_pick(bb, "dropout", default=0.0)))
-    L = int(_pick(cfg, "length", "model_length", default=_pick(bb, "length")))
-    noise = cfg.get("setdlm", {}).get("noise", cfg.get("noise", {}))
-    D = _pick(noise, "desired_block_size") or infer_D(name)
-    if D is None:
-        raise ValueError(f"cannot tell D for {name or 'this checkpoint'}: no noise.desired_block_size in its "
-                         "config and no d{N}/tgt{N}/smax{2N} in its name; pass D explicitly")
-    mask_id = _pick(cfg, "mask_token_id", "mask_index", default=mc.vocab_size - 1)
-    fam = FamilyConfig("setdlm", length=L, mask_token_id=int(mask_id), D=int(D), M=min(2 * int(D), L))
-    return mc, fam
+# ---------------------------------------------------------------------------------------------------------
+# the folder: config, weights, backbone kind
+# ---------------------------------------------------------------------------------------------------------
+
+_WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model")
 
 
-def load_reference(path: str | Path, *, D: int | None = None) -> tuple[Transformer, FamilyConfig]:
-    """Load a folder in the authors' layout (``config.json`` + one ``*.safetensors``) as (backbone, family)."""
+def read_reference_config(folder: Path) -> dict:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{path}: missing (a reference checkpoint folder needs config.json)")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return cfg
+
+
+def is_reference_folder(folder: str | Path) -> bool:
+    """Is ``folder`` a checkpoint in the authors' layout (not a setdlm checkpoint, not a plain HF model)?"""
+    try:
+        cfg = read_reference_config(Path(folder))
+    except ValueError:
+        return False
+    return cfg.get("format") != "setdlm" and any(k in cfg for k in ("backbone_config", "backbone_config_passed",
+                                                                    "noise_config", "setdlm"))
+
+
+def read_reference_weights(folder: Path) -> dict[str, Tensor]:
+    """Every tensor of the folder's weight files (safetensors, or ``pytorch_model*.bin`` read with
+    ``torch.load(weights_only=True)``: tensors only, no code), ``_orig_mod.`` prefixes (torch.compile)
+    removed."""
     from safetensors.torch import load_file
 
-    path = Path(path)
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise ValueError(f"{cfg_file}: missing (a reference checkpoint folder needs config.json)")
-    cfg = json.loads(cfg_file.read_text())
-    files = sorted(path.glob("*.safetensors"))
+    folder = Path(folder)
+    files = sorted(folder.glob(_WEIGHT_FILES[0])) or sorted(folder.glob(_WEIGHT_FILES[1]))
     if not files:
-        raise ValueError(f"{path}: no .safetensors weights found")
-    mc, fam = reference_configs(cfg, name=path.name)
-    if D is not None:
-        fam = FamilyConfig("setdlm", length=fam.length, mask_token_id=fam.mask_token_id, D=D, M=min(2 * D, fam.length))
+        raise ValueError(f"{folder}: no weights found (expected *.safetensors or pytorch_model.bin)")
     sd: dict[str, Tensor] = {}
     for f in files:
         try:
-            sd.update(load_file(str(f)))
-        except Exception as e:  # safetensors raises its own error types for corrupt files
-            raise ValueError(f"{f}: cannot read safetensors weights ({e})") from None
-    model = Transformer(mc)
-    model.load_state_dict(convert_reference_state_dict(sd, mc))
-    return model.eval(), fam
+            part = load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu",
+                                                                                    weights_only=True)
+        except Exception as e:  # safetensors / torch raise their own error types for corrupt files
+            raise ValueError(f"{f}: cannot read the weights ({str(e).splitlines()[0]})") from None
+        if isinstance(part.get("state_dict"), dict):
+            part = part["state_dict"]
+        sd.update({k.replace("_orig_mod.", ""): v for k, v in part.items() if isinstance(v, Tensor)})
+    return sd
+
+
+def backbone_kind(cfg: dict, sd: dict) -> str:
+    """``"dit"`` or ``"hf"`` (AutoModelFromPreTrained around a transformers causal LM)."""
+    target = str((cfg.get("backbone_config") or cfg.get("backbone_config_passed") or {}).get("_target_", ""))
+    if "automodel" in target.lower() or any(k.startswith("backbone.model.") for k in sd):
+        return "hf"
+    if target.endswith("DIT") or is_reference_state_dict(sd):
+        return "dit"
+    raise ValueError(f"unsupported reference backbone {target or '(no _target_)'!r}: only the DiT and "
+                     "AutoModelFromPreTrained (Qwen3) checkpoints load into setdlm")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# configs: architecture, family, schedule
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _backbone_cfg(cfg: dict) -> dict:
+    return cfg.get("backbone_config") or cfg.get("backbone_config_passed") or cfg
+
+
+def _noise_cfg(cfg: dict) -> dict:
+    return cfg.get("noise_config") or cfg.get("setdlm", {}).get("noise") or cfg.get("noise") or {}
+
+
+def reference_length(cfg: dict) -> int:
+    L = _pick(cfg, "length", "model_length", "max_length", default=_pick(_backbone_cfg(cfg), "length"))
+    if L is None:
+        raise ValueError("the reference config records no context length ('length')")
+    return int(L)
+
+
+def reference_family(cfg: dict, name: str = "", *, mask_token_id: int, D: int | None = None,
+                     M: int | None = None) -> FamilyConfig:
+    """The family of an authors' checkpoint, with the schedule rebuilt their way (see the module docstring)."""
+    L = reference_length(cfg)
+    noise = _noise_cfg(cfg)
+    base = name.rstrip("/").split("/")[-1].lower()
+    hay = " ".join([*(cfg.get("architectures") or []), base, str(noise.get("_target_", noise.get("class", "")))]).lower()
+    if "setdlm" in cfg or any(w in hay for w in ("setdlm", "aoarm", "staggered", "easeoutpower")):
+        D = D or _pick(noise, "desired_block_size") or infer_D(name)
+        if D is None:
+            raise ValueError(f"cannot tell D for {name or 'this checkpoint'}: no noise desired_block_size in its "
+                             "config and no d{N}/tgt{N}/smax{2N} in its name; pass D explicitly")
+        return FamilyConfig("setdlm", length=L, mask_token_id=mask_token_id, D=int(D), M=M or min(2 * int(D), L))
+    if "bd3lm" in hay:
+        m = re.search(r"(?:^|[-_])s(\d+)(?:$|[-_])", base)
+        S = int(m.group(1)) if m else _pick(cfg, "block_size")
+        if S is None or int(S) >= L and not m:
+            raise ValueError(f"cannot tell the BD3LM block size of {name or 'this checkpoint'}")
+        return FamilyConfig("bd3lm", length=L, mask_token_id=mask_token_id, block_size=int(S))
+    if "mdlm" in hay:
+        return FamilyConfig("mdlm", length=L, mask_token_id=mask_token_id)
+    if re.search(r"(?:^|[^a-z0-9])ar(?:$|[^a-z0-9])", hay):
+        return FamilyConfig("ar", length=L, mask_token_id=mask_token_id)
+    raise ValueError(f"cannot tell the family of {name or 'this checkpoint'} (setdlm, bd3lm, mdlm or ar) from its "
+                     "config's architectures or its name")
+
+
+def reference_configs(cfg: dict, name: str = "", *, D: int | None = None,
+                      M: int | None = None) -> tuple[ModelConfig, FamilyConfig]:
+    """Our (ModelConfig, FamilyConfig) of a DiT checkpoint from its config dict (the authors' HF config with
+    ``backbone_config`` / ``noise_config``, the fixture's layout, or a flat config with the same names)."""
+    bb = _backbone_cfg(cfg)
+    if _pick(bb, "adaln", default=False):
+        raise ValueError("config has adaln=true: legacy time-conditioned DiTs are not supported")
+    mc = ModelConfig(vocab_size=int(_pick(bb, "vocab_size", default=cfg.get("vocab_size"))),
+                     hidden_size=int(_pick(bb, "hidden_size", "hidden_dim")),
+                     n_heads=int(_pick(bb, "n_heads", "num_attention_heads")),
+                     n_layers=int(_pick(bb, "num_layers", "n_blocks", "num_hidden_layers")),
+                     dropout=float(_pick(bb, "dropout", default=0.0)))
+    mask_id = int(_pick(cfg, "mask_token_id", "mask_index", default=mc.vocab_size - 1))
+    return mc, reference_family(cfg, name, mask_token_id=mask_id, D=D, M=M)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Qwen3 (and other transformers causal LMs) wrapped as `backbone.model`
+# ---------------------------------------------------------------------------------------------------------
+
+# AutoModelFromPreTrained's own arguments; every other backbone_config entry overrides the base config
+_AUTOMODEL_ARGS = {"_target_", "_recursive_", "_partial_", "automodel_cls", "pretrained_model_name_or_path",
+                   "trust_remote_code", "keep_bottom_n_layers", "reinit_model", "torch_dtype", "dtype",
+                   "attn_implementation", "revision"}
+
+
+def _base_config(base: str):
+    """The transformers config of the base model: a local folder, or a Hub id (config.json only)."""
+    from transformers import AutoConfig
+
+    from .hf import HubUnreachableError
+    from .hub import is_hub_id, snapshot
+
+    path = Path(base).expanduser()
+    if path.is_dir():
+        return AutoConfig.from_pretrained(str(path))
+    if not is_hub_id(base):
+        raise ValueError(f"base model {base!r} is neither a local folder nor a Hub id")
+    try:
+        return AutoConfig.from_pretrained(str(snapshot(base, allow_patterns=["config.json"])))
+    except HubUnreachableError as e:
+        raise HubUnreachableError(f"the checkpoint's architecture is that of its base model: {e}; or pass "
+                                  "base=DIR (setdlm convert --base DIR), a folder holding the base model's "
+                                  "config.json") from None
+
+
+def hf_reference_state_dict(sd: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The transformers state dict inside an AutoModelFromPreTrained checkpoint (``backbone.model.`` or
+    ``backbone.`` prefix removed; attention-mask and rotary buffers dropped) and a map back to the original
+    key names (for error messages)."""
+    out, names = {}, {}
+    for k, v in sd.items():
+        if k in _BUFFERS or k.endswith("rotary_emb.inv_freq"):
+            continue
+        if not k.startswith("backbone."):
+            raise ValueError(f"unknown key {k!r} in the reference checkpoint (expected backbone.model.*)")
+        new = k[len("backbone."):]
+        if new.startswith("model.model.") or new.startswith("model.lm_head."):
+            new = new[len("model."):]
+        out[new], names[new] = v, k
+    return out, names
+
+
+def reference_hf_backbone(cfg: dict, sd: dict[str, Tensor], *, base: str | None = None) -> nn.Module:
+    """An :class:`~setdlm.hf.HFBackbone` holding the weights of an AutoModelFromPreTrained checkpoint."""
+    from .checkpoint import expected_shapes, load_weights
+    from .hf import backbone_from_config
+
+    bb = cfg.get("backbone_config") or {}
+    base = base or bb.get("pretrained_model_name_or_path")
+    if not base:
+        raise ValueError("the checkpoint names no base model (backbone_config.pretrained_model_name_or_path): "
+                         "pass base= (a folder or Hub id whose config.json gives the architecture)")
+    arch = json.loads(_base_config(str(base)).to_json_string(use_diff=False))
+    overrides = {k: v for k, v in bb.items() if k not in _AUTOMODEL_ARGS}
+    keep = bb.get("keep_bottom_n_layers", -1)
+    if keep not in (None, -1):
+        overrides["num_hidden_layers"] = int(keep)
+    if "num_hidden_layers" in overrides:
+        arch.pop("layer_types", None)  # derived from the layer count again
+    arch.update(overrides)
+    hf_sd, names = hf_reference_state_dict(sd)
+    embed = next((v for k, v in hf_sd.items() if k.endswith("embed_tokens.weight") or k.endswith("wte.weight")), None)
+    head = hf_sd.get("lm_head.weight")
+    arch["tie_word_embeddings"] = head is None or (embed is not None and head.shape == embed.shape
+                                                  and torch.equal(head, embed))
+    if head is not None and arch["tie_word_embeddings"]:
+        del hf_sd["lm_head.weight"]
+    dtype = next(iter(hf_sd.values())).dtype if hf_sd else None
+    backbone = backbone_from_config(arch, dtype=dtype)
+    expected = expected_shapes(backbone)
+    for k in hf_sd:
+        if "hf." + k not in expected:
+            raise ValueError(f"unknown key {names[k]!r} in the reference checkpoint (not part of the "
+                             f"{arch.get('model_type')} architecture of {base})")
+    for k, shape in expected.items():
+        key = k[len("hf."):]
+        if key not in hf_sd:
+            raise ValueError(f"missing key {'backbone.model.' + key!r} in the reference checkpoint")
+        if tuple(hf_sd[key].shape) != shape:
+            raise ValueError(f"wrong shape for {names[key]!r}: expected {list(shape)}, got "
+                             f"{list(hf_sd[key].shape)}")
+    load_weights(backbone, {"hf." + k: v for k, v in hf_sd.items()})
+    return backbone.eval()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tokenizer
+# ---------------------------------------------------------------------------------------------------------
+
+_DATASET_TOKENIZERS = (("owt", "gpt2"), ("openwebtext", "gpt2"), ("lm1b", "bert-base-uncased"),
+                       ("gsm8k", "Qwen/Qwen3-1.7B-Base"), ("cnndm", "Qwen/Qwen3-0.6B-Base"),
+                       ("cnn", "Qwen/Qwen3-0.6B-Base"))
+
+
+def default_tokenizer_name(name: str) -> str | None:
+    """The tokenizer the paper used for the dataset in a checkpoint's name (SPEC §2.9), or None."""
+    base = name.rstrip("/").split("/")[-1].lower()
+    for key, tok in _DATASET_TOKENIZERS:
+        if re.search(rf"(?:^|[-_]){key}(?:$|[-_])", base):
+            return tok
+    return None
+
+
+def reference_tokenizer(folder: Path, cfg: dict, name: str, *, tokenizer=None, base: str | None = None,
+                        mask_token_id: int):
+    """The checkpoint's tokenizer as a setdlm Tokenizer whose MASK id is the checkpoint's, or None when no
+    source is known (see the module docstring for the order of the sources)."""
+    from .data.tokenizers import Tokenizer, load_tokenizer
+    from .hub import is_hub_id, snapshot
+
+    if isinstance(tokenizer, Tokenizer):
+        if tokenizer.mask_token_id != mask_token_id:
+            raise ValueError(f"the tokenizer's MASK id {tokenizer.mask_token_id} differs from the checkpoint's "
+                             f"{mask_token_id}")
+        return tokenizer
+    spec = tokenizer
+    if spec is None and any((Path(folder) / f).is_file() for f in _TOKENIZER_FILES):
+        spec = str(folder)
+    spec = spec or cfg.get("tokenizer_name") or base or default_tokenizer_name(name)
+    if spec is None:
+        return None
+    spec = str(spec)
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        if not (is_hub_id(spec) or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", spec)):  # "gpt2" is a Hub name
+            raise ValueError(f"tokenizer {spec!r} is neither a local folder nor a Hub name")
+        path = snapshot(spec, allow_patterns=["tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt",
+                                              "*.model", "chat_template*"])
+    return load_tokenizer(path, mask_id=mask_token_id)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# entry points
+# ---------------------------------------------------------------------------------------------------------
+
+
+def load_reference_model(path: str | Path, *, name: str | None = None, tokenizer=None, D: int | None = None,
+                         M: int | None = None, base: str | None = None, dtype: torch.dtype | None = None) -> Model:
+    """A :class:`~setdlm.lm.Model` from a folder in the authors' layout (a Hub id: use ``setdlm.load``).
+
+    ``tokenizer``: a folder, a Hub name or a setdlm Tokenizer (default: see the module docstring; None
+    when no source is known). ``D``, ``M``: override the schedule (default: D from the config or name,
+    M = min(2D, L)). ``base``: where the Qwen3 architecture comes from (default: the recorded base model).
+    ``name``: the name the schedule and tokenizer defaults are read from (default: the folder's).
+    """
+    folder = Path(path).expanduser()
+    cfg = read_reference_config(folder)
+    name = name or folder.name
+    sd = read_reference_weights(folder)
+    kind = backbone_kind(cfg, sd)
+    if kind == "dit":
+        mc, fam = reference_configs(cfg, name, D=D, M=M)
+        backbone = Transformer(mc)
+        backbone.load_state_dict(convert_reference_state_dict(sd, mc))
+    else:
+        backbone = reference_hf_backbone(cfg, sd, base=base)
+        mask_id = _pick(cfg, "mask_token_id")
+        if mask_id is None:
+            raise ValueError(f"{folder / 'config.json'}: records no mask_token_id")
+        fam = reference_family(cfg, name, mask_token_id=int(mask_id), D=D, M=M)
+        base = base or (cfg.get("backbone_config") or {}).get("pretrained_model_name_or_path")
+    vocab = backbone.vocab_size if hasattr(backbone, "vocab_size") else backbone.config.vocab_size
+    if not 0 <= fam.mask_token_id < vocab:
+        raise ValueError(f"mask_token_id {fam.mask_token_id} is outside the model's vocabulary of {vocab}")
+    tok = None if tokenizer is _NO_TOKENIZER else reference_tokenizer(
+        folder, cfg, name, tokenizer=tokenizer, base=base if kind == "hf" else None, mask_token_id=fam.mask_token_id)
+    if tok is not None and tok.vocab_size > vocab:
+        raise ValueError(f"the tokenizer has {tok.vocab_size} tokens, more than the model's vocabulary of {vocab}")
+    if dtype is not None:
+        backbone.to(dtype)
+    return Model(backbone.eval(), fam, tok)
+
+
+def load_reference(path: str | Path, *, D: int | None = None) -> tuple[nn.Module, FamilyConfig]:
+    """(backbone, family) of a folder in the authors' layout; the tokenizer is not loaded."""
+    model = load_reference_model(path, D=D, tokenizer=_NO_TOKENIZER)
+    return model.backbone, model.family
+
+
+class _NoTokenizer:  # sentinel: load_reference_model without looking for a tokenizer
+    pass
+
+
+_NO_TOKENIZER = _NoTokenizer()
+
+
+def convert_reference(src: str | Path, out: str | Path, *, tokenizer=None, D: int | None = None,
+                      M: int | None = None, base: str | None = None, dtype: torch.dtype | None = None,
+                      revision: str | None = None) -> Path:
+    """Write the authors' checkpoint ``src`` (a folder or Hub id) as a setdlm checkpoint at ``out``.
+    Keywords: as :func:`load_reference_model`. A tokenizer is required (a checkpoint always carries one)."""
+    from .checkpoint import is_checkpoint, locate, save
+    from .hub import is_hub_id
+
+    local = Path(src).expanduser()
+    folder = locate(src, revision=revision) if (local.exists() or is_hub_id(str(src))) else local
+    if not folder.is_dir():
+        raise ValueError(f"reference checkpoint {str(src)!r} does not exist")
+    if is_checkpoint(folder) or not is_reference_folder(folder):
+        raise ValueError(f"{src}: not a checkpoint in the authors' layout (config.json has no backbone_config / "
+                         "noise_config)")
+    model = load_reference_model(folder, name=str(src), tokenizer=tokenizer, D=D, M=M, base=base, dtype=dtype)
+    if model.tokenizer is None:
+        raise ValueError(f"{src}: no tokenizer found; pass one (--tokenizer DIR or a Hub name such as gpt2, "
+                         "bert-base-uncased, Qwen/Qwen3-1.7B-Base)")
+    source = {"name": str(src), "layout": "kuleshov-group/setdlms", "revision": revision}
+    return save(out, model, source=source)

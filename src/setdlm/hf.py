@@ -23,8 +23,10 @@ attention, other architectures.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+from contextlib import nullcontext
 from urllib.parse import urlsplit
 
 import torch
@@ -200,8 +202,67 @@ class HFTokenizer:
     pad_token_id = property(lambda self: self.hf.pad_token_id)
 
 
-class HubUnreachableError(ConnectionError):
-    """A Hub id was given but the Hugging Face Hub cannot be reached (and the files are not cached)."""
+def setdlm_tokenizer(tokenizer):
+    """setdlm's :class:`~setdlm.data.Tokenizer` over a copy of a ``transformers`` fast tokenizer: the same
+    vocabulary, added tokens and special tokens (BERT's [CLS]/[SEP] play BOS/EOS), and its chat template.
+    Use it to train on or checkpoint a model whose tokenizer came from ``transformers``; call
+    :func:`add_mask_token` first so that the MASK token is part of it."""
+    from tokenizers import Tokenizer as Backend
+
+    from .data.tokenizers import ROLES, Tokenizer
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ValueError(f"{type(tokenizer).__name__} is a slow tokenizer; setdlm needs a fast one (tokenizer.json)")
+    names = {r: getattr(tokenizer, f"{r}_token", None) for r in ROLES}
+    names["bos"] = names["bos"] or getattr(tokenizer, "cls_token", None)
+    names["eos"] = names["eos"] or getattr(tokenizer, "sep_token", None)
+    names = {r: (str(n) if n is not None else None) for r, n in names.items()}
+    template = getattr(tokenizer, "chat_template", None)
+    return Tokenizer(Backend.from_str(backend.to_str()), kind="hf", chat_template=template if isinstance(template, str)
+                     else None, **names)
+
+
+def config_dict(backbone: HFBackbone) -> dict:
+    """The wrapped model's ``transformers`` config as plain JSON (what a setdlm checkpoint records)."""
+    return json.loads(backbone.hf.config.to_json_string(use_diff=False))
+
+
+def _no_init():
+    """transformers' context that skips random initialisation (the weights are loaded right after)."""
+    try:
+        from transformers.initialization import no_init_weights  # transformers >= 5
+    except ImportError:
+        try:
+            from transformers.modeling_utils import no_init_weights  # transformers 4.x
+        except ImportError:
+            return nullcontext()
+    return no_init_weights()
+
+
+def backbone_from_config(config: dict | object, dtype: torch.dtype | None = None) -> HFBackbone:
+    """An :class:`HFBackbone` with the architecture ``config`` (a ``transformers`` config or its dict) and
+    uninitialised weights, for loading a state dict into; in eval mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if isinstance(config, dict):
+        d = {k: v for k, v in config.items() if k not in ("transformers_version", "_name_or_path")}
+        kind = d.pop("model_type", None)
+        if kind not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"unsupported model_type {kind!r}; the adapter supports {', '.join(SUPPORTED_MODEL_TYPES)}")
+        config = AutoConfig.for_model(kind, **d)
+    with _no_init():
+        model = AutoModelForCausalLM.from_config(config)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()  # skipped along with the initialisation
+    if dtype is not None:
+        model = model.to(dtype)
+    return HFBackbone(model.eval())
+
+
+class HubUnreachableError(ConnectionError, ValueError):
+    """A Hub id was given but the Hugging Face Hub cannot be reached (and the files are not cached). A
+    ValueError too: the input cannot be used as given (the CLI reports it in one line)."""
 
 
 def load_pretrained(name_or_path: str, *, dtype: torch.dtype | None = None, device=None,

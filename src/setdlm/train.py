@@ -3,7 +3,8 @@
 AdamW with linear warm-up then a constant or cosine learning rate, gradient clipping, EMA weights,
 gradient accumulation, opt-in bf16 autocast and ``torch.compile``, periodic evaluation of the held-out
 bound (:func:`likelihood`), tqdm progress and a JSONL metrics log, checkpoints (:mod:`setdlm.checkpoint`)
-and ``--resume``. Started by ``torchrun --nproc_per_node=N`` the same command trains data-parallel (DDP;
+and ``--resume``. ``--init-from`` starts from existing weights instead of a random DiT (:func:`load_init`):
+a setdlm checkpoint of any family (e.g. AR → SetDLM adaptation) or a Hugging Face causal LM (SPEC §2.9). Started by ``torchrun --nproc_per_node=N`` the same command trains data-parallel (DDP;
 gloo on CPU, nccl on GPU); ``batch_size`` is always the *global* batch.
 
 Reproducibility and exact resume: nothing random is carried from step to step. The data order of epoch
@@ -55,6 +56,8 @@ class TrainConfig:
     data: str = _f("training text: a file, folder, .jsonl, built-in corpus or hf:NAME", default="shakespeare")
     family: str = _f("ar, mdlm, bd3lm or setdlm", default="setdlm")
     preset: str = _f("preset the other defaults came from", default="tiny")
+    init_from: str | None = _f("start from these weights (architecture and tokenizer included): a setdlm checkpoint "
+                               "or run folder, a Hugging Face causal LM folder, or a Hub id", default=None)
     D: int = _f("setdlm: target parallelism D", default=4)
     M: int | None = _f("setdlm: max set size M (default 2D, capped at L)", default=None)
     k: float | None = _f("setdlm: explicit schedule shape k (default from D, M)", default=None)
@@ -299,6 +302,38 @@ def likelihood(backbone: nn.Module, family: FamilyConfig, data: TokenDataset, *,
 # ---------------------------------------------------------------------------------------------------------
 
 
+def load_init(name_or_path: str) -> tuple[nn.Module, Tokenizer]:
+    """``(backbone, tokenizer)`` that ``--init-from`` names: a setdlm checkpoint or run folder (any family,
+    DiT or HF backbone; also a folder in the paper authors' layout), or a ``transformers`` causal LM (Llama,
+    Qwen2/3, GPT-2; a local folder, or a Hub id, which needs network), given a MASK token when its
+    tokenizer has none. Weights in float32, in training mode."""
+    from .convert import is_reference_folder
+    from .hub import is_hub_id
+
+    p = Path(name_or_path).expanduser()
+    if not p.exists() and not is_hub_id(name_or_path):
+        raise ValueError(f"--init-from {name_or_path!r}: no such folder (and not a Hub id)")
+    folder = ckpt.locate(name_or_path)
+    if ckpt.is_checkpoint(folder) or is_reference_folder(folder):
+        model = ckpt.load(folder, dtype=torch.float32)
+        if not isinstance(model.tokenizer, Tokenizer):
+            raise ValueError(f"--init-from {name_or_path!r}: no tokenizer found with the weights")
+        return model.backbone.train(), model.tokenizer
+    from .hf import load_pretrained, setdlm_tokenizer
+
+    backbone, tok, _ = load_pretrained(str(folder) if p.exists() else name_or_path, dtype=torch.float32)
+    return backbone.train(), setdlm_tokenizer(tok.hf)
+
+
+def _with_init_architecture(cfg: TrainConfig, backbone: nn.Module) -> TrainConfig:
+    """Record the DiT architecture that ``--init-from`` brought (it replaces the preset's)."""
+    if not isinstance(backbone, Transformer):
+        return cfg
+    c = backbone.config
+    return dataclasses.replace(cfg, hidden_size=c.hidden_size, n_layers=c.n_layers, n_heads=c.n_heads,
+                               dropout=c.dropout)
+
+
 @dataclass
 class Setup:
     tokenizer: Tokenizer
@@ -366,11 +401,15 @@ class TrainResult:
 class _Run:
     """State of one training run in one process."""
 
-    def __init__(self, cfg: TrainConfig, dist: Dist, setup: Setup, resume_from: Path | None):
+    def __init__(self, cfg: TrainConfig, dist: Dist, setup: Setup, resume_from: Path | None,
+                 init: nn.Module | None = None):
         self.cfg, self.dist, self.setup = cfg, dist, setup
         self.out = Path(cfg.out)
         torch.manual_seed(cfg.seed)  # identical initial weights in every process
-        self.backbone = Transformer(cfg.model_config(setup.tokenizer.vocab_size)).to(dist.device)
+        if resume_from is not None:  # the architecture and weights of the checkpoint (DiT or HF backbone)
+            init = ckpt.load(resume_from).backbone
+        backbone = init if init is not None else Transformer(cfg.model_config(setup.tokenizer.vocab_size))
+        self.backbone = backbone.to(dist.device).train()
         self.optimizer = torch.optim.AdamW(self.backbone.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                            eps=1e-8, weight_decay=cfg.weight_decay)
         self.step = 0
@@ -378,7 +417,7 @@ class _Run:
         if resume_from is not None:
             self._restore(resume_from)
         elif cfg.ema:
-            self.ema = {k: v.detach().clone().float() for k, v in self.backbone.state_dict().items()}
+            self.ema = {k: v.detach().clone().float() for k, v in ckpt.unique_state_dict(self.backbone).items()}
         net: nn.Module = self.backbone
         if dist.active:
             ids = [dist.device.index] if dist.device.type == "cuda" else None
@@ -389,14 +428,12 @@ class _Run:
         self.history: list[dict] = []
 
     def _restore(self, folder: Path) -> None:
-        model = ckpt.load(folder, device=self.dist.device)
-        self.backbone.load_state_dict(model.backbone.state_dict())
         state, opt = ckpt.load_training_state(folder)
         if opt is not None:
             self.optimizer.load_state_dict(opt)
         self.step = int(state["step"])
         if self.cfg.ema:
-            expected = {k: tuple(v.shape) for k, v in self.backbone.state_dict().items()}
+            expected = ckpt.expected_shapes(self.backbone)
             ema = ckpt.read_tensors(folder / ckpt.EMA_WEIGHTS, expected, " (the run was configured with EMA)")
             self.ema = {k: v.float().to(self.dist.device) for k, v in ema.items()}
 
@@ -445,7 +482,7 @@ class _Run:
         model = self.backbone
         if self.cfg.eval_ema:
             model = copy.deepcopy(self.backbone)
-            model.load_state_dict(self.ema)  # copies, casting to the parameters' dtype
+            ckpt.load_weights(model, self.ema)  # copies, casting to the parameters' dtype
         return likelihood(model, self.setup.family, self.setup.heldout, batch_size=self.cfg.eval_batch_size,
                           seed=self.cfg.eval_seed, bf16=self.cfg.bf16, dist=self.dist)
 
@@ -507,11 +544,14 @@ def train(cfg: TrainConfig) -> TrainResult:
     """Train ``cfg`` to ``cfg.steps`` optimizer steps; see the module docstring."""
     dist = init_dist(cfg.device)
     resume_from = _check_out_dir(cfg)
-    tokenizer, setup = None, None
+    tokenizer, setup, init = None, None, None
     if resume_from is not None:
         saved = ckpt.read_config(resume_from).get("training") or {}
         _check_resumable(saved, cfg, resume_from)
         tokenizer = ckpt.load(resume_from).tokenizer
+    elif cfg.init_from:  # every process loads the same weights and tokenizer
+        init, tokenizer = load_init(cfg.init_from)
+        cfg = _with_init_architecture(cfg, init)
     elif dist.active:  # one tokenizer for all processes (BPE training need not be bitwise reproducible)
         setup = prepare_data(cfg) if dist.main else None
         msg = [setup.tokenizer.to_json() if dist.main else None]
@@ -521,7 +561,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     if cfg.batch_size % (cfg.grad_accum * dist.world):
         raise ValueError(f"batch_size {cfg.batch_size} is not divisible by grad_accum × processes = "
                          f"{cfg.grad_accum} × {dist.world}")
-    run = _Run(cfg, dist, setup, resume_from)
+    run = _Run(cfg, dist, setup, resume_from, init)
     start = run.step
     if start >= cfg.steps:
         raise ValueError(f"the checkpoint is at step {start}, which is not below steps={cfg.steps}; raise --steps")

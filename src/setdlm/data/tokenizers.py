@@ -37,9 +37,11 @@ class Tokenizer:
     """A ``tokenizers.Tokenizer`` plus its special tokens (by string) and a ``kind`` (bpe, char or hf)."""
 
     def __init__(self, backend: _HFTokenizer, *, kind: str, bos: str | None = None, eos: str | None = None,
-                 pad: str | None = None, mask: str | None = None, unk: str | None = None):
+                 pad: str | None = None, mask: str | None = None, unk: str | None = None,
+                 chat_template: str | None = None):
         self.backend = backend
         self.kind = kind
+        self.chat_template = chat_template  # a Hugging Face chat template (Jinja), kept for tools that use one
         self.tokens = {"bos": bos, "eos": eos, "pad": pad, "mask": mask, "unk": unk}
         for role, tok in self.tokens.items():
             if tok is not None and backend.token_to_id(tok) is None:
@@ -128,16 +130,20 @@ class Tokenizer:
         self.backend.save(str(folder / TOKENIZER_FILE))
         cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "setdlm_kind": self.kind}
         cfg.update({f"{role}_token": tok for role, tok in self.tokens.items() if tok is not None})
+        if self.chat_template is not None:
+            cfg["chat_template"] = self.chat_template
         (folder / CONFIG_FILE).write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
 
     def to_json(self) -> str:
         """The tokenizer (vocabulary and special tokens) as one string, e.g. to send to other processes."""
-        return json.dumps({"backend": self.backend.to_str(), "kind": self.kind, "tokens": self.tokens})
+        return json.dumps({"backend": self.backend.to_str(), "kind": self.kind, "tokens": self.tokens,
+                           "chat_template": self.chat_template})
 
     @classmethod
     def from_json(cls, s: str) -> "Tokenizer":
         d = json.loads(s)
-        return cls(_HFTokenizer.from_str(d["backend"]), kind=d["kind"], **d["tokens"])
+        return cls(_HFTokenizer.from_str(d["backend"]), kind=d["kind"], chat_template=d.get("chat_template"),
+                   **d["tokens"])
 
 
 def _char_table(backend: _HFTokenizer, special: set[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -190,9 +196,11 @@ def _token_name(v) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def load_tokenizer(folder: str | Path) -> Tokenizer:
+def load_tokenizer(folder: str | Path, *, mask_id: int | None = None) -> Tokenizer:
     """Read a tokenizer folder: ``tokenizer.json`` plus, when present, ``tokenizer_config.json`` and
-    ``special_tokens_map.json`` naming bos/eos/pad/mask/unk. Errors name the file and the problem."""
+    ``special_tokens_map.json`` naming bos/eos/pad/mask/unk. Errors name the file and the problem.
+    ``mask_id``: the MASK id a model expects (e.g. a converted checkpoint's): the token with that id becomes
+    the MASK token, or, one past the vocabulary, a new ``<|mask|>`` is added there."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"tokenizer folder {str(folder)!r} does not exist")
@@ -206,7 +214,7 @@ def load_tokenizer(folder: str | Path) -> Tokenizer:
     except Exception as e:  # tokenizers raises a bare Exception on bad JSON
         raise ValueError(f"{path}: not a valid tokenizer file ({str(e).splitlines()[0]})") from None
     names: dict[str, str | None] = {}
-    kind = "hf"
+    kind, template = "hf", None
     for fname in ("special_tokens_map.json", CONFIG_FILE):  # the config wins
         p = folder / fname
         if p.is_file():
@@ -216,12 +224,31 @@ def load_tokenizer(folder: str | Path) -> Tokenizer:
                 raise ValueError(f"{p}: not valid JSON ({e})") from None
             names.update({r: _token_name(cfg[f"{r}_token"]) for r in ROLES + ("cls", "sep") if f"{r}_token" in cfg})
             kind = cfg.get("setdlm_kind", kind)
+            template = cfg.get("chat_template", template) if isinstance(cfg.get("chat_template"), str) else template
+    jinja = folder / "chat_template.jinja"  # where transformers >= 4.50 writes it
+    if template is None and jinja.is_file():
+        template = jinja.read_text(encoding="utf-8")
     names = {r: (n if n is not None and backend.token_to_id(n) is not None else None) for r, n in names.items()}
     # BERT-style tokenizers: [CLS] ... [SEP] play BOS ... EOS (as in the BD3LM/SetDLM LM1B data)
     cls, sep = names.pop("cls", None), names.pop("sep", None)
     names["bos"] = names.get("bos") or cls
     names["eos"] = names.get("eos") or sep
-    return Tokenizer(backend, kind=kind, **names)
+    if mask_id is not None:
+        names["mask"] = _mask_name(backend, names.get("mask"), mask_id, folder)
+    return Tokenizer(backend, kind=kind, chat_template=template, **names)
+
+
+def _mask_name(backend: _HFTokenizer, current: str | None, mask_id: int, where: Path) -> str | None:
+    """The token to use as MASK so that it gets id ``mask_id`` (None: let :class:`Tokenizer` add one)."""
+    if current is not None and backend.token_to_id(current) == mask_id:
+        return current
+    n = backend.get_vocab_size(with_added_tokens=True)
+    if 0 <= mask_id < n:
+        return backend.id_to_token(mask_id)
+    if mask_id == n:
+        return None
+    raise ValueError(f"{where}: the tokenizer has {n} tokens, so MASK id {mask_id} is neither one of them nor the "
+                     "next one")
 
 
 def _convert_slow(folder: Path) -> Tokenizer:

@@ -1,0 +1,195 @@
+"""The Hugging Face Hub as an optional extra (``pip install 'setdlm[hf]'``): load a checkpoint by repo id,
+push a checkpoint folder, write its model card (DESIGN.md §3; the checkpoint layout of :mod:`setdlm.checkpoint`).
+
+* :func:`snapshot` — a Hub id → a local folder in the Hugging Face cache. With network it downloads (only
+  what loading needs: no optimizer state, no code); offline (``HF_HUB_OFFLINE=1`` or the Hub unreachable)
+  a repo already in the cache still resolves, otherwise :class:`~setdlm.hf.HubUnreachableError` says that
+  a Hub id needs network access or a local path.
+* :func:`push_folder` — upload a checkpoint folder (``setdlm.checkpoint.save(..., push_to_hub="user/repo")``
+  and ``Model.save(..., push_to_hub=...)`` call it).
+* :func:`model_card` — the ``README.md`` every checkpoint carries: family, schedule, architecture,
+  tokenizer, training data and arguments, and a results table when given.
+
+``huggingface_hub`` is imported inside the functions; everything else in setdlm works without it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+# files a checkpoint needs to load: not the optimizer state, not the authors' Python sources
+_IGNORE = ["optimizer.safetensors", "training_state.json", "*.py", "*.pt", "*.ckpt", "*.msgpack", "*.h5"]
+_TOKENIZER = ["tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab*", "merges.txt", "*.model",
+              "chat_template*"]
+_SETDLM = ["config.json", "model.safetensors", "README.md", *_TOKENIZER]
+_REFERENCE = ["config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin",
+              "pytorch_model.bin.index.json", *_TOKENIZER]
+
+
+def is_hub_id(name: str) -> bool:
+    """``owner/name`` (one slash, no path-like prefix): what the Hub calls a repo id."""
+    return bool(_HUB_ID.match(name)) and not name.startswith((".", "~"))
+
+
+def _hub():
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise ValueError("Hugging Face Hub ids need huggingface_hub: pip install 'setdlm[hf]'") from None
+    return huggingface_hub
+
+
+def snapshot(repo_id: str, *, revision: str | None = None, cache_dir: str | None = None,
+             allow_patterns: Sequence[str] | None = None) -> Path:
+    """The local folder of Hub repo ``repo_id`` (downloaded into the HF cache when the Hub is reachable)."""
+    from .hf import HubUnreachableError, _hub_reachable, _is_connection_failure
+
+    hub = _hub()
+    offline = not _hub_reachable()
+    try:
+        folder = hub.snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=offline,
+                                       allow_patterns=list(allow_patterns) if allow_patterns else None,
+                                       ignore_patterns=None if allow_patterns else _IGNORE)
+    except Exception as e:  # huggingface_hub raises its own error types
+        if offline or _is_connection_failure(e):
+            raise HubUnreachableError(
+                f"{repo_id!r} is not a local folder and the Hugging Face Hub cannot be reached: loading a Hub id "
+                f"needs network access; otherwise pass the path of a local folder (e.g. made elsewhere with "
+                f"`hf download {repo_id} --local-dir DIR`)") from e
+        raise ValueError(f"cannot download {repo_id!r} from the Hugging Face Hub: {str(e).splitlines()[0]}") from e
+    return Path(folder)
+
+
+def snapshot_checkpoint(repo_id: str, *, revision: str | None = None, ema: bool = False) -> Path:
+    """The local folder of a Hub repo holding a setdlm checkpoint or one in the authors' layout, with only
+    the files loading needs (config.json first, to tell which). Other repos (e.g. a transformers model)
+    come back with their config.json alone."""
+    folder = snapshot(repo_id, revision=revision, allow_patterns=["config.json"])
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return folder  # the loader reports what is missing or broken
+    if not isinstance(cfg, dict):
+        return folder
+    if cfg.get("format") == "setdlm":
+        patterns = _SETDLM + (["ema.safetensors"] if ema else [])
+    elif any(k in cfg for k in ("backbone_config", "backbone_config_passed", "noise_config", "setdlm")):
+        patterns = _REFERENCE
+    else:
+        return folder
+    return snapshot(repo_id, revision=revision, allow_patterns=patterns)
+
+
+def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None, token: str | None = None,
+                commit_message: str | None = None) -> str:
+    """Upload checkpoint ``folder`` to Hub repo ``repo_id`` (created if missing); returns the commit URL.
+    The optimizer state and training state are left out (they only serve resuming)."""
+    from .hf import HubUnreachableError, _hub_reachable
+
+    if not is_hub_id(repo_id):
+        raise ValueError(f"push_to_hub needs a Hub repo id 'user/name', got {repo_id!r}")
+    hub = _hub()
+    if not _hub_reachable():
+        raise HubUnreachableError(f"pushing to {repo_id!r} needs network access to the Hugging Face Hub; the "
+                                  f"checkpoint is saved locally at {str(folder)!r} (upload it later with "
+                                  f"`hf upload {repo_id} {folder}`)")
+    api = hub.HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model",
+                             commit_message=commit_message or "Upload setdlm checkpoint",
+                             ignore_patterns=["optimizer.safetensors", "training_state.json", ".*"])
+    return str(getattr(info, "commit_url", info))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# model card
+# ---------------------------------------------------------------------------------------------------------
+
+_FAMILY_NAMES = {"ar": "autoregressive (AR)", "mdlm": "masked diffusion (MDLM)", "bd3lm": "block diffusion (BD3LM)",
+                 "setdlm": "set diffusion (SetDLM)"}
+
+
+def _table(rows: Sequence[Mapping]) -> str:
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    fmt = (lambda v: f"{v:.4g}" if isinstance(v, float) else str(v))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def bench_table(bench) -> str:
+    """Markdown for ``bench``: a string (inserted as is), a mapping ``{metric: value}``, or a list of row
+    mappings (one table row each, columns = the union of their keys)."""
+    if bench is None:
+        return ""
+    if isinstance(bench, str):
+        return bench.strip()
+    if isinstance(bench, Mapping):
+        return _table([{"metric": k, "value": v} for k, v in bench.items()])
+    rows = list(bench)
+    if not all(isinstance(r, Mapping) for r in rows):
+        raise ValueError("bench must be a markdown string, a {metric: value} mapping or a list of row mappings")
+    return _table(rows)
+
+
+def _schedule_line(fam: dict) -> str:
+    from .family import FamilyConfig
+
+    f = FamilyConfig.from_dict(fam)
+    L = f.length
+    if f.family == "setdlm":
+        s = f.schedule()
+        return (f"position-offset schedule, L = {L}, D = {f.D} (target parallelism), M = {f.M} (sets of at most "
+                f"{f.M} tokens: \"S ≤ {f.M}\"), k = {s.k:.4g}, b = {s.b:.4g}; decode with window w = D = {f.D}")
+    if f.family == "bd3lm":
+        return f"blocks of S = {f.block_size}, L = {L}"
+    if f.family == "mdlm":
+        return f"L = {L}, semi-autoregressive decoding sub-block {f.block_size}"
+    return f"left to right, L = {L}"
+
+
+def model_card(config: Mapping, *, bench=None, repo_id: str | None = None) -> str:
+    """The README.md of a checkpoint whose ``config.json`` is ``config`` (see :mod:`setdlm.checkpoint`)."""
+    fam = config["family"]
+    arch = config["architecture"]
+    training = config.get("training") or {}
+    source = config.get("source") or {}
+    tok = config.get("tokenizer") or {}
+    data = training.get("data")
+    tags = list(dict.fromkeys(["setdlm", "diffusion-language-model", fam["family"]]))
+    front = ["---", "library_name: setdlm", "pipeline_tag: text-generation", "tags:"] + [f"- {t}" for t in tags]
+    if isinstance(data, str) and data.startswith("hf:"):
+        front += ["datasets:", f"- {data[3:].split(':')[0].split('@')[0]}"]
+    front.append("---")
+    if config.get("backbone") == "hf":
+        backbone = (f"Hugging Face `{arch.get('model_type')}` causal LM ({arch.get('num_hidden_layers')} layers, "
+                    f"hidden {arch.get('hidden_size')}, vocabulary {arch.get('vocab_size')})")
+    else:
+        backbone = (f"setdlm DiT ({arch['n_layers']} layers, hidden {arch['hidden_size']}, {arch['n_heads']} heads, "
+                    f"vocabulary {arch['vocab_size']})")
+    name = repo_id or source.get("name") or "setdlm model"
+    lines = front + ["", f"# {name}", "",
+                     f"A {_FAMILY_NAMES[fam['family']]} language model in the "
+                     "[setdlm](https://pypi.org/project/setdlm/) format.", "",
+                     "| | |", "|---|---|", f"| family | `{fam['family']}` |",
+                     f"| schedule | {_schedule_line(fam)} |", f"| backbone | {backbone} |",
+                     f"| tokenizer | {tok.get('kind', '?')}, {tok.get('vocab_size', '?')} tokens, MASK id "
+                     f"{fam['mask_token_id']} |", f"| weights | {config.get('dtype', '?')}"
+                     f"{', EMA weights included' if config.get('ema') else ''} |"]
+    if source:
+        lines.append(f"| converted from | {source.get('name', '?')} ({source.get('layout', '?')}) |")
+    if training:
+        lines += ["", "## Training", "", "| argument | value |", "|---|---|"]
+        keys = ("data", "init_from", "preset", "steps", "batch_size", "lr", "lr_schedule", "warmup", "ema", "seed")
+        lines += [f"| {k} | `{training[k]}` |" for k in keys if training.get(k) not in (None, "")]
+    table = bench_table(bench)
+    if table:
+        lines += ["", "## Results", "", table]
+    ref = repo_id or "PATH"
+    lines += ["", "## Use", "", "```python", "import setdlm", "", f'model = setdlm.load("{ref}")',
+              'out = model.generate(["Once upon a time"], max_new_tokens=64)', "print(out.texts[0])", "```", ""]
+    return "\n".join(lines)
