@@ -24,3 +24,18 @@ def make_model(vocab=32, hidden=32, heads=2, layers=2, seed=0, dtype=torch.float
 @pytest.fixture
 def model64():
     return make_model()
+
+
+@pytest.fixture
+def no_network(monkeypatch, tmp_path):
+    """Offline mode, an empty HF cache (also the default cache), no proxies."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    try:  # huggingface_hub read the variable at import: point its default cache there too
+        from huggingface_hub import constants
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    except ImportError:
+        pass
+    for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(v, raising=False)
+    return tmp_path / "empty-cache"

@@ -280,15 +280,6 @@ def _save_tiny(folder: Path, kind: str = "llama"):
     return m
 
 
-@pytest.fixture
-def no_network(monkeypatch, tmp_path):
-    """Offline mode, an empty HF cache, no proxies."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(v, raising=False)
-    return tmp_path / "empty-cache"
-
-
 def test_load_local_folder_offline(tmp_path, no_network):
     m = _save_tiny(tmp_path / "tiny")
     bb, tok, mask_id = load_pretrained(str(tmp_path / "tiny"), dtype=torch.float64, cache_dir=str(no_network))

@@ -99,6 +99,8 @@ class SetDLMLM(LM):
         self._backend = Backend.from_str(tok.backend.to_str())
         self._backend.encode_special_tokens = False  # contexts may hold chat-template tokens, as in lm-eval's HF LM
         self._renderer = None
+        pad = next((i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None), 0)
+        self._pad = pad if pad != self.model.family.mask_token_id else 0  # padding is never scored
 
     # -- tokens ---------------------------------------------------------------------------------------------
 
@@ -227,7 +229,7 @@ class SetDLMLM(LM):
                 rows.append((ctx[-(self.L - len(cont)):] if len(ctx) + len(cont) > self.L else ctx, cont))
             width = self.L if fam.family != "ar" else max(len(c) + len(t) for c, t in rows)
             B = len(rows)
-            ids = torch.full((B, width), fam.mask_token_id, dtype=torch.long)
+            ids = torch.full((B, width), self._pad, dtype=torch.long)
             valid = torch.zeros(B, width, dtype=torch.bool)
             context = torch.zeros(B, width, dtype=torch.bool)
             for b, (ctx, cont) in enumerate(rows):
@@ -240,7 +242,7 @@ class SetDLMLM(LM):
             for s in range(self.samples):
                 g = torch.Generator(self._device).manual_seed(self.seed + 1_000_003 * lo + s)
                 nll, ok = self._bound(backbone, fam, batch, g)
-                lls -= (nll * batch.targets).double().sum(1).cpu() / self.samples
+                lls -= torch.where(batch.targets, nll, 0).double().sum(1).cpu() / self.samples
                 greedy &= (ok | ~batch.targets).all(1).cpu()
             results += [(float(ll), bool(gr)) for ll, gr in zip(lls, greedy)]
         return results

@@ -168,8 +168,13 @@ def add_mask_token(model: nn.Module, tokenizer, mask_token: str = DEFAULT_MASK_T
     if tokenizer.mask_token_id is None:
         tokenizer.add_special_tokens({"mask_token": mask_token})
     mask_id = int(tokenizer.mask_token_id)
-    if mask_id >= model.get_input_embeddings().num_embeddings:
-        model.resize_token_embeddings(len(tokenizer))  # new rows: mean of the old ones (transformers default)
+    old = model.get_input_embeddings().num_embeddings
+    if mask_id >= old:
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        with torch.no_grad():  # new rows start at the mean of the old ones: deterministic, in distribution
+            for emb in {id(e): e for e in (model.get_input_embeddings(), model.get_output_embeddings())
+                        if e is not None}.values():
+                emb.weight[old:] = emb.weight[:old].mean(0)
     return mask_id
 
 
