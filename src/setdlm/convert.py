@@ -221,7 +221,7 @@ def reference_family(cfg: dict, name: str = "", *, mask_token_id: int, D: int | 
     if "bd3lm" in hay:
         m = re.search(r"(?:^|[-_])s(\d+)(?:$|[-_])", base)
         S = int(m.group(1)) if m else _pick(cfg, "block_size")
-        if S is None or int(S) >= L and not m:
+        if S is None or (int(S) >= L and not m):  # SetDLM-style configs record block_size = L
             raise ValueError(f"cannot tell the BD3LM block size of {name or 'this checkpoint'}")
         return FamilyConfig("bd3lm", length=L, mask_token_id=mask_token_id, block_size=int(S))
     if "mdlm" in hay:

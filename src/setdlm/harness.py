@@ -66,7 +66,9 @@ def paper_user_turn(content: str) -> str:
 @register_model("setdlm")
 class SetDLMLM(LM):
     """A setdlm model (any family) for lm-eval. ``pretrained``: a checkpoint or run folder, a Hub id, or a
-    folder / Hub id in the paper authors' layout. See the module docstring for the requests and arguments."""
+    folder / Hub id in the paper authors' layout. See the module docstring and docs/pretrained.md for the
+    requests and arguments. ``batch_size="auto"`` means 1; ``max_batch_size`` is accepted (lm-eval passes
+    it) and unused."""
 
     def __init__(self, pretrained: str, *, window: int | None = None, threshold: float | None = None,
                  block_size: int | None = None, cache_order: str = "position", max_new_tokens: int = 256,

@@ -37,7 +37,8 @@ class Model:
         return infill(self, prefixes, suffixes, lengths, **kwargs)
 
     def save(self, path, **kwargs):
-        """Write a checkpoint folder (config.json, model.safetensors, tokenizer.json); see
+        """Write a checkpoint folder (config.json, model.safetensors, tokenizer.json, README.md model card;
+        ``bench=`` adds a results table, ``push_to_hub="user/repo"`` uploads it); see
         :func:`setdlm.checkpoint.save`. ``setdlm.load(path)`` reads it back."""
         from .checkpoint import save
 
