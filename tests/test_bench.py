@@ -74,6 +74,9 @@ def test_bench_two_checkpoints_writes_table_json_and_png(ckpts, tmp_path, capsys
         else:
             assert p["tokens_per_second"] == p["result"]["speed"]["aggregate"] and p["tokens_per_second_std"] is None
     assert png_size(out / "bench.png") == (700, 450)
+    again = bench.read_json(out / "bench.json")  # the points read back plot and tabulate the same
+    assert bench.markdown_table(again) == stdout
+    assert png_size(bench.plot(again, tmp_path / "again.png", dpi=50)) == (350, 225)
 
 
 def test_bench_points_match_the_library(ckpts):
@@ -115,10 +118,12 @@ def test_bench_infill_and_likelihood(ckpts, tmp_path, capsys):
     out = tmp_path / "i"
     code, stdout, err = run(["bench", ckpts["ar"], ckpts["setdlm"], "--task", "infill", "--data", ckpts["text"],
                              "--split", "train", "--n", "4", "--warmup", "1", "--thresholds", "off,0.5",
-                             "--out", str(out)], capsys)
+                             "--clock", "cpu", "--out", str(out)], capsys)
     assert code == 0, err
     doc = json.loads((out / "bench.json").read_text())
     assert len(doc["points"]) == 3 and all(0 <= p["quality"] <= 1 for p in doc["points"])
+    assert doc["decode"]["clock"] == "cpu" and all(p["result"]["clock"] == "cpu" for p in doc["points"])
+    assert "| tokens/CPU-s |" in stdout.splitlines()[0]
     assert all(p["quality"] == p["result"]["rougeL"] for p in doc["points"])
     assert "ROUGE-L (×100)" in stdout and png_size(out / "bench.png") == (700, 450)
     out = tmp_path / "l"
@@ -239,3 +244,17 @@ def test_infill_from_the_builtin_shakespeare():
     assert all(" ".join(e.text.split()) in " ".join(text.split()) for e in got)
     with pytest.raises(ValueError, match="holds prompt/completion pairs"):
         infill_from_source("reasoning-easy", "test")
+
+
+def test_shakespeare_train_holds_no_heldout_window():
+    from setdlm.data.tasks import without_heldout_windows
+
+    text = "\n\n".join(w["text"] for w in shakespeare_works())
+    kept = without_heldout_windows(text)
+    assert infill_examples(kept, "test") == [] and infill_examples(kept, "validation") == []
+    assert set(infill_examples(kept, "train")) <= set(infill_examples(text, "train"))
+    assert len(infill_examples(kept, "train")) > 0.9 * len(infill_examples(text, "train"))
+    flat = " ".join(kept.split())
+    assert not any(e.text in flat for e in infill_examples(text, "test"))
+    corpus = read_source("shakespeare-train")
+    assert corpus.texts == [without_heldout_windows(w["text"]) for w in shakespeare_works()]

