@@ -182,6 +182,11 @@ def test_throughput_excludes_the_warmup_calls():
     assert warm.seconds < 0.5 * slow * delay  # the sleep happened in the warm-up calls only
     cold = timed(0)
     assert cold.seconds >= slow * delay and cold.calls == 5
+    model = Model(SlowStart(base.backbone, slow, delay), base.family, TOK)
+    cpu = throughput(model, prompts, warmup=0, max_new_tokens=6, clock="cpu", progress=False)
+    assert cpu.seconds < 0.5 * slow * delay and cpu.tokens == cold.tokens  # CPU time: sleeping is not work
+    with pytest.raises(ValueError, match="clock must be one of wall, cpu, got 'gpu'"):
+        throughput(base, prompts, warmup=0, max_new_tokens=2, clock="gpu", progress=False)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

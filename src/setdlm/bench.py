@@ -11,8 +11,9 @@ pass over the task's examples (:func:`setdlm.evaluate.reasoning` / :func:`~setdl
 * NFE per example and tokens per step, the decoder's own counts.
 
 The likelihood task has nothing to sweep: one bound (nats/token) per model. ``setdlm bench`` wraps
-:func:`sweep`, :func:`markdown_table`, :func:`plot` and :func:`write_json`; the plot needs matplotlib
-(extra ``plot``), imported only when a plot is drawn.
+:func:`sweep`, :func:`markdown_table`, :func:`plot` and :func:`write_json` (:func:`read_json` reads the
+points back, e.g. to plot several runs together); the plot needs matplotlib (extra ``plot``), imported only
+when a plot is drawn.
 """
 
 from __future__ import annotations
@@ -168,6 +169,10 @@ def _setting_text(s: Setting) -> str:
     return f"τ={_tau(s.threshold)}" + (f" w={s.window}" if s.window is not None else "") + f" B={s.batch_size}"
 
 
+def _rate_unit(points: Sequence[BenchPoint]) -> str:
+    return "tokens/CPU-s" if points[0].result.get("clock") == "cpu" else "tokens/s"
+
+
 def _quality_text(task: str, q: float) -> str:
     return f"{q:.4f}" if task == "likelihood" else f"{100 * q:.1f}"
 
@@ -178,7 +183,7 @@ def markdown_table(points: Sequence[BenchPoint]) -> str:
         raise ValueError("no points to tabulate")
     task = points[0].task
     head = {"reasoning": "accuracy (%)", "infill": "ROUGE-L (×100)", "likelihood": "nats/token"}[task]
-    rows = ["| model | family | τ | w | batch | " + head + " | tokens/s | NFE | tokens/step |",
+    rows = [f"| model | family | τ | w | batch | {head} | {_rate_unit(points)} | NFE | tokens/step |",
             "|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         s = p.setting
@@ -219,13 +224,14 @@ def plot(points: Sequence[BenchPoint], path: str | Path, *, title: str | None = 
             series.setdefault(p.model + (f" (batch {p.setting.batch_size})" if several else ""), []).append(p)
         for name, pts in series.items():
             front = sorted(pareto_front(pts), key=lambda p: p.tokens_per_second)
-            line, = ax.plot([p.tokens_per_second for p in front], [100 * p.quality for p in front], "-", label=name)
+            line, = ax.plot([p.tokens_per_second for p in front], [100 * p.quality for p in front], "-o",
+                            markersize=5, label=name)
             ax.plot([p.tokens_per_second for p in pts], [100 * p.quality for p in pts], "o", color=line.get_color(),
-                    markersize=4)
+                    markersize=4, alpha=0.4)
             for p in pts:
                 ax.annotate(_tau(p.setting.threshold), (p.tokens_per_second, 100 * p.quality), fontsize=6,
                             xytext=(2, 2), textcoords="offset points", color=line.get_color())
-        ax.set_xlabel("tokens/s (batch 1: mean per example)" if not several else "tokens/s")
+        ax.set_xlabel(_rate_unit(points) + ("" if several else " (mean per example, batch 1)"))
         ax.set_ylabel("accuracy (%)" if task == "reasoning" else "ROUGE-L (×100)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -234,6 +240,14 @@ def plot(points: Sequence[BenchPoint], path: str | Path, *, title: str | None = 
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")
     return path
+
+
+def read_json(path: str | Path) -> list[BenchPoint]:
+    """The points of a JSON written by :func:`write_json` (e.g. to plot several benchmark runs together)."""
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    names = {f for f in Setting.__dataclass_fields__}
+    return [BenchPoint(**{k: v for k, v in d.items() if k not in names},
+                       setting=Setting(**{k: d[k] for k in names})) for d in doc["points"]]
 
 
 def write_json(points: Sequence[BenchPoint], path: str | Path, **meta) -> Path:

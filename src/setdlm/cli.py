@@ -182,6 +182,8 @@ def _task_kwargs(args) -> dict:
     kw = {"eos": args.eos} if args.task == "infill" else {"max_new_tokens": args.max_new_tokens}
     if args.cache_order is not None:
         kw["cache_order"] = args.cache_order
+    if args.clock is not None:
+        kw["clock"] = args.clock
     if args.seed is not None:
         kw["seed"] = args.seed
     return kw
@@ -219,7 +221,8 @@ EVALUATIONS = {"likelihood": _eval_likelihood, "reasoning": _eval_decoding, "inf
 # flag -> the tasks it applies to (flags left at their default apply anywhere)
 _TASK_FLAGS = {"level": ("reasoning",), "split": ("reasoning", "infill"), "n": ("reasoning", "infill"),
                "hidden": ("infill",), "eos": ("infill",), "max_new_tokens": ("reasoning",),
-               "cache_order": ("reasoning",), "predictions": ("reasoning", "infill"), "bf16": ("likelihood",)}
+               "cache_order": ("reasoning",), "predictions": ("reasoning", "infill"), "bf16": ("likelihood",),
+               "clock": ("reasoning", "infill")}
 
 
 def _check_task_flags(args) -> None:
@@ -271,6 +274,8 @@ def _add_task_flags(p, *, knobs, task_default: str | None) -> None:
                    "(default: what the longest prompt leaves of L)")
     p.add_argument("--cache-order", choices=("position", "reveal"), default=None, help="reasoning, setdlm: "
                    "order of newly cached tokens (the paper's GSM8K runs: reveal)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default=None, help="reasoning/infill: time decoding by "
+                   "wall clock (default, the paper's) or by CPU time (steady on a shared CPU)")
     helps = {"window": "setdlm: window w (default D)", "block_size": "bd3lm/mdlm: block size",
              "threshold": "confidence threshold tau (default off)", "temperature": "0 = greedy (default)",
              "top_p": "nucleus sampling", "top_k": "top-k sampling (0 = off)",
@@ -364,7 +369,7 @@ def _bench(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     _write_atomic(str(out / "bench.md"), table)
     bench.write_json(points, out / "bench.json", **meta)
-    bench.plot(points, out / "bench.png")
+    bench.plot(points, out / "bench.png", title=args.title)
     print(table, end="")
     print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}", file=sys.stderr)
     return 0
@@ -376,6 +381,7 @@ def _add_bench(sub) -> None:
     _add_task_flags(p, knobs=tuple(k for k, (families, _, _) in _DECODE_FLAGS.items() if families is None),
                     task_default=None)
     p.add_argument("--out", required=True, help="folder for bench.md, bench.json and bench.png")
+    p.add_argument("--title", default=None, help="title of the plot (default: the task)")
     p.add_argument("--thresholds", type=_list_of(float, "--thresholds"), default=None,
                    help="comma-separated tau values, 'off' for none (default off,.99,.95,.9,.85,.8,.75,.7,.65,.6)")
     p.add_argument("--windows", type=_list_of(int, "--windows"), default=None,

@@ -28,6 +28,7 @@ NFE and tokens/step are always the decoder's own counts (``GenerationOutput.nfe`
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -186,57 +187,73 @@ class DecodingRun:
     nfe_per_example: float  # mean over examples of the forwards each took part in (its NFE at batch 1)
     tokens_per_step: float  # Σ committed / Σ row forwards over the pass: the decoder's parallelism factor
     generated_tokens: int  # tokens generated over the pass (prompt and context excluded)
-    seconds: float  # wall time of all calls, prefill included, tokenization excluded
+    seconds: float  # time of all calls, prefill included, tokenization excluded
     speed: ThroughputStats  # tokens/s over the calls after the warm-up ones
+    clock: str = "wall"  # what the seconds measure: "wall" clock or this process's "cpu" time
 
     def to_dict(self) -> dict:
         return {**{k: v for k, v in asdict(self).items() if k != "speed"}, "speed": self.speed.to_dict()}
 
 
+CLOCKS = ("wall", "cpu")
+
+
 def _decode_pass(n: int, call: Callable[[int, int], object], *, batch_size: int, warmup: int, progress: bool,
-                 desc: str) -> tuple[list, DecodingRun]:
+                 desc: str, clock: str) -> tuple[list, DecodingRun]:
     """Decode examples ``[0, n)`` in consecutive calls of ``batch_size`` (``call(lo, hi)`` returns the
-    ``GenerationOutput`` of examples lo..hi-1); speed statistics skip the first ``warmup`` calls."""
+    ``GenerationOutput`` of examples lo..hi-1); speed statistics skip the first ``warmup`` calls. A call's
+    time is the decoder's wall time (``clock="wall"``) or the CPU time of this process during the call."""
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     if not (isinstance(warmup, int) and warmup >= 0):
         raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
     calls = -(-n // batch_size)
     if warmup >= calls:
         raise ValueError(f"warmup={warmup} leaves none of the {calls} decoding calls ({n} examples at batch size "
                          f"{batch_size}) to measure")
-    outs = []
+    outs, seconds = [], []
     with tqdm(total=n, desc=desc, unit="ex", disable=not progress) as bar:
         for lo in range(0, n, batch_size):
             hi = min(lo + batch_size, n)
+            cpu = time.process_time()
             outs.append(call(lo, hi))
+            seconds.append(outs[-1].seconds if clock == "wall" else time.process_time() - cpu)
             bar.update(hi - lo)
     row_nfe = [sum(o.row_nfe) for o in outs]
     committed = [sum(o.row_committed) for o in outs]
-    speed = throughput_stats([o.num_tokens for o in outs], [o.seconds for o in outs], warmup=warmup,
-                             nfe=[o.nfe for o in outs], committed=committed, row_nfe=row_nfe)
+    speed = throughput_stats([o.num_tokens for o in outs], seconds, warmup=warmup, nfe=[o.nfe for o in outs],
+                             committed=committed, row_nfe=row_nfe)
     run = DecodingRun(n=n, batch_size=batch_size, nfe=sum(o.nfe for o in outs), nfe_per_example=sum(row_nfe) / n,
                       tokens_per_step=sum(committed) / max(sum(row_nfe), 1),
-                      generated_tokens=sum(o.num_tokens for o in outs), seconds=sum(o.seconds for o in outs),
-                      speed=speed)
+                      generated_tokens=sum(o.num_tokens for o in outs), seconds=sum(seconds), speed=speed,
+                      clock=clock)
     return outs, run
 
 
-def _generate_pass(model: Model, prompts: list[list[int]], *, max_new_tokens: int | None, batch_size: int,
-                   warmup: int, progress: bool, desc: str, kwargs: dict) -> tuple[list, DecodingRun, int]:
+def _check_clock(model: Model, clock: str) -> None:
+    device = next(model.backbone.parameters()).device
+    if clock == "cpu" and device.type != "cpu":
+        raise ValueError(f"clock='cpu' times CPU work, but the model runs on {device}; use clock='wall'")
+
+
+def _generate_pass(model: Model, prompts: list[list[int]], *, max_new_tokens: int | None, kwargs: dict,
+                   **opts) -> tuple[list, DecodingRun, int]:
     from .decoding import generate
 
+    _check_clock(model, opts["clock"])
     budget = _budget(model, prompts, max_new_tokens)
     outs, run = _decode_pass(len(prompts), lambda lo, hi: generate(model, prompts[lo:hi], max_new_tokens=budget,
-                                                                   **kwargs),
-                             batch_size=batch_size, warmup=warmup, progress=progress, desc=desc)
+                                                                   **kwargs), **opts)
     return outs, run, budget
 
 
-def _infill_pass(model: Model, examples: list[InfillExample], *, eos: bool, batch_size: int, warmup: int,
-                 progress: bool, desc: str, kwargs: dict) -> tuple[list, DecodingRun]:
+def _infill_pass(model: Model, examples: list[InfillExample], *, eos: bool, kwargs: dict,
+                 **opts) -> tuple[list, DecodingRun]:
     from .decoding import infill as decode_infill
 
+    _check_clock(model, opts["clock"])
     rows = [infill_row(model, e, eos=eos) for e in examples]
     L = model.family.length
     for i, (pre, m, suf) in enumerate(rows):
@@ -245,8 +262,7 @@ def _infill_pass(model: Model, examples: list[InfillExample], *, eos: bool, batc
                              f"length L={L} (select examples with setdlm.evaluate.fits)")
     pre, lens, suf = zip(*rows)
     return _decode_pass(len(rows), lambda lo, hi: decode_infill(model, list(pre[lo:hi]), list(suf[lo:hi]),
-                                                                list(lens[lo:hi]), **kwargs),
-                        batch_size=batch_size, warmup=warmup, progress=progress, desc=desc)
+                                                                list(lens[lo:hi]), **kwargs), **opts)
 
 
 def _texts(outs: list, tok, eos_ids: Sequence[int]) -> list[str]:
@@ -296,7 +312,7 @@ class InfillResult:
 
 
 def reasoning(model: Model, examples: Sequence[ReasoningExample], *, batch_size: int = 32,
-              max_new_tokens: int | None = None, warmup: int = 0, progress: bool = True,
+              max_new_tokens: int | None = None, warmup: int = 0, clock: str = "wall", progress: bool = True,
               **decode_kwargs) -> ReasoningResult:
     """Exact-match accuracy of ``model`` on reasoning problems (``setdlm.data.tasks``), decoded in batches.
 
@@ -305,13 +321,15 @@ def reasoning(model: Model, examples: Sequence[ReasoningExample], *, batch_size:
     ``threshold``, ``block_size``, ``temperature``, ``cache_order``, ``stop``, ...). A completion is cut at
     its first EOS and is correct when the integer after its first ``####`` equals the answer. Speed
     statistics (``result.run.speed``) skip the first ``warmup`` calls; accuracy counts every example.
+    ``clock``: time calls by wall clock (``"wall"``, the paper's) or by this process's CPU time (``"cpu"``:
+    steady on a CPU shared with other jobs; with several torch threads it adds up their time).
     """
     examples = _check_examples(examples, ReasoningExample)
     tok = _tokenizer(model)
     prompts = [prompt_ids(model, e) for e in examples]
-    outs, run, budget = _generate_pass(model, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                       warmup=warmup, progress=progress, desc=f"{model.family.family} reasoning",
-                                       kwargs=decode_kwargs)
+    outs, run, budget = _generate_pass(model, prompts, max_new_tokens=max_new_tokens, kwargs=decode_kwargs,
+                                       batch_size=batch_size, warmup=warmup, progress=progress, clock=clock,
+                                       desc=f"{model.family.family} reasoning")
     eos = decode_kwargs.get("eos_token_id")
     eos_ids = _eos(tok) if eos is None else [eos] if isinstance(eos, int) else list(eos)
     predictions = _texts(outs, tok, eos_ids)
@@ -321,25 +339,26 @@ def reasoning(model: Model, examples: Sequence[ReasoningExample], *, batch_size:
 
 
 def infill(model: Model, examples: Sequence[InfillExample], *, batch_size: int = 32, eos: bool = False,
-           warmup: int = 0, progress: bool = True, **decode_kwargs) -> InfillResult:
+           warmup: int = 0, clock: str = "wall", progress: bool = True, **decode_kwargs) -> InfillResult:
     """ROUGE-1/2/L of ``model``'s infilling of the hidden middles (``setdlm.data.tasks.infill_examples``).
 
     Rows are ``[BOS] prefix [MASK]×m suffix`` with ``m`` the middle's token count (the oracle length), the
     parts tokenized separately; ``eos=True`` appends EOS after the suffix, right when every window is a
     whole document (ROCStories), wrong for windows cut out of a longer text. AR models see the prefix
     only. ``decode_kwargs`` go to :func:`setdlm.decoding.infill` (``window``, ``threshold``,
-    ``block_size``, ``repetition_penalty``, ...). Needs the ``rouge-score`` package (extra ``eval``).
+    ``block_size``, ``repetition_penalty``, ...). ``warmup`` and ``clock`` as in :func:`reasoning`. Needs
+    the ``rouge-score`` package (extra ``eval``).
     """
     examples = _check_examples(examples, InfillExample)
-    outs, run = _infill_pass(model, examples, eos=eos, batch_size=batch_size, warmup=warmup, progress=progress,
-                             desc=f"{model.family.family} infill", kwargs=decode_kwargs)
+    outs, run = _infill_pass(model, examples, eos=eos, kwargs=decode_kwargs, batch_size=batch_size, warmup=warmup,
+                             progress=progress, clock=clock, desc=f"{model.family.family} infill")
     predictions = [t for o in outs for t in o.texts]
     scores = rouge(predictions, [e.middle for e in examples])
     return InfillResult(**scores, run=run, predictions=tuple(predictions))
 
 
 def throughput(model: Model, items: Sequence, *, warmup: int = 50, batch_size: int = 1,
-               max_new_tokens: int | None = None, eos: bool = False, progress: bool = True,
+               max_new_tokens: int | None = None, eos: bool = False, clock: str = "wall", progress: bool = True,
                **decode_kwargs) -> ThroughputStats:
     """Decoding speed the paper's way: ``batch_size`` items per call (1 for the paper's numbers), the first
     ``warmup`` calls excluded; ``mean ± std`` of per-call tokens/s and the ``aggregate`` rate (compare that
@@ -349,12 +368,13 @@ def throughput(model: Model, items: Sequence, *, warmup: int = 50, batch_size: i
     ``items``: reasoning problems (decoded as :func:`reasoning` does), infilling examples (as
     :func:`infill`), or prompts: strings (encoded as ``[BOS] + text``) or token-id lists (as given).
     ``decode_kwargs`` go to the decoder (``ignore_eos=True`` makes every row generate ``max_new_tokens``).
+    ``clock="cpu"`` times by CPU time instead of wall time (see :func:`reasoning`).
     """
     items = list(items)
     if not items:
         raise ValueError("no prompts or examples to time")
-    opts = dict(batch_size=batch_size, warmup=warmup, progress=progress, desc=f"{model.family.family} throughput",
-                kwargs=decode_kwargs)
+    opts = dict(batch_size=batch_size, warmup=warmup, progress=progress, clock=clock, kwargs=decode_kwargs,
+                desc=f"{model.family.family} throughput")
     if isinstance(items[0], InfillExample):
         if max_new_tokens is not None:
             raise ValueError("max_new_tokens does not apply to infilling: the oracle length of each middle is used")
