@@ -309,7 +309,7 @@ def task_examples(task: str, models: Sequence[Model], *, data: str | None = None
             size *= 2
     if task == "reasoning":
         if not Path(data).is_file():
-            raise ValueError(f"GSM8K file {data!r} does not exist")
+            raise ValueError(f"GSM8K file {data!r} does not exist (generated problems: --level easy|medium|hard)")
         pool = load_gsm8k_jsonl(data)
     elif task == "infill":
         if hidden not in (1, 3):
