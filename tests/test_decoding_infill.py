@@ -71,8 +71,11 @@ def test_infill_with_strings_and_zero_length():
     out = infill(model, ["the cat", "a"], [" sat.", ""], [4, 0])
     tok = model.tokenizer
     assert out.texts[0] == tok.decode(out.tokens[0]) and len(out.tokens[0]) == 4
-    assert out.sequences[0] == tok.encode("the cat") + out.tokens[0] + tok.encode(" sat.")
+    # a string prefix starts with BOS, as every training row does; the suffix is encoded as it is
+    assert out.sequences[0] == [tok.bos_token_id] + tok.encode("the cat") + out.tokens[0] + tok.encode(" sat.")
     assert out.tokens[1] == [] and out.texts[1] == "" and out.row_nfe[1] == 0 and out.finish_reason[1] == "done"
+    ids = infill(model, [[tok.bos_token_id] + tok.encode("the cat")], [tok.encode(" sat.")], 4)
+    assert ids.tokens[0] == out.tokens[0]  # strings and the equivalent token ids decode alike
     with pytest.raises(ValueError, match="lengths must be one integer >= 0 or one per row"):
         infill(model, ["a", "b"], ["c", "d"], [1])
     with pytest.raises(ValueError, match="more than the context length"):

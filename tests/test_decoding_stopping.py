@@ -103,3 +103,17 @@ def test_decodes_in_eval_mode_and_restores_the_training_mode():
     a = generate(model, PROMPTS, max_new_tokens=8, ignore_eos=True).tokens
     assert bb.training  # restored
     assert generate(model, PROMPTS, max_new_tokens=8, ignore_eos=True).tokens == a  # no dropout while decoding
+
+
+@pytest.mark.parametrize("family", ["ar", "setdlm"])
+def test_string_prompts_start_with_bos(family):
+    """Training rows start with BOS, so a text prompt is encoded as [BOS] + text; token ids are as given."""
+    base = tiny_model(family)
+    model = Model(base.backbone, base.family, CharTokenizer())
+    tok = model.tokenizer
+    a = generate(model, ["the cat"], max_new_tokens=5)
+    b = generate(model, [[tok.bos_token_id] + tok.encode("the cat")], max_new_tokens=5)
+    c = generate(model, [tok.encode("the cat")], max_new_tokens=5)
+    assert a.sequences[0][0] == tok.bos_token_id and a.sequences[0][:1 + 7] == b.sequences[0][:1 + 7]
+    assert a.tokens == b.tokens
+    assert c.sequences[0][0] != tok.bos_token_id

@@ -38,7 +38,9 @@ def generate(model, prompts, *, max_new_tokens: int = 64, window: int | None = N
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
     ``prompts``: token-id lists or strings (strings need ``model.tokenizer``); one prompt alone is accepted
-    too. An empty prompt becomes ``[BOS]`` when the tokenizer has one.
+    too. A string prompt is encoded as ``[BOS] + encode(text)`` when the tokenizer has a BOS, the way the
+    trainer lays out every row; token-id prompts are used exactly as given. An empty prompt becomes
+    ``[BOS]`` when the tokenizer has one.
     ``window``: SetDLM positional window ``w`` (default ``D``, as the paper's evals). ``threshold``: τ in
     (0, 1], commit every masked token at least this confident in addition to the top-1; None = off
     (exactly one token per step). ``block_size``: BD3LM/MDLM block (default ``family.block_size``).
@@ -50,7 +52,7 @@ def generate(model, prompts, *, max_new_tokens: int = 64, window: int | None = N
     ``cache_order``: SetDLM order of newly cached tokens, ``"position"`` or ``"reveal"`` (sampled reveal
     times, SPEC §4.5). ``trace=True`` records every step of every row (:class:`StepTrace`).
     """
-    ids = _encode_all(model, prompts, "prompt")
+    ids = _encode_all(model, prompts, "prompt", add_bos=True)
     if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     mask_id = model.family.mask_token_id
@@ -72,8 +74,9 @@ def infill(model, prefixes, suffixes, lengths: int | Sequence[int], **kwargs) ->
     """Fill ``lengths`` tokens between each prefix and suffix (SPEC §4.6): the row is
     ``prefix + [MASK] × length + suffix`` and is decoded by :func:`fill`. ``out.tokens`` are the filled
     middles, ``out.sequences`` the whole rows, ``out.texts`` the decoded middles. Add BOS/EOS to the
-    prefix/suffix yourself if your model was trained with them. Keyword arguments: as :func:`fill`."""
-    pre = _encode_all(model, prefixes, "prefix")
+    prefix/suffix yourself if your model was trained with them; a string prefix gets the tokenizer's BOS
+    as :func:`generate` does. Keyword arguments: as :func:`fill`."""
+    pre = _encode_all(model, prefixes, "prefix", add_bos=True)
     suf = _encode_all(model, suffixes, "suffix", allow_empty=True)
     if len(pre) != len(suf):
         raise ValueError(f"got {len(pre)} prefixes but {len(suf)} suffixes")
@@ -193,7 +196,7 @@ def _text(tokenizer, r, stops) -> str:
     return text
 
 
-def _encode_all(model, items, what: str, allow_empty: bool = False) -> list[list[int]]:
+def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: bool = False) -> list[list[int]]:
     """Strings or token-id lists → token-id lists; one item alone is wrapped into a batch."""
     if isinstance(items, str) or (isinstance(items, (list, tuple)) and items and isinstance(items[0], int)):
         items = [items]
@@ -208,7 +211,8 @@ def _encode_all(model, items, what: str, allow_empty: bool = False) -> list[list
         if isinstance(x, str):
             if tok is None:
                 raise ValueError(f"{what} {i} is a string but the model has no tokenizer; pass token ids")
-            x = tok.encode(x)
+            bos = getattr(tok, "bos_token_id", None) if add_bos else None
+            x = ([bos] if bos is not None else []) + tok.encode(x)
         if isinstance(x, torch.Tensor):
             x = x.tolist()
         x = list(x)
