@@ -46,13 +46,12 @@ REASONING_TRAIN_SIZE = 60_000
 
 
 def reasoning_corpus(level: str, n: int = REASONING_TRAIN_SIZE, seed: int = 0) -> Corpus:
-    """``n`` train-split reasoning problems at ``level`` as ``(question + "\n", solution)`` pairs."""
+    """``n`` train-split reasoning problems at ``level`` as ``(question + "\\n", solution)`` pairs."""
     problems = reasoning_split("train", n, level=level, seed=seed)
     return Corpus(pairs=[(e.prompt, e.completion) for e in problems], name=f"reasoning-{level}")
 
 
 BUILTIN: dict[str, Callable[[], Corpus]] = {"shakespeare": shakespeare, "shakespeare-train": shakespeare_train}
-BUILTIN.update({f"reasoning-{level}": partial(reasoning_corpus, level) for level in PRESETS})
 
 
 def register_builtin(name: str, loader: Callable[[], Corpus]) -> None:
@@ -60,6 +59,10 @@ def register_builtin(name: str, loader: Callable[[], Corpus]) -> None:
     if not name or "/" in name or name.startswith("hf:"):
         raise ValueError(f"built-in source name must be a plain word, got {name!r}")
     BUILTIN[name] = loader
+
+
+for _level in PRESETS:
+    register_builtin(f"reasoning-{_level}", partial(reasoning_corpus, _level))
 
 
 def load_builtin(name: str) -> Corpus:
