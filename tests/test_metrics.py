@@ -143,7 +143,19 @@ def test_throughput_excludes_warmup_and_uses_per_call_rates():
     assert (unwarmed.mean, unwarmed.std, unwarmed.aggregate) == (s.mean, s.std, s.aggregate)
 
 
+def test_throughput_tokens_per_step_from_the_decoders_counts():
+    """With committed tokens and row forwards given, tokens/step is theirs (per row, so batch-size free): two
+    calls of 4 rows, 10 batched forwards each; rows committed 3 tokens past their EOS in total."""
+    s = throughput_stats([40, 40], [1.0, 1.0], warmup=0, nfe=[10, 10], committed=[43, 40], row_nfe=[40, 40])
+    assert s.tokens_per_step == pytest.approx(83 / 80) and (s.committed, s.row_nfe, s.nfe) == (83, 80, 20)
+    assert throughput_stats([40, 40], [1.0, 1.0], warmup=1, nfe=[10, 10], committed=[43, 40],
+                            row_nfe=[40, 40]).tokens_per_step == 1.0
+    with pytest.raises(ValueError, match="give committed and row_nfe together"):
+        throughput_stats([1], [1.0], warmup=0, committed=[1])
+
+
 @pytest.mark.parametrize("kwargs, message", [
+    (dict(generated_tokens=[1, 2], seconds=[1.0, 1.0], warmup=0, committed=[1, 2], row_nfe=[1]), "differ in length"),
     (dict(generated_tokens=[1, 2], seconds=[1.0, 1.0], warmup=2), "more calls than the 2 warm-up"),
     (dict(generated_tokens=[1, 2], seconds=[1.0], warmup=0), "differ in length"),
     (dict(generated_tokens=[1, 2], seconds=[1.0, 1.0], warmup=0, nfe=[1]), "differ in length"),

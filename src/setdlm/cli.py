@@ -3,7 +3,9 @@
 Every subcommand is registered in ``COMMANDS`` below; ``setdlm --help`` lists them:
 
 * ``train``    — :func:`setdlm.train.train` (flags = the fields of :class:`setdlm.train.TrainConfig`)
-* ``eval``     — the held-out likelihood bound of a checkpoint (:func:`setdlm.train.likelihood`)
+* ``eval``     — a checkpoint's likelihood bound (:func:`setdlm.train.likelihood`), reasoning accuracy or
+  infilling ROUGE (:func:`setdlm.evaluate.reasoning`, :func:`~setdlm.evaluate.infill`)
+* ``bench``    — speed/quality sweeps over checkpoints (:mod:`setdlm.bench`): table, Pareto plot, JSON
 * ``generate`` — :func:`setdlm.decoding.generate` on prompts from arguments, a file or stdin
 * ``infill``   — :func:`setdlm.decoding.infill`
 * ``schedule`` — print the position-offset schedule for (L, D, M)
@@ -165,13 +167,83 @@ def _eval_likelihood(model, args, training: dict) -> dict:
     return {"task": "likelihood", "family": model.family.family, **res}
 
 
-EVALUATIONS = {"likelihood": _eval_likelihood}  # name -> fn(model, args, training_args) -> dict
+def _task_examples(args, models) -> tuple[list, int]:
+    from .bench import task_examples
+
+    return task_examples(args.task, models, data=args.data, level=args.level or "medium", split=args.split or "test",
+                         n=args.n, seed=args.seed or 0, hidden=args.hidden or 1, eos=args.eos)
+
+
+def _source_name(args) -> str:
+    return args.data or ("shakespeare" if args.task == "infill" else f"generated:{args.level or 'medium'}")
+
+
+def _task_kwargs(args) -> dict:
+    """Keyword arguments of setdlm.evaluate.reasoning / infill besides the decoding knobs."""
+    kw = {"eos": args.eos} if args.task == "infill" else {"max_new_tokens": args.max_new_tokens}
+    if args.cache_order is not None:
+        kw["cache_order"] = args.cache_order
+    if args.clock is not None:
+        kw["clock"] = args.clock
+    if args.seed is not None:
+        kw["seed"] = args.seed
+    return kw
+
+
+def _write_predictions(path: str, examples: list, result) -> None:
+    from .data.tasks import ReasoningExample
+    from .metrics import extract_answer
+
+    rows = []
+    for e, pred in zip(examples, result.predictions):
+        if isinstance(e, ReasoningExample):
+            rows.append({"question": e.question, "answer": e.answer, "prediction": pred,
+                         "correct": extract_answer(pred) == e.answer})
+        else:
+            rows.append({"prefix": e.prefix, "suffix": e.suffix, "reference": e.middle, "prediction": pred})
+    _write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _eval_decoding(model, args, training: dict) -> dict:
+    """Reasoning accuracy or infilling ROUGE through the family's decoder (setdlm.evaluate)."""
+    from . import evaluate
+
+    examples, skipped = _task_examples(args, [model])
+    decode = {**_decoding_kwargs(args, model.family.family), **_task_kwargs(args)}
+    fn = evaluate.reasoning if args.task == "reasoning" else evaluate.infill
+    result = fn(model, examples, batch_size=args.batch_size or 32, **decode)
+    if args.predictions:
+        _write_predictions(args.predictions, examples, result)
+    return {"task": args.task, "family": model.family.family, "data": _source_name(args),
+            "split": args.split or "test", "skipped_too_long": skipped, "decode": decode, **result.to_dict()}
+
+
+EVALUATIONS = {"likelihood": _eval_likelihood, "reasoning": _eval_decoding, "infill": _eval_decoding}
+# flag -> the tasks it applies to (flags left at their default apply anywhere)
+_TASK_FLAGS = {"level": ("reasoning",), "split": ("reasoning", "infill"), "n": ("reasoning", "infill"),
+               "hidden": ("infill",), "eos": ("infill",), "max_new_tokens": ("reasoning",),
+               "cache_order": ("reasoning",), "predictions": ("reasoning", "infill"), "bf16": ("likelihood",),
+               "clock": ("reasoning", "infill")}
+
+
+def _check_task_flags(args) -> None:
+    """Flags given for another task, or contradicting each other: one-line errors before any loading."""
+    decoding = {name: ("reasoning", "infill") for name in _DECODE_FLAGS}
+    for name, tasks in {**_TASK_FLAGS, **decoding}.items():
+        if getattr(args, name, None) not in (None, False) and args.task not in tasks:
+            raise ValueError(f"--{name.replace('_', '-')} applies to --task {'/'.join(tasks)}, not {args.task}")
+    _check_ranges(args)
+    if args.task == "reasoning" and args.data is not None:
+        for name in ("level", "split"):
+            if getattr(args, name) is not None:
+                raise ValueError(f"--{name} applies to generated problems; --data {args.data} is a GSM8K file")
 
 
 def _eval(args) -> int:
-    """Evaluate a checkpoint: the held-out likelihood bound (NELBO, PPL) on its data or on --data."""
+    """Evaluate a checkpoint: likelihood bound, reasoning accuracy or infilling ROUGE (JSON on stdout)."""
     from .checkpoint import load, read_config, resolve
 
+    _check_task_flags(args)
     model = load(args.checkpoint, ema=args.ema, device=args.device)
     training = read_config(resolve(args.checkpoint)).get("training") or {}
     result = EVALUATIONS[args.task](model, args, training)
@@ -182,19 +254,147 @@ def _eval(args) -> int:
     return 0
 
 
+def _add_task_flags(p, *, knobs, task_default: str | None) -> None:
+    """Flags that pick the task's examples, and the decoding ``knobs`` (names of _DECODE_FLAGS) offered."""
+    from .data.tasks import PRESETS, SPLITS
+
+    p.add_argument("--task", choices=tuple(EVALUATIONS), default=task_default, required=task_default is None,
+                   help="what to measure" + (f" (default {task_default})" if task_default else ""))
+    p.add_argument("--data", default=None, help="likelihood: text source (default: the run's held-out rows); "
+                   "reasoning: GSM8K-format JSONL (default: generated problems); infill: a text file, folder or "
+                   "built-in corpus (default: shakespeare)")
+    p.add_argument("--level", choices=tuple(PRESETS), default=None, help="reasoning: difficulty of the "
+                   "generated problems (default medium)")
+    p.add_argument("--split", choices=SPLITS, default=None, help="reasoning/infill: split drawn from (default test)")
+    p.add_argument("--n", type=_positive_int, default=None, help="reasoning/infill: examples (default 200 problems, "
+                   "or every infilling window that fits the context)")
+    p.add_argument("--hidden", type=int, choices=(1, 3), default=None, help="infill: hidden sentences of 5 "
+                   "(default 1)")
+    p.add_argument("--eos", action="store_true", help="infill: EOS after the suffix (each window a whole document)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=None, help="reasoning: generation budget "
+                   "(default: what the longest prompt leaves of L)")
+    p.add_argument("--cache-order", choices=("position", "reveal"), default=None, help="reasoning, setdlm: "
+                   "order of newly cached tokens (the paper's GSM8K runs: reveal)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default=None, help="reasoning/infill: time decoding by "
+                   "wall clock (default, the paper's) or by CPU time (steady on a shared CPU)")
+    helps = {"window": "setdlm: window w (default D)", "block_size": "bd3lm/mdlm: block size",
+             "threshold": "confidence threshold tau (default off)", "temperature": "0 = greedy (default)",
+             "top_p": "nucleus sampling", "top_k": "top-k sampling (0 = off)",
+             "repetition_penalty": "> 1 discourages repeats (the paper's infilling: 1.2)"}
+    for name in knobs:
+        kind = int if name in ("window", "block_size", "top_k") else float
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=helps[name])
+    p.set_defaults(**{name: None for name in _DECODE_FLAGS if name not in knobs})
+
+
 def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help=_eval.__doc__.splitlines()[0])
     p.add_argument("checkpoint", help="checkpoint folder or training run folder")
-    p.add_argument("--task", choices=tuple(EVALUATIONS), default="likelihood", help="what to measure")
-    p.add_argument("--data", default=None, help="text file, folder, .jsonl, built-in corpus or hf:NAME "
-                   "(default: the run's held-out rows)")
-    p.add_argument("--batch-size", type=_positive_int, default=None, help="rows per batch (default: the run's)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the random orders/masks (default: the run's)")
+    _add_task_flags(p, knobs=tuple(_DECODE_FLAGS), task_default="likelihood")
+    p.add_argument("--batch-size", type=_positive_int, default=None, help="rows per batch (likelihood default: "
+                   "the run's; decoding default 32)")
+    p.add_argument("--seed", type=int, default=None, help="likelihood: seed of the random orders/masks (default: "
+                   "the run's); reasoning/infill: seed of the example draw and of sampling (default 0)")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast (default: as trained)")
+    p.add_argument("--bf16", action="store_true", help="likelihood: bf16 autocast (default: as trained)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     p.add_argument("--output", default=None, help="also write the result as JSON to this file")
+    p.add_argument("--predictions", default=None, help="reasoning/infill: write each example's prediction "
+                   "to this JSONL file")
     p.set_defaults(func=_eval)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# bench
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _list_of(kind, what: str):
+    """argparse type: a comma-separated list; ``off`` stands for None (threshold off, window D)."""
+    def parse(s: str):
+        out = []
+        for item in s.split(","):
+            item = item.strip()
+            try:
+                out.append(None if item in ("off", "D") else kind(item))
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{what}: {item!r} is not a number") from None
+        return out
+    return parse
+
+
+def _labels(paths: list[str]) -> list[str]:
+    """Model labels: the run folder's name (a checkpoint inside RUN/checkpoints/ is named after RUN)."""
+    names = []
+    for path in paths:
+        p = Path(path).resolve()
+        names.append(p.parent.parent.name if p.parent.name == "checkpoints" else p.name)
+    return [n if names.count(n) == 1 else f"{n}#{names[:i + 1].count(n)}" for i, n in enumerate(names)]
+
+
+def _bench(args) -> int:
+    """Sweep decoding settings over checkpoints: Markdown table, Pareto plot (PNG) and raw numbers (JSON)."""
+    from . import bench
+    from .checkpoint import load, read_config, resolve
+
+    _check_task_flags(args)
+    if args.task == "likelihood" and (args.thresholds or args.windows or args.batch_sizes or args.warmup is not None):
+        raise ValueError("--thresholds/--windows/--batch-sizes/--warmup apply to --task reasoning/infill")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {args.out!r} exists and is not a folder")
+    labels = _labels(args.checkpoints)
+    models = [load(c, ema=args.ema, device=args.device) for c in args.checkpoints]
+    meta = {"task": args.task, "checkpoints": dict(zip(labels, map(str, args.checkpoints))),
+            "families": {lab: m.family.to_dict() for lab, m in zip(labels, models)}}
+    if args.task == "likelihood":
+        points = []
+        for c, label, model in zip(args.checkpoints, labels, models):
+            training = read_config(resolve(c)).get("training") or {}
+            points.append(bench.likelihood_point(label, model, _eval_likelihood(model, args, training)))
+        meta["data"] = args.data or "each run's held-out rows"
+    else:
+        for label, model in zip(labels, models):
+            _decoding_kwargs(args, model.family.family)  # range and family checks of the fixed knobs
+        examples, skipped = _task_examples(args, models)
+        warmup = min(50, len(examples) // 4) if args.warmup is None else args.warmup
+        thresholds = args.thresholds or list(bench.THRESHOLDS)
+        windows, batch_sizes = args.windows or [None], args.batch_sizes or [1]
+        fixed = {**{k: getattr(args, k) for k in _DECODE_FLAGS if getattr(args, k) is not None}, **_task_kwargs(args)}
+        points = bench.sweep(list(zip(labels, models)), args.task, examples, thresholds=thresholds, windows=windows,
+                             batch_sizes=batch_sizes, warmup=warmup, **fixed)
+        meta.update(data=_source_name(args), split=args.split or "test", examples=len(examples),
+                    skipped_too_long=skipped, warmup=warmup, thresholds=thresholds, windows=windows,
+                    batch_sizes=batch_sizes, decode=fixed)
+    table = bench.markdown_table(points)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_atomic(str(out / "bench.md"), table)
+    bench.write_json(points, out / "bench.json", **meta)
+    bench.plot(points, out / "bench.png", title=args.title)
+    print(table, end="")
+    print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}", file=sys.stderr)
+    return 0
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help=_bench.__doc__.splitlines()[0], description=_bench.__doc__)
+    p.add_argument("checkpoints", nargs="+", help="checkpoint or training run folders (one curve each)")
+    _add_task_flags(p, knobs=tuple(k for k, (families, _, _) in _DECODE_FLAGS.items() if families is None),
+                    task_default=None)
+    p.add_argument("--out", required=True, help="folder for bench.md, bench.json and bench.png")
+    p.add_argument("--title", default=None, help="title of the plot (default: the task)")
+    p.add_argument("--thresholds", type=_list_of(float, "--thresholds"), default=None,
+                   help="comma-separated tau values, 'off' for none (default off,.99,.95,.9,.85,.8,.75,.7,.65,.6)")
+    p.add_argument("--windows", type=_list_of(int, "--windows"), default=None,
+                   help="setdlm: comma-separated windows w, 'D' for the model's D (default D)")
+    p.add_argument("--batch-sizes", type=_list_of(int, "--batch-sizes"), default=None,
+                   help="comma-separated rows per call (default 1: per-example tokens/s, the paper's number)")
+    p.add_argument("--warmup", type=int, default=None, help="examples timed but not counted in tokens/s "
+                   "(default 50, the paper's, at most a quarter of the examples)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the example draw and of sampling (default 0)")
+    p.add_argument("--ema", action="store_true", help="use the EMA weights")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    p.set_defaults(func=_bench, batch_size=None, bf16=False, predictions=None)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -410,7 +610,7 @@ def _add_convert(sub) -> None:
     p.set_defaults(func=_convert)
 
 
-COMMANDS = [_add_train, _add_eval, _add_generate, _add_infill, _add_schedule, _add_convert]
+COMMANDS = [_add_train, _add_eval, _add_bench, _add_generate, _add_infill, _add_schedule, _add_convert]
 
 
 def build_parser() -> argparse.ArgumentParser:

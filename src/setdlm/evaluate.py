@@ -1,4 +1,4 @@
-"""Evaluation of a model on data (SPEC.md §5).
+"""Evaluation of a model on data (SPEC.md §4.10, §5).
 
 ``likelihood`` — the family's likelihood bound over a split (SPEC §5.1): the model in eval mode, the
 training-time inputs (for SetDLM every target masked, one reveal order sampled per sequence), per-token NLLs
@@ -6,17 +6,38 @@ summed over the whole split and divided by the number of scored tokens (``Σ nll
 batch means). AR gives its exact NLL; MDLM and BD3LM their 1/t-weighted NELBO; SetDLM the any-order NLL in
 the sampled order, an upper bound on the NLL. ``samples = k`` passes over the data k times with fresh orders
 (the reference's ``num_importance_samples``): the estimate's variance falls, its expectation does not move.
+
+``reasoning`` — exact-match accuracy on GSM8K-shaped problems (SPEC §5.2): each prompt is
+``[BOS] question "\n"``, the layout ``setdlm train`` gives prompt/completion pairs, decoded by the family's
+decoder (greedy by default) in batches of ``batch_size`` rows until EOS or ``max_new_tokens``; the completion
+is cut at its first EOS and scored by the integer after its first ``####``.
+
+``infill`` — ROUGE-1/2/L F-measure of the filled middle (SPEC §5.4): ``[BOS] prefix [MASK]×m suffix`` with the
+oracle length ``m`` (the hidden middle's token count), the three parts tokenized separately; AR models get
+the prefix only, as the paper's AR baseline.
+
+``throughput`` — decoding speed the paper's way (SPEC §4.10, pitfall 20): one example per call at batch 1,
+the first ``warmup`` calls excluded, mean ± std of per-call generated tokens / second (prompt tokens never
+count; the latency includes the prefill), plus the aggregate rate, the number to compare at batch > 1.
+
+``reasoning`` and ``infill`` time their calls too: ``result.run.speed`` holds the same statistics over the
+calls after ``warmup``, so one pass gives quality and speed (``setdlm bench`` sweeps settings this way).
+NFE and tokens/step are always the decoder's own counts (``GenerationOutput.nfe``, ``row_nfe``,
+``row_committed``). Every result has ``to_dict()`` for JSON.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
+from .data.tasks import InfillExample, ReasoningExample, encode_infill
 from .lm import Model
-from .metrics import LikelihoodSummary
+from .metrics import LikelihoodSummary, ThroughputStats, extract_answer, rouge, throughput_stats
 from .objectives import Batch, compute_loss
 
 
@@ -71,3 +92,306 @@ def likelihood(model: Model, batches: Iterable, *, samples: int = 1, seed: int =
     if len(set(pass_tokens)) > 1:
         raise ValueError(f"the data changed between passes: scored tokens per pass {pass_tokens}")
     return LikelihoodSummary(nats=sum(pass_nats) / samples, tokens=pass_tokens[0], samples=samples)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# decoding tasks: rows
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _tokenizer(model: Model):
+    if model.tokenizer is None:
+        raise ValueError("task evaluation needs the model's tokenizer, and model.tokenizer is None")
+    return model.tokenizer
+
+
+def _bos(tok) -> list[int]:
+    bos = getattr(tok, "bos_token_id", None)
+    return [] if bos is None else [int(bos)]
+
+
+def _eos(tok) -> list[int]:
+    eos = getattr(tok, "eos_token_id", None)
+    return [] if eos is None else [int(eos)]
+
+
+def prompt_ids(model: Model, example: ReasoningExample) -> list[int]:
+    """The tokens a reasoning problem is decoded from: ``[BOS] + question + "\\n"``, as ``setdlm train`` lays
+    out a prompt/completion pair (``[BOS] prompt completion [EOS]``)."""
+    tok = _tokenizer(model)
+    return _bos(tok) + tok.encode(example.prompt)
+
+
+def infill_row(model: Model, example: InfillExample, *, eos: bool = False) -> tuple[list[int], int, list[int]]:
+    """``(prefix ids, oracle length, suffix ids)`` of an infilling example: ``[BOS] + prefix``, the token count
+    of the hidden middle, ``suffix (+ [EOS] with eos=True)``, each part tokenized on its own (SPEC §5.4). The
+    suffix is empty for AR models, which condition on the prefix only."""
+    tok = _tokenizer(model)
+    pre, mid, suf = encode_infill(example, tok)
+    if model.family.family == "ar":
+        return _bos(tok) + pre, len(mid), []
+    return _bos(tok) + pre, len(mid), suf + (_eos(tok) if eos else [])
+
+
+def fits(model: Model, example: ReasoningExample | InfillExample, *, eos: bool = False) -> bool:
+    """True when the whole example fits in the model's context length L: a problem's prompt, solution and
+    EOS; an infilling window's prefix, middle and suffix (+ EOS with ``eos``), whatever the family."""
+    tok = _tokenizer(model)
+    if isinstance(example, ReasoningExample):
+        n = len(prompt_ids(model, example)) + len(tok.encode(example.completion)) + len(_eos(tok))
+    elif isinstance(example, InfillExample):
+        pre, mid, suf = encode_infill(example, tok)
+        n = len(_bos(tok)) + len(pre) + len(mid) + len(suf) + (len(_eos(tok)) if eos else 0)
+    else:
+        raise ValueError(f"expected a ReasoningExample or an InfillExample, got {type(example).__name__}")
+    return n <= model.family.length
+
+
+def _check_examples(examples: Sequence, kind: type) -> list:
+    examples = list(examples)
+    if not examples:
+        raise ValueError("no examples to evaluate")
+    bad = next((e for e in examples if not isinstance(e, kind)), None)
+    if bad is not None:
+        raise ValueError(f"expected {kind.__name__} examples, got {type(bad).__name__}")
+    return examples
+
+
+def _budget(model: Model, prompts: list[list[int]], max_new_tokens: int | None) -> int:
+    """``max_new_tokens``, by default what the longest prompt leaves of the context (the same for every row,
+    so that no row's result depends on the others)."""
+    L = model.family.length
+    i = max(range(len(prompts)), key=lambda j: len(prompts[j]))
+    if len(prompts[i]) >= L:
+        raise ValueError(f"prompt {i} is {len(prompts[i])} tokens long, which leaves no room in the context "
+                         f"length L={L}")
+    if max_new_tokens is None:
+        return L - len(prompts[i])
+    if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    return max_new_tokens
+
+
+# ---------------------------------------------------------------------------------------------------------
+# decoding tasks: one timed pass over the examples
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecodingRun:
+    """What one decoding pass over ``n`` examples cost, from the decoder's own counts."""
+
+    n: int  # examples decoded
+    batch_size: int  # rows per decoding call
+    nfe: int  # backbone forwards of the whole pass (prefill excluded; a batched forward counts once)
+    nfe_per_example: float  # mean over examples of the forwards each took part in (its NFE at batch 1)
+    tokens_per_step: float  # Σ committed / Σ row forwards over the pass: the decoder's parallelism factor
+    generated_tokens: int  # tokens generated over the pass (prompt and context excluded)
+    seconds: float  # time of all calls, prefill included, tokenization excluded
+    speed: ThroughputStats  # tokens/s over the calls after the warm-up ones
+    clock: str = "wall"  # what the seconds measure: "wall" clock or this process's "cpu" time
+
+    def to_dict(self) -> dict:
+        return {**{k: v for k, v in asdict(self).items() if k != "speed"}, "speed": self.speed.to_dict()}
+
+
+CLOCKS = ("wall", "cpu")
+
+
+def _decode_pass(n: int, call: Callable[[int, int], object], *, batch_size: int, warmup: int, progress: bool,
+                 desc: str, clock: str) -> tuple[list, DecodingRun]:
+    """Decode examples ``[0, n)`` in consecutive calls of ``batch_size`` (``call(lo, hi)`` returns the
+    ``GenerationOutput`` of examples lo..hi-1); speed statistics skip the first ``warmup`` calls. A call's
+    time is the decoder's wall time (``clock="wall"``) or the CPU time of this process during the call."""
+    if not (isinstance(batch_size, int) and batch_size >= 1):
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if not (isinstance(warmup, int) and warmup >= 0):
+        raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    calls = -(-n // batch_size)
+    if warmup >= calls:
+        raise ValueError(f"warmup={warmup} leaves none of the {calls} decoding calls ({n} examples at batch size "
+                         f"{batch_size}) to measure")
+    outs, seconds = [], []
+    with tqdm(total=n, desc=desc, unit="ex", disable=not progress) as bar:
+        for lo in range(0, n, batch_size):
+            hi = min(lo + batch_size, n)
+            cpu = time.process_time()
+            outs.append(call(lo, hi))
+            seconds.append(outs[-1].seconds if clock == "wall" else time.process_time() - cpu)
+            bar.update(hi - lo)
+    row_nfe = [sum(o.row_nfe) for o in outs]
+    committed = [sum(o.row_committed) for o in outs]
+    speed = throughput_stats([o.num_tokens for o in outs], seconds, warmup=warmup, nfe=[o.nfe for o in outs],
+                             committed=committed, row_nfe=row_nfe)
+    run = DecodingRun(n=n, batch_size=batch_size, nfe=sum(o.nfe for o in outs), nfe_per_example=sum(row_nfe) / n,
+                      tokens_per_step=sum(committed) / max(sum(row_nfe), 1),
+                      generated_tokens=sum(o.num_tokens for o in outs), seconds=sum(seconds), speed=speed,
+                      clock=clock)
+    return outs, run
+
+
+def _check_clock(model: Model, clock: str) -> None:
+    device = next(model.backbone.parameters()).device
+    if clock == "cpu" and device.type != "cpu":
+        raise ValueError(f"clock='cpu' times CPU work, but the model runs on {device}; use clock='wall'")
+
+
+def _generate_pass(model: Model, prompts: list[list[int]], *, max_new_tokens: int | None, kwargs: dict,
+                   **opts) -> tuple[list, DecodingRun, int]:
+    from .decoding import generate
+
+    _check_clock(model, opts["clock"])
+    budget = _budget(model, prompts, max_new_tokens)
+    outs, run = _decode_pass(len(prompts), lambda lo, hi: generate(model, prompts[lo:hi], max_new_tokens=budget,
+                                                                   **kwargs), **opts)
+    return outs, run, budget
+
+
+def _infill_pass(model: Model, examples: list[InfillExample], *, eos: bool, kwargs: dict,
+                 **opts) -> tuple[list, DecodingRun]:
+    from .decoding import infill as decode_infill
+
+    _check_clock(model, opts["clock"])
+    rows = [infill_row(model, e, eos=eos) for e in examples]
+    L = model.family.length
+    for i, (pre, m, suf) in enumerate(rows):
+        if len(pre) + m + len(suf) > L:
+            raise ValueError(f"infill example {i} needs {len(pre) + m + len(suf)} tokens, more than the context "
+                             f"length L={L} (select examples with setdlm.evaluate.fits)")
+    pre, lens, suf = zip(*rows)
+    return _decode_pass(len(rows), lambda lo, hi: decode_infill(model, list(pre[lo:hi]), list(suf[lo:hi]),
+                                                                list(lens[lo:hi]), **kwargs), **opts)
+
+
+def _texts(outs: list, tok, eos_ids: Sequence[int]) -> list[str]:
+    """Each row's text, cut at its first EOS (rows decoded with ``ignore_eos`` may run past one)."""
+    texts = []
+    for o in outs:
+        for text, ids, reason in zip(o.texts, o.tokens, o.finish_reason):
+            cut = next((j for j, t in enumerate(ids) if t in eos_ids), None)
+            texts.append(tok.decode(ids[:cut]) if reason == "length" and cut is not None else text)
+    return texts
+
+
+# ---------------------------------------------------------------------------------------------------------
+# decoding tasks: public functions
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReasoningResult:
+    """Exact-match accuracy over ``run.n`` problems, and what decoding them cost."""
+
+    accuracy: float  # correct / n
+    correct: int
+    max_new_tokens: int  # generation budget of every row
+    run: DecodingRun
+    predictions: tuple[str, ...] = field(default=(), repr=False)  # completions, cut at EOS
+
+    def to_dict(self) -> dict:
+        """The numbers (predictions left out), JSON-ready."""
+        return {"accuracy": self.accuracy, "correct": self.correct, "max_new_tokens": self.max_new_tokens,
+                **self.run.to_dict()}
+
+
+@dataclass(frozen=True)
+class InfillResult:
+    """Mean ROUGE-1/2/L F-measure (in [0, 1]) of the filled middles, and what decoding them cost."""
+
+    rouge1: float
+    rouge2: float
+    rougeL: float
+    run: DecodingRun
+    predictions: tuple[str, ...] = field(default=(), repr=False)  # the filled middles
+
+    def to_dict(self) -> dict:
+        """The numbers (predictions left out), JSON-ready."""
+        return {"rouge1": self.rouge1, "rouge2": self.rouge2, "rougeL": self.rougeL, **self.run.to_dict()}
+
+
+def reasoning(model: Model, examples: Sequence[ReasoningExample], *, batch_size: int = 32,
+              max_new_tokens: int | None = None, warmup: int = 0, clock: str = "wall", progress: bool = True,
+              **decode_kwargs) -> ReasoningResult:
+    """Exact-match accuracy of ``model`` on reasoning problems (``setdlm.data.tasks``), decoded in batches.
+
+    Each prompt is ``[BOS] question "\\n"``; every row gets ``max_new_tokens`` (default: what the longest
+    prompt leaves of the context L). ``decode_kwargs`` go to :func:`setdlm.decoding.generate` (``window``,
+    ``threshold``, ``block_size``, ``temperature``, ``cache_order``, ``stop``, ...). A completion is cut at
+    its first EOS and is correct when the integer after its first ``####`` equals the answer. Speed
+    statistics (``result.run.speed``) skip the first ``warmup`` calls; accuracy counts every example.
+    ``clock``: time calls by wall clock (``"wall"``, the paper's) or by this process's CPU time (``"cpu"``:
+    steady on a CPU shared with other jobs; with several torch threads it adds up their time).
+    """
+    examples = _check_examples(examples, ReasoningExample)
+    tok = _tokenizer(model)
+    prompts = [prompt_ids(model, e) for e in examples]
+    outs, run, budget = _generate_pass(model, prompts, max_new_tokens=max_new_tokens, kwargs=decode_kwargs,
+                                       batch_size=batch_size, warmup=warmup, progress=progress, clock=clock,
+                                       desc=f"{model.family.family} reasoning")
+    eos = decode_kwargs.get("eos_token_id")
+    eos_ids = _eos(tok) if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    predictions = _texts(outs, tok, eos_ids)
+    correct = sum(extract_answer(p) == e.answer for p, e in zip(predictions, examples))
+    return ReasoningResult(accuracy=correct / len(examples), correct=correct, max_new_tokens=budget, run=run,
+                           predictions=tuple(predictions))
+
+
+def infill(model: Model, examples: Sequence[InfillExample], *, batch_size: int = 32, eos: bool = False,
+           warmup: int = 0, clock: str = "wall", progress: bool = True, **decode_kwargs) -> InfillResult:
+    """ROUGE-1/2/L of ``model``'s infilling of the hidden middles (``setdlm.data.tasks.infill_examples``).
+
+    Rows are ``[BOS] prefix [MASK]×m suffix`` with ``m`` the middle's token count (the oracle length), the
+    parts tokenized separately; ``eos=True`` appends EOS after the suffix, right when every window is a
+    whole document (ROCStories), wrong for windows cut out of a longer text. AR models see the prefix
+    only. ``decode_kwargs`` go to :func:`setdlm.decoding.infill` (``window``, ``threshold``,
+    ``block_size``, ``repetition_penalty``, ...). ``warmup`` and ``clock`` as in :func:`reasoning`. Needs
+    the ``rouge-score`` package (extra ``eval``).
+    """
+    examples = _check_examples(examples, InfillExample)
+    outs, run = _infill_pass(model, examples, eos=eos, kwargs=decode_kwargs, batch_size=batch_size, warmup=warmup,
+                             progress=progress, clock=clock, desc=f"{model.family.family} infill")
+    predictions = [t for o in outs for t in o.texts]
+    scores = rouge(predictions, [e.middle for e in examples])
+    return InfillResult(**scores, run=run, predictions=tuple(predictions))
+
+
+def throughput(model: Model, items: Sequence, *, warmup: int = 50, batch_size: int = 1,
+               max_new_tokens: int | None = None, eos: bool = False, clock: str = "wall", progress: bool = True,
+               **decode_kwargs) -> ThroughputStats:
+    """Decoding speed the paper's way: ``batch_size`` items per call (1 for the paper's numbers), the first
+    ``warmup`` calls excluded; ``mean ± std`` of per-call tokens/s and the ``aggregate`` rate (compare that
+    one at batch > 1). Only generated tokens count (an EOS that ends a row included, the prompt never);
+    the latency of a call includes its prefill. NFE and tokens/step are the decoder's counts.
+
+    ``items``: reasoning problems (decoded as :func:`reasoning` does), infilling examples (as
+    :func:`infill`), or prompts: strings (encoded as ``[BOS] + text``) or token-id lists (as given).
+    ``decode_kwargs`` go to the decoder (``ignore_eos=True`` makes every row generate ``max_new_tokens``).
+    ``clock="cpu"`` times by CPU time instead of wall time (see :func:`reasoning`).
+    """
+    items = list(items)
+    if not items:
+        raise ValueError("no prompts or examples to time")
+    opts = dict(batch_size=batch_size, warmup=warmup, progress=progress, clock=clock, kwargs=decode_kwargs,
+                desc=f"{model.family.family} throughput")
+    if isinstance(items[0], InfillExample):
+        if max_new_tokens is not None:
+            raise ValueError("max_new_tokens does not apply to infilling: the oracle length of each middle is used")
+        return _infill_pass(model, _check_examples(items, InfillExample), eos=eos, **opts)[1].speed
+    if isinstance(items[0], ReasoningExample):
+        prompts = [prompt_ids(model, e) for e in _check_examples(items, ReasoningExample)]
+    else:
+        prompts = [_prompt(model, p, i) for i, p in enumerate(items)]
+    return _generate_pass(model, prompts, max_new_tokens=max_new_tokens, **opts)[1].speed
+
+
+def _prompt(model: Model, p, i: int) -> list[int]:
+    if isinstance(p, str):
+        tok = _tokenizer(model)
+        return _bos(tok) + tok.encode(p)
+    if isinstance(p, torch.Tensor):
+        p = p.tolist()
+    if not (isinstance(p, (list, tuple)) and all(isinstance(t, int) and t >= 0 for t in p)):
+        raise ValueError(f"item {i} is neither an example, a string nor a list of token ids: {str(p)[:40]!r}")
+    return list(p)

@@ -151,11 +151,17 @@ class ThroughputStats:
     tokens: int  # generated tokens in the measured calls
     seconds: float  # wall seconds of the measured calls
     warmup: int  # calls excluded at the start
-    nfe: int | None = None  # forward passes in the measured calls, when given
+    nfe: int | None = None  # forward passes in the measured calls, when given (a batched forward counts once)
+    committed: int | None = None  # tokens the decoder committed in the measured calls, when given
+    row_nfe: int | None = None  # Σ over rows of the forwards each row took part in, when given
 
     @property
     def tokens_per_step(self) -> float | None:
-        """Generated tokens per forward pass (the paper's "parallelism factor" at batch 1)."""
+        """Tokens per forward pass of one row, the paper's "parallelism factor": ``committed / row_nfe`` when
+        both are given (the decoder's own figure, ``GenerationOutput.tokens_per_step``, pooled over the
+        measured calls; valid at any batch size), else generated tokens / ``nfe`` (batch 1)."""
+        if self.committed is not None and self.row_nfe:
+            return self.committed / self.row_nfe
         return None if not self.nfe else self.tokens / self.nfe
 
     def to_dict(self) -> dict:
@@ -163,17 +169,22 @@ class ThroughputStats:
 
 
 def throughput_stats(generated_tokens: Sequence[int], seconds: Sequence[float], *, warmup: int = 50,
-                     nfe: Sequence[int] | None = None) -> ThroughputStats:
+                     nfe: Sequence[int] | None = None, committed: Sequence[int] | None = None,
+                     row_nfe: Sequence[int] | None = None) -> ThroughputStats:
     """Tokens/s statistics of a run of decoding calls, the first ``warmup`` of which are excluded.
 
     ``generated_tokens[i]`` counts only the tokens call ``i`` generated (output minus prompt, all rows of a
     batched call together); ``seconds[i]`` is its wall time including the prompt prefill; ``nfe[i]`` its
-    forward passes (prefill not counted), optional.
+    forward passes (prefill not counted), optional; ``committed[i]`` and ``row_nfe[i]`` (optional, both or
+    neither) the sums over its rows of ``GenerationOutput.row_committed`` and ``row_nfe``.
     """
     n = len(generated_tokens)
-    if len(seconds) != n or (nfe is not None and len(nfe) != n):
-        raise ValueError(f"generated_tokens, seconds and nfe differ in length: {n}, {len(seconds)}, "
-                         f"{None if nfe is None else len(nfe)}")
+    lengths = [len(x) for x in (seconds, nfe, committed, row_nfe) if x is not None]
+    if any(m != n for m in lengths):
+        raise ValueError(f"generated_tokens, seconds, nfe, committed and row_nfe differ in length: {n}, "
+                         f"{', '.join(str(None if x is None else len(x)) for x in (seconds, nfe, committed, row_nfe))}")
+    if (committed is None) != (row_nfe is None):
+        raise ValueError("give committed and row_nfe together, or neither")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     if n <= warmup:
@@ -187,5 +198,9 @@ def throughput_stats(generated_tokens: Sequence[int], seconds: Sequence[float], 
     mean = sum(rates) / len(rates)
     std = math.sqrt(sum((r - mean) ** 2 for r in rates) / len(rates))
     return ThroughputStats(mean=mean, std=std, aggregate=sum(toks) / sum(secs), calls=len(rates),
-                           tokens=sum(toks), seconds=sum(secs), warmup=warmup,
-                           nfe=None if nfe is None else int(sum(nfe[warmup:])))
+                           tokens=sum(toks), seconds=sum(secs), warmup=warmup, nfe=_tail_sum(nfe, warmup),
+                           committed=_tail_sum(committed, warmup), row_nfe=_tail_sum(row_nfe, warmup))
+
+
+def _tail_sum(xs: Sequence[int] | None, start: int) -> int | None:
+    return None if xs is None else int(sum(xs[start:]))

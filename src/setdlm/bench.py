@@ -1,0 +1,324 @@
+"""Speed/quality sweeps of decoding settings: a Markdown table, a Pareto plot and the raw numbers
+(SPEC.md §4.10, §5.2, §5.4, §6.1).
+
+For each model and each setting that applies to its family (confidence threshold τ for SetDLM, BD3LM and
+MDLM, AR committing exactly one token per step; window ``w`` for SetDLM; batch size for all), one timed
+pass over the task's examples (:func:`setdlm.evaluate.reasoning` / :func:`~setdlm.evaluate.infill`) gives
+
+* quality: exact-match accuracy (reasoning) or ROUGE-L F-measure (infilling), over every example;
+* speed: at batch 1 the mean ± std of per-example tokens/s after the ``warmup`` first examples (the
+  paper's number); at batch > 1 the aggregate tokens/s of the calls after the ``warmup`` first calls;
+* NFE per example and tokens per step, the decoder's own counts.
+
+The likelihood task has nothing to sweep: one bound (nats/token) per model. ``setdlm bench`` wraps
+:func:`sweep`, :func:`markdown_table`, :func:`plot` and :func:`write_json` (:func:`read_json` reads the
+points back, e.g. to plot several runs together); the plot needs matplotlib (extra ``plot``), imported only
+when a plot is drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from .lm import Model
+
+THRESHOLDS = (None, 0.99, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)  # SPEC §5.2: None = off (τ = 1e6)
+TASKS = ("reasoning", "infill", "likelihood")
+QUALITY = {"reasoning": "accuracy", "infill": "rougeL", "likelihood": "nats_per_token"}
+_THRESHOLD_FAMILIES = ("setdlm", "bd3lm", "mdlm")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# settings and points
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One decoding setting; None where it does not apply (or is the default)."""
+
+    threshold: float | None = None  # τ; None = off (one token per step)
+    window: int | None = None  # SetDLM window w (the effective one: the default is D)
+    batch_size: int = 1
+
+    def decode_kwargs(self) -> dict:
+        return {k: v for k, v in (("threshold", self.threshold), ("window", self.window)) if v is not None}
+
+
+def settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS, windows: Sequence[int | None] = (None,),
+             batch_sizes: Sequence[int] = (1,)) -> list[Setting]:
+    """The settings that apply to ``model``'s family: τ only for SetDLM/BD3LM/MDLM, w only for SetDLM (None
+    = D); each distinct setting once, in sweep order."""
+    fam = model.family
+    for t in thresholds:
+        if t is not None and not 0 < t <= 1:
+            raise ValueError(f"thresholds must lie in (0, 1] (or be None for off), got {t}")
+    for w in windows:
+        if w is not None and not (isinstance(w, int) and w >= 1):
+            raise ValueError(f"windows must be positive integers (or None for D), got {w!r}")
+    for b in batch_sizes:
+        if not (isinstance(b, int) and b >= 1):
+            raise ValueError(f"batch sizes must be positive integers, got {b!r}")
+    taus = thresholds if fam.family in _THRESHOLD_FAMILIES else [None]
+    ws = [fam.D if w is None else w for w in windows] if fam.family == "setdlm" else [None]
+    out = [Setting(t, w, b) for b in batch_sizes for w in ws for t in taus]
+    return list(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class BenchPoint:
+    """One model at one setting."""
+
+    model: str  # label
+    family: str
+    task: str
+    setting: Setting
+    quality: float  # accuracy or ROUGE-L in [0, 1], or nats/token (likelihood)
+    tokens_per_second: float | None  # batch 1: mean of per-example rates; batch > 1: aggregate rate
+    tokens_per_second_std: float | None  # batch 1: std of per-example rates
+    nfe: float | None  # forwards per example (prefill excluded)
+    tokens_per_step: float | None
+    result: dict  # the evaluation's to_dict()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        return {**{k: v for k, v in d.items() if k != "setting"}, **d["setting"]}
+
+
+def _point(label: str, model: Model, task: str, setting: Setting, result) -> BenchPoint:
+    run, speed = result.run, result.run.speed
+    batch1 = setting.batch_size == 1
+    return BenchPoint(model=label, family=model.family.family, task=task, setting=setting,
+                      quality=getattr(result, QUALITY[task]),
+                      tokens_per_second=speed.mean if batch1 else speed.aggregate,
+                      tokens_per_second_std=speed.std if batch1 else None, nfe=run.nfe_per_example,
+                      tokens_per_step=run.tokens_per_step, result=result.to_dict())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# sweeps
+# ---------------------------------------------------------------------------------------------------------
+
+
+def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, *,
+          thresholds: Sequence[float | None] = THRESHOLDS, windows: Sequence[int | None] = (None,),
+          batch_sizes: Sequence[int] = (1,), warmup: int = 50, progress: bool = True,
+          **task_kwargs) -> list[BenchPoint]:
+    """Evaluate every ``(label, model)`` on ``examples`` (reasoning problems or infilling examples) at every
+    applicable setting. Speed skips the first ``warmup`` examples (rounded up to whole calls at batch > 1); quality
+    counts every example. ``task_kwargs`` go to
+    :func:`setdlm.evaluate.reasoning` / :func:`~setdlm.evaluate.infill` (``max_new_tokens``, ``eos``,
+    ``temperature``, ``cache_order``, ``repetition_penalty``, ...), the same for every setting."""
+    from . import evaluate
+
+    if task not in ("reasoning", "infill"):
+        raise ValueError(f"sweep task must be reasoning or infill, got {task!r} (likelihood: likelihood_point)")
+    if not models:
+        raise ValueError("no models to benchmark")
+    fn = evaluate.reasoning if task == "reasoning" else evaluate.infill
+    plan = [(label, model, s) for label, model in models for s in settings(model, thresholds, windows, batch_sizes)]
+    if not (isinstance(warmup, int) and warmup >= 0):
+        raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
+    n = len(examples)
+    for b in batch_sizes:  # fail before the sweep starts, not in its middle
+        if -(-warmup // b) >= -(-n // b):
+            raise ValueError(f"warmup={warmup} examples leave none of the {n} examples to time at batch size {b}")
+    points = []
+    with tqdm(plan, desc=f"bench {task}", unit="setting", disable=not progress) as bar:
+        for label, model, s in bar:
+            bar.set_postfix_str(f"{label} {_setting_text(s)}")
+            result = fn(model, examples, batch_size=s.batch_size, warmup=-(-warmup // s.batch_size),
+                        progress=False, **s.decode_kwargs(), **task_kwargs)
+            points.append(_point(label, model, task, s, result))
+    return points
+
+
+def likelihood_point(label: str, model: Model, result: dict) -> BenchPoint:
+    """A likelihood result (``setdlm.train.likelihood``'s dict, ``nelbo`` in nats/token) as a point."""
+    return BenchPoint(model=label, family=model.family.family, task="likelihood", setting=Setting(),
+                      quality=result["nelbo"], tokens_per_second=None, tokens_per_second_std=None, nfe=None,
+                      tokens_per_step=None, result=result)
+
+
+def pareto_front(points: Sequence[BenchPoint]) -> list[BenchPoint]:
+    """The points no other point beats on both speed and quality, fastest first."""
+    front, best = [], float("-inf")
+    for p in sorted(points, key=lambda p: (-(p.tokens_per_second or 0.0), -p.quality)):
+        if p.quality > best:
+            front.append(p)
+            best = p.quality
+    return front
+
+
+# ---------------------------------------------------------------------------------------------------------
+# reports
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _tau(t: float | None) -> str:
+    return "off" if t is None else f"{t:g}"
+
+
+def _setting_text(s: Setting) -> str:
+    return f"τ={_tau(s.threshold)}" + (f" w={s.window}" if s.window is not None else "") + f" B={s.batch_size}"
+
+
+def _rate_unit(points: Sequence[BenchPoint]) -> str:
+    return "tokens/CPU-s" if points[0].result.get("clock") == "cpu" else "tokens/s"
+
+
+def _quality_text(task: str, q: float) -> str:
+    return f"{q:.4f}" if task == "likelihood" else f"{100 * q:.1f}"
+
+
+def markdown_table(points: Sequence[BenchPoint]) -> str:
+    """One row per point: model, family, τ, w, batch, quality, tokens/s, NFE/example, tokens/step."""
+    if not points:
+        raise ValueError("no points to tabulate")
+    task = points[0].task
+    head = {"reasoning": "accuracy (%)", "infill": "ROUGE-L (×100)", "likelihood": "nats/token"}[task]
+    rows = [f"| model | family | τ | w | batch | {head} | {_rate_unit(points)} | NFE | tokens/step |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        s = p.setting
+        if p.tokens_per_second is None:
+            speed = nfe = tps = "–"
+        else:
+            speed = f"{p.tokens_per_second:.1f}" + (f" ± {p.tokens_per_second_std:.1f}"
+                                                     if p.tokens_per_second_std is not None else "")
+            nfe, tps = f"{p.nfe:.1f}", f"{p.tokens_per_step:.2f}"
+        tau, batch = (_tau(s.threshold), s.batch_size) if task != "likelihood" else ("–", "–")
+        rows.append(f"| {p.model} | {p.family} | {tau} | {s.window if s.window is not None else '–'} | {batch} | "
+                    f"{_quality_text(task, p.quality)} | {speed} | {nfe} | {tps} |")
+    return "\n".join(rows) + "\n"
+
+
+def plot(points: Sequence[BenchPoint], path: str | Path, *, title: str | None = None, dpi: int = 100) -> Path:
+    """Write a PNG: quality against tokens/s, one curve per model (per model and batch size when several
+    batch sizes were swept) through its Pareto front, every point marked and labelled with its τ; for the
+    likelihood task a bar per model. Needs matplotlib (``pip install 'setdlm[plot]'``)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise ImportError("the plot needs matplotlib: pip install 'setdlm[plot]'") from e
+    if not points:
+        raise ValueError("no points to plot")
+    task = points[0].task
+    fig = Figure(figsize=(7, 4.5), dpi=dpi, layout="constrained")
+    ax = fig.subplots()
+    if task == "likelihood":
+        labels = [p.model for p in points]
+        ax.barh(labels, [p.quality for p in points], color="tab:blue")
+        ax.invert_yaxis()
+        ax.set_xlabel("likelihood bound (nats/token, lower is better)")
+    else:
+        several = len({p.setting.batch_size for p in points}) > 1
+        series: dict[str, list[BenchPoint]] = {}
+        for p in points:
+            series.setdefault(p.model + (f" (batch {p.setting.batch_size})" if several else ""), []).append(p)
+        for name, pts in series.items():
+            front = sorted(pareto_front(pts), key=lambda p: p.tokens_per_second)
+            line, = ax.plot([p.tokens_per_second for p in front], [100 * p.quality for p in front], "-o",
+                            markersize=5, label=name)
+            ax.plot([p.tokens_per_second for p in pts], [100 * p.quality for p in pts], "o", color=line.get_color(),
+                    markersize=4, alpha=0.4)
+            for p in pts:
+                ax.annotate(_tau(p.setting.threshold), (p.tokens_per_second, 100 * p.quality), fontsize=6,
+                            xytext=(2, 2), textcoords="offset points", color=line.get_color())
+        ax.set_xlabel(_rate_unit(points) + ("" if several else " (mean per example, batch 1)"))
+        ax.set_ylabel("accuracy (%)" if task == "reasoning" else "ROUGE-L (×100)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    ax.set_title(title or f"{task}: quality vs speed")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+def read_json(path: str | Path) -> list[BenchPoint]:
+    """The points of a JSON written by :func:`write_json` (e.g. to plot several benchmark runs together)."""
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    names = {f for f in Setting.__dataclass_fields__}
+    return [BenchPoint(**{k: v for k, v in d.items() if k not in names},
+                       setting=Setting(**{k: d[k] for k in names})) for d in doc["points"]]
+
+
+def write_json(points: Sequence[BenchPoint], path: str | Path, **meta) -> Path:
+    """The raw numbers of every point, with ``meta`` (task settings, checkpoints) and the software versions."""
+    import torch
+
+    from . import __version__
+
+    doc = {**meta, "versions": {"setdlm": __version__, "torch": torch.__version__, "python": platform.python_version()},
+           "points": [p.to_dict() for p in points]}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# task examples shared by `setdlm eval` and `setdlm bench`
+# ---------------------------------------------------------------------------------------------------------
+
+
+def task_examples(task: str, models: Sequence[Model], *, data: str | None = None, level: str = "medium",
+                  split: str = "test", n: int | None = None, seed: int = 0, hidden: int = 1,
+                  eos: bool = False) -> tuple[list, int]:
+    """The examples of a decoding task that fit the context of every model, and how many were skipped.
+
+    reasoning: ``data`` a GSM8K-format JSONL (all of it, or its first ``n`` that fit), else ``n`` (default
+    200) generated problems of ``split`` at ``level`` drawn with ``seed``. infill: windows of 5 sentences
+    with the middle ``hidden`` (1 or 3) hidden from ``data`` (a text source; default the built-in
+    ``shakespeare``), ``split``, shuffled by ``seed``: the first ``n`` that fit (all when None).
+    """
+    from .data.tasks import infill_from_source, load_gsm8k_jsonl, reasoning_split
+    from .evaluate import fits
+
+    if n is not None and not (isinstance(n, int) and n >= 1):
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+
+    def select(pool, limit):
+        chosen, skipped = [], 0
+        for e in pool:
+            if all(fits(m, e, eos=eos) for m in models):
+                chosen.append(e)
+                if len(chosen) == limit:
+                    break
+            else:
+                skipped += 1
+        return chosen, skipped
+
+    lengths = "/".join(sorted({str(m.family.length) for m in models}))
+    if task == "reasoning" and data is None:
+        want = size = n or 200
+        while True:
+            chosen, skipped = select(reasoning_split(split, size, level=level, seed=seed), want)
+            if len(chosen) == want:
+                return chosen, skipped
+            if size >= 8 * want:
+                raise ValueError(f"only {len(chosen)} of {size} {level} problems fit the context length L={lengths}; "
+                                 f"use a lower level or a model with a longer context")
+            size *= 2
+    if task == "reasoning":
+        if not Path(data).is_file():
+            raise ValueError(f"GSM8K file {data!r} does not exist (generated problems: --level easy|medium|hard)")
+        pool = load_gsm8k_jsonl(data)
+    elif task == "infill":
+        if hidden not in (1, 3):
+            raise ValueError(f"hidden must be 1 or 3 (of 5 sentences), got {hidden!r}")
+        pool = infill_from_source(data or "shakespeare", split, None, sentences=5, hidden=hidden, seed=seed)
+    else:
+        raise ValueError(f"unknown decoding task {task!r}; choose reasoning or infill")
+    chosen, skipped = select(pool, n)
+    if not chosen or (n is not None and len(chosen) < n):
+        raise ValueError(f"only {len(chosen)} of {len(pool)} {task} examples fit the context length L={lengths}"
+                         + (f"; ask for n <= {len(chosen)}" if chosen else ""))
+    return chosen, skipped

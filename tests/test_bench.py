@@ -1,0 +1,260 @@
+"""`setdlm bench` and the task modes of `setdlm eval`: sweeps over decoding settings produce the Markdown
+table, the JSON of raw numbers and a PNG that opens; the CLI reports what the library functions give;
+bad arguments are one-line errors (exit 2). Also the built-in reasoning sources and Shakespeare infilling."""
+
+import json
+import struct
+import time
+
+import pytest
+
+import setdlm
+from eval_support import task_tokenizer, tiny
+from setdlm import bench, evaluate
+from setdlm.data import read_source, shakespeare_works
+from setdlm.data.tasks import infill_examples, infill_from_source, reasoning_split, split_of
+from test_cli import assert_one_line_error, run
+from train_helpers import one_thread  # noqa: F401 (fixture)
+
+TOK = task_tokenizer()
+
+
+def png_size(path) -> tuple[int, int]:
+    """(width, height) from a PNG's signature and IHDR chunk; fails on anything that is not a PNG."""
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG signature"
+    assert data[12:16] == b"IHDR"
+    assert data[-8:-4] == b"IEND"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    """Two tiny checkpoints: an AR model trained for a few steps on the built-in `reasoning-easy` source (through
+    the CLI), and a random SetDLM model with its tokenizer saved with `checkpoint.save`."""
+    root = tmp_path_factory.mktemp("bench")
+    code = setdlm.cli.main(["train", "--out", str(root / "ar-run"), "--data", "reasoning-easy", "--family", "ar",
+                            "--length", "128", "--steps", "3", "--eval-max", "16", "--log-every", "1"])
+    assert code == 0
+    tok = setdlm.load(root / "ar-run").tokenizer
+    m = tiny("setdlm", tok, dtype=__import__("torch").float32)
+    m.save(root / "setdlm-rand")
+    text = root / "story.txt"  # short sentences, so that 5-sentence windows fit L = 128
+    words = ["cat", "dog", "owl", "fox", "bee", "elk", "ant", "yak"]
+    text.write_text("\n\n".join(" ".join(f"The {words[(i + j) % 8]} saw {j} {words[(i * j) % 8]}s." for j in range(5))
+                                for i in range(60)), encoding="utf-8")
+    return {"ar": str(root / "ar-run"), "setdlm": str(root / "setdlm-rand"), "text": str(text), "root": root}
+
+
+def test_bench_two_checkpoints_writes_table_json_and_png(ckpts, tmp_path, capsys):
+    out = tmp_path / "b"
+    t0 = time.perf_counter()
+    code, stdout, err = run(["bench", ckpts["ar"], ckpts["setdlm"], "--task", "reasoning", "--level", "easy",
+                             "--n", "6", "--warmup", "2", "--thresholds", "off,0.9", "--windows", "D,4",
+                             "--batch-sizes", "1,3", "--max-new-tokens", "16", "--out", str(out)], capsys)
+    assert code == 0, err
+    assert time.perf_counter() - t0 < 60
+    # AR: τ and w do not apply (one setting per batch size); SetDLM: 2 τ × 2 w × 2 batch sizes
+    lines = stdout.strip().splitlines()
+    assert lines[0].startswith("| model | family | τ | w | batch | accuracy (%) | tokens/s | NFE | tokens/step |")
+    assert len(lines) == 2 + 2 + 8
+    assert sum(line.startswith("| ar-run | ar | off | – |") for line in lines) == 2
+    assert sum(line.startswith("| setdlm-rand | setdlm |") for line in lines) == 8
+    assert (out / "bench.md").read_text() == stdout
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["task"] == "reasoning" and doc["examples"] == 6 and doc["warmup"] == 2
+    assert doc["checkpoints"] == {"ar-run": ckpts["ar"], "setdlm-rand": ckpts["setdlm"]}
+    pts = doc["points"]
+    assert len(pts) == 10 and {p["window"] for p in pts if p["family"] == "setdlm"} == {2, 4}
+    for p in pts:
+        assert 0 <= p["quality"] <= 1 and p["tokens_per_second"] > 0 and p["nfe"] >= 1
+        assert p["quality"] == p["result"]["accuracy"] and p["nfe"] == p["result"]["nfe_per_example"]
+        if p["batch_size"] == 1:
+            assert p["tokens_per_second"] == p["result"]["speed"]["mean"] and p["result"]["speed"]["calls"] == 4
+        else:
+            assert p["tokens_per_second"] == p["result"]["speed"]["aggregate"] and p["tokens_per_second_std"] is None
+    assert png_size(out / "bench.png") == (700, 450)
+    again = bench.read_json(out / "bench.json")  # the points read back plot and tabulate the same
+    assert bench.markdown_table(again) == stdout
+    assert png_size(bench.plot(again, tmp_path / "again.png", dpi=50)) == (350, 225)
+
+
+def test_bench_points_match_the_library(ckpts):
+    """One sweep point = evaluate.reasoning at that setting (the deterministic numbers)."""
+    models = [("setdlm", setdlm.load(ckpts["setdlm"]))]
+    examples, skipped = bench.task_examples("reasoning", [m for _, m in models], level="easy", n=4)
+    assert skipped == 0 and examples == reasoning_split("test", 4, level="easy")
+    pts = bench.sweep(models, "reasoning", examples, thresholds=[0.5], batch_sizes=[2], warmup=2, progress=False,
+                      max_new_tokens=8)
+    ref = evaluate.reasoning(models[0][1], examples, batch_size=2, threshold=0.5, warmup=1, max_new_tokens=8,
+                             progress=False)
+    (p,) = pts
+    assert p.setting == bench.Setting(threshold=0.5, window=2, batch_size=2)
+    assert (p.quality, p.nfe, p.tokens_per_step) == (ref.accuracy, ref.run.nfe_per_example, ref.run.tokens_per_step)
+    assert p.result["speed"]["warmup"] == 1  # 2 warm-up examples = 1 call of 2
+
+
+def test_settings_pareto_and_table():
+    tok = TOK
+    ar, sd, bd = tiny("ar", tok), tiny("setdlm", tok), tiny("bd3lm", tok)
+    assert bench.settings(ar, bench.THRESHOLDS, [None, 3], [1, 4]) == [bench.Setting(None, None, 1),
+                                                                      bench.Setting(None, None, 4)]
+    assert len(bench.settings(bd, bench.THRESHOLDS)) == 10
+    assert bench.settings(sd, [None, 0.9], [None, 2]) == [bench.Setting(None, 2), bench.Setting(0.9, 2)]  # D = 2
+    with pytest.raises(ValueError, match=r"thresholds must lie in \(0, 1\]"):
+        bench.settings(sd, [1.5])
+    with pytest.raises(ValueError, match="windows must be positive integers"):
+        bench.settings(sd, [None], [0])
+
+    def pt(q, v):
+        return bench.BenchPoint("m", "setdlm", "reasoning", bench.Setting(), q, v, None, 1.0, 1.0, {})
+    pts = [pt(0.5, 10.0), pt(0.6, 5.0), pt(0.4, 8.0), pt(0.2, 20.0), pt(0.6, 4.0)]
+    assert [(p.quality, p.tokens_per_second) for p in bench.pareto_front(pts)] == [(0.2, 20.0), (0.5, 10.0), (0.6, 5.0)]
+    table = bench.markdown_table(pts)
+    assert table.count("\n") == 7 and "| m | setdlm | off | – | 1 | 50.0 | 10.0 | 1.0 | 1.00 |" in table
+
+
+def test_bench_infill_and_likelihood(ckpts, tmp_path, capsys):
+    out = tmp_path / "i"
+    code, stdout, err = run(["bench", ckpts["ar"], ckpts["setdlm"], "--task", "infill", "--data", ckpts["text"],
+                             "--split", "train", "--n", "4", "--warmup", "1", "--thresholds", "off,0.5",
+                             "--clock", "cpu", "--out", str(out)], capsys)
+    assert code == 0, err
+    doc = json.loads((out / "bench.json").read_text())
+    assert len(doc["points"]) == 3 and all(0 <= p["quality"] <= 1 for p in doc["points"])
+    assert doc["decode"]["clock"] == "cpu" and all(p["result"]["clock"] == "cpu" for p in doc["points"])
+    assert "| tokens/CPU-s |" in stdout.splitlines()[0]
+    assert all(p["quality"] == p["result"]["rougeL"] for p in doc["points"])
+    assert "ROUGE-L (×100)" in stdout and png_size(out / "bench.png") == (700, 450)
+    out = tmp_path / "l"
+    code, stdout, err = run(["bench", ckpts["ar"], ckpts["setdlm"], "--task", "likelihood", "--data", ckpts["text"],
+                             "--out", str(out)], capsys)
+    assert code == 0, err
+    doc = json.loads((out / "bench.json").read_text())
+    assert [p["model"] for p in doc["points"]] == ["ar-run", "setdlm-rand"]
+    ref = run(["eval", ckpts["setdlm"], "--data", ckpts["text"]], capsys)
+    assert doc["points"][1]["quality"] == json.loads(ref[1])["nelbo"]
+    assert "nats/token" in stdout and png_size(out / "bench.png") == (700, 450)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# setdlm eval --task reasoning / infill
+# ---------------------------------------------------------------------------------------------------------
+
+DETERMINISTIC = ("nfe", "nfe_per_example", "tokens_per_step", "generated_tokens", "n", "batch_size")
+
+
+def test_eval_reasoning_matches_the_library(ckpts, tmp_path, capsys):
+    preds = tmp_path / "p.jsonl"
+    code, stdout, err = run(["eval", ckpts["setdlm"], "--task", "reasoning", "--level", "easy", "--n", "5",
+                             "--batch-size", "2", "--threshold", "0.5", "--max-new-tokens", "12",
+                             "--predictions", str(preds), "--output", str(tmp_path / "r.json")], capsys)
+    assert code == 0, err
+    got = json.loads(stdout)
+    assert got == json.loads((tmp_path / "r.json").read_text())
+    model = setdlm.load(ckpts["setdlm"])
+    examples = reasoning_split("test", 5, level="easy", seed=0)
+    ref = evaluate.reasoning(model, examples, batch_size=2, threshold=0.5, max_new_tokens=12, progress=False)
+    assert got["task"] == "reasoning" and got["data"] == "generated:easy" and got["split"] == "test"
+    assert (got["accuracy"], got["correct"], got["max_new_tokens"]) == (ref.accuracy, ref.correct, 12)
+    assert {k: got[k] for k in DETERMINISTIC} == {k: ref.to_dict()[k] for k in DETERMINISTIC}
+    rows = [json.loads(r) for r in preds.read_text().splitlines()]
+    assert [r["prediction"] for r in rows] == list(ref.predictions)
+    assert [r["answer"] for r in rows] == [e.answer for e in examples]
+
+
+def test_eval_reasoning_reads_gsm8k_jsonl(ckpts, tmp_path, capsys):
+    data = tmp_path / "gsm.jsonl"
+    examples = reasoning_split("validation", 3, level="easy", seed=5)
+    data.write_text("".join(json.dumps(e.to_dict()) + "\n" for e in examples))
+    code, stdout, err = run(["eval", ckpts["ar"], "--task", "reasoning", "--data", str(data)], capsys)
+    assert code == 0, err
+    ref = evaluate.reasoning(setdlm.load(ckpts["ar"]), examples, progress=False)
+    got = json.loads(stdout)
+    assert got["n"] == 3 and got["data"] == str(data) and got["accuracy"] == ref.accuracy
+    assert got["generated_tokens"] == ref.run.generated_tokens
+
+
+def test_eval_infill_matches_the_library(ckpts, tmp_path, capsys):
+    preds = tmp_path / "p.jsonl"
+    code, stdout, err = run(["eval", ckpts["setdlm"], "--task", "infill", "--data", ckpts["text"], "--split", "train",
+                             "--n", "4", "--hidden", "3", "--window", "3", "--predictions", str(preds)], capsys)
+    assert code == 0, err
+    got = json.loads(stdout)
+    model = setdlm.load(ckpts["setdlm"])
+    examples = infill_from_source(ckpts["text"], "train", 4, sentences=5, hidden=3)
+    ref = evaluate.infill(model, examples, window=3, progress=False)
+    assert (got["rouge1"], got["rouge2"], got["rougeL"]) == (ref.rouge1, ref.rouge2, ref.rougeL)
+    assert {k: got[k] for k in DETERMINISTIC} == {k: ref.to_dict()[k] for k in DETERMINISTIC}
+    assert got["decode"]["window"] == 3 and got["skipped_too_long"] == 0
+    rows = [json.loads(r) for r in preds.read_text().splitlines()]
+    assert [r["reference"] for r in rows] == [e.middle for e in examples]
+    assert [r["prediction"] for r in rows] == list(ref.predictions)
+
+
+@pytest.mark.parametrize("cmd, args, needles", [
+    ("eval", ["--task", "infill", "--level", "easy"], ["--level applies to --task reasoning, not infill"]),
+    ("eval", ["--task", "reasoning", "--hidden", "3"], ["--hidden applies to --task infill, not reasoning"]),
+    ("eval", ["--task", "likelihood", "--threshold", "0.9"], ["--threshold applies to --task reasoning/infill"]),
+    ("eval", ["--task", "reasoning", "--threshold", "1.5"], ["--threshold must be in (0, 1], got 1.5"]),
+    ("eval", ["--task", "reasoning", "--data", "MISSING"], ["GSM8K file", "does not exist"]),
+    ("eval", ["--task", "reasoning", "--data", "MISSING", "--level", "easy"], ["--level applies to generated"]),
+    ("eval", ["--task", "reasoning", "--level", "hard", "--n", "2"], ["problems fit the context length L=128"]),
+    ("eval", ["--task", "infill", "--data", "MISSING"], ["neither an existing file or folder nor a built-in"]),
+    ("eval", ["--task", "infill", "--n", "1000"], ["of 149 infill examples fit the context length L=128; ask for n"]),
+    ("eval", ["--task", "reasoning", "--block-size", "4"], ["--block-size applies to bd3lm/mdlm", "'setdlm'"]),
+    ("eval", ["--task", "reasoning", "--n", "0"], ["--n: must be a positive integer, got '0'"]),
+    ("eval", ["--task", "bogus"], ["--task: invalid choice: 'bogus'"]),
+    ("eval", ["--task", "infill", "--hidden", "2"], ["--hidden: invalid choice: 2"]),
+    ("bench", ["--task", "likelihood", "--thresholds", "0.9", "--out", "OUT"], ["--thresholds/--windows"]),
+    ("bench", ["--task", "reasoning", "--thresholds", "0.9,x", "--out", "OUT"], ["'x' is not a number"]),
+    ("bench", ["--task", "reasoning", "--thresholds", "1.5", "--level", "easy", "--n", "2", "--out", "OUT"],
+     [r"thresholds must lie in (0, 1]"]),
+    ("bench", ["--task", "reasoning", "--batch-sizes", "0", "--level", "easy", "--n", "2", "--out", "OUT"],
+     ["batch sizes must be positive integers, got 0"]),
+    ("bench", ["--task", "reasoning", "--level", "easy", "--n", "2", "--warmup", "2", "--out", "OUT"],
+     ["warmup=2 examples leave none of the 2 examples to time at batch size 1"]),
+    ("bench", ["--out", "OUT"], ["the following arguments are required: --task"]),
+])
+def test_bad_task_arguments_are_one_line_errors(cmd, args, needles, ckpts, tmp_path, capsys):
+    args = [str(tmp_path / "missing.jsonl") if a == "MISSING" else str(tmp_path / "out") if a == "OUT" else a
+            for a in args]
+    code, _, err = run([cmd, ckpts["setdlm"], *args], capsys)
+    assert_one_line_error(code, err, *needles)
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# built-in task sources
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_builtin_reasoning_sources_are_train_problems():
+    corpus = read_source("reasoning-easy")
+    assert corpus.name == "reasoning-easy" and len(corpus) == 60_000
+    first = reasoning_split("train", 100, level="easy", seed=0)
+    assert corpus.pairs[:100] == [(e.prompt, e.completion) for e in first]
+    assert all(split_of(p[:-1]) == "train" for p, _ in corpus.pairs[::97])  # the question is the prompt minus "\n"
+
+
+def test_infill_from_the_builtin_shakespeare():
+    text = "\n\n".join(w["text"] for w in shakespeare_works())
+    got = infill_from_source("shakespeare", "test", 5, hidden=3, seed=1)
+    assert got == infill_examples(text, "test", 5, hidden=3, seed=1)
+    assert all(" ".join(e.text.split()) in " ".join(text.split()) for e in got)
+    with pytest.raises(ValueError, match="holds prompt/completion pairs"):
+        infill_from_source("reasoning-easy", "test")
+
+
+def test_shakespeare_train_holds_no_heldout_window():
+    from setdlm.data.tasks import without_heldout_windows
+
+    text = "\n\n".join(w["text"] for w in shakespeare_works())
+    kept = without_heldout_windows(text)
+    assert infill_examples(kept, "test") == [] and infill_examples(kept, "validation") == []
+    assert set(infill_examples(kept, "train")) <= set(infill_examples(text, "train"))
+    assert len(infill_examples(kept, "train")) > 0.9 * len(infill_examples(text, "train"))
+    flat = " ".join(kept.split())
+    assert not any(e.text in flat for e in infill_examples(text, "test"))
+    corpus = read_source("shakespeare-train")
+    assert corpus.texts == [without_heldout_windows(w["text"]) for w in shakespeare_works()]
