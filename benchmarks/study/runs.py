@@ -3,7 +3,8 @@
 Two datasets, six families each, same backbone size and the same training tokens within a dataset
 (same steps × batch × L): AR, MDLM, BD3LM S=4 and S=8, SetDLM S≤8 (D=4, M=8) and S≤16 (D=8, M=16).
 
-* ``lm``     — the built-in Shakespeare corpus, byte-level BPE (2048), L = 128, d = 192, 4 layers.
+* ``lm``     — the built-in Shakespeare corpus without the paragraphs of held-out infilling windows
+  (``shakespeare-train``), byte-level BPE (2048), L = 128, d = 192, 4 layers.
 * ``reason`` — the built-in arithmetic word problems (medium level), characters, L = 192, d = 128,
   4 layers; prompt = question (context, never in the loss), completion = worked solution + ``#### n``.
 
@@ -26,10 +27,10 @@ COMMON = ["--batch-size", "32", "--lr-schedule", "cosine", "--min-lr-ratio", "0.
           "--log-every", "20"]
 
 DATASETS = {
-    "lm": dict(L=128, steps=1200, args=["--data", "shakespeare", "--tokenizer", "bpe", "--vocab-size", "2048",
+    "lm": dict(L=128, steps=1200, args=["--data", "shakespeare-train", "--tokenizer", "bpe", "--vocab-size", "2048",
                                         "--length", "128", "--hidden-size", "192", "--n-layers", "4",
                                         "--n-heads", "4", "--lr", "1e-3"]),
-    "reason": dict(L=192, steps=1200, args=["--data", "{reason_data}", "--tokenizer", "char", "--length", "192",
+    "reason": dict(L=192, steps=2000, args=["--data", "{reason_data}", "--tokenizer", "char", "--length", "192",
                                             "--hidden-size", "128", "--n-layers", "4", "--n-heads", "4",
                                             "--lr", "2e-3"]),
 }
