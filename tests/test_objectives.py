@@ -174,3 +174,17 @@ def test_general_sets_in_objective(model64):
     logits = model64(ids, torch.tensor([[2, 0, 1]]), fm)
     for slot, p in ((1, 0), (2, 1)):
         assert out.nll[0, p].item() == pytest.approx(-log_probs(logits[0, slot], MASK)[x[p]].item(), rel=1e-9)
+
+
+def test_bd3lm_bound_does_not_force_masks(model64):
+    """Training forces one mask per block; the bound must not (x_t ~ q(x_t|x_0) exactly): with t = 1e-3 in
+    every block almost nothing is masked at evaluation, so the bound's terms are almost all zero."""
+    L, S = 16, 4
+    batch = _batch(B=64, L=L, seed=9)
+    sch = LinearSchedule(L, S)
+    t = torch.full((64, L // S), 1e-3, dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    ev = masked_diffusion_loss(model64, batch, MASK, sch, two_stream=True, train=False, t=t, generator=g)
+    tr = masked_diffusion_loss(model64, batch, MASK, sch, two_stream=True, train=True, t=t, generator=g)
+    assert (ev.nll > 0).sum() <= 5  # Binomial(64·16, 1e-3): a handful at most
+    assert (tr.nll > 0).sum() == 64 * (L // S)  # one forced mask in every block

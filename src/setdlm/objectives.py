@@ -6,7 +6,8 @@ tokens they count, so that a bound over a dataset is ``Σ nll / Σ mask``:
 
 * ``ar``     — exact next-token NLL.
 * ``mdlm``   — train: mean CE over masked tokens; bound: CE/t on masked tokens (1/t NELBO), over targets.
-* ``bd3lm``  — two-stream ``[x0, xt]`` with the block mask, ``t`` per block, ≥1 mask per block; same weights.
+* ``bd3lm``  — two-stream ``[x0, xt]`` with the block mask, ``t`` per block, ≥1 mask per block in training
+  (not in the bound, whose masks must follow ``q(x_t | x_0)``); same weights.
 * ``setdlm`` — two-stream in reveal order, every target masked in the query stream, plain CE (no
   ``α'/(1−α)`` weight, SPEC §2.5, pitfall 1); loss = per-sequence mean, then mean over sequences.
 
@@ -112,7 +113,9 @@ def masked_diffusion_loss(model, batch: Batch, mask_token_id: int, schedule: Lin
     if t is None:
         t = schedule.sample_t(B, eps=eps, antithetic=antithetic, generator=generator, device=x.device)
     if masked is None:
-        masked = schedule.sample_masked(targets, t, generator=generator, at_least_one=two_stream)
+        # BD3LM forces >= 1 mask per block in training only (SPEC §2.8): at evaluation x_t must follow
+        # q(x_t | x_0), else a forced mask at small t gets the weight 1/t and the "bound" is inflated
+        masked = schedule.sample_masked(targets, t, generator=generator, at_least_one=two_stream and train)
     masked = masked & targets
     xt = torch.where(masked, torch.full_like(x, mask_token_id), x)  # (B, L)
     pos = torch.arange(L, device=x.device).expand(B, L)

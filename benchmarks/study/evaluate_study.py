@@ -1,0 +1,171 @@
+"""Evaluate the study's trained models: ``python benchmarks/study/evaluate_study.py [--quick]``.
+
+Every measurement is one JSON line in ``benchmarks/study/results/raw.jsonl`` keyed by (task, run,
+setting); a measurement already there is skipped, so the script resumes where it stopped.
+
+* (a) ``lm``: held-out likelihood bound (``setdlm eval RUN``: the trainer's fixed held-out rows, one order
+  or mask sample per row, SPEC §5.1) and decoding speed: 64 new tokens after 16-token held-out prompts,
+  batch 1, greedy, threshold off, the first ``WARMUP`` prompts excluded (SPEC §4.10).
+* (b) ``reason``: held-out bound of the completions; exact-match accuracy on ``N_REASON`` test problems
+  (decoded in batches) and batch-1 speed on the first ``N_SPEED`` of them, for every confidence threshold
+  (SPEC §5.2: off, .99 ... .6); SetDLM decodes with w = D and reveal-time cache order, BD3LM with its S,
+  MDLM with sub-blocks of 32; AR once.
+* (c) ``infill``: the LM models fill the middle sentence of 5-sentence held-out Shakespeare windows with
+  the oracle length (greedy, threshold off, repetition penalty 1.2, SPEC §5.4); SetDLM with w = M;
+  AR sees only the prefix. ROUGE-1/2/L and batch-1 speed.
+
+Speed is wall-clock on this machine with nothing else running (run it after the training has finished).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from runs import FAMILIES  # noqa: E402
+
+import setdlm  # noqa: E402
+from setdlm import evaluate  # noqa: E402
+from setdlm.bench import THRESHOLDS  # noqa: E402
+from setdlm.data.tasks import infill_from_source, reasoning_split  # noqa: E402
+
+RUNS = Path("runs/study")
+OUT = Path(__file__).parent / "results"
+N_REASON, N_SPEED, WARMUP = 500, 60, 10
+LM_PROMPT, LM_NEW, LM_PROMPTS = 16, 64, 50
+
+
+def load_done() -> set:
+    raw = OUT / "raw.jsonl"
+    if not raw.exists():
+        return set()
+    return {(r["task"], r["run"], r["setting"]) for r in map(json.loads, raw.read_text().splitlines())}
+
+
+def record(row: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    with open(OUT / "raw.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(f"[eval] {row['task']:6s} {row['run']:22s} {row['setting']:12s} "
+          + " ".join(f"{k}={v:.4g}" for k, v in row.items() if isinstance(v, float)), flush=True)
+
+
+def bound(run: str) -> dict:
+    """The held-out bound through the CLI (the same rows and seed as the trainer's evaluation)."""
+    out = subprocess.run(["setdlm", "eval", str(RUNS / run)], check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def decode_kwargs(model, task: str, tau) -> dict:
+    fam = model.family
+    kw = {} if tau is None else {"threshold": tau}
+    if fam.family == "mdlm":
+        kw["block_size"] = 32
+    if fam.family == "setdlm":
+        kw["window"] = fam.M if task == "infill" else fam.D
+        if task == "reason":
+            kw["cache_order"] = "reveal"
+    return kw
+
+
+def speed_row(stats) -> dict:
+    return {"tok_s": stats.mean, "tok_s_std": stats.std, "tok_s_aggregate": stats.aggregate,
+            "nfe_per_example": stats.nfe / stats.calls if stats.nfe is not None else None,
+            "tokens_per_example": stats.tokens / stats.calls,
+            "tokens_per_step": stats.tokens_per_step}
+
+
+def eval_lm(run: str, done: set, quick: bool) -> None:
+    model = setdlm.load(RUNS / run)
+    if ("lm", run, "bound") not in done:
+        b = bound(run)
+        record({"task": "lm", "run": run, "setting": "bound", "family": model.family.family, "nelbo": b["nelbo"],
+                "ppl": b["ppl"], "tokens": b["tokens"]})
+    if ("lm", run, "speed") not in done:
+        from setdlm.train import heldout_of
+        from setdlm.checkpoint import read_config
+
+        rows = heldout_of(read_config(RUNS / run)["training"], model.tokenizer)
+        n = 12 if quick else LM_PROMPTS
+        prompts = [rows.input_ids[i, :LM_PROMPT].tolist() for i in range(n)]
+        st = evaluate.throughput(model, prompts, warmup=2 if quick else WARMUP, max_new_tokens=LM_NEW,
+                                 ignore_eos=True, progress=False, **decode_kwargs(model, "lm", None))
+        record({"task": "lm", "run": run, "setting": "speed", "family": model.family.family, **speed_row(st)})
+
+
+def eval_reason(run: str, done: set, quick: bool) -> None:
+    model = setdlm.load(RUNS / run)
+    if ("reason", run, "bound") not in done:
+        b = bound(run)
+        record({"task": "reason", "run": run, "setting": "bound", "family": model.family.family,
+                "nelbo": b["nelbo"], "ppl": b["ppl"], "tokens": b["tokens"]})
+    problems = reasoning_split("test", 40 if quick else N_REASON, level="medium", seed=0)
+    taus = [None] if model.family.family == "ar" else (THRESHOLDS[:2] if quick else THRESHOLDS)
+    for tau in taus:
+        setting = "off" if tau is None else f"tau={tau}"
+        if ("reason", run, setting) in done:
+            continue
+        kw = decode_kwargs(model, "reason", tau)
+        acc = evaluate.reasoning(model, problems, batch_size=50, progress=False, **kw)
+        st = evaluate.throughput(model, problems[: (14 if quick else N_SPEED)], warmup=2 if quick else WARMUP,
+                                 progress=False, **kw)
+        record({"task": "reason", "run": run, "setting": setting, "family": model.family.family,
+                "threshold": tau, "accuracy": acc.accuracy, "n": len(problems),
+                "tokens_per_step_acc": acc.run.tokens_per_step, **speed_row(st)})
+
+
+def infill_examples(models, quick: bool):
+    """Held-out 5-sentence windows (validation and test splits) that fit every LM model."""
+    ex = []
+    for split in ("validation", "test"):
+        ex += infill_from_source("shakespeare", split, sentences=5, hidden=1, seed=0)
+    ok = [e for e in ex if all(evaluate.fits(m, e) for m in models)]
+    return ok[:12] if quick else ok
+
+
+def eval_infill(runs: list[str], done: set, quick: bool) -> None:
+    models = {r: setdlm.load(RUNS / r) for r in runs}
+    examples = infill_examples(list(models.values()), quick)
+    for run, model in models.items():
+        if ("infill", run, "off") in done:
+            continue
+        kw = decode_kwargs(model, "infill", None)
+        res = evaluate.infill(model, examples, batch_size=16, repetition_penalty=1.2, progress=False, **kw)
+        st = evaluate.throughput(model, examples, warmup=2 if quick else WARMUP, repetition_penalty=1.2,
+                                 progress=False, **kw)
+        record({"task": "infill", "run": run, "setting": "off", "family": model.family.family,
+                "rouge1": res.rouge1, "rouge2": res.rouge2, "rougeL": res.rougeL, "n": len(examples),
+                **speed_row(st)})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a few examples per point (smoke test)")
+    ap.add_argument("--tasks", nargs="*", default=["lm", "reason", "infill"])
+    args = ap.parse_args()
+    if args.quick:
+        global OUT
+        OUT = OUT.parent / "results-quick"
+    torch.manual_seed(0)
+    done = load_done()
+    t0 = time.time()
+    for task in args.tasks:
+        names = [f"{'reason' if task == 'reason' else 'lm'}-{f}" for f in FAMILIES]
+        names = [n for n in names if (RUNS / n / "latest").exists()]
+        if task == "infill":
+            eval_infill(names, done, args.quick)
+            continue
+        for name in names:
+            (eval_lm if task == "lm" else eval_reason)(name, done, args.quick)
+    print(f"[eval] done in {time.time() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
