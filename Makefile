@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 EXTRAS ?= test
 
-.PHONY: install test test-slow clean
+.PHONY: install test test-slow demo clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,14 @@ install: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+# the shipped models at work, offline (needs the `plot` extra for the PNG)
+$(VENV)/.demo-installed: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[plot,eval]"
+	touch $@
+
+demo: $(VENV)/.demo-installed
+	$(PY) -m setdlm demo
 
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest -q -m slow

@@ -349,6 +349,11 @@ def locate(path: str | Path, *, revision: str | None = None, ema: bool = False) 
     from .hub import is_hub_id, snapshot_checkpoint
 
     p = Path(path).expanduser()
+    if not p.exists():
+        from . import pretrained
+
+        if str(path) in pretrained.available():  # a shipped model, by name
+            return pretrained.path(str(path))
     if not p.exists() and is_hub_id(str(path)):
         return snapshot_checkpoint(str(path), revision=revision, ema=ema)
     return resolve(p)
@@ -367,12 +372,14 @@ def load(path: str | Path, *, ema: bool = False, family: str | None = None, devi
          dtype: torch.dtype | None = None, revision: str | None = None, **reference) -> Model:
     """A ready :class:`~setdlm.lm.Model` (backbone, family, tokenizer) in eval mode.
 
-    ``path``: a checkpoint folder, a training run folder (its latest checkpoint), or a Hugging Face Hub id
+    ``path``: a checkpoint folder, a training run folder (its latest checkpoint), the name of a shipped model
+    (:mod:`setdlm.pretrained`), or a Hugging Face Hub id
     ``"user/repo"`` (downloaded into the HF cache; needs ``huggingface_hub`` and network, unless already
     cached). A folder or Hub id in the paper authors' layout is detected and converted on the fly
     (:func:`setdlm.convert.load_reference_model`; ``reference`` keywords such as ``tokenizer=``, ``D=``,
     ``base=`` go there). ``ema=True`` loads the EMA weights. ``family``: the family you expect (an error
-    otherwise). ``dtype``: cast the weights. ``revision``: a Hub branch, tag or commit.
+    otherwise). ``dtype``: cast the weights (weights stored in bf16/fp16 load as float32 unless given).
+    ``revision``: a Hub branch, tag or commit.
     """
     folder = locate(path, revision=revision, ema=ema)
     if not is_checkpoint(folder):
@@ -399,6 +406,8 @@ def load(path: str | Path, *, ema: bool = False, family: str | None = None, devi
     saved = sd[next(iter(sd))].dtype
     backbone.to(saved)
     load_weights(backbone, sd)
+    if dtype is None and saved in (torch.bfloat16, torch.float16):
+        dtype = torch.float32  # half-precision storage is for size (the shipped models): compute in float32
     backbone.to(device=device, dtype=dtype)
     return Model(backbone, fam, tok).eval()
 

@@ -10,6 +10,7 @@ Every subcommand is registered in ``COMMANDS`` below; ``setdlm --help`` lists th
 * ``infill``   — :func:`setdlm.decoding.infill`
 * ``schedule`` — print the position-offset schedule for (L, D, M)
 * ``convert``  — :func:`setdlm.convert.convert_reference`: the authors' checkpoints → a setdlm checkpoint
+* ``demo``     — :func:`setdlm.demo.run_demo`: the shipped models at work (what `make demo` runs)
 
 Bad arguments print a one-line error naming the bad value and exit with code 2; nothing is written then.
 """
@@ -414,7 +415,9 @@ _DECODE_FLAGS = {
 
 
 def _add_decoding_flags(p) -> None:
-    p.add_argument("checkpoint", help="checkpoint folder or training run folder")
+    p.add_argument("checkpoint", nargs="?", default=None,
+                   help="checkpoint folder, training run folder or shipped model name "
+                        "(default: the shipped shakespeare-setdlm-smax8)")
     p.add_argument("--window", type=int, default=None, help="setdlm: sliding window w (default D)")
     p.add_argument("--block-size", type=int, default=None, help="bd3lm/mdlm: block size")
     p.add_argument("--threshold", type=float, default=None, help="also commit tokens with probability >= this")
@@ -490,7 +493,7 @@ def _generate(args) -> int:
         raise ValueError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
     _check_ranges(args)
     prompts = _read_prompts(args)
-    model = load(args.checkpoint, ema=args.ema, device=args.device)
+    model = load(args.checkpoint or pretrained_default(), ema=args.ema, device=args.device)
     kw = _decoding_kwargs(args, model.family.family)
     L = model.family.length
     for i, p in enumerate(prompts):
@@ -499,7 +502,8 @@ def _generate(args) -> int:
             raise ValueError(f"prompt {i} is {n} tokens long, which leaves no room in the context length L={L}")
     from .decoding import generate
 
-    out = generate(model, prompts, max_new_tokens=args.max_new_tokens, stop=args.stop or None, seed=args.seed, **kw)
+    out = generate(model, prompts, max_new_tokens=args.max_new_tokens, stop=args.stop or None, seed=args.seed,
+                   ignore_eos=args.ignore_eos, **kw)
     rows = [{"prompt": p, "text": t, "tokens": [int(x) for x in ids]} for p, t, ids in zip(prompts, out.texts, out.tokens)]
     return _report(out, rows, args)
 
@@ -511,6 +515,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--input", default=None, help="prompts, one per line (or .jsonl with 'prompt'); - for stdin")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt")
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS: always max-new-tokens")
     p.set_defaults(func=_generate)
 
 
@@ -540,7 +545,7 @@ def _infill(args) -> int:
 
     _check_ranges(args)
     rows = _read_infill(args)
-    model = load(args.checkpoint, ema=args.ema, device=args.device)
+    model = load(args.checkpoint or pretrained_default(), ema=args.ema, device=args.device)
     kw = _decoding_kwargs(args, model.family.family)
     L = model.family.length
     for i, (pre, suf, n) in enumerate(rows):
@@ -610,7 +615,33 @@ def _add_convert(sub) -> None:
     p.set_defaults(func=_convert)
 
 
-COMMANDS = [_add_train, _add_eval, _add_bench, _add_generate, _add_infill, _add_schedule, _add_convert]
+def pretrained_default() -> str:
+    """The shipped SetDLM model's folder (generate/infill without a checkpoint)."""
+    from .pretrained import DEFAULT, path
+
+    return str(path(DEFAULT))
+
+
+def _demo(args) -> int:
+    """Show the shipped models: Shakespeare, an infilled line, a solved problem, a live speed table, a plot."""
+    from .demo import run_demo
+
+    run_demo(args.models, out=args.out, n=args.n, max_new_tokens=args.max_new_tokens, progress=not args.quiet)
+    return 0
+
+
+def _add_demo(sub) -> None:
+    p = sub.add_parser("demo", help=_demo.__doc__.splitlines()[0], description=_demo.__doc__)
+    p.add_argument("--models", default=None, help="folder of checkpoints named like the shipped ones "
+                   "(default: the shipped models)")
+    p.add_argument("--out", default="demo", help="folder for the plot (default: demo)")
+    p.add_argument("--n", type=int, default=24, help="problems in the live table (default 24)")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="length of the Shakespeare continuation")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_demo)
+
+
+COMMANDS = [_add_train, _add_eval, _add_bench, _add_generate, _add_infill, _add_schedule, _add_convert, _add_demo]
 
 
 def build_parser() -> argparse.ArgumentParser:
