@@ -1,34 +1,44 @@
-# `make test` is the one command CI runs (.ci/run). Each target creates .venv when missing.
+# `make test` is the one command CI runs (.ci/run); `make demo` shows the shipped models. Each target
+# creates .venv when missing and installs what it needs (stamps in .venv record what is installed).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # On these machines the CPU wheel of torch 2.13.0 lies on disk; elsewhere override, e.g. TORCH=torch
 TORCH ?= torch==2.13.0
-EXTRAS ?= test
 
-.PHONY: install test test-slow demo clean
+.PHONY: install test test-slow demo study clean
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.base: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	$(PY) -m pip install -q -e .
 	touch $@
 
-install: $(VENV)/.installed
+$(VENV)/.test: $(VENV)/.base
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
 
-test: $(VENV)/.installed
-	$(PY) -m pytest -q
-
-# the shipped models at work, offline (needs the `plot` extra for the PNG)
-$(VENV)/.demo-installed: $(VENV)/.installed
+$(VENV)/.demo: $(VENV)/.base
 	$(PY) -m pip install -q -e ".[plot,eval]"
 	touch $@
 
-demo: $(VENV)/.demo-installed
+install: $(VENV)/.base
+
+test: $(VENV)/.test
+	$(PY) -m pytest -q
+
+test-slow: $(VENV)/.test
+	$(PY) -m pytest -q -m slow
+
+# the shipped models at work, offline, in a few minutes on a CPU
+demo: $(VENV)/.demo
 	$(PY) -m setdlm demo
 
-test-slow: $(VENV)/.installed
-	$(PY) -m pytest -q -m slow
+# the reproduction study (hours on a CPU; resumable): train, evaluate, write the report
+study: $(VENV)/.demo
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/study.py train
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/evaluate_study.py
+	$(PY) benchmarks/study/report.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
