@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from runs import FAMILIES  # noqa: E402
+from runs import ADAPT, FAMILIES  # noqa: E402
 
 import setdlm  # noqa: E402
 from setdlm import evaluate  # noqa: E402
@@ -158,6 +158,7 @@ def main() -> None:
     t0 = time.time()
     for task in args.tasks:
         names = [f"{'reason' if task == 'reason' else 'lm'}-{f}" for f in FAMILIES]
+        names += [f"reason-{f}" for f in ADAPT] if task == "reason" else []
         names = [n for n in names if (RUNS / n / "latest").exists()]
         if task == "infill":
             eval_infill(names, done, args.quick)

@@ -11,7 +11,8 @@ from pathlib import Path
 HERE = Path(__file__).parent
 RAW = HERE / "results" / "raw.jsonl"
 LABEL = {"ar": "AR", "mdlm": "MDLM", "bd3lm-s4": "BD3LM S=4", "bd3lm-s8": "BD3LM S=8",
-         "setdlm-smax8": "SetDLM S≤8 (D=4, M=8)", "setdlm-smax16": "SetDLM S≤16 (D=8, M=16)"}
+         "setdlm-smax8": "SetDLM S≤8 (D=4, M=8)", "setdlm-smax16": "SetDLM S≤16 (D=8, M=16)",
+         "setdlm-smax8-from-ar": "SetDLM S≤8 adapted from AR (+400 steps)"}
 ORDER = list(LABEL)
 # the paper's numbers (RESULTS.md): LM1B Table 9 (PPL, tok/s), GSM8K Table 1 (PPL, pass@1, tok/s),
 # ROCStories Table 2 infill 1/5 (R-1/R-2/R-L, tok/s); "—" where the paper has no such model
@@ -20,7 +21,8 @@ PAPER_LM1B = {"ar": ("22.83", "120.1"), "mdlm": ("≤ 31.78", "≥ 37.7"), "bd3l
               "setdlm-smax16": ("≤ 29.90", "≥ 96.7")}
 PAPER_GSM8K = {"ar": ("1.25", "75.74", "67.16"), "mdlm": ("≤ 2.10", "6.37", "≥ 24.48"),
                "bd3lm-s4": ("≤ 1.41", "63.53", "≥ 55.39"), "bd3lm-s8": ("≤ 1.53", "56.94", "≥ 54.67"),
-               "setdlm-smax8": ("≤ 1.42", "66.41", "≥ 60.42"), "setdlm-smax16": ("≤ 1.50", "63.91", "≥ 56.50")}
+               "setdlm-smax8": ("≤ 1.42", "66.41", "≥ 60.42"), "setdlm-smax16": ("≤ 1.50", "63.91", "≥ 56.50"),
+               "setdlm-smax8-from-ar": ("—", "—", "—")}
 PAPER_INFILL = {"ar": ("8.2 / 0.5 / 7.6", "159.7"), "mdlm": ("14.5 / 1.6 / 13.3", "≥ 71.9"),
                 "bd3lm-s4": ("9.2 / 0.6 / 8.6 (S=16)", "≥ 105.8 (S=16)"), "bd3lm-s8": ("", ""),
                 "setdlm-smax8": ("11.6 / 1.0 / 10.9 (S≤32)", "≥ 132.0 (S≤32)"), "setdlm-smax16": ("", "")}

@@ -13,6 +13,8 @@ Every run is one ``setdlm train`` command (printed by ``python benchmarks/study/
 
 from __future__ import annotations
 
+from pathlib import Path
+
 FAMILIES = {  # name -> family flags
     "ar": ["--family", "ar"],
     "mdlm": ["--family", "mdlm", "--block-size", "{L}"],
@@ -35,12 +37,29 @@ DATASETS = {
                                             "--lr", "2e-3"]),
 }
 
+# AR-to-SetDLM adaptation (issue: start from the AR checkpoint our trainer produced, fine-tune it as a
+# SetDLM S<=8 for a short budget): architecture and tokenizer come from the AR run
+ADAPT = {"setdlm-smax8-from-ar": dict(init="ar", steps=400, args=["--family", "setdlm", "--D", "4", "--M", "8",
+                                                                 "--lr", "5e-4", "--warmup", "20"])}
+
 # training order: the AR reasoning model first (its accuracy decides whether the level is right)
-ORDER = [("reason", "ar"), ("lm", "ar")] + [(d, f) for d in ("reason", "lm") for f in FAMILIES if f != "ar"]
+ORDER = [("reason", "ar"), ("lm", "ar")] + [(d, f) for d in ("reason", "lm") for f in FAMILIES if f != "ar"] \
+    + [("reason", "setdlm-smax8-from-ar")]
+
+
+def steps_of(dataset: str, family: str) -> int:
+    return ADAPT[family]["steps"] if family in ADAPT else DATASETS[dataset]["steps"]
 
 
 def train_command(dataset: str, family: str, out: str, reason_data: str) -> list[str]:
     spec = DATASETS[dataset]
+    if family in ADAPT:
+        a = ADAPT[family]
+        init = str(Path(out).parent / f"{dataset}-{a['init']}")  # the AR run of the same dataset
+        data = ["--data", reason_data if dataset == "reason" else "shakespeare-train", "--length", str(spec["L"])]
+        common = [x for x in COMMON if x not in ("--warmup", "100")]
+        return ["setdlm", "train", "--out", out, "--init-from", init, *data, *a["args"], "--steps", str(a["steps"]),
+                *common]
     fam = [a.format(L=spec["L"]) for a in FAMILIES[family]]
     data = [a.format(reason_data=reason_data) for a in spec["args"]]
     return ["setdlm", "train", "--out", out, *data, *fam, "--steps", str(spec["steps"]), *COMMON]

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from runs import DATASETS, ORDER, train_command  # noqa: E402
+from runs import ORDER, steps_of, train_command  # noqa: E402
 
 ROOT = Path("runs/study")
 
@@ -45,7 +45,7 @@ def train(only: list[str] | None) -> None:
         if only and name not in only:
             continue
         out = ROOT / name
-        steps = DATASETS[dataset]["steps"]
+        steps = steps_of(dataset, family)
         if finished(out, steps):
             print(f"[study] {name}: done", flush=True)
             continue
