@@ -240,13 +240,21 @@ def _check_task_flags(args) -> None:
                 raise ValueError(f"--{name} applies to generated problems; --data {args.data} is a GSM8K file")
 
 
+def _training_args(path: str) -> dict:
+    """The training arguments a checkpoint recorded ({} for one that has none, e.g. the authors' layout)."""
+    from .checkpoint import is_checkpoint, locate, read_config
+
+    folder = locate(path)
+    return (read_config(folder).get("training") or {}) if is_checkpoint(folder) else {}
+
+
 def _eval(args) -> int:
     """Evaluate a checkpoint: likelihood bound, reasoning accuracy or infilling ROUGE (JSON on stdout)."""
-    from .checkpoint import load, read_config, resolve
+    from .checkpoint import load
 
     _check_task_flags(args)
     model = load(args.checkpoint, ema=args.ema, device=args.device)
-    training = read_config(resolve(args.checkpoint)).get("training") or {}
+    training = _training_args(args.checkpoint)
     result = EVALUATIONS[args.task](model, args, training)
     line = json.dumps(result)
     if args.output:
@@ -336,7 +344,7 @@ def _labels(paths: list[str]) -> list[str]:
 def _bench(args) -> int:
     """Sweep decoding settings over checkpoints: Markdown table, Pareto plot (PNG) and raw numbers (JSON)."""
     from . import bench
-    from .checkpoint import load, read_config, resolve
+    from .checkpoint import load
 
     _check_task_flags(args)
     if args.task == "likelihood" and (args.thresholds or args.windows or args.batch_sizes or args.warmup is not None):
@@ -351,7 +359,7 @@ def _bench(args) -> int:
     if args.task == "likelihood":
         points = []
         for c, label, model in zip(args.checkpoints, labels, models):
-            training = read_config(resolve(c)).get("training") or {}
+            training = _training_args(c)
             points.append(bench.likelihood_point(label, model, _eval_likelihood(model, args, training)))
         meta["data"] = args.data or "each run's held-out rows"
     else:
