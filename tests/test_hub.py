@@ -81,6 +81,11 @@ def test_model_card(tmp_path):
         bench_table([1, 2])
     cfg = json.loads((tmp_path / "ck" / "config.json").read_text())
     assert model_card(cfg, repo_id="me/tiny").split("\n# ")[1].startswith("me/tiny")
+    # a model trained here records its command; a converted one where it came from
+    made = model_card({**cfg, "source": {"name": "study run x", "command": "setdlm train --out x"}})
+    assert "| made by | study run x: `setdlm train --out x` |" in made and "converted from" not in made
+    conv = model_card({**cfg, "source": {"name": "kuleshov-group/a", "layout": "reference"}})
+    assert "| converted from | kuleshov-group/a (reference) |" in conv
 
 
 def _cache_repo(cache, repo_id: str, folder) -> None:

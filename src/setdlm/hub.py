@@ -180,7 +180,9 @@ def model_card(config: Mapping, *, bench=None, repo_id: str | None = None) -> st
                      f"| tokenizer | {tok.get('kind', '?')}, {tok.get('vocab_size', '?')} tokens, MASK id "
                      f"{fam['mask_token_id']} |", f"| weights | {config.get('dtype', '?')}"
                      f"{', EMA weights included' if config.get('ema') else ''} |"]
-    if source:
+    if source.get("command"):  # trained here: the command that reproduces it
+        lines.append(f"| made by | {source.get('name', '?')}: `{source['command']}` |")
+    elif source:
         lines.append(f"| converted from | {source.get('name', '?')} ({source.get('layout', '?')}) |")
     if training:
         lines += ["", "## Training", "", "| argument | value |", "|---|---|"]
