@@ -14,7 +14,8 @@ setting); a measurement already there is skipped, so the script resumes where it
   the oracle length (greedy, threshold off, repetition penalty 1.2, SPEC §5.4); SetDLM with w = M;
   AR sees only the prefix. ROUGE-1/2/L and batch-1 speed.
 
-Speed is wall-clock on this machine with nothing else running (run it after the training has finished).
+Speed is the CPU time of this process with one torch thread (``clock="cpu"``): the machine's two cores
+were shared with the study's training runs while it ran, and CPU time is what does not depend on that.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from runs import ADAPT, FAMILIES  # noqa: E402
+from runs import ADAPT, FAMILIES, steps_of  # noqa: E402
 
 import setdlm  # noqa: E402
 from setdlm import evaluate  # noqa: E402
@@ -38,7 +39,8 @@ from setdlm.data.tasks import infill_from_source, reasoning_split  # noqa: E402
 
 RUNS = Path("runs/study")
 OUT = Path(__file__).parent / "results"
-N_REASON, N_SPEED, WARMUP = 500, 60, 10
+N_REASON, N_SPEED, WARMUP = 300, 40, 5
+CLOCK = "cpu"
 LM_PROMPT, LM_NEW, LM_PROMPTS = 16, 64, 50
 
 
@@ -96,7 +98,7 @@ def eval_lm(run: str, done: set, quick: bool) -> None:
         n = 12 if quick else LM_PROMPTS
         prompts = [rows.input_ids[i, :LM_PROMPT].tolist() for i in range(n)]
         st = evaluate.throughput(model, prompts, warmup=2 if quick else WARMUP, max_new_tokens=LM_NEW,
-                                 ignore_eos=True, progress=False, **decode_kwargs(model, "lm", None))
+                                 ignore_eos=True, progress=False, clock=CLOCK, **decode_kwargs(model, "lm", None))
         record({"task": "lm", "run": run, "setting": "speed", "family": model.family.family, **speed_row(st)})
 
 
@@ -115,7 +117,7 @@ def eval_reason(run: str, done: set, quick: bool) -> None:
         kw = decode_kwargs(model, "reason", tau)
         acc = evaluate.reasoning(model, problems, batch_size=50, progress=False, **kw)
         st = evaluate.throughput(model, problems[: (14 if quick else N_SPEED)], warmup=2 if quick else WARMUP,
-                                 progress=False, **kw)
+                                 progress=False, clock=CLOCK, **kw)
         record({"task": "reason", "run": run, "setting": setting, "family": model.family.family,
                 "threshold": tau, "accuracy": acc.accuracy, "n": len(problems),
                 "tokens_per_step_acc": acc.run.tokens_per_step, **speed_row(st)})
@@ -139,7 +141,7 @@ def eval_infill(runs: list[str], done: set, quick: bool) -> None:
         kw = decode_kwargs(model, "infill", None)
         res = evaluate.infill(model, examples, batch_size=16, repetition_penalty=1.2, progress=False, **kw)
         st = evaluate.throughput(model, examples, warmup=2 if quick else WARMUP, repetition_penalty=1.2,
-                                 progress=False, **kw)
+                                 progress=False, clock=CLOCK, **kw)
         record({"task": "infill", "run": run, "setting": "off", "family": model.family.family,
                 "rouge1": res.rouge1, "rouge2": res.rouge2, "rougeL": res.rougeL, "n": len(examples),
                 **speed_row(st)})
@@ -154,12 +156,14 @@ def main() -> None:
         global OUT
         OUT = OUT.parent / "results-quick"
     torch.manual_seed(0)
+    torch.set_num_threads(1)
     done = load_done()
     t0 = time.time()
     for task in args.tasks:
         names = [f"{'reason' if task == 'reason' else 'lm'}-{f}" for f in FAMILIES]
         names += [f"reason-{f}" for f in ADAPT] if task == "reason" else []
-        names = [n for n in names if (RUNS / n / "latest").exists()]
+        # only finished runs (the final checkpoint exists), so this can run beside the training
+        names = [n for n in names if (RUNS / n / "checkpoints" / f"step-{steps_of(*n.split('-', 1)):08d}").is_dir()]
         if task == "infill":
             eval_infill(names, done, args.quick)
             continue

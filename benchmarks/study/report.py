@@ -12,7 +12,7 @@ HERE = Path(__file__).parent
 RAW = HERE / "results" / "raw.jsonl"
 LABEL = {"ar": "AR", "mdlm": "MDLM", "bd3lm-s4": "BD3LM S=4", "bd3lm-s8": "BD3LM S=8",
          "setdlm-smax8": "SetDLM S≤8 (D=4, M=8)", "setdlm-smax16": "SetDLM S≤16 (D=8, M=16)",
-         "setdlm-smax8-from-ar": "SetDLM S≤8 adapted from AR (+400 steps)"}
+         "setdlm-smax8-from-ar": "SetDLM S≤8 adapted from AR (+300 steps)"}
 ORDER = list(LABEL)
 # the paper's numbers (RESULTS.md): LM1B Table 9 (PPL, tok/s), GSM8K Table 1 (PPL, pass@1, tok/s),
 # ROCStories Table 2 infill 1/5 (R-1/R-2/R-L, tok/s); "—" where the paper has no such model

@@ -25,21 +25,21 @@ FAMILIES = {  # name -> family flags
 }
 
 COMMON = ["--batch-size", "32", "--lr-schedule", "cosine", "--min-lr-ratio", "0.1", "--warmup", "100",
-          "--bf16", "--seed", "0", "--save-every", "200", "--eval-every", "400", "--eval-max", "512",
+          "--bf16", "--seed", "0", "--save-every", "100", "--eval-every", "300", "--eval-max", "512",
           "--log-every", "20"]
 
 DATASETS = {
-    "lm": dict(L=128, steps=1200, args=["--data", "shakespeare-train", "--tokenizer", "bpe", "--vocab-size", "2048",
+    "lm": dict(L=128, steps=600, args=["--data", "shakespeare-train", "--tokenizer", "bpe", "--vocab-size", "2048",
                                         "--length", "128", "--hidden-size", "192", "--n-layers", "4",
                                         "--n-heads", "4", "--lr", "1e-3"]),
-    "reason": dict(L=192, steps=2000, args=["--data", "{reason_data}", "--tokenizer", "char", "--length", "192",
+    "reason": dict(L=192, steps=1500, args=["--data", "{reason_data}", "--tokenizer", "char", "--length", "192",
                                             "--hidden-size", "128", "--n-layers", "4", "--n-heads", "4",
                                             "--lr", "2e-3"]),
 }
 
 # AR-to-SetDLM adaptation (issue: start from the AR checkpoint our trainer produced, fine-tune it as a
 # SetDLM S<=8 for a short budget): architecture and tokenizer come from the AR run
-ADAPT = {"setdlm-smax8-from-ar": dict(init="ar", steps=400, args=["--family", "setdlm", "--D", "4", "--M", "8",
+ADAPT = {"setdlm-smax8-from-ar": dict(init="ar", steps=300, args=["--family", "setdlm", "--D", "4", "--M", "8",
                                                                  "--lr", "5e-4", "--warmup", "20"])}
 
 # training order: the AR reasoning model first (its accuracy decides whether the level is right)
