@@ -112,7 +112,7 @@ def plot(rows, path: Path) -> None:
         style = "-o" if f.startswith("setdlm") else ("--s" if f.startswith("bd3lm") else "*")
         ax.plot([r["tok_s"] for r in pts], [100 * r["accuracy"] for r in pts], style, label=LABEL[f],
                 markersize=9 if f == "ar" else 4)
-    ax.set_xlabel("tokens/s (batch 1, mean per problem, CPU)")
+    ax.set_xlabel("tokens per CPU-second (batch 1, one thread, mean per problem)")
     ax.set_ylabel("exact-match accuracy (%)")
     ax.set_title("Arithmetic word problems (medium): accuracy vs speed over the threshold sweep")
     ax.grid(alpha=0.3)

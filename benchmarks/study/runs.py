@@ -57,7 +57,8 @@ def train_command(dataset: str, family: str, out: str, reason_data: str) -> list
         a = ADAPT[family]
         init = str(Path(out).parent / f"{dataset}-{a['init']}")  # the AR run of the same dataset
         data = ["--data", reason_data if dataset == "reason" else "shakespeare-train", "--length", str(spec["L"])]
-        common = [x for x in COMMON if x not in ("--warmup", "100")]
+        i = COMMON.index("--warmup")
+        common = COMMON[:i] + COMMON[i + 2:]  # the adaptation sets its own warmup
         return ["setdlm", "train", "--out", out, "--init-from", init, *data, *a["args"], "--steps", str(a["steps"]),
                 *common]
     fam = [a.format(L=spec["L"]) for a in FAMILIES[family]]
