@@ -91,15 +91,20 @@ def eval_lm(run: str, done: set, quick: bool) -> None:
         record({"task": "lm", "run": run, "setting": "bound", "family": model.family.family, "nelbo": b["nelbo"],
                 "ppl": b["ppl"], "tokens": b["tokens"]})
     if ("lm", run, "speed") not in done:
-        from setdlm.train import heldout_of
-        from setdlm.checkpoint import read_config
+        record({"task": "lm", "run": run, "setting": "speed", "family": model.family.family,
+                **lm_speed(run, model, quick)})
 
-        rows = heldout_of(read_config(RUNS / run)["training"], model.tokenizer)
-        n = 12 if quick else LM_PROMPTS
-        prompts = [rows.input_ids[i, :LM_PROMPT].tolist() for i in range(n)]
-        st = evaluate.throughput(model, prompts, warmup=2 if quick else WARMUP, max_new_tokens=LM_NEW,
-                                 ignore_eos=True, progress=False, clock=CLOCK, **decode_kwargs(model, "lm", None))
-        record({"task": "lm", "run": run, "setting": "speed", "family": model.family.family, **speed_row(st)})
+
+def lm_speed(run: str, model, quick: bool) -> dict:
+    from setdlm.checkpoint import read_config
+    from setdlm.train import heldout_of
+
+    rows = heldout_of(read_config(RUNS / run)["training"], model.tokenizer)
+    n = 12 if quick else LM_PROMPTS
+    prompts = [rows.input_ids[i, :LM_PROMPT].tolist() for i in range(n)]
+    st = evaluate.throughput(model, prompts, warmup=2 if quick else WARMUP, max_new_tokens=LM_NEW,
+                             ignore_eos=True, progress=False, clock=CLOCK, **decode_kwargs(model, "lm", None))
+    return speed_row(st)
 
 
 def eval_reason(run: str, done: set, quick: bool) -> None:
@@ -116,11 +121,16 @@ def eval_reason(run: str, done: set, quick: bool) -> None:
             continue
         kw = decode_kwargs(model, "reason", tau)
         acc = evaluate.reasoning(model, problems, batch_size=50, progress=False, **kw)
-        st = evaluate.throughput(model, problems[: (14 if quick else N_SPEED)], warmup=2 if quick else WARMUP,
-                                 progress=False, clock=CLOCK, **kw)
         record({"task": "reason", "run": run, "setting": setting, "family": model.family.family,
                 "threshold": tau, "accuracy": acc.accuracy, "n": len(problems),
-                "tokens_per_step_acc": acc.run.tokens_per_step, **speed_row(st)})
+                "tokens_per_step_acc": acc.run.tokens_per_step, **reason_speed(model, tau, quick)})
+
+
+def reason_speed(model, tau, quick: bool) -> dict:
+    problems = reasoning_split("test", 14 if quick else N_SPEED, level="medium", seed=0)
+    st = evaluate.throughput(model, problems, warmup=2 if quick else WARMUP, progress=False, clock=CLOCK,
+                             **decode_kwargs(model, "reason", tau))
+    return speed_row(st)
 
 
 def infill_examples(models, quick: bool):
@@ -140,23 +150,57 @@ def eval_infill(runs: list[str], done: set, quick: bool) -> None:
             continue
         kw = decode_kwargs(model, "infill", None)
         res = evaluate.infill(model, examples, batch_size=16, repetition_penalty=1.2, progress=False, **kw)
-        st = evaluate.throughput(model, examples, warmup=2 if quick else WARMUP, repetition_penalty=1.2,
-                                 progress=False, clock=CLOCK, **kw)
         record({"task": "infill", "run": run, "setting": "off", "family": model.family.family,
                 "rouge1": res.rouge1, "rouge2": res.rouge2, "rougeL": res.rougeL, "n": len(examples),
-                **speed_row(st)})
+                **infill_speed(model, examples, quick)})
+
+
+def infill_speed(model, examples, quick: bool) -> dict:
+    st = evaluate.throughput(model, examples, warmup=2 if quick else WARMUP, repetition_penalty=1.2,
+                             progress=False, clock=CLOCK, **decode_kwargs(model, "infill", None))
+    return speed_row(st)
+
+
+def respeed(quick: bool) -> None:
+    """Measure every speed in raw.jsonl again (nothing else running) and rewrite the file atomically:
+    qualities stay, the speed fields are replaced and the row is marked ``"speed": "idle"``."""
+    from tqdm import tqdm
+
+    raw = OUT / "raw.jsonl"
+    rows = [json.loads(line) for line in raw.read_text().splitlines()]
+    infill_runs = [r["run"] for r in rows if r["task"] == "infill"]
+    examples = infill_examples([setdlm.load(RUNS / r) for r in infill_runs], quick) if infill_runs else []
+    loaded: dict = {}
+    for r in tqdm([r for r in rows if "tok_s" in r], desc="respeed"):
+        if r["run"] not in loaded:
+            loaded = {r["run"]: setdlm.load(RUNS / r["run"])}
+        model = loaded[r["run"]]
+        if r["task"] == "lm":
+            r.update(lm_speed(r["run"], model, quick))
+        elif r["task"] == "reason":
+            r.update(reason_speed(model, r.get("threshold"), quick))
+        else:
+            r.update(infill_speed(model, examples, quick))
+        r["speed"] = "idle"
+    tmp = raw.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(raw)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a few examples per point (smoke test)")
     ap.add_argument("--tasks", nargs="*", default=["lm", "reason", "infill"])
+    ap.add_argument("--respeed", action="store_true",
+                    help="measure every recorded speed again (run with nothing else on the machine)")
     args = ap.parse_args()
     if args.quick:
         global OUT
         OUT = OUT.parent / "results-quick"
     torch.manual_seed(0)
     torch.set_num_threads(1)
+    if args.respeed:
+        return respeed(args.quick)
     done = load_done()
     t0 = time.time()
     for task in args.tasks:

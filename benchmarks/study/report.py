@@ -5,7 +5,6 @@ check of the paper's claims: ``python benchmarks/study/report.py`` writes ``resu
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 HERE = Path(__file__).parent
