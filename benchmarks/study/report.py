@@ -5,6 +5,7 @@ check of the paper's claims: ``python benchmarks/study/report.py`` writes ``resu
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -119,6 +120,36 @@ def plot(rows, path: Path) -> None:
     fig.savefig(path)
 
 
+def budget_table(runs: Path = Path("runs/study")) -> str:
+    """Parameters, training tokens and wall minutes of each trained run (from its folder and times.jsonl;
+    a run whose driver was not timing it is timed by the span between its first and last checkpoints)."""
+    from safetensors import safe_open
+
+    times = {}
+    if (runs / "times.jsonl").exists():
+        for r in map(json.loads, (runs / "times.jsonl").read_text().splitlines()):
+            times[r["run"]] = r["seconds"]
+    out = ["| run | parameters | steps × batch × L | training tokens | wall minutes | median tokens/s |",
+           "|---|---:|---:|---:|---:|---:|"]
+    for d in sorted(p for p in runs.iterdir() if (p / "latest").exists()):
+        ck = sorted((d / "checkpoints").glob("step-*"))[-1]
+        cfg = json.loads((ck / "config.json").read_text())
+        tr = cfg["training"]
+        with safe_open(ck / "model.safetensors", "pt") as f:
+            n = sum(f.get_slice(k).get_shape().numel() if hasattr(f.get_slice(k).get_shape(), "numel")
+                    else math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+        steps = int(ck.name.split("-")[1])
+        tokens = steps * tr["batch_size"] * cfg["family"]["length"]
+        first = sorted((d / "checkpoints").glob("step-*"))[0]
+        s0 = int(first.name.split("-")[1])  # untimed runs: the checkpoints' spacing, scaled to all steps
+        secs = times.get(d.name, (ck.stat().st_mtime - first.stat().st_mtime) * steps / max(1, steps - s0))
+        rates = sorted(r["tokens_per_s"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
+                       if "tokens_per_s" in r)
+        out.append(f"| {d.name} | {n / 1e6:.2f}M | {steps} × {tr['batch_size']} × {cfg['family']['length']} | "
+                   f"{tokens / 1e6:.2f}M | {secs / 60:.1f} | {rates[len(rates) // 2]:,.0f} |")
+    return "\n".join(out)
+
+
 def claims(rows) -> list[str]:
     """The issue's targets (the paper's claims), each checked on the numbers."""
     out = []
@@ -172,7 +203,8 @@ def main() -> None:
           "### Threshold sweep (≈ paper Figure 4 / §3.2 table)", "", pareto_table(rows), "",
           f"![pareto]({png.name})", "",
           "## (c) Infilling: middle sentence of 5 (≈ paper Table 2, ROCStories infill 1/5)", "", infill_table(rows),
-          "", "## The paper's claims at this scale", "", *claims(rows), ""]
+          "", "## The paper's claims at this scale", "", *claims(rows), "",
+          "## Training budgets", "", budget_table() if Path("runs/study").is_dir() else "(runs/study not present)", ""]
     (HERE / "results" / "report.md").write_text("\n".join(md))
     print("\n".join(md))
 
