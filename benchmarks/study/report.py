@@ -14,6 +14,7 @@ LABEL = {"ar": "AR", "mdlm": "MDLM", "bd3lm-s4": "BD3LM S=4", "bd3lm-s8": "BD3LM
          "setdlm-smax8": "SetDLM S≤8 (D=4, M=8)", "setdlm-smax16": "SetDLM S≤16 (D=8, M=16)",
          "setdlm-smax8-from-ar": "SetDLM S≤8 adapted from AR (+300 steps)"}
 ORDER = list(LABEL)
+SWEEP = ["off", "tau=0.95", "tau=0.9", "tau=0.8", "tau=0.7", "tau=0.6"]  # evaluate_study.TAUS
 # the paper's numbers (RESULTS.md): LM1B Table 9 (PPL, tok/s), GSM8K Table 1 (PPL, pass@1, tok/s),
 # ROCStories Table 2 infill 1/5 (R-1/R-2/R-L, tok/s); "—" where the paper has no such model
 PAPER_LM1B = {"ar": ("22.83", "120.1"), "mdlm": ("≤ 31.78", "≥ 37.7"), "bd3lm-s4": ("≤ 28.23", "≥ 76.9"),
@@ -71,8 +72,7 @@ def reason_table(rows) -> str:
 
 
 def pareto_table(rows) -> str:
-    taus = ["off", "tau=0.99", "tau=0.95", "tau=0.9", "tau=0.85", "tau=0.8", "tau=0.75", "tau=0.7", "tau=0.65",
-            "tau=0.6"]
+    taus = SWEEP
     head = "| model | | " + " | ".join(t.replace("tau=", ".").replace("0.", "") if t != "off" else "off" for t in taus)
     out = [head + " |", "|---|---|" + "---|" * len(taus)]
     for f in ORDER:
@@ -105,7 +105,7 @@ def plot(rows, path: Path) -> None:
     fig = Figure(figsize=(7.5, 4.8), dpi=110, layout="constrained")
     ax = fig.subplots()
     for f in ORDER:
-        pts = sorted((r for (t, ff, s), r in rows.items() if t == "reason" and ff == f and s != "bound"),
+        pts = sorted((r for (t, ff, s), r in rows.items() if t == "reason" and ff == f and s in SWEEP),
                      key=lambda r: r["tok_s"])
         if not pts:
             continue
@@ -185,8 +185,8 @@ def claims(rows) -> list[str]:
                    f"tok/s ({100 * ar['accuracy']:.1f}%) (target: faster than AR): **{'holds' if ok else 'does not hold'}**.")
     # matched-speed reading of the Pareto curves, as the paper's Figure 4 discussion
     for a, b in (("setdlm-smax8", "bd3lm-s4"), ("setdlm-smax16", "bd3lm-s8")):
-        pa = [r for (t, f, s), r in rows.items() if t == "reason" and f == a and s != "bound"]
-        pb = [r for (t, f, s), r in rows.items() if t == "reason" and f == b and s != "bound"]
+        pa = [r for (t, f, s), r in rows.items() if t == "reason" and f == a and s in SWEEP]
+        pb = [r for (t, f, s), r in rows.items() if t == "reason" and f == b and s in SWEEP]
         if pa and pb:
             wins = sum(any(x["tok_s"] >= y["tok_s"] and x["accuracy"] >= y["accuracy"] for x in pa) for y in pb)
             out.append(f"- Pareto: {wins} of {len(pb)} {LABEL[b]} points are matched or beaten on both accuracy "
