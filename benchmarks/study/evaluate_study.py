@@ -15,8 +15,9 @@ setting); a measurement already there is skipped, so the script resumes where it
   the oracle length (greedy, threshold off, repetition penalty 1.2, SPEC §5.4); SetDLM with w = M;
   AR sees only the prefix. ROUGE-1/2/L over all windows; batch-1 speed on the first ``N_INFILL_SPEED``.
 
-Speed is the CPU time of this process with one torch thread (``clock="cpu"``): the machine's two cores
-were shared with the study's training runs while it ran, and CPU time is what does not depend on that.
+Speed is the CPU time of this process with one torch thread (``clock="cpu"``), so that the evaluation can
+run beside the study's training; ``--respeed`` then measures every recorded speed again once nothing
+else runs (the numbers in benchmarks/RESULTS.md are those).
 """
 
 from __future__ import annotations
