@@ -17,7 +17,8 @@ setting); a measurement already there is skipped, so the script resumes where it
 
 Speed is the CPU time of this process with one torch thread (``clock="cpu"``), so that the evaluation can
 run beside the study's training; ``--respeed`` then measures every recorded speed again once nothing
-else runs (the numbers in benchmarks/RESULTS.md are those).
+else runs, all configurations of a task interleaved example by example so that they are compared side by
+side (the numbers in benchmarks/RESULTS.md are those).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from runs import ADAPT, FAMILIES, steps_of  # noqa: E402
 
 import setdlm  # noqa: E402
-from setdlm import evaluate  # noqa: E402
+from setdlm import evaluate, metrics  # noqa: E402
 from setdlm.data.tasks import infill_from_source, reasoning_split  # noqa: E402
 
 RUNS = Path("runs/study")
@@ -167,27 +168,64 @@ def infill_speed(model, examples, quick: bool) -> dict:
 
 
 def respeed(quick: bool) -> None:
-    """Measure every speed in raw.jsonl again (nothing else running) and rewrite the file atomically:
-    qualities stay, the speed fields are replaced and the row is marked ``"speed": "idle"``."""
+    """Measure every speed in raw.jsonl again, side by side, and rewrite the file atomically: qualities stay,
+    the speed fields are replaced and the row is marked ``"speed": "interleaved"``.
+
+    Within a task every configuration (run, threshold) decodes the same timed examples *interleaved*:
+    example i is decoded by every configuration in turn (the order rotated by i) before example i + 1, so a
+    drift of the machine's speed over minutes (a shared host's CPU) hits all of them alike and the ratios
+    between rows stay fair. Each configuration first decodes the ``WARMUP`` examples, which are not timed."""
     from tqdm import tqdm
+
+    from setdlm.checkpoint import read_config
+    from setdlm.train import heldout_of
 
     raw = OUT / "raw.jsonl"
     rows = [json.loads(line) for line in raw.read_text().splitlines()]
-    infill_runs = [r["run"] for r in rows if r["task"] == "infill"]
-    examples = infill_examples([setdlm.load(RUNS / r) for r in infill_runs], quick) if infill_runs else []
-    loaded: dict = {}
     todo = [r for r in rows if "tok_s" in r and (r["task"] != "reason" or r.get("threshold") in TAUS)]
-    for r in tqdm(todo, desc="respeed"):
-        if r["run"] not in loaded:
-            loaded = {r["run"]: setdlm.load(RUNS / r["run"])}
-        model = loaded[r["run"]]
-        if r["task"] == "lm":
-            r.update(lm_speed(r["run"], model, quick))
-        elif r["task"] == "reason":
-            r.update(reason_speed(model, r.get("threshold"), quick))
+    models = {run: setdlm.load(RUNS / run) for run in dict.fromkeys(r["run"] for r in todo)}
+    warm = 2 if quick else WARMUP
+    for task in ("lm", "reason", "infill"):
+        group = [r for r in todo if r["task"] == task]
+        if not group:
+            continue
+        if task == "lm":
+            n = 12 if quick else LM_PROMPTS
+            items = {r["run"]: [ids[:LM_PROMPT] for ids in heldout_of(read_config(RUNS / r["run"])["training"],
+                                                                      models[r["run"]].tokenizer).input_ids[:n].tolist()]
+                     for r in group}
+            extra = {"max_new_tokens": LM_NEW, "ignore_eos": True}
+        elif task == "reason":
+            problems = reasoning_split("test", 14 if quick else N_SPEED, level="medium", seed=0)
+            items = {r["run"]: problems for r in group}
+            extra = {}
         else:
-            r.update(infill_speed(model, examples, quick))
-        r["speed"] = "idle"
+            examples = infill_examples([models[r["run"]] for r in group], quick)[: (12 if quick else warm + N_INFILL_SPEED)]
+            items = {r["run"]: examples for r in group}
+            extra = {"repetition_penalty": 1.2}
+        n = len(next(iter(items.values())))
+        calls = {id(r): [] for r in group}  # per configuration: one ThroughputStats per example
+
+        def one(r, i):
+            model = models[r["run"]]
+            kw = {**extra, **decode_kwargs(model, task, r.get("threshold"))}
+            if task == "reason":  # the budget of the whole set (L - longest prompt), as evaluate.reasoning uses
+                kw["max_new_tokens"] = model.family.length - max(len(evaluate.prompt_ids(model, e))
+                                                                 for e in items[r["run"]])
+            return evaluate.throughput(model, [items[r["run"]][i]], warmup=0, progress=False, clock=CLOCK, **kw)
+
+        for i in tqdm(range(n), desc=f"respeed {task} ({len(group)} configurations)"):
+            for k in range(len(group)):
+                r = group[(i + k) % len(group)]
+                st = one(r, i)
+                if i >= warm:
+                    calls[id(r)].append(st)
+        for r in group:
+            cs = calls[id(r)]
+            st = metrics.throughput_stats([c.tokens for c in cs], [c.seconds for c in cs], warmup=0,
+                                          nfe=[c.nfe for c in cs], committed=[c.committed for c in cs],
+                                          row_nfe=[c.row_nfe for c in cs])
+            r.update(speed_row(st), speed="interleaved")
     tmp = raw.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.replace(raw)
