@@ -13,7 +13,8 @@ from setdlm import Model
 from setdlm.data.tasks import InfillExample, ReasoningExample, reasoning_split
 from setdlm.decoding import generate
 from setdlm.decoding import infill as decode_infill
-from setdlm.evaluate import fits, infill, infill_row, prompt_ids, reasoning, throughput
+from setdlm.evaluate import (fits, infill, infill_row, infill_steps, interleave, prompt_ids, reasoning,
+                             reasoning_steps, throughput)
 from setdlm.metrics import exact_match, rouge
 
 FAMILIES = ["ar", "setdlm", "bd3lm", "mdlm"]
@@ -84,6 +85,40 @@ def test_reasoning_equals_a_direct_decode_at_any_batch_size(family):
     assert one.run.nfe_per_example == three.run.nfe_per_example == res.run.nfe_per_example
     assert one.run.nfe == sum(ref.row_nfe)  # at batch 1 the run's NFE is the sum of the rows'
     assert one.run.speed.calls == len(problems) and three.run.speed.calls == 3
+
+
+def test_interleave_alternates_passes_call_by_call():
+    """One step of each live pass per round, the order rotated by one each round; a finished pass drops out;
+    results come back in the order the passes were given."""
+    log = []
+
+    def job(name, calls):
+        for j in range(calls):
+            log.append(f"{name}{j}")
+            yield
+        return name.upper()
+
+    ticks = []
+    assert interleave([job("a", 2), job("b", 3), job("c", 1)], progress=lambda: ticks.append(1)) == ["A", "B", "C"]
+    assert log == ["a0", "b0", "c0", "b1", "a1", "b2"] and len(ticks) == 6
+
+
+def test_interleaved_passes_equal_the_same_evaluations_alone():
+    """Running reasoning and infilling passes side by side changes none of their results or counts."""
+    problems = reasoning_split("test", 5, level="easy", seed=3)
+    plan = [(tiny("ar", TOK), {"batch_size": 1}), (tiny("setdlm", TOK), {"threshold": 0.5, "batch_size": 2}),
+            (tiny("bd3lm", TOK), {"batch_size": 3})]
+    together = interleave([reasoning_steps(m, problems, progress=False, **kw) for m, kw in plan])
+    for (m, kw), got in zip(plan, together):
+        alone = reasoning(m, problems, progress=False, **kw)
+        assert got.predictions == alone.predictions and got.correct == alone.correct
+        assert (got.run.nfe, got.run.generated_tokens, got.run.n) == (alone.run.nfe, alone.run.generated_tokens, 5)
+    stories = [STORY, InfillExample("Ann sat down.", " She was tired.", " Then she slept.")]
+    models = [tiny("setdlm", TOK), tiny("mdlm", TOK)]
+    together = interleave([infill_steps(m, stories, batch_size=1, progress=False) for m in models])
+    for m, got in zip(models, together):
+        alone = infill(m, stories, batch_size=1, progress=False)
+        assert got.predictions == alone.predictions and got.rougeL == alone.rougeL and got.run.nfe == alone.run.nfe
 
 
 def test_reasoning_rejects_bad_input():

@@ -3,7 +3,8 @@
 
 For each model and each setting that applies to its family (confidence threshold τ for SetDLM, BD3LM and
 MDLM, AR committing exactly one token per step; window ``w`` for SetDLM; batch size for all), one timed
-pass over the task's examples (:func:`setdlm.evaluate.reasoning` / :func:`~setdlm.evaluate.infill`) gives
+pass over the task's examples (:func:`setdlm.evaluate.reasoning` / :func:`~setdlm.evaluate.infill`; the
+passes of all settings run side by side, one decoding call of each in turn) gives
 
 * quality: exact-match accuracy (reasoning) or ROUGE-L F-measure (infilling), over every example;
 * speed: at batch 1 the mean ± std of per-example tokens/s after the ``warmup`` first examples (the
@@ -112,7 +113,8 @@ def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, *,
           **task_kwargs) -> list[BenchPoint]:
     """Evaluate every ``(label, model)`` on ``examples`` (reasoning problems or infilling examples) at every
     applicable setting. Speed skips the first ``warmup`` examples (rounded up to whole calls at batch > 1); quality
-    counts every example. ``task_kwargs`` go to
+    counts every example. The settings run side by side (:func:`setdlm.evaluate.interleave`): one decoding
+    call of each in turn, so that a drift of the machine's speed does not favour the settings timed first. ``task_kwargs`` go to
     :func:`setdlm.evaluate.reasoning` / :func:`~setdlm.evaluate.infill` (``max_new_tokens``, ``eos``,
     ``temperature``, ``cache_order``, ``repetition_penalty``, ...), the same for every setting."""
     from . import evaluate
@@ -121,7 +123,7 @@ def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, *,
         raise ValueError(f"sweep task must be reasoning or infill, got {task!r} (likelihood: likelihood_point)")
     if not models:
         raise ValueError("no models to benchmark")
-    fn = evaluate.reasoning if task == "reasoning" else evaluate.infill
+    steps = evaluate.reasoning_steps if task == "reasoning" else evaluate.infill_steps
     plan = [(label, model, s) for label, model in models for s in settings(model, thresholds, windows, batch_sizes)]
     if not (isinstance(warmup, int) and warmup >= 0):
         raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
@@ -129,14 +131,13 @@ def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, *,
     for b in batch_sizes:  # fail before the sweep starts, not in its middle
         if -(-warmup // b) >= -(-n // b):
             raise ValueError(f"warmup={warmup} examples leave none of the {n} examples to time at batch size {b}")
-    points = []
-    with tqdm(plan, desc=f"bench {task}", unit="setting", disable=not progress) as bar:
-        for label, model, s in bar:
-            bar.set_postfix_str(f"{label} {_setting_text(s)}")
-            result = fn(model, examples, batch_size=s.batch_size, warmup=-(-warmup // s.batch_size),
-                        progress=False, **s.decode_kwargs(), **task_kwargs)
-            points.append(_point(label, model, task, s, result))
-    return points
+    passes = [steps(model, examples, batch_size=s.batch_size, warmup=-(-warmup // s.batch_size), progress=False,
+                    **s.decode_kwargs(), **task_kwargs) for _, model, s in plan]
+    calls = sum(-(-n // s.batch_size) for _, _, s in plan)
+    with tqdm(total=calls, desc=f"bench {task} ({len(plan)} settings side by side)", unit="call",
+              disable=not progress) as bar:
+        results = evaluate.interleave(passes, progress=lambda: bar.update(1))
+    return [_point(label, model, task, s, r) for (label, model, s), r in zip(plan, results)]
 
 
 def likelihood_point(label: str, model: Model, result: dict) -> BenchPoint:
@@ -163,10 +164,6 @@ def pareto_front(points: Sequence[BenchPoint]) -> list[BenchPoint]:
 
 def _tau(t: float | None) -> str:
     return "off" if t is None else f"{t:g}"
-
-
-def _setting_text(s: Setting) -> str:
-    return f"τ={_tau(s.threshold)}" + (f" w={s.window}" if s.window is not None else "") + f" B={s.batch_size}"
 
 
 def _rate_unit(points: Sequence[BenchPoint]) -> str:

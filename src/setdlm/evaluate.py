@@ -29,7 +29,7 @@ NFE and tokens/step are always the decoder's own counts (``GenerationOutput.nfe`
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -198,11 +198,26 @@ class DecodingRun:
 CLOCKS = ("wall", "cpu")
 
 
-def _decode_pass(n: int, call: Callable[[int, int], object], *, batch_size: int, warmup: int, progress: bool,
-                 desc: str, clock: str) -> tuple[list, DecodingRun]:
+def _drain(steps: Generator):
+    """Run a ``*_steps`` generator to the end and return what it returns."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def _decode_pass(n: int, call: Callable[[int, int], object], **opts) -> tuple[list, DecodingRun]:
+    return _drain(_decode_steps(n, call, **opts))
+
+
+def _decode_steps(n: int, call: Callable[[int, int], object], *, batch_size: int, warmup: int, progress: bool,
+                  desc: str, clock: str) -> Generator[None, None, tuple[list, DecodingRun]]:
     """Decode examples ``[0, n)`` in consecutive calls of ``batch_size`` (``call(lo, hi)`` returns the
     ``GenerationOutput`` of examples lo..hi-1); speed statistics skip the first ``warmup`` calls. A call's
-    time is the decoder's wall time (``clock="wall"``) or the CPU time of this process during the call."""
+    time is the decoder's wall time (``clock="wall"``) or the CPU time of this process during the call.
+    A generator that yields after every call (so that :func:`interleave` can alternate passes) and returns
+    ``(outputs, run)``; the arguments are checked before the first call."""
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     if not (isinstance(warmup, int) and warmup >= 0):
@@ -221,6 +236,7 @@ def _decode_pass(n: int, call: Callable[[int, int], object], *, batch_size: int,
             outs.append(call(lo, hi))
             seconds.append(outs[-1].seconds if clock == "wall" else time.process_time() - cpu)
             bar.update(hi - lo)
+            yield
     row_nfe = [sum(o.row_nfe) for o in outs]
     committed = [sum(o.row_committed) for o in outs]
     speed = throughput_stats([o.num_tokens for o in outs], seconds, warmup=warmup, nfe=[o.nfe for o in outs],
@@ -238,19 +254,25 @@ def _check_clock(model: Model, clock: str) -> None:
         raise ValueError(f"clock='cpu' times CPU work, but the model runs on {device}; use clock='wall'")
 
 
-def _generate_pass(model: Model, prompts: list[list[int]], *, max_new_tokens: int | None, kwargs: dict,
-                   **opts) -> tuple[list, DecodingRun, int]:
+def _generate_pass(model: Model, prompts: list[list[int]], **opts) -> tuple[list, DecodingRun, int]:
+    return _drain(_generate_steps(model, prompts, **opts))
+
+
+def _generate_steps(model: Model, prompts: list[list[int]], *, max_new_tokens: int | None, kwargs: dict, **opts):
     from .decoding import generate
 
     _check_clock(model, opts["clock"])
     budget = _budget(model, prompts, max_new_tokens)
-    outs, run = _decode_pass(len(prompts), lambda lo, hi: generate(model, prompts[lo:hi], max_new_tokens=budget,
-                                                                   **kwargs), **opts)
+    outs, run = yield from _decode_steps(len(prompts), lambda lo, hi: generate(
+        model, prompts[lo:hi], max_new_tokens=budget, **kwargs), **opts)
     return outs, run, budget
 
 
-def _infill_pass(model: Model, examples: list[InfillExample], *, eos: bool, kwargs: dict,
-                 **opts) -> tuple[list, DecodingRun]:
+def _infill_pass(model: Model, examples: list[InfillExample], **opts) -> tuple[list, DecodingRun]:
+    return _drain(_infill_steps(model, examples, **opts))
+
+
+def _infill_steps(model: Model, examples: list[InfillExample], *, eos: bool, kwargs: dict, **opts):
     from .decoding import infill as decode_infill
 
     _check_clock(model, opts["clock"])
@@ -261,8 +283,8 @@ def _infill_pass(model: Model, examples: list[InfillExample], *, eos: bool, kwar
             raise ValueError(f"infill example {i} needs {len(pre) + m + len(suf)} tokens, more than the context "
                              f"length L={L} (select examples with setdlm.evaluate.fits)")
     pre, lens, suf = zip(*rows)
-    return _decode_pass(len(rows), lambda lo, hi: decode_infill(model, list(pre[lo:hi]), list(suf[lo:hi]),
-                                                                list(lens[lo:hi]), **kwargs), **opts)
+    return (yield from _decode_steps(len(rows), lambda lo, hi: decode_infill(
+        model, list(pre[lo:hi]), list(suf[lo:hi]), list(lens[lo:hi]), **kwargs), **opts))
 
 
 def _texts(outs: list, tok, eos_ids: Sequence[int]) -> list[str]:
@@ -324,12 +346,22 @@ def reasoning(model: Model, examples: Sequence[ReasoningExample], *, batch_size:
     ``clock``: time calls by wall clock (``"wall"``, the paper's) or by this process's CPU time (``"cpu"``:
     steady on a CPU shared with other jobs; with several torch threads it adds up their time).
     """
+    return _drain(reasoning_steps(model, examples, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                  warmup=warmup, clock=clock, progress=progress, **decode_kwargs))
+
+
+def reasoning_steps(model: Model, examples: Sequence[ReasoningExample], *, batch_size: int = 32,
+                    max_new_tokens: int | None = None, warmup: int = 0, clock: str = "wall", progress: bool = True,
+                    **decode_kwargs) -> Generator[None, None, ReasoningResult]:
+    """:func:`reasoning` as a generator that yields after every decoding call and returns the result, so
+    that several evaluations can be alternated call by call (:func:`interleave`)."""
     examples = _check_examples(examples, ReasoningExample)
     tok = _tokenizer(model)
     prompts = [prompt_ids(model, e) for e in examples]
-    outs, run, budget = _generate_pass(model, prompts, max_new_tokens=max_new_tokens, kwargs=decode_kwargs,
-                                       batch_size=batch_size, warmup=warmup, progress=progress, clock=clock,
-                                       desc=f"{model.family.family} reasoning")
+    outs, run, budget = yield from _generate_steps(model, prompts, max_new_tokens=max_new_tokens,
+                                                   kwargs=decode_kwargs, batch_size=batch_size, warmup=warmup,
+                                                   progress=progress, clock=clock,
+                                                   desc=f"{model.family.family} reasoning")
     eos = decode_kwargs.get("eos_token_id")
     eos_ids = _eos(tok) if eos is None else [eos] if isinstance(eos, int) else list(eos)
     predictions = _texts(outs, tok, eos_ids)
@@ -349,12 +381,47 @@ def infill(model: Model, examples: Sequence[InfillExample], *, batch_size: int =
     ``block_size``, ``repetition_penalty``, ...). ``warmup`` and ``clock`` as in :func:`reasoning`. Needs
     the ``rouge-score`` package (extra ``eval``).
     """
+    return _drain(infill_steps(model, examples, batch_size=batch_size, eos=eos, warmup=warmup, clock=clock,
+                               progress=progress, **decode_kwargs))
+
+
+def infill_steps(model: Model, examples: Sequence[InfillExample], *, batch_size: int = 32, eos: bool = False,
+                 warmup: int = 0, clock: str = "wall", progress: bool = True,
+                 **decode_kwargs) -> Generator[None, None, InfillResult]:
+    """:func:`infill` as a generator that yields after every decoding call and returns the result
+    (:func:`interleave`)."""
     examples = _check_examples(examples, InfillExample)
-    outs, run = _infill_pass(model, examples, eos=eos, kwargs=decode_kwargs, batch_size=batch_size, warmup=warmup,
-                             progress=progress, clock=clock, desc=f"{model.family.family} infill")
+    outs, run = yield from _infill_steps(model, examples, eos=eos, kwargs=decode_kwargs, batch_size=batch_size,
+                                         warmup=warmup, progress=progress, clock=clock,
+                                         desc=f"{model.family.family} infill")
     predictions = [t for o in outs for t in o.texts]
     scores = rouge(predictions, [e.middle for e in examples])
     return InfillResult(**scores, run=run, predictions=tuple(predictions))
+
+
+def interleave(passes: Sequence[Generator], *, progress: Callable[[], None] | None = None) -> list:
+    """Run evaluation passes (:func:`reasoning_steps`, :func:`infill_steps`) side by side: one decoding call
+    of each in turn, the order rotated by one every round, until all are done; returns their results in
+    the order given. Timing them this way makes a drift of the machine's speed (a shared host, thermal
+    throttling) hit every pass alike, so that their speed ratios are fair. ``progress`` is called after
+    every call."""
+    passes = list(passes)
+    results: list = [None] * len(passes)
+    live = list(range(len(passes)))
+    r = 0
+    while live:
+        order = live[r % len(live):] + live[: r % len(live)]
+        for i in order:
+            try:
+                next(passes[i])
+            except StopIteration as done:
+                results[i] = done.value
+                live.remove(i)
+                continue
+            if progress is not None:
+                progress()
+        r += 1
+    return results
 
 
 def throughput(model: Model, items: Sequence, *, warmup: int = 50, batch_size: int = 1,
