@@ -5,7 +5,7 @@ import torch
 
 from conftest import make_model
 from setdlm.masks import causal_mask
-from setdlm.model import KVCache, ModelConfig, Transformer, apply_rope, rope_cos_sin
+from setdlm.model import ModelConfig, Transformer, apply_rope, rope_cos_sin
 
 
 def test_config_roundtrip_and_validation():

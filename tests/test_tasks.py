@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from setdlm.data.tasks import (OPERATIONS, PRESETS, SPLITS, InfillExample, ReasoningConfig, encode_infill,
+from setdlm.data.tasks import (PRESETS, SPLITS, InfillExample, ReasoningConfig, encode_infill,
                                gsm_symbolic, infill_examples, infill_from_file, load_gsm8k_jsonl, make_infill,
                                reasoning_split, split_of, split_sentences, write_jsonl)
 from setdlm.metrics import extract_answer
