@@ -55,7 +55,7 @@ def test_respeed_interleaves_configurations_example_by_example(study, monkeypatc
             {"task": "reason", "run": "reason-setdlm-smax4", "setting": "tau=0.9", "threshold": 0.9,
              "accuracy": 0.75, "tok_s": -1.0},
             # a threshold outside the sweep is left as it is
-            {"task": "reason", "run": "reason-setdlm-smax4", "setting": "tau=0.99", "threshold": 0.99,
+            {"task": "reason", "run": "reason-setdlm-smax4", "setting": "tau=0.5", "threshold": 0.5,
              "accuracy": 0.1, "tok_s": -1.0}]
     (out / "raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.setattr(mod, "RUNS", runs)

@@ -14,7 +14,7 @@ LABEL = {"ar": "AR", "mdlm": "MDLM", "bd3lm-s4": "BD3LM S=4", "bd3lm-s8": "BD3LM
          "setdlm-smax8": "SetDLM S≤8 (D=4, M=8)", "setdlm-smax16": "SetDLM S≤16 (D=8, M=16)",
          "setdlm-smax8-from-ar": "SetDLM S≤8 adapted from AR (+300 steps)"}
 ORDER = list(LABEL)
-SWEEP = ["off", "tau=0.95", "tau=0.9", "tau=0.8", "tau=0.7", "tau=0.6"]  # evaluate_study.TAUS
+SWEEP = ["off"] + [f"tau={t}" for t in (0.99, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)]  # evaluate_study.TAUS
 # the paper's numbers (RESULTS.md): LM1B Table 9 (PPL, tok/s), GSM8K Table 1 (PPL, pass@1, tok/s),
 # ROCStories Table 2 infill 1/5 (R-1/R-2/R-L, tok/s); "—" where the paper has no such model
 PAPER_LM1B = {"ar": ("22.83", "120.1"), "mdlm": ("≤ 31.78", "≥ 37.7"), "bd3lm-s4": ("≤ 28.23", "≥ 76.9"),
