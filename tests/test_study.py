@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from setdlm import evaluate
+from setdlm import decoding, evaluate
 from setdlm.data.tasks import reasoning_split, write_jsonl
 from train_helpers import subprocess_env
 
@@ -61,20 +61,22 @@ def test_respeed_interleaves_configurations_example_by_example(study, monkeypatc
     monkeypatch.setattr(mod, "RUNS", runs)
     monkeypatch.setattr(mod, "OUT", out)
 
-    calls = []  # (run, threshold, prompt) of every timed call, in order
-    real = evaluate.throughput
+    calls = []  # (run, threshold, prompt) of every decoding call, in order
+    real = decoding.generate
+    problems = reasoning_split("test", 14, level="medium", seed=0)
 
-    def spy(model, items, **kw):
+    def spy(model, prompts, **kw):
         run = "reason-ar" if model.family.family == "ar" else "reason-setdlm-smax4"
-        assert len(items) == 1 and kw["warmup"] == 0
-        calls.append((run, kw.get("threshold"), items[0].prompt))
-        return real(model, items, **kw)
+        assert len(prompts) == 1  # batch 1
+        prompt = next(e.prompt for e in problems if evaluate.prompt_ids(model, e) == list(prompts[0]))
+        calls.append((run, kw.get("threshold"), prompt))
+        return real(model, prompts, **kw)
 
-    monkeypatch.setattr(mod.evaluate, "throughput", spy)
+    monkeypatch.setattr(decoding, "generate", spy)
     mod.respeed(quick=True)
 
     configs = [(r["run"], r["threshold"]) for r in rows[:3]]
-    problems = [e.prompt for e in reasoning_split("test", 14, level="medium", seed=0)]
+    problems = [e.prompt for e in problems]
     assert len(calls) == len(configs) * len(problems)
     for i, prompt in enumerate(problems):
         block = calls[3 * i: 3 * i + 3]

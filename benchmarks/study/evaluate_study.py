@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from runs import ADAPT, FAMILIES, steps_of  # noqa: E402
 
 import setdlm  # noqa: E402
-from setdlm import evaluate, metrics  # noqa: E402
+from setdlm import evaluate  # noqa: E402
 from setdlm.data.tasks import infill_from_source, reasoning_split  # noqa: E402
 
 RUNS = Path("runs/study")
@@ -97,19 +97,33 @@ def eval_lm(run: str, done: set, quick: bool) -> None:
                 "ppl": b["ppl"], "tokens": b["tokens"]})
     if ("lm", run, "speed") not in done:
         record({"task": "lm", "run": run, "setting": "speed", "family": model.family.family,
-                **lm_speed(run, model, quick)})
+                **speed(speed_pass("lm", run, model, None, quick))})
 
 
-def lm_speed(run: str, model, quick: bool) -> dict:
-    from setdlm.checkpoint import read_config
-    from setdlm.train import heldout_of
+def speed_pass(task: str, run: str, model, tau, quick: bool, infill_pool=None):
+    """The batch-1 timing of one configuration as an :func:`setdlm.evaluate.throughput_steps` pass (run it
+    with :func:`speed`, or several side by side with ``evaluate.interleave``): (a) 64 tokens after each of
+    the first ``LM_PROMPTS`` held-out prompts, (b) the first ``N_SPEED`` test problems, (c) the first
+    ``WARMUP + N_INFILL_SPEED`` examples of ``infill_pool``; the first ``WARMUP`` calls untimed."""
+    kw = decode_kwargs(model, task, tau)
+    if task == "lm":
+        from setdlm.checkpoint import read_config
+        from setdlm.train import heldout_of
 
-    rows = heldout_of(read_config(RUNS / run)["training"], model.tokenizer)
-    n = 12 if quick else LM_PROMPTS
-    prompts = [rows.input_ids[i, :LM_PROMPT].tolist() for i in range(n)]
-    st = evaluate.throughput(model, prompts, warmup=2 if quick else WARMUP, max_new_tokens=LM_NEW,
-                             ignore_eos=True, progress=False, clock=CLOCK, **decode_kwargs(model, "lm", None))
-    return speed_row(st)
+        rows = heldout_of(read_config(RUNS / run)["training"], model.tokenizer)
+        items = [ids[:LM_PROMPT] for ids in rows.input_ids[: 12 if quick else LM_PROMPTS].tolist()]
+        kw.update(max_new_tokens=LM_NEW, ignore_eos=True)
+    elif task == "reason":
+        items = reasoning_split("test", 14 if quick else N_SPEED, level="medium", seed=0)
+    else:
+        items = infill_pool[: (12 if quick else WARMUP + N_INFILL_SPEED)]
+        kw.update(repetition_penalty=1.2)
+    return evaluate.throughput_steps(model, items, warmup=2 if quick else WARMUP, progress=False, clock=CLOCK, **kw)
+
+
+def speed(steps) -> dict:
+    """Run one :func:`speed_pass` alone; its speed fields for raw.jsonl."""
+    return speed_row(evaluate.interleave([steps])[0])
 
 
 def eval_reason(run: str, done: set, quick: bool) -> None:
@@ -128,14 +142,8 @@ def eval_reason(run: str, done: set, quick: bool) -> None:
         acc = evaluate.reasoning(model, problems, batch_size=50, progress=False, **kw)
         record({"task": "reason", "run": run, "setting": setting, "family": model.family.family,
                 "threshold": tau, "accuracy": acc.accuracy, "n": len(problems),
-                "tokens_per_step_acc": acc.run.tokens_per_step, **reason_speed(model, tau, quick)})
-
-
-def reason_speed(model, tau, quick: bool) -> dict:
-    problems = reasoning_split("test", 14 if quick else N_SPEED, level="medium", seed=0)
-    st = evaluate.throughput(model, problems, warmup=2 if quick else WARMUP, progress=False, clock=CLOCK,
-                             **decode_kwargs(model, "reason", tau))
-    return speed_row(st)
+                "tokens_per_step_acc": acc.run.tokens_per_step,
+                **speed(speed_pass("reason", run, model, tau, quick))})
 
 
 def infill_examples(models, quick: bool):
@@ -157,74 +165,32 @@ def eval_infill(runs: list[str], done: set, quick: bool) -> None:
         res = evaluate.infill(model, examples, batch_size=16, repetition_penalty=1.2, progress=False, **kw)
         record({"task": "infill", "run": run, "setting": "off", "family": model.family.family,
                 "rouge1": res.rouge1, "rouge2": res.rouge2, "rougeL": res.rougeL, "n": len(examples),
-                **infill_speed(model, examples, quick)})
-
-
-def infill_speed(model, examples, quick: bool) -> dict:
-    examples = examples[: (12 if quick else WARMUP + N_INFILL_SPEED)]
-    st = evaluate.throughput(model, examples, warmup=2 if quick else WARMUP, repetition_penalty=1.2,
-                             progress=False, clock=CLOCK, **decode_kwargs(model, "infill", None))
-    return speed_row(st)
+                **speed(speed_pass("infill", run, model, None, quick, examples))})
 
 
 def respeed(quick: bool) -> None:
     """Measure every speed in raw.jsonl again, side by side, and rewrite the file atomically: qualities stay,
     the speed fields are replaced and the row is marked ``"speed": "interleaved"``.
 
-    Within a task every configuration (run, threshold) decodes the same timed examples *interleaved*:
-    example i is decoded by every configuration in turn (the order rotated by i) before example i + 1, so a
-    drift of the machine's speed over minutes (a shared host's CPU) hits all of them alike and the ratios
-    between rows stay fair. Each configuration first decodes the ``WARMUP`` examples, which are not timed."""
+    Within a task every configuration (run, threshold) times the same examples *interleaved*
+    (``evaluate.interleave``): example i is decoded by every configuration in turn (the order rotated by i)
+    before example i + 1, so a drift of the machine's speed over minutes (a shared host's CPU) hits all of
+    them alike and the ratios between rows stay fair."""
     from tqdm import tqdm
-
-    from setdlm.checkpoint import read_config
-    from setdlm.train import heldout_of
 
     raw = OUT / "raw.jsonl"
     rows = [json.loads(line) for line in raw.read_text().splitlines()]
     todo = [r for r in rows if "tok_s" in r and (r["task"] != "reason" or r.get("threshold") in TAUS)]
     models = {run: setdlm.load(RUNS / run) for run in dict.fromkeys(r["run"] for r in todo)}
-    warm = 2 if quick else WARMUP
     for task in ("lm", "reason", "infill"):
         group = [r for r in todo if r["task"] == task]
         if not group:
             continue
-        if task == "lm":
-            n = 12 if quick else LM_PROMPTS
-            items = {r["run"]: [ids[:LM_PROMPT] for ids in heldout_of(read_config(RUNS / r["run"])["training"],
-                                                                      models[r["run"]].tokenizer).input_ids[:n].tolist()]
-                     for r in group}
-            extra = {"max_new_tokens": LM_NEW, "ignore_eos": True}
-        elif task == "reason":
-            problems = reasoning_split("test", 14 if quick else N_SPEED, level="medium", seed=0)
-            items = {r["run"]: problems for r in group}
-            extra = {}
-        else:
-            examples = infill_examples([models[r["run"]] for r in group], quick)[: (12 if quick else warm + N_INFILL_SPEED)]
-            items = {r["run"]: examples for r in group}
-            extra = {"repetition_penalty": 1.2}
-        n = len(next(iter(items.values())))
-        calls = {id(r): [] for r in group}  # per configuration: one ThroughputStats per example
-
-        def one(r, i):
-            model = models[r["run"]]
-            kw = {**extra, **decode_kwargs(model, task, r.get("threshold"))}
-            if task == "reason":  # the budget of the whole set (L - longest prompt), as evaluate.reasoning uses
-                kw["max_new_tokens"] = model.family.length - max(len(evaluate.prompt_ids(model, e))
-                                                                 for e in items[r["run"]])
-            return evaluate.throughput(model, [items[r["run"]][i]], warmup=0, progress=False, clock=CLOCK, **kw)
-
-        for i in tqdm(range(n), desc=f"respeed {task} ({len(group)} configurations)"):
-            for k in range(len(group)):
-                r = group[(i + k) % len(group)]
-                st = one(r, i)
-                if i >= warm:
-                    calls[id(r)].append(st)
-        for r in group:
-            cs = calls[id(r)]
-            st = metrics.throughput_stats([c.tokens for c in cs], [c.seconds for c in cs], warmup=0,
-                                          nfe=[c.nfe for c in cs], committed=[c.committed for c in cs],
-                                          row_nfe=[c.row_nfe for c in cs])
+        pool = infill_examples([models[r["run"]] for r in group], quick) if task == "infill" else None
+        passes = [speed_pass(task, r["run"], models[r["run"]], r.get("threshold"), quick, pool) for r in group]
+        with tqdm(desc=f"respeed {task} ({len(group)} configurations side by side)", unit="call") as bar:
+            stats = evaluate.interleave(passes, progress=lambda: bar.update(1))
+        for r, st in zip(group, stats):
             r.update(speed_row(st), speed="interleaved")
     tmp = raw.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))

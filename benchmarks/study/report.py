@@ -136,8 +136,7 @@ def budget_table(runs: Path = Path("runs/study")) -> str:
         cfg = json.loads((ck / "config.json").read_text())
         tr = cfg["training"]
         with safe_open(ck / "model.safetensors", "pt") as f:
-            n = sum(f.get_slice(k).get_shape().numel() if hasattr(f.get_slice(k).get_shape(), "numel")
-                    else math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+            n = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
         steps = int(ck.name.split("-")[1])
         tokens = steps * tr["batch_size"] * cfg["family"]["length"]
         first = sorted((d / "checkpoints").glob("step-*"))[0]

@@ -207,10 +207,6 @@ def _drain(steps: Generator):
             return done.value
 
 
-def _decode_pass(n: int, call: Callable[[int, int], object], **opts) -> tuple[list, DecodingRun]:
-    return _drain(_decode_steps(n, call, **opts))
-
-
 def _decode_steps(n: int, call: Callable[[int, int], object], *, batch_size: int, warmup: int, progress: bool,
                   desc: str, clock: str) -> Generator[None, None, tuple[list, DecodingRun]]:
     """Decode examples ``[0, n)`` in consecutive calls of ``batch_size`` (``call(lo, hi)`` returns the
@@ -254,10 +250,6 @@ def _check_clock(model: Model, clock: str) -> None:
         raise ValueError(f"clock='cpu' times CPU work, but the model runs on {device}; use clock='wall'")
 
 
-def _generate_pass(model: Model, prompts: list[list[int]], **opts) -> tuple[list, DecodingRun, int]:
-    return _drain(_generate_steps(model, prompts, **opts))
-
-
 def _generate_steps(model: Model, prompts: list[list[int]], *, max_new_tokens: int | None, kwargs: dict, **opts):
     from .decoding import generate
 
@@ -266,10 +258,6 @@ def _generate_steps(model: Model, prompts: list[list[int]], *, max_new_tokens: i
     outs, run = yield from _decode_steps(len(prompts), lambda lo, hi: generate(
         model, prompts[lo:hi], max_new_tokens=budget, **kwargs), **opts)
     return outs, run, budget
-
-
-def _infill_pass(model: Model, examples: list[InfillExample], **opts) -> tuple[list, DecodingRun]:
-    return _drain(_infill_steps(model, examples, **opts))
 
 
 def _infill_steps(model: Model, examples: list[InfillExample], *, eos: bool, kwargs: dict, **opts):
@@ -400,11 +388,11 @@ def infill_steps(model: Model, examples: Sequence[InfillExample], *, batch_size:
 
 
 def interleave(passes: Sequence[Generator], *, progress: Callable[[], None] | None = None) -> list:
-    """Run evaluation passes (:func:`reasoning_steps`, :func:`infill_steps`) side by side: one decoding call
-    of each in turn, the order rotated by one every round, until all are done; returns their results in
-    the order given. Timing them this way makes a drift of the machine's speed (a shared host, thermal
-    throttling) hit every pass alike, so that their speed ratios are fair. ``progress`` is called after
-    every call."""
+    """Run evaluation passes (:func:`reasoning_steps`, :func:`infill_steps`, :func:`throughput_steps`) side by
+    side: one decoding call of each in turn, the order rotated by one every round, until all are done;
+    returns their results in the order given. Timing them this way makes a drift of the machine's speed (a
+    shared host, thermal throttling) hit every pass alike, so that their speed ratios are fair.
+    ``progress`` is called after every call."""
     passes = list(passes)
     results: list = [None] * len(passes)
     live = list(range(len(passes)))
@@ -437,6 +425,16 @@ def throughput(model: Model, items: Sequence, *, warmup: int = 50, batch_size: i
     ``decode_kwargs`` go to the decoder (``ignore_eos=True`` makes every row generate ``max_new_tokens``).
     ``clock="cpu"`` times by CPU time instead of wall time (see :func:`reasoning`).
     """
+    return _drain(throughput_steps(model, items, warmup=warmup, batch_size=batch_size,
+                                   max_new_tokens=max_new_tokens, eos=eos, clock=clock, progress=progress,
+                                   **decode_kwargs))
+
+
+def throughput_steps(model: Model, items: Sequence, *, warmup: int = 50, batch_size: int = 1,
+                     max_new_tokens: int | None = None, eos: bool = False, clock: str = "wall",
+                     progress: bool = True, **decode_kwargs) -> Generator[None, None, ThroughputStats]:
+    """:func:`throughput` as a generator that yields after every decoding call and returns the statistics
+    (:func:`interleave`)."""
     items = list(items)
     if not items:
         raise ValueError("no prompts or examples to time")
@@ -445,12 +443,12 @@ def throughput(model: Model, items: Sequence, *, warmup: int = 50, batch_size: i
     if isinstance(items[0], InfillExample):
         if max_new_tokens is not None:
             raise ValueError("max_new_tokens does not apply to infilling: the oracle length of each middle is used")
-        return _infill_pass(model, _check_examples(items, InfillExample), eos=eos, **opts)[1].speed
+        return (yield from _infill_steps(model, _check_examples(items, InfillExample), eos=eos, **opts))[1].speed
     if isinstance(items[0], ReasoningExample):
         prompts = [prompt_ids(model, e) for e in _check_examples(items, ReasoningExample)]
     else:
         prompts = [_prompt(model, p, i) for i, p in enumerate(items)]
-    return _generate_pass(model, prompts, max_new_tokens=max_new_tokens, **opts)[1].speed
+    return (yield from _generate_steps(model, prompts, max_new_tokens=max_new_tokens, **opts))[1].speed
 
 
 def _prompt(model: Model, p, i: int) -> list[int]:
