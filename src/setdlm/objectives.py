@@ -5,7 +5,9 @@ reduction) and, for evaluation, per-token NLLs in nats at **original** positions
 tokens they count, so that a bound over a dataset is ``Σ nll / Σ mask``:
 
 * ``ar``     — exact next-token NLL.
-* ``mdlm``   — train: mean CE over masked tokens; bound: CE/t on masked tokens (1/t NELBO), over targets.
+* ``mdlm``   — train: mean CE over each row's masked tokens, then mean over rows (the reference's
+  reduction, docs/concepts.md "Conventions"); bound: CE/t on masked tokens (1/t NELBO), summed over the
+  batch and divided by its target tokens (token-weighted).
 * ``bd3lm``  — two-stream ``[x0, xt]`` with the block mask, ``t`` per block, ≥1 mask per block in training
   (not in the bound, whose masks must follow ``q(x_t | x_0)``); same weights.
 * ``setdlm`` — two-stream in reveal order, every target masked in the query stream, plain CE (no
@@ -128,7 +130,9 @@ def masked_diffusion_loss(model, batch: Batch, mask_token_id: int, schedule: Lin
     ce = _token_nll(logits, x, mask_token_id) * masked  # (B, L)
     t_tok = schedule.expand(t).to(ce.dtype).to(x.device)  # (B, L)
     nll = ce / t_tok  # weight −α'/(1−α) = 1/t on masked tokens, 0 elsewhere
-    loss = ce.sum() / masked.sum().clamp(min=1) if train else nll.sum() / targets.sum().clamp(min=1)
+    # training: unweighted CE, mean over each row's masked tokens then over rows (paper §2.8 baselines, as
+    # the SetDLM loss); bound: token-weighted NELBO over the batch's targets
+    loss = _per_sequence_mean(ce, masked) if train else nll.sum() / targets.sum().clamp(min=1)
     return LossOutput(loss, nll, targets)
 
 
