@@ -93,7 +93,8 @@ def _add_schedule(sub) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 _CHOICES = {"family": ("ar", "mdlm", "bd3lm", "setdlm"), "lr_schedule": ("constant", "cosine")}
-_FAMILY_FLAGS = {"D": ("setdlm",), "M": ("setdlm",), "k": ("setdlm",), "block_size": ("bd3lm", "mdlm")}
+_FAMILY_FLAGS = {"D": ("setdlm",), "M": ("setdlm",), "k": ("setdlm",), "block_size": ("bd3lm", "mdlm"),
+                 "keep_clean_bos": ("setdlm",)}
 
 
 def _train(args) -> int:
@@ -135,8 +136,8 @@ def _add_train(sub) -> None:
         help_ = f.metadata.get("help", "")
         if f.name == "preset":
             p.add_argument(flag, choices=tuple(PRESETS), help="tiny (CPU, seconds), small (probe size), lm1b, owt")
-        elif kind is bool:
-            p.add_argument(flag, action="store_true", help=help_)
+        elif kind is bool:  # --flag / --no-flag: a preset may turn one on (keep_clean_bos)
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_)
         elif f.name == "out":
             p.add_argument(flag, required=True, help=help_)
         else:

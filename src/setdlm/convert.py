@@ -244,6 +244,18 @@ def reference_length(cfg: dict) -> int:
     return int(L)
 
 
+def reference_keep_clean_bos(cfg: dict) -> bool:
+    """The run's ``keep_clean_bos`` (BOS first in the order, scored in training, dropped from the bound):
+    top level of the exported config, or its ``setdlm`` / ``model_config`` section; off when absent."""
+    for d in (cfg, cfg.get("setdlm") or {}, cfg.get("model_config") or {}):
+        v = d.get("keep_clean_bos") if isinstance(d, dict) else None
+        if v is not None:
+            if not isinstance(v, bool):
+                raise ValueError(f"the reference config's keep_clean_bos must be true or false, got {v!r}")
+            return v
+    return False
+
+
 def reference_family(cfg: dict, name: str = "", *, mask_token_id: int, D: int | None = None,
                      M: int | None = None) -> FamilyConfig:
     """The family of an authors' checkpoint, with the schedule rebuilt their way (see the module docstring)."""
@@ -256,7 +268,8 @@ def reference_family(cfg: dict, name: str = "", *, mask_token_id: int, D: int | 
         if D is None:
             raise ValueError(f"cannot tell D for {name or 'this checkpoint'}: no noise desired_block_size in its "
                              "config and no d{N}/tgt{N}/smax{2N} in its name; pass D explicitly")
-        return FamilyConfig("setdlm", length=L, mask_token_id=mask_token_id, D=int(D), M=M or min(2 * int(D), L))
+        return FamilyConfig("setdlm", length=L, mask_token_id=mask_token_id, D=int(D), M=M or min(2 * int(D), L),
+                            keep_clean_bos=reference_keep_clean_bos(cfg))
     if "bd3lm" in hay:
         m = re.search(r"(?:^|[-_])s(\d+)(?:$|[-_])", base)
         S = int(m.group(1)) if m else _pick(cfg, "block_size")

@@ -62,6 +62,8 @@ class TrainConfig:
     M: int | None = _f("setdlm: max set size M (default 2D, capped at L)", default=None)
     k: float | None = _f("setdlm: explicit schedule shape k (default from D, M)", default=None)
     block_size: int | None = _f("bd3lm: block size S (default D); mdlm: decoding sub-block", default=None)
+    keep_clean_bos: bool = _f("setdlm: BOS first in the reveal order and scored in training, not in the bound "
+                              "(the paper's LM1B/OWT setting; on in those presets)", default=False)
     tokenizer: str = _f("bpe, char, a tokenizer folder, or hf:NAME (Hub)", default="char")
     vocab_size: int = _f("BPE vocabulary size (special tokens included)", default=4096)
     length: int = _f("context length L", default=64)
@@ -146,7 +148,8 @@ class TrainConfig:
         return FamilyConfig(f, length=self.length, mask_token_id=mask_token_id,
                             block_size=self.block_size if f == "mdlm" else (self.block_size or self.D) if f == "bd3lm" else None,
                             D=self.D if f == "setdlm" else None, M=self.M if f == "setdlm" else None,
-                            k=self.k if f == "setdlm" else None)
+                            k=self.k if f == "setdlm" else None,
+                            keep_clean_bos=self.keep_clean_bos and f == "setdlm")
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         return ModelConfig(vocab_size=vocab_size, hidden_size=self.hidden_size, n_heads=self.n_heads,
