@@ -3,7 +3,7 @@
 Every subcommand is registered in ``COMMANDS`` below; ``setdlm --help`` lists them:
 
 * ``train``    — :func:`setdlm.train.train` (flags = the fields of :class:`setdlm.train.TrainConfig`)
-* ``eval``     — a checkpoint's likelihood bound (:func:`setdlm.train.likelihood`), reasoning accuracy or
+* ``eval``     — a checkpoint's likelihood bound (:func:`setdlm.evaluate.likelihood`), reasoning accuracy or
   infilling ROUGE (:func:`setdlm.evaluate.reasoning`, :func:`~setdlm.evaluate.infill`)
 * ``bench``    — speed/quality sweeps over checkpoints (:mod:`setdlm.bench`): table, Pareto plot, JSON
 * ``generate`` — :func:`setdlm.decoding.generate` on prompts from arguments, a file or stdin
@@ -164,8 +164,7 @@ def _eval_likelihood(model, args, training: dict) -> dict:
     bs = args.batch_size or training.get("eval_batch_size", 16)
     seed = training.get("eval_seed", 1) if args.seed is None else args.seed
     bf16 = args.bf16 or bool(training.get("bf16", False))
-    res = likelihood(model.backbone, model.family, data, batch_size=bs, seed=seed, bf16=bf16,
-                     device=next(model.backbone.parameters()).device, progress=True)
+    res = likelihood(model.backbone, model.family, data, batch_size=bs, seed=seed, bf16=bf16, progress=True)
     return {"task": "likelihood", "family": model.family.family, **res}
 
 
