@@ -1,5 +1,5 @@
 """Explicit reveal times at decoding (issue 13 item 2): ``reveal_times=`` replaces the reveal times sampled
-from each row's seed (SPEC §1.3, §4.5), so a decode of the reference can be replayed: every step caches
+from each row's seed (docs/method.md §1.3, §4.5), so a decode of the reference can be replayed: every step caches
 the tokens it committed in order of decreasing reveal time, and the result does not depend on the seed."""
 
 import pytest

@@ -193,7 +193,7 @@ def test_bd3lm_bound_does_not_force_masks(model64):
 
 def test_bd3lm_train_loss_is_per_row_mean(model64):
     """Issue 13 item 1: the BD3LM/MDLM training loss is the mean over each row's masked tokens, then the
-    mean over rows (paper §2.8, as the reference); rows with 8 and 9 masked tokens weigh the same, which a
+    mean over rows (docs/method.md §2.8, as the reference); rows with 8 and 9 masked tokens weigh the same, which a
     single mean over the batch's 17 masked tokens would not."""
     from setdlm.masks import bd3lm_two_stream_mask
 

@@ -77,7 +77,7 @@ def likelihood(model: Model, batches: Iterable, *, samples: int = 1, seed: int =
 
     ``samples``: passes over the data, each with freshly sampled orders / masks (``batches`` must then be
     re-iterable, e.g. a list or a DataLoader). Batch ``i`` of pass ``s`` draws them from
-    :func:`bound_generator` ``(seed, s, i)``, so the result is reproducible (SPEC §5.1 uses seed 1) and
+    :func:`bound_generator` ``(seed, s, i)``, so the result is reproducible (docs/method.md §5.1: seed 1) and
     does not depend on the batches before it. ``bf16``: autocast. ``dist`` (a :class:`setdlm.train.Dist`):
     under DDP each process scores every ``world``-th batch and the sums are all-reduced.
     """

@@ -133,8 +133,8 @@ def masked_diffusion_loss(model, batch: Batch, mask_token_id: int, schedule: Lin
     ce = _token_nll(logits, x, mask_token_id) * masked  # (B, L)
     t_tok = schedule.expand(t).to(ce.dtype).to(x.device)  # (B, L)
     nll = ce / t_tok  # weight −α'/(1−α) = 1/t on masked tokens, 0 elsewhere
-    # training: unweighted CE, mean over each row's masked tokens then over rows (paper §2.8 baselines, as
-    # the SetDLM loss); bound: token-weighted NELBO over the batch's targets
+    # training: unweighted CE, mean over each row's masked tokens then over rows (docs/method.md §2.8, as the
+    # SetDLM loss); bound: token-weighted NELBO over the batch's targets
     loss = _per_sequence_mean(ce, masked) if train else nll.sum() / targets.sum().clamp(min=1)
     return LossOutput(loss, nll, targets)
 
@@ -188,7 +188,7 @@ def setdlm_loss(model, batch: Batch, mask_token_id: int, schedule: StaggeredSche
     """
     L = batch.input_ids.shape[1]
     first = clean_bos(batch) if keep_clean_bos else torch.zeros_like(batch.attention_mask)  # (B, L)
-    if order is None:  # BOS out of the shuffled targets: it leads the order like context (SPEC §2.2)
+    if order is None:  # BOS out of the shuffled targets: it leads the order like context (docs/method.md §2.2)
         order = schedule.sample_order(batch.targets & ~first, generator=generator)  # (B, L)
     scored = batch.targets | first  # (B, L)
     inp = setdlm_inputs(batch, order, mask_token_id, set_ids, scored)

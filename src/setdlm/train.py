@@ -290,7 +290,7 @@ class _RowBatches(Sequence):
 def likelihood(backbone: nn.Module, family: FamilyConfig, data: TokenDataset, *, batch_size: int = 16,
                seed: int = 1, bf16: bool = False, dist: Dist | None = None, progress: bool = False) -> dict:
     """The held-out bound the trainer logs and ``setdlm eval`` prints: :func:`setdlm.evaluate.likelihood`
-    (the one estimator, SPEC §5.1) over the rows of ``data`` in batches of ``batch_size``, as a dict:
+    (the one estimator, docs/method.md §5.1) over the rows of ``data`` in batches of ``batch_size``, as a dict:
     ``nelbo = Σ nll / Σ tokens`` (nats per token), ``ppl``, ``bpd``, ``tokens``, and ``loss`` (the mean of
     the per-batch bounds, the reference's ``loss``). Batch ``i`` draws its orders/masks from a generator
     seeded by ``(seed, i)``, so the result does not depend on the number of processes (``dist``)."""

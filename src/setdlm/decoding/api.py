@@ -51,7 +51,7 @@ def generate(model, prompts, *, max_new_tokens: int = 64, window: int | None = N
     it off) once every position before it is decoded, at a stop string (needs a tokenizer; the text ends
     before it), or after ``max_new_tokens``. ``seed``: one int for every row or one per row.
     ``cache_order``: SetDLM order of newly cached tokens, ``"position"`` (the default) or ``"reveal"``
-    (decreasing reveal time, SPEC §4.5; the times sampled from each row's seed). ``reveal_times``: the
+    (decreasing reveal time, docs/method.md §4.5; the times sampled from each row's seed). ``reveal_times``: the
     reveal times themselves, per row one number per generated position (a (B, max_new_tokens) tensor or
     nested lists), in place of sampled ones: the cache order is then ``"reveal"`` and does not depend on
     the seed, so a decode of the reference can be replayed with its times. ``trace=True`` records every
@@ -264,7 +264,7 @@ def _cache_order(cache_order, times) -> str:
 
 
 def _reveal_times(reveal_times, n_targets: list[int]) -> list[torch.Tensor] | None:
-    """Explicit reveal times (SPEC §1.3): one row per sequence, one finite number per generated position
+    """Explicit reveal times (docs/method.md §1.3): one row per sequence, one finite number per generated position
     (left to right) → float64 tensors (n_b,), or None."""
     if reveal_times is None:
         return None

@@ -48,7 +48,7 @@ def init(backbone, st: DecodeState) -> None:
 
 
 def reveal_rank(st: DecodeState, schedule, times: list[torch.Tensor] | None = None) -> None:
-    """Order newly cached tokens by decreasing reveal time (SPEC §4.5): ``times`` per row (n_b,) for its
+    """Order newly cached tokens by decreasing reveal time (docs/method.md §4.5): ``times`` per row (n_b,) for its
     generated positions left to right, or one draw per generated position from each row's generator."""
     n = st.target.sum(-1).tolist()
     if times is None and max(n) > schedule.L:
