@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import make_model
-from setdlm.evaluate import likelihood
+from setdlm.evaluate import bound_generator, likelihood
 from setdlm.family import FamilyConfig
 from setdlm.lm import Model
 from setdlm.masks import causal_mask
@@ -90,15 +90,15 @@ def test_setdlm_d1_bound_equals_explicit_left_to_right_nlls():
 
 @pytest.mark.parametrize("family, kw", [("setdlm", dict(D=2)), ("mdlm", {}), ("bd3lm", dict(block_size=4))])
 def test_sampled_bounds_pool_per_token_nlls_over_passes(family, kw):
-    """k samples = k passes over the data with one seeded generator; the estimate is the mean of every
-    per-token NLL term of every pass (here equal to the mean of the k per-pass bounds, as every pass scores
-    the same tokens)."""
+    """k samples = k passes over the data, batch i of pass s seeded by bound_generator(seed, s, i); the
+    estimate is the mean of every per-token NLL term of every pass (here equal to the mean of the k
+    per-pass bounds, as every pass scores the same tokens)."""
     model = _model(family, **kw)
     batches = _batches(_sequences(6, seed=2), 4, width=L)  # BD3LM needs whole blocks
-    g = torch.Generator().manual_seed(5)
     passes = []
-    for _ in range(3):
-        outs = [compute_loss(model.backbone, model.family, b, train=False, generator=g) for b in batches]
+    for s in range(3):
+        outs = [compute_loss(model.backbone, model.family, b, train=False, generator=bound_generator(5, s, i))
+                for i, b in enumerate(batches)]
         terms = torch.cat([o.nll[o.mask] for o in outs])
         passes.append(terms)
     res = likelihood(model, batches, samples=3, seed=5, progress=False)

@@ -155,7 +155,8 @@ def test_mdlm_weights_and_train_loss(model64):
     xt = torch.where(masked, MASK, batch.input_ids)
     ce = -log_probs(model64(xt), MASK).gather(-1, batch.input_ids[..., None])[..., 0] * masked
     assert torch.allclose(ev.nll, ce / t, rtol=1e-12)
-    assert tr.loss.item() == pytest.approx((ce.sum() / 6).item(), rel=1e-12)
+    # training loss: per-row mean over masked tokens (2 in row 0, 4 in row 1), then the mean over rows
+    assert tr.loss.item() == pytest.approx(((ce[0].sum() / 2 + ce[1].sum() / 4) / 2).item(), rel=1e-12)
     assert ev.loss.item() == pytest.approx(((ce / t).sum() / 16).item(), rel=1e-12)
 
 
@@ -188,3 +189,31 @@ def test_bd3lm_bound_does_not_force_masks(model64):
     tr = masked_diffusion_loss(model64, batch, MASK, sch, two_stream=True, train=True, t=t, generator=g)
     assert (ev.nll > 0).sum() <= 5  # Binomial(64·16, 1e-3): a handful at most
     assert (tr.nll > 0).sum() == 64 * (L // S)  # one forced mask in every block
+
+
+def test_bd3lm_train_loss_is_per_row_mean(model64):
+    """Issue 13 item 1: the BD3LM/MDLM training loss is the mean over each row's masked tokens, then the
+    mean over rows (docs/method.md §2.8, as the reference); rows with 8 and 9 masked tokens weigh the same, which a
+    single mean over the batch's 17 masked tokens would not."""
+    from setdlm.masks import bd3lm_two_stream_mask
+
+    L, S = 16, 4
+    batch = _batch(B=2, L=L, seed=11)
+    sch = LinearSchedule(L, S)
+    masked = torch.zeros(2, L, dtype=torch.bool)
+    masked[0, [0, 2, 5, 6, 9, 10, 13, 15]] = True  # 8, at least one per block
+    masked[1, [1, 3, 4, 7, 8, 11, 12, 14, 15]] = True  # 9
+    t = torch.full((2, L // S), 0.5, dtype=torch.float64)
+    tr = masked_diffusion_loss(model64, batch, MASK, sch, two_stream=True, train=True, t=t, masked=masked)
+    x = batch.input_ids
+    xt = torch.where(masked, MASK, x)
+    pos = torch.arange(L).expand(2, L)
+    logits = model64(torch.cat([x, xt], 1), torch.cat([pos, pos], 1),
+                     bd3lm_two_stream_mask(batch.attention_mask, S))[:, L:]  # (2, L, V) the x_t half
+    ce = -log_probs(logits, MASK).gather(-1, x[..., None])[..., 0]  # (2, L) per-token CE
+    row0, row1 = ce[0, masked[0]].mean(), ce[1, masked[1]].mean()
+    assert tr.loss.item() == pytest.approx(((row0 + row1) / 2).item(), rel=1e-12)
+    token_mean = ce[masked].mean()  # the reduction this replaced: differs when the mask counts differ
+    assert abs(tr.loss.item() - token_mean.item()) > 1e-6
+    ev = masked_diffusion_loss(model64, batch, MASK, sch, two_stream=True, train=False, t=t, masked=masked)
+    assert ev.loss.item() == pytest.approx((ce[masked] / 0.5).sum().item() / (2 * L), rel=1e-12)  # token-weighted

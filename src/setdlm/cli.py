@@ -3,7 +3,7 @@
 Every subcommand is registered in ``COMMANDS`` below; ``setdlm --help`` lists them:
 
 * ``train``    — :func:`setdlm.train.train` (flags = the fields of :class:`setdlm.train.TrainConfig`)
-* ``eval``     — a checkpoint's likelihood bound (:func:`setdlm.train.likelihood`), reasoning accuracy or
+* ``eval``     — a checkpoint's likelihood bound (:func:`setdlm.evaluate.likelihood`), reasoning accuracy or
   infilling ROUGE (:func:`setdlm.evaluate.reasoning`, :func:`~setdlm.evaluate.infill`)
 * ``bench``    — speed/quality sweeps over checkpoints (:mod:`setdlm.bench`): table, Pareto plot, JSON
 * ``generate`` — :func:`setdlm.decoding.generate` on prompts from arguments, a file or stdin
@@ -93,7 +93,8 @@ def _add_schedule(sub) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 _CHOICES = {"family": ("ar", "mdlm", "bd3lm", "setdlm"), "lr_schedule": ("constant", "cosine")}
-_FAMILY_FLAGS = {"D": ("setdlm",), "M": ("setdlm",), "k": ("setdlm",), "block_size": ("bd3lm", "mdlm")}
+_FAMILY_FLAGS = {"D": ("setdlm",), "M": ("setdlm",), "k": ("setdlm",), "block_size": ("bd3lm", "mdlm"),
+                 "keep_clean_bos": ("setdlm",)}
 
 
 def _train(args) -> int:
@@ -135,8 +136,8 @@ def _add_train(sub) -> None:
         help_ = f.metadata.get("help", "")
         if f.name == "preset":
             p.add_argument(flag, choices=tuple(PRESETS), help="tiny (CPU, seconds), small (probe size), lm1b, owt")
-        elif kind is bool:
-            p.add_argument(flag, action="store_true", help=help_)
+        elif kind is bool:  # --flag / --no-flag: a preset may turn one on (keep_clean_bos)
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_)
         elif f.name == "out":
             p.add_argument(flag, required=True, help=help_)
         else:
@@ -163,8 +164,7 @@ def _eval_likelihood(model, args, training: dict) -> dict:
     bs = args.batch_size or training.get("eval_batch_size", 16)
     seed = training.get("eval_seed", 1) if args.seed is None else args.seed
     bf16 = args.bf16 or bool(training.get("bf16", False))
-    res = likelihood(model.backbone, model.family, data, batch_size=bs, seed=seed, bf16=bf16,
-                     device=next(model.backbone.parameters()).device, progress=True)
+    res = likelihood(model.backbone, model.family, data, batch_size=bs, seed=seed, bf16=bf16, progress=True)
     return {"task": "likelihood", "family": model.family.family, **res}
 
 

@@ -152,26 +152,65 @@ def is_reference_folder(folder: str | Path) -> bool:
 
 
 def read_reference_weights(folder: Path) -> dict[str, Tensor]:
-    """Every tensor of the folder's weight files (safetensors, or ``pytorch_model*.bin`` read with
+    """Every tensor of the folder's weights (safetensors, or ``pytorch_model*.bin`` read with
     ``torch.load(weights_only=True)``: tensors only, no code), ``_orig_mod.`` prefixes (torch.compile)
-    removed."""
-    from safetensors.torch import load_file
-
+    removed. One weights file, or the shards a ``*.index.json`` lists (its ``weight_map``, as
+    transformers loads them); several files without an index are refused rather than overlaid."""
     folder = Path(folder)
     files = sorted(folder.glob(_WEIGHT_FILES[0])) or sorted(folder.glob(_WEIGHT_FILES[1]))
     if not files:
         raise ValueError(f"{folder}: no weights found (expected *.safetensors or pytorch_model.bin)")
+    index = _shard_index(folder, files[0].suffix)
+    if index is None:
+        if len(files) > 1:
+            raise ValueError(f"{folder}: {len(files)} weights files ({', '.join(f.name for f in files)}) and no "
+                             "*.index.json saying how they combine; keep one, or add the sharded-checkpoint index")
+        return _read_weight_file(files[0])
+    path, weight_map = index
     sd: dict[str, Tensor] = {}
-    for f in files:
-        try:
-            part = load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu",
-                                                                                    weights_only=True)
-        except Exception as e:  # safetensors / torch raise their own error types for corrupt files
-            raise ValueError(f"{f}: cannot read the weights ({str(e).splitlines()[0]})") from None
-        if isinstance(part.get("state_dict"), dict):
-            part = part["state_dict"]
-        sd.update({k.replace("_orig_mod.", ""): v for k, v in part.items() if isinstance(v, Tensor)})
+    for name in sorted(set(weight_map.values())):
+        part = _read_weight_file(folder / name)
+        twice = sorted(set(part) & set(sd))
+        if twice:
+            raise ValueError(f"{path}: shard {name} repeats tensors of another shard: {twice[:3]}")
+        sd.update(part)
+    missing = sorted({k.replace("_orig_mod.", "") for k in weight_map} - set(sd))
+    if missing:
+        raise ValueError(f"{path}: tensors listed in weight_map are in no shard: {missing[:3]}")
     return sd
+
+
+def _shard_index(folder: Path, suffix: str) -> tuple[Path, dict[str, str]] | None:
+    """The sharded-checkpoint index of the weights kind ``suffix`` (``model.safetensors.index.json`` or
+    ``pytorch_model.bin.index.json``, transformers' names) as ``(path, weight_map)``, or None."""
+    found = sorted(folder.glob(f"*{suffix}.index.json"))
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ValueError(f"{folder}: several sharded-checkpoint indexes ({', '.join(f.name for f in found)})")
+    try:
+        weight_map = json.loads(found[0].read_text(encoding="utf-8")).get("weight_map")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise ValueError(f"{found[0]}: not a sharded-checkpoint index ({e})") from None
+    if not (isinstance(weight_map, dict) and weight_map and all(isinstance(v, str) for v in weight_map.values())):
+        raise ValueError(f"{found[0]}: no weight_map (tensor name -> shard file) in the index")
+    absent = sorted({v for v in weight_map.values() if not (folder / v).is_file()})
+    if absent:
+        raise ValueError(f"{found[0]}: shard files missing from {folder}: {', '.join(absent)}")
+    return found[0], weight_map
+
+
+def _read_weight_file(f: Path) -> dict[str, Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        part = load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu",
+                                                                                weights_only=True)
+    except Exception as e:  # safetensors / torch raise their own error types for corrupt files
+        raise ValueError(f"{f}: cannot read the weights ({str(e).splitlines()[0]})") from None
+    if isinstance(part.get("state_dict"), dict):
+        part = part["state_dict"]
+    return {k.replace("_orig_mod.", ""): v for k, v in part.items() if isinstance(v, Tensor)}
 
 
 def backbone_kind(cfg: dict, sd: dict) -> str:
@@ -205,6 +244,18 @@ def reference_length(cfg: dict) -> int:
     return int(L)
 
 
+def reference_keep_clean_bos(cfg: dict) -> bool:
+    """The run's ``keep_clean_bos`` (BOS first in the order, scored in training, dropped from the bound):
+    top level of the exported config, or its ``setdlm`` / ``model_config`` section; off when absent."""
+    for d in (cfg, cfg.get("setdlm") or {}, cfg.get("model_config") or {}):
+        v = d.get("keep_clean_bos") if isinstance(d, dict) else None
+        if v is not None:
+            if not isinstance(v, bool):
+                raise ValueError(f"the reference config's keep_clean_bos must be true or false, got {v!r}")
+            return v
+    return False
+
+
 def reference_family(cfg: dict, name: str = "", *, mask_token_id: int, D: int | None = None,
                      M: int | None = None) -> FamilyConfig:
     """The family of an authors' checkpoint, with the schedule rebuilt their way (see the module docstring)."""
@@ -217,7 +268,8 @@ def reference_family(cfg: dict, name: str = "", *, mask_token_id: int, D: int | 
         if D is None:
             raise ValueError(f"cannot tell D for {name or 'this checkpoint'}: no noise desired_block_size in its "
                              "config and no d{N}/tgt{N}/smax{2N} in its name; pass D explicitly")
-        return FamilyConfig("setdlm", length=L, mask_token_id=mask_token_id, D=int(D), M=M or min(2 * int(D), L))
+        return FamilyConfig("setdlm", length=L, mask_token_id=mask_token_id, D=int(D), M=M or min(2 * int(D), L),
+                            keep_clean_bos=reference_keep_clean_bos(cfg))
     if "bd3lm" in hay:
         m = re.search(r"(?:^|[-_])s(\d+)(?:$|[-_])", base)
         S = int(m.group(1)) if m else _pick(cfg, "block_size")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -50,48 +51,70 @@ def _as_batch(b) -> Batch:
     raise ValueError(f"a batch must be a setdlm.objectives.Batch or a (B, L) integer tensor, got {type(b).__name__}")
 
 
+def bound_generator(seed: int, sample: int, index: int, device=None) -> torch.Generator:
+    """The generator of batch ``index`` in pass ``sample`` of :func:`likelihood`: seeded by ``(seed, index)``
+    in the first pass (the trainer's held-out seeds) and by ``(seed, sample, index)`` in later ones, so that
+    a batch's orders and masks depend neither on the batches before it nor on the number of processes."""
+    from .train import derive_seed
+
+    parts = (seed, "eval", index) if sample == 0 else (seed, "eval", sample, index)
+    return torch.Generator(device=device).manual_seed(derive_seed(*parts))
+
+
+def _indexed(batches, rank: int, world: int) -> Iterator[tuple[int, object]]:
+    """``(index, batch)`` of the batches this process scores: every ``world``-th from ``rank``."""
+    if isinstance(batches, Sequence):
+        return ((i, batches[i]) for i in range(rank, len(batches), world))
+    return ((i, b) for i, b in enumerate(batches) if i % world == rank)
+
+
 @torch.no_grad()
-def likelihood(model: Model, batches: Iterable, *, samples: int = 1, seed: int = 1,
-               progress: bool = True) -> LikelihoodSummary:
-    """Likelihood bound of ``model`` over ``batches`` (``Batch`` objects or (B, L) token-id tensors).
+def likelihood(model: Model, batches: Iterable, *, samples: int = 1, seed: int = 1, bf16: bool = False,
+               dist=None, progress: bool = True) -> LikelihoodSummary:
+    """Likelihood bound of ``model`` over ``batches`` (``Batch`` objects or (B, L) token-id tensors): the
+    one estimator behind ``setdlm eval``, the trainer's held-out bound (:func:`setdlm.train.likelihood`)
+    and the lm-eval adapter's scores.
 
     ``samples``: passes over the data, each with freshly sampled orders / masks (``batches`` must then be
-    re-iterable, e.g. a list or a DataLoader). ``seed`` seeds the one generator used for all of them, so
-    the result is reproducible (SPEC §5.1 uses seed 1).
+    re-iterable, e.g. a list or a DataLoader). Batch ``i`` of pass ``s`` draws them from
+    :func:`bound_generator` ``(seed, s, i)``, so the result is reproducible (docs/method.md §5.1: seed 1) and
+    does not depend on the batches before it. ``bf16``: autocast. ``dist`` (a :class:`setdlm.train.Dist`):
+    under DDP each process scores every ``world``-th batch and the sums are all-reduced.
     """
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     if samples > 1 and isinstance(batches, Iterator):
         raise ValueError("samples > 1 passes over the data several times: give a list or a DataLoader, "
                          "not a one-shot iterator")
+    rank, world = (dist.rank, dist.world) if dist is not None else (0, 1)
     was_training = model.backbone.training
     model.backbone.eval()
     device = next(model.backbone.parameters()).device
-    generator = torch.Generator(device=device).manual_seed(seed)
-    pass_nats, pass_tokens = [], []
-    total = samples * len(batches) if hasattr(batches, "__len__") else None
+    sums = torch.zeros(samples, 4, dtype=torch.float64, device=device)  # per pass: nats, tokens, Σ bounds, batches
+    total = samples * -(-(len(batches) - rank) // world) if hasattr(batches, "__len__") else None
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
     try:
-        with tqdm(total=total, desc="likelihood", unit="batch", disable=not progress) as bar:
-            for _ in range(samples):
-                nats, tokens = 0.0, 0
-                for b in batches:
+        with tqdm(total=total, desc="likelihood", unit="batch", disable=not progress) as bar, amp:
+            for s in range(samples):
+                for i, b in _indexed(batches, rank, world):
                     out = compute_loss(model.backbone, model.family, _as_batch(b).to(device), train=False,
-                                       generator=generator)
-                    nats += float(out.nll.double().sum())  # (B, L) nats, 0 where not counted
-                    tokens += out.tokens
+                                       generator=bound_generator(seed, s, i, device))
+                    sums[s] += torch.stack([out.nll.double().sum(), out.mask.sum().double(), out.loss.double(),
+                                            torch.ones((), dtype=torch.float64, device=device)])
                     bar.update(1)
-                    seen = sum(pass_tokens) + tokens
-                    if seen:
-                        bar.set_postfix(nats_per_token=f"{(sum(pass_nats) + nats) / seen:.4f}")
-                pass_nats.append(nats)
-                pass_tokens.append(tokens)
+                    if sums[:, 1].sum() > 0:
+                        bar.set_postfix(nats_per_token=f"{float(sums[:, 0].sum() / sums[:, 1].sum()):.4f}")
     finally:
         model.backbone.train(was_training)
-    if pass_tokens[0] == 0:
+    if dist is not None and dist.active:
+        torch.distributed.all_reduce(sums)
+    nats, tokens, bounds, count = sums.cpu().unbind(-1)  # (samples,) each
+    if tokens[0] == 0:
         raise ValueError("no scored tokens in the data (empty batches, or every token padding or context)")
-    if len(set(pass_tokens)) > 1:
-        raise ValueError(f"the data changed between passes: scored tokens per pass {pass_tokens}")
-    return LikelihoodSummary(nats=sum(pass_nats) / samples, tokens=pass_tokens[0], samples=samples)
+    if len(set(tokens.tolist())) > 1:
+        raise ValueError(f"the data changed between passes: scored tokens per pass {[int(t) for t in tokens]}")
+    return LikelihoodSummary(nats=float(nats.sum()) / samples, tokens=int(tokens[0]), samples=samples,
+                             batch_mean=float(bounds.sum() / count.sum()))
 
 
 # ---------------------------------------------------------------------------------------------------------

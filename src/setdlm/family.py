@@ -8,6 +8,10 @@ family     fields used                            schedule
 ``bd3lm``  ``block_size`` = S                     ``LinearSchedule(L, S)``
 ``setdlm`` ``D``, ``M`` (default 2D), ``k``, ``b``  ``StaggeredSchedule.from_dm(L, D, M)``
 =========  =====================================  ==========================================
+
+``keep_clean_bos`` (SetDLM only, default off): train the way the paper's LM1B/OWT models were trained,
+with the row's BOS first in the reveal order, a MASK query scored by the loss, and left out of the
+likelihood bound (docs/concepts.md, "Conventions").
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class FamilyConfig:
     M: int | None = None  # SetDLM max set size (default 2D, capped at L)
     k: float | None = None  # optional explicit schedule shape
     b: float | None = None  # optional explicit window width
+    keep_clean_bos: bool = False  # SetDLM: BOS first in the order, scored in training, not in the bound
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -48,6 +53,10 @@ class FamilyConfig:
             self.block_size = min(32, self.length)
         if self.block_size is not None and not (1 <= self.block_size <= self.length):
             raise ValueError(f"block_size must lie in [1, L={self.length}], got {self.block_size}")
+        if not isinstance(self.keep_clean_bos, bool):
+            raise ValueError(f"keep_clean_bos must be true or false, got {self.keep_clean_bos!r}")
+        if self.keep_clean_bos and self.family != "setdlm":
+            raise ValueError(f"keep_clean_bos applies to family 'setdlm' only, not to {self.family!r}")
         self.schedule()  # validates D, M, k, b and divisibility
 
     def schedule(self):

@@ -19,7 +19,9 @@ Requests:
   under a sampled reveal order; MDLM/BD3LM their NELBO. ``samples=k`` averages the bound over k sampled
   orders / masks (the reference's ``num_importance_samples``). ``is_greedy`` is exact for AR and, for
   SetDLM, says whether every continuation token is its query's argmax under the sampled order; MDLM and
-  BD3LM report False.
+  BD3LM report False. The bound is :func:`setdlm.evaluate.likelihood`'s, batch for batch: request batch
+  ``i`` of sample ``s`` uses the same seeded generator, so these scores add up to what ``setdlm eval``
+  reports for the same rows, seed and batch size.
 * ``loglikelihood_rolling(text)`` — the bound of the whole text in disjoint windows of the context length.
 
 Paper GSM8K protocol (SPEC §5.2): ``gsm8k_paper=true`` with ``--apply_chat_template`` rebuilds the user
@@ -41,7 +43,8 @@ from tqdm.auto import tqdm
 
 from .checkpoint import load
 from .decoding import generate
-from .objectives import Batch, ar_loss, compute_loss, log_probs, setdlm_loss
+from .evaluate import bound_generator
+from .objectives import Batch, compute_loss, log_probs
 
 PAPER_INSTRUCTION = "Please reason step by step, and put your final answer within $\\boxed{}$. "
 _QUESTION = re.compile(r"^\s*Question:\s*(.*?)\s*(?:\nAnswer:\s*)?$", re.S)
@@ -241,31 +244,29 @@ class SetDLMLM(LM):
                 context[b, :len(ctx)] = True
             batch = Batch(ids, valid, context).to(self._device)
             lls, greedy = torch.zeros(B, dtype=torch.float64), torch.ones(B, dtype=torch.bool)
-            for s in range(self.samples):
-                g = torch.Generator(self._device).manual_seed(self.seed + 1_000_003 * lo + s)
+            for s in range(self.samples):  # batch i of pass s is seeded as setdlm.evaluate.likelihood seeds it
+                g = bound_generator(self.seed, s, lo // self.batch_size, self._device)
                 nll, ok = self._bound(backbone, fam, batch, g)
-                lls -= torch.where(batch.targets, nll, 0).double().sum(1).cpu() / self.samples
+                lls -= nll.double().sum(1).cpu() / self.samples
                 greedy &= (ok | ~batch.targets).all(1).cpu()
             results += [(float(ll), bool(gr)) for ll, gr in zip(lls, greedy)]
         return results
 
     @torch.no_grad()
     def _bound(self, backbone, fam, batch: Batch, generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-position NLL (B, L) of the family's bound and whether each target is the argmax of its
-        prediction (exact for AR, under the sampled order for SetDLM, all False for MDLM/BD3LM)."""
+        """Per-position NLL (B, L) of the family's bound (``compute_loss``, as ``setdlm eval`` computes it)
+        and whether each target is the argmax of its prediction (exact for AR, under the sampled order for
+        SetDLM, all False for MDLM/BD3LM)."""
         capture = _Capture(backbone)
+        out = compute_loss(capture, fam, batch, train=False, generator=generator)
+        lp = log_probs(capture.logits, fam.mask_token_id)
         if fam.family == "ar":
-            out = ar_loss(capture, batch, fam.mask_token_id)
             pred = torch.zeros_like(batch.input_ids)
-            pred[:, 1:] = log_probs(capture.logits[:, :-1], fam.mask_token_id).argmax(-1)
+            pred[:, 1:] = lp[:, :-1].argmax(-1)
             return out.nll, pred == batch.input_ids
         if fam.family == "setdlm":
-            order = fam.schedule().sample_order(batch.targets, generator=generator)  # as compute_loss samples it
-            out = setdlm_loss(capture, batch, fam.mask_token_id, order=order)
-            clean = batch.input_ids.gather(1, order)  # (B, L) labels by rank
-            hit = log_probs(capture.logits, fam.mask_token_id).argmax(-1) == clean  # (B, L) by rank
-            return out.nll, torch.zeros_like(hit).scatter(1, order, hit)
-        out = compute_loss(backbone, fam, batch, train=False, generator=generator)
+            hit = lp.argmax(-1) == batch.input_ids.gather(1, out.order)  # (B, L) by rank
+            return out.nll, torch.zeros_like(hit).scatter(1, out.order, hit)
         return out.nll, torch.zeros_like(batch.attention_mask)
 
 

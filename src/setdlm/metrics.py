@@ -111,12 +111,15 @@ class LikelihoodSummary:
     nats: float  # summed NLL of the split (averaged over the samples when there are several)
     tokens: int  # scored tokens in the split
     samples: int = 1  # order samples (passes over the split) behind the estimate
+    batch_mean: float | None = None  # mean of the per-batch bounds (the reference's ``loss``; not the estimate)
 
     def __post_init__(self):
         if self.tokens < 1:
             raise ValueError(f"a likelihood summary needs at least one scored token, got tokens={self.tokens}")
         if not math.isfinite(self.nats):
             raise ValueError(f"summed NLL is not finite: nats={self.nats}")
+        if self.batch_mean is not None and not math.isfinite(self.batch_mean):
+            raise ValueError(f"mean of the batch bounds is not finite: {self.batch_mean}")
 
     @property
     def nats_per_token(self) -> float:

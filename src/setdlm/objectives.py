@@ -5,11 +5,15 @@ reduction) and, for evaluation, per-token NLLs in nats at **original** positions
 tokens they count, so that a bound over a dataset is ``Σ nll / Σ mask``:
 
 * ``ar``     — exact next-token NLL.
-* ``mdlm``   — train: mean CE over masked tokens; bound: CE/t on masked tokens (1/t NELBO), over targets.
+* ``mdlm``   — train: mean CE over each row's masked tokens, then mean over rows (the reference's
+  reduction, docs/concepts.md "Conventions"); bound: CE/t on masked tokens (1/t NELBO), summed over the
+  batch and divided by its target tokens (token-weighted).
 * ``bd3lm``  — two-stream ``[x0, xt]`` with the block mask, ``t`` per block, ≥1 mask per block in training
   (not in the bound, whose masks must follow ``q(x_t | x_0)``); same weights.
 * ``setdlm`` — two-stream in reveal order, every target masked in the query stream, plain CE (no
   ``α'/(1−α)`` weight, SPEC §2.5, pitfall 1); loss = per-sequence mean, then mean over sequences.
+  ``keep_clean_bos`` (the paper's LM1B/OWT training, docs/concepts.md "Conventions"): the row's leading
+  BOS is revealed first, is a MASK query and is scored in training; the bound drops it (the first rank).
 
 The MASK logit is never predicted (−∞ before the softmax, SPEC pitfall 16). Context tokens
 (``context_mask``) are never masked and never in a loss; padding (``attention_mask`` False) is invisible.
@@ -55,6 +59,7 @@ class LossOutput:
     loss: Tensor  # () training loss
     nll: Tensor  # (B, L) nats per token at original positions, 0 where not counted
     mask: Tensor  # (B, L) bool, the tokens the bound counts
+    order: Tensor | None = None  # (B, L) SetDLM: the reveal order used (original position of each rank)
 
     @property
     def nats(self) -> float:
@@ -128,7 +133,9 @@ def masked_diffusion_loss(model, batch: Batch, mask_token_id: int, schedule: Lin
     ce = _token_nll(logits, x, mask_token_id) * masked  # (B, L)
     t_tok = schedule.expand(t).to(ce.dtype).to(x.device)  # (B, L)
     nll = ce / t_tok  # weight −α'/(1−α) = 1/t on masked tokens, 0 elsewhere
-    loss = ce.sum() / masked.sum().clamp(min=1) if train else nll.sum() / targets.sum().clamp(min=1)
+    # training: unweighted CE, mean over each row's masked tokens then over rows (docs/method.md §2.8, as the
+    # SetDLM loss); bound: token-weighted NELBO over the batch's targets
+    loss = _per_sequence_mean(ce, masked) if train else nll.sum() / targets.sum().clamp(min=1)
     return LossOutput(loss, nll, targets)
 
 
@@ -144,9 +151,22 @@ class TwoStreamInputs:
     order: Tensor  # (B, L) the permutation (original position of each rank)
 
 
-def setdlm_inputs(batch: Batch, order: Tensor, mask_token_id: int, set_ids: Tensor | None = None) -> TwoStreamInputs:
-    """Build the two-stream input for a given reveal order, padding handled in permuted coordinates."""
-    x, valid, targets = batch.input_ids, batch.attention_mask, batch.targets
+def clean_bos(batch: Batch) -> Tensor:
+    """(B, L) bool, True at position 0 of each row whose position 0 is the reference's unprompted BOS
+    (``keep_clean_bos``): a valid token that is a target or context alone (setdlm's rows mark BOS as
+    context; a BOS followed by a prompt belongs to the prompt and stays unscored context)."""
+    first = torch.zeros_like(batch.attention_mask)  # (B, L)
+    follows = batch.context_mask[:, 1] if batch.input_ids.shape[1] > 1 else torch.zeros_like(first[:, 0])
+    first[:, 0] = batch.attention_mask[:, 0] & ~follows
+    return first
+
+
+def setdlm_inputs(batch: Batch, order: Tensor, mask_token_id: int, set_ids: Tensor | None = None,
+                  scored: Tensor | None = None) -> TwoStreamInputs:
+    """Build the two-stream input for a given reveal order, padding handled in permuted coordinates.
+    ``scored`` (B, L): the tokens masked in the query stream (default the batch's targets)."""
+    x, valid = batch.input_ids, batch.attention_mask
+    targets = batch.targets if scored is None else scored
     x0p = x.gather(1, order)  # (B, L) clean tokens in reveal order
     valid_p = valid.gather(1, order)
     tgt_p = targets.gather(1, order)
@@ -157,22 +177,26 @@ def setdlm_inputs(batch: Batch, order: Tensor, mask_token_id: int, set_ids: Tens
 
 def setdlm_loss(model, batch: Batch, mask_token_id: int, schedule: StaggeredSchedule | None = None, *,
                 order: Tensor | None = None, set_ids: Tensor | None = None,
-                generator: torch.Generator | None = None) -> LossOutput:
+                generator: torch.Generator | None = None, keep_clean_bos: bool = False) -> LossOutput:
     """Two-stream any-order NLL in one sampled reveal order (SPEC §2.3–2.5).
 
     ``order`` (B, L): explicit permutation (tests, parity); otherwise sampled from ``schedule``.
     ``set_ids`` (B, L): optional set id per reveal rank (nondecreasing) to train with sets larger than one
     token (general set mask); default singleton sets, the paper's setting.
+    ``keep_clean_bos``: the row's BOS (:func:`clean_bos`) is placed first in the order, masked in the query
+    stream and scored (training's view; :func:`compute_loss` drops it from the bound).
     """
     L = batch.input_ids.shape[1]
-    if order is None:
-        order = schedule.sample_order(batch.targets, generator=generator)  # (B, L)
-    inp = setdlm_inputs(batch, order, mask_token_id, set_ids)
+    first = clean_bos(batch) if keep_clean_bos else torch.zeros_like(batch.attention_mask)  # (B, L)
+    if order is None:  # BOS out of the shuffled targets: it leads the order like context (docs/method.md §2.2)
+        order = schedule.sample_order(batch.targets & ~first, generator=generator)  # (B, L)
+    scored = batch.targets | first  # (B, L)
+    inp = setdlm_inputs(batch, order, mask_token_id, set_ids, scored)
     logits = model(inp.input_ids, inp.position_ids, inp.attn_mask, logits_start=L)  # (B, L, V): query stream
     nll_p = _token_nll(logits, inp.clean, mask_token_id) * inp.targets  # (B, L) by rank
     loss = _per_sequence_mean(nll_p, inp.targets)
     nll = torch.zeros_like(nll_p).scatter(1, order, nll_p)  # back to original positions
-    return LossOutput(loss, nll, batch.targets)
+    return LossOutput(loss, nll, scored, order)
 
 
 def compute_loss(model, family: FamilyConfig, batch: Batch, *, train: bool = True,
@@ -184,9 +208,12 @@ def compute_loss(model, family: FamilyConfig, batch: Batch, *, train: bool = Tru
     if family.family == "ar":
         return ar_loss(model, batch, family.mask_token_id)
     if family.family == "setdlm":
-        out = setdlm_loss(model, batch, family.mask_token_id, family.schedule(), generator=generator)
-        if not train:
-            out.loss = out.nll.sum() / out.mask.sum().clamp(min=1)
+        out = setdlm_loss(model, batch, family.mask_token_id, family.schedule(), generator=generator,
+                          keep_clean_bos=family.keep_clean_bos)
+        if not train:  # the bound counts the targets only: a kept BOS (the first rank) is dropped
+            mask = batch.targets & ~clean_bos(batch) if family.keep_clean_bos else batch.targets
+            nll = out.nll * mask  # (B, L)
+            out = LossOutput(nll.sum() / mask.sum().clamp(min=1), nll, mask, out.order)
         return out
     if family.family == "mdlm":
         return masked_diffusion_loss(model, batch, family.mask_token_id, LinearSchedule(L, L),

@@ -8,7 +8,8 @@ keyword to ``TrainConfig.from_preset``) overrides it.
 ``small``   the probe size: byte-level BPE (4096), L=128, d=256, 4 layers, 4 heads (≈5.3 M parameters)
 ``lm1b``    the paper's LM1B DiT: bert-base-uncased, L=128, d=768, 12 layers, 12 heads, dropout 0.1,
             batch 512, lr 3e-4 constant after 2500 warm-up steps, betas (0.9, 0.999), no weight
-            decay, EMA 0.9999, bf16, 1M steps, D=4 (M=8), BD3LM S=4
+            decay, EMA 0.9999, bf16, 1M steps, D=4 (M=8), BD3LM S=4; SetDLM with ``keep_clean_bos``
+            (BOS first in the order and scored in training, as the authors trained)
 ``owt``     the paper's OpenWebText DiT: gpt2 tokenizer (+MASK), L=1024, otherwise as ``lm1b``, D=8
             (M=16), BD3LM S=8
 ==========  ======================================================================================
@@ -30,8 +31,8 @@ PRESETS: dict[str, dict] = {
     "small": dict(tokenizer="bpe", vocab_size=4096, length=128, hidden_size=256, n_layers=4, n_heads=4,
                   batch_size=32, steps=5000, lr=1e-3, warmup=200, eval_every=500, save_every=500,
                   eval_batch_size=32, eval_max=512, D=4, block_size=4),
-    "lm1b": dict(_PAPER_DIT, tokenizer="hf:bert-base-uncased", length=128, D=4, block_size=4),
-    "owt": dict(_PAPER_DIT, tokenizer="hf:gpt2", length=1024, D=8, block_size=8),
+    "lm1b": dict(_PAPER_DIT, tokenizer="hf:bert-base-uncased", length=128, D=4, block_size=4, keep_clean_bos=True),
+    "owt": dict(_PAPER_DIT, tokenizer="hf:gpt2", length=1024, D=8, block_size=8, keep_clean_bos=True),
 }
 
 

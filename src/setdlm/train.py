@@ -26,6 +26,7 @@ import shutil
 import sys
 import time
 from contextlib import nullcontext
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
 from .data import TokenDataset, Tokenizer, build_dataset, build_tokenizer, heldout_split, read_source
+from .evaluate import likelihood as likelihood_bound
 from .family import FAMILIES, FamilyConfig
 from .lm import Model
 from .model import ModelConfig, Transformer
@@ -62,6 +64,8 @@ class TrainConfig:
     M: int | None = _f("setdlm: max set size M (default 2D, capped at L)", default=None)
     k: float | None = _f("setdlm: explicit schedule shape k (default from D, M)", default=None)
     block_size: int | None = _f("bd3lm: block size S (default D); mdlm: decoding sub-block", default=None)
+    keep_clean_bos: bool = _f("setdlm: BOS first in the reveal order and scored in training, not in the bound "
+                              "(the paper's LM1B/OWT setting; on in those presets)", default=False)
     tokenizer: str = _f("bpe, char, a tokenizer folder, or hf:NAME (Hub)", default="char")
     vocab_size: int = _f("BPE vocabulary size (special tokens included)", default=4096)
     length: int = _f("context length L", default=64)
@@ -146,7 +150,8 @@ class TrainConfig:
         return FamilyConfig(f, length=self.length, mask_token_id=mask_token_id,
                             block_size=self.block_size if f == "mdlm" else (self.block_size or self.D) if f == "bd3lm" else None,
                             D=self.D if f == "setdlm" else None, M=self.M if f == "setdlm" else None,
-                            k=self.k if f == "setdlm" else None)
+                            k=self.k if f == "setdlm" else None,
+                            keep_clean_bos=self.keep_clean_bos and f == "setdlm")
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         return ModelConfig(vocab_size=vocab_size, hidden_size=self.hidden_size, n_heads=self.n_heads,
@@ -267,34 +272,35 @@ def replica_divergence(model: nn.Module, dist: Dist) -> float:
 # ---------------------------------------------------------------------------------------------------------
 
 
+class _RowBatches(Sequence):
+    """The rows of a :class:`TokenDataset` as consecutive batches of ``size`` rows, built on access."""
+
+    def __init__(self, data: TokenDataset, size: int):
+        self.data, self.size = data, size
+
+    def __len__(self) -> int:
+        return -(-len(self.data) // self.size)
+
+    def __getitem__(self, i: int):
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.data.batch(torch.arange(i * self.size, min((i + 1) * self.size, len(self.data))))
+
+
 def likelihood(backbone: nn.Module, family: FamilyConfig, data: TokenDataset, *, batch_size: int = 16,
-               seed: int = 1, bf16: bool = False, device=None, dist: Dist | None = None,
-               progress: bool = False) -> dict:
-    """The family's likelihood bound over ``data`` (SPEC §5.1): ``nelbo = Σ nll / Σ tokens`` (nats per
-    token; exact NLL for AR, one sampled order per row for SetDLM, 1/t-weighted for MDLM/BD3LM), ``ppl``,
-    ``bpd``, ``tokens``, and ``loss`` (mean of per-batch bounds). Batch ``i`` draws its randomness from a
-    generator seeded by ``(seed, i)``, so the result does not depend on the number of processes."""
-    dist = dist or Dist(device=torch.device(device or "cpu"))
-    device = dist.device if device is None else torch.device(device)
+               seed: int = 1, bf16: bool = False, dist: Dist | None = None, progress: bool = False) -> dict:
+    """The held-out bound the trainer logs and ``setdlm eval`` prints: :func:`setdlm.evaluate.likelihood`
+    (the one estimator, docs/method.md §5.1) over the rows of ``data`` in batches of ``batch_size``, as a dict:
+    ``nelbo = Σ nll / Σ tokens`` (nats per token), ``ppl``, ``bpd``, ``tokens``, and ``loss`` (the mean of
+    the per-batch bounds, the reference's ``loss``). Batch ``i`` draws its orders/masks from a generator
+    seeded by ``(seed, i)``, so the result does not depend on the number of processes (``dist``)."""
     if len(data) == 0:
         raise ValueError("no rows to evaluate")
-    was_training = backbone.training
-    backbone.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # nll, tokens, Σ batch losses
-    starts = list(range(0, len(data), batch_size))
-    amp = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
-    with torch.no_grad(), amp:
-        for i in tqdm(range(dist.rank, len(starts), dist.world), disable=None if progress else True, desc="eval",
-                      leave=False):
-            batch = data.batch(torch.arange(starts[i], min(starts[i] + batch_size, len(data)))).to(device)
-            gen = torch.Generator(device).manual_seed(derive_seed(seed, "eval", i))
-            out = compute_loss(backbone, family, batch, train=False, generator=gen)
-            sums += torch.stack([out.nll.double().sum(), out.mask.sum().double(), out.loss.double()])
-    backbone.train(was_training)
-    nll, tokens, loss_sum = _all_reduce(sums, dist).tolist()
-    nelbo = nll / max(tokens, 1)
-    return {"nelbo": nelbo, "ppl": math.exp(min(nelbo, 700)), "bpd": nelbo / math.log(2), "tokens": int(tokens),
-            "loss": loss_sum / len(starts)}
+    res = likelihood_bound(Model(backbone, family), _RowBatches(data, batch_size), seed=seed, bf16=bf16,
+                           dist=dist, progress=progress)
+    nelbo = res.nats_per_token
+    return {"nelbo": nelbo, "ppl": math.exp(min(nelbo, 700)), "bpd": nelbo / math.log(2), "tokens": res.tokens,
+            "loss": res.batch_mean}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ def generate(model, prompts, *, max_new_tokens: int = 64, window: int | None = N
              length_penalty: tuple[int, float] | None = None, eos_token_id: int | Sequence[int] | None = None,
              ignore_eos: bool = False, stop: str | Sequence[str] | None = None,
              seed: int | Sequence[int] | None = None, batch_size: int | None = None,
-             cache_order: str = "position", progress: bool = False, trace: bool = False) -> GenerationOutput:
+             cache_order: str | None = None, reveal_times=None, progress: bool = False,
+             trace: bool = False) -> GenerationOutput:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
     ``prompts``: token-id lists or strings (strings need ``model.tokenizer``); one prompt alone is accepted
@@ -49,8 +50,12 @@ def generate(model, prompts, *, max_new_tokens: int = 64, window: int | None = N
     Stopping: a row ends at its first EOS (``eos_token_id``, default the tokenizer's; ``ignore_eos`` turns
     it off) once every position before it is decoded, at a stop string (needs a tokenizer; the text ends
     before it), or after ``max_new_tokens``. ``seed``: one int for every row or one per row.
-    ``cache_order``: SetDLM order of newly cached tokens, ``"position"`` or ``"reveal"`` (sampled reveal
-    times, SPEC §4.5). ``trace=True`` records every step of every row (:class:`StepTrace`).
+    ``cache_order``: SetDLM order of newly cached tokens, ``"position"`` (the default) or ``"reveal"``
+    (decreasing reveal time, docs/method.md §4.5; the times sampled from each row's seed). ``reveal_times``: the
+    reveal times themselves, per row one number per generated position (a (B, max_new_tokens) tensor or
+    nested lists), in place of sampled ones: the cache order is then ``"reveal"`` and does not depend on
+    the seed, so a decode of the reference can be replayed with its times. ``trace=True`` records every
+    step of every row (:class:`StepTrace`).
     """
     ids = _encode_all(model, prompts, "prompt", add_bos=True)
     if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
@@ -67,7 +72,7 @@ def generate(model, prompts, *, max_new_tokens: int = 64, window: int | None = N
                 block_size=block_size, temperature=temperature, top_p=top_p, top_k=top_k,
                 repetition_penalty=repetition_penalty, length_penalty=length_penalty, eos=eos,
                 stop_on_eos=not ignore_eos, stops=stops, seed=seed, batch_size=batch_size, cache_order=cache_order,
-                progress=progress, trace=trace)
+                reveal_times=reveal_times, progress=progress, trace=trace)
 
 
 def infill(model, prefixes, suffixes, lengths: int | Sequence[int], **kwargs) -> GenerationOutput:
@@ -91,13 +96,16 @@ def fill(model, sequences, *, window: int | None = None, threshold: float | None
          block_size: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
          repetition_penalty: float = 1.0, length_penalty: tuple[int, float] | None = None,
          eos_token_id: int | Sequence[int] | None = None, seed: int | Sequence[int] | None = None,
-         batch_size: int | None = None, progress: bool = False, trace: bool = False) -> GenerationOutput:
+         batch_size: int | None = None, reveal_times=None, progress: bool = False,
+         trace: bool = False) -> GenerationOutput:
     """Decode every MASK token of each sequence (token-id lists; strings only if the tokenizer can map
     text to the MASK id), at arbitrary positions: several gaps work for every family. Every non-MASK token is context:
     SetDLM caches it all up front and slides its window over the masks; MDLM sees it all every step;
     BD3LM sees the blocks before the current one; AR sees what lies before each gap. A row ends when no
     MASK is left (``finish_reason`` "done"); no EOS or stop strings apply. The repetition penalty counts
     the visible context too (SPEC §4.3). ``eos_token_id`` only serves the length penalty.
+    SetDLM caches newly committed tokens in ascending position, or, given ``reveal_times`` (per row one
+    number per MASK, left to right), by decreasing reveal time as :func:`generate` does.
     ``out.tokens`` lists the filled tokens left to right."""
     ids = _encode_all(model, sequences, "sequence")
     mask_id = model.family.mask_token_id
@@ -109,16 +117,19 @@ def fill(model, sequences, *, window: int | None = None, threshold: float | None
     return _run(model, ids, [[t == mask_id for t in s] for s in ids], mode="fill", window=window,
                 threshold=threshold, block_size=block_size, temperature=temperature, top_p=top_p, top_k=top_k,
                 repetition_penalty=repetition_penalty, length_penalty=length_penalty, eos=eos, stop_on_eos=False,
-                stops=(), seed=seed, batch_size=batch_size, cache_order="position", progress=progress, trace=trace)
+                stops=(), seed=seed, batch_size=batch_size, cache_order=None, reveal_times=reveal_times,
+                progress=progress, trace=trace)
 
 
 # ---------------------------------------------------------------------------------------------------------
 
 
 def _run(model, sequences, targets, *, mode, window, threshold, block_size, temperature, top_p, top_k,
-         repetition_penalty, length_penalty, eos, stop_on_eos, stops, seed, batch_size, cache_order, progress,
-         trace) -> GenerationOutput:
+         repetition_penalty, length_penalty, eos, stop_on_eos, stops, seed, batch_size, cache_order, reveal_times,
+         progress, trace) -> GenerationOutput:
     fam, backbone = model.family, model.backbone
+    times = _reveal_times(reveal_times, [sum(t) for t in targets])
+    cache_order = _cache_order(cache_order, times)
     sampling = Sampling(fam.mask_token_id, temperature=temperature, top_p=top_p, top_k=top_k,
                         repetition_penalty=repetition_penalty,
                         length_penalty=tuple(length_penalty) if length_penalty is not None else None,
@@ -126,8 +137,6 @@ def _run(model, sequences, targets, *, mode, window, threshold, block_size, temp
     cfg = DecodeConfig(sampling, fam.length, mode=mode, stop_on_eos=stop_on_eos, window=_window(fam, window),
                        block_size=_block_size(fam, block_size), cache_order=cache_order, stop=stops,
                        tokenizer=model.tokenizer, trace=trace)
-    if cache_order not in ("position", "reveal"):
-        raise ValueError(f"cache_order must be 'position' or 'reveal', got {cache_order!r}")
     B = len(sequences)
     if batch_size is not None and not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -136,7 +145,7 @@ def _run(model, sequences, targets, *, mode, window, threshold, block_size, temp
         if n_ctx > fam.length:
             raise ValueError(f"prompt {i} has {n_ctx} tokens, longer than the context length L={fam.length}")
     reveal = fam.family == "setdlm" and cache_order == "reveal"
-    seeds = _seeds(seed, B) if (not sampling.greedy or reveal) else None
+    seeds = _seeds(seed, B) if (not sampling.greedy or (reveal and times is None)) else None
     device = _device(backbone)
     bs = batch_size or B
     results, forwards = {}, 0
@@ -152,7 +161,7 @@ def _run(model, sequences, targets, *, mode, window, threshold, block_size, temp
                 gens = None if seeds is None else [torch.Generator(device=device).manual_seed(seeds[i]) for i in rows]
                 st = DecodeState([sequences[i] for i in rows], [targets[i] for i in rows], cfg, index=rows,
                                  generators=gens, device=device)
-                _decode_chunk(backbone, st, fam, reveal, bar if progress else None, n_targets)
+                _decode_chunk(backbone, st, fam, reveal, times, bar if progress else None, n_targets)
                 results.update(st.results)
                 forwards += st.forwards
     finally:
@@ -170,14 +179,15 @@ def _run(model, sequences, targets, *, mode, window, threshold, block_size, temp
                             trace=[r.trace for r in rows] if trace else None)
 
 
-def _decode_chunk(backbone, st: DecodeState, fam, reveal: bool, bar, n_targets: list[int]) -> None:
-    """Decode every row of ``st`` to the end: prefill, then one step per forward until all rows finished."""
+def _decode_chunk(backbone, st: DecodeState, fam, reveal: bool, times, bar, n_targets: list[int]) -> None:
+    """Decode every row of ``st`` to the end: prefill, then one step per forward until all rows finished.
+    ``times``: explicit reveal times of every row of the call (or None: sampled, when ``reveal``)."""
     decoder = DECODERS[fam.family]
     base = bar.n if bar is not None else 0
     if st.finish():  # rows with nothing to decode leave before any forward
         decoder.init(backbone, st)
         if reveal:
-            setdlm.reveal_rank(st, fam.schedule())
+            setdlm.reveal_rank(st, fam.schedule(), None if times is None else [times[i] for i in st.index.tolist()])
     while st.batch:
         decoder.step(backbone, st)
         st.finish()
@@ -242,6 +252,43 @@ def _block_size(fam, block_size) -> int:
     if fam.family not in ("bd3lm", "mdlm"):
         return 1
     return block_size if block_size is not None else fam.block_size
+
+
+def _cache_order(cache_order, times) -> str:
+    """The SetDLM cache order: ``"position"`` by default, ``"reveal"`` with explicit reveal times."""
+    if cache_order is not None and cache_order not in ("position", "reveal"):
+        raise ValueError(f"cache_order must be 'position' or 'reveal', got {cache_order!r}")
+    if times is not None and cache_order == "position":
+        raise ValueError("reveal_times order the cache by reveal time; they contradict cache_order='position'")
+    return "reveal" if times is not None else cache_order or "position"
+
+
+def _reveal_times(reveal_times, n_targets: list[int]) -> list[torch.Tensor] | None:
+    """Explicit reveal times (docs/method.md §1.3): one row per sequence, one finite number per generated position
+    (left to right) → float64 tensors (n_b,), or None."""
+    if reveal_times is None:
+        return None
+    if isinstance(reveal_times, torch.Tensor):
+        if reveal_times.dim() != 2:
+            raise ValueError(f"reveal_times must be (rows, positions), got a tensor of shape {tuple(reveal_times.shape)}")
+        reveal_times = list(reveal_times)
+    if isinstance(reveal_times, (str, bytes)) or not isinstance(reveal_times, Sequence):
+        raise TypeError(f"reveal_times must be one sequence of times per row, got {type(reveal_times).__name__}")
+    if len(reveal_times) != len(n_targets):
+        raise ValueError(f"reveal_times has {len(reveal_times)} rows, but {len(n_targets)} rows are decoded")
+    out = []
+    for i, (row, n) in enumerate(zip(reveal_times, n_targets)):
+        try:
+            t = torch.as_tensor(row, dtype=torch.float64)
+        except (TypeError, ValueError):
+            raise TypeError(f"reveal_times row {i} must hold numbers, got {str(row)[:40]!r}") from None
+        if t.dim() != 1 or t.numel() != n:
+            raise ValueError(f"reveal_times row {i} has shape {tuple(t.shape)}, but the row generates {n} "
+                             f"positions: give one time per position")
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"reveal_times row {i} holds a value that is not finite")
+        out.append(t)
+    return out
 
 
 def _stops(model, stop) -> tuple[str, ...]:

@@ -14,7 +14,8 @@ no clean tokens and persists nothing. The commit rule is :func:`setdlm.decoding.
 
 Newly cached tokens go in ascending position (``cache_order="position"``, the paper's default and the
 infilling rule) or by decreasing sampled reveal time (``"reveal"``, ``setdlm_fht_cache_order``: slot ``j`` of
-the ``N`` generated positions uses offset ``loc[L − N + j]`` of the length-``L`` schedule).
+the ``N`` generated positions uses offset ``loc[L − N + j]`` of the length-``L`` schedule), or by decreasing
+explicit reveal times (``reveal_times=``, to replay a given decode).
 
 Prefill caches every non-MASK token in ascending position, causally (the prompt; for infilling the prefix
 and the suffix: ``cache_full_infill_context``). On overflow (cache + new tokens > L) the entries with the
@@ -46,16 +47,17 @@ def init(backbone, st: DecodeState) -> None:
     prefill_positions(backbone, st, ~st.target & (st.pos < st.length[:, None]))
 
 
-def reveal_rank(st: DecodeState, schedule) -> None:
-    """Order newly cached tokens by decreasing sampled reveal time (SPEC §4.5): one draw per generated
-    position from each row's generator."""
+def reveal_rank(st: DecodeState, schedule, times: list[torch.Tensor] | None = None) -> None:
+    """Order newly cached tokens by decreasing reveal time (docs/method.md §4.5): ``times`` per row (n_b,) for its
+    generated positions left to right, or one draw per generated position from each row's generator."""
     n = st.target.sum(-1).tolist()
-    if max(n) > schedule.L:
+    if times is None and max(n) > schedule.L:
         raise ValueError(f"cache_order='reveal' needs max_new_tokens <= L={schedule.L}, got {max(n)}")
     key = torch.zeros(st.batch, st.S + 1, dtype=torch.float64, device=st.device)
-    for b, g in enumerate(st.generators):
-        times = schedule.sample_reveal_times(1, n[b], generator=g, device=st.device)[0]  # (n_b,)
-        key[b, st.target[b]] = -times  # ascending key = decreasing reveal time
+    for b in range(st.batch):
+        t = (times[b].to(st.device) if times is not None
+             else schedule.sample_reveal_times(1, n[b], generator=st.generators[b], device=st.device)[0])  # (n_b,)
+        key[b, st.target[b]] = -t  # ascending key = decreasing reveal time
     st.extra["pend_key"] = key.argsort(dim=-1, stable=True).argsort(dim=-1)  # (B, S+1) integer ranks
 
 
