@@ -12,7 +12,8 @@ import setdlm
 from eval_support import task_tokenizer, tiny
 from setdlm import bench, evaluate
 from setdlm.data import read_source, shakespeare_works
-from setdlm.data.tasks import infill_examples, infill_from_source, reasoning_split, split_of
+from setdlm.data.sources import infill_from_source
+from setdlm.data.tasks import infill_examples, reasoning_split, split_of
 from test_cli import assert_one_line_error, run
 from train_helpers import one_thread  # noqa: F401 (fixture)
 

@@ -10,7 +10,7 @@ from tokenizers import models, normalizers, pre_tokenizers, processors
 
 from setdlm.data import (Tokenizer, build_dataset, build_tokenizer, char_tokenizer, heldout_split, load_tokenizer,
                          pack_documents, pad_pairs, read_source, shakespeare_works, train_bpe)
-from setdlm.data.sources import Corpus
+from setdlm.data.corpus import Corpus
 
 TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 20
 

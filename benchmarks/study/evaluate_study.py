@@ -37,7 +37,8 @@ from runs import ADAPT, FAMILIES, steps_of  # noqa: E402
 
 import setdlm  # noqa: E402
 from setdlm import evaluate  # noqa: E402
-from setdlm.data.tasks import infill_from_source, reasoning_split  # noqa: E402
+from setdlm.data.sources import infill_from_source  # noqa: E402
+from setdlm.data.tasks import reasoning_split  # noqa: E402
 
 RUNS = Path("runs/study")
 OUT = Path(__file__).parent / "results"

@@ -4,7 +4,8 @@ from .checkpoint import load
 from .family import FAMILIES, FamilyConfig
 from .lm import Model
 from .model import KVCache, ModelConfig, Transformer
-from .objectives import Batch, LossOutput, compute_loss
+from .batch import Batch
+from .objectives import LossOutput, compute_loss
 from .schedules import LinearSchedule, StaggeredSchedule
 
 __version__ = "0.1.0"

@@ -276,7 +276,8 @@ def task_examples(task: str, models: Sequence[Model], *, data: str | None = None
     with the middle ``hidden`` (1 or 3) hidden from ``data`` (a text source; default the built-in
     ``shakespeare``), ``split``, shuffled by ``seed``: the first ``n`` that fit (all when None).
     """
-    from .data.tasks import infill_from_source, load_gsm8k_jsonl, reasoning_split
+    from .data.sources import infill_from_source
+    from .data.tasks import load_gsm8k_jsonl, reasoning_split
     from .evaluate import fits
 
     if n is not None and not (isinstance(n, int) and n >= 1):

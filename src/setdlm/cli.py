@@ -23,6 +23,7 @@ import sys
 import typing
 from pathlib import Path
 
+from .data.prompt import encode_prompt
 from .data.sources import iter_jsonl
 
 
@@ -464,7 +465,7 @@ def _check_ranges(args) -> None:
 
 
 def _n_tokens(tok, text: str) -> int:
-    return len(tok.encode(text)) + (tok.bos_token_id is not None)
+    return len(encode_prompt(tok, text))
 
 
 def _read_prompts(args) -> list[str]:

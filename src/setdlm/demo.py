@@ -38,7 +38,8 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
              progress: bool = True) -> dict:
     """Run the four parts; returns the numbers it printed (the live table as bench points)."""
     from . import bench, evaluate
-    from .data.tasks import infill_from_source, reasoning_split
+    from .data.sources import infill_from_source
+    from .data.tasks import reasoning_split
     from .metrics import extract_answer
 
     if not (isinstance(n, int) and n >= 3):

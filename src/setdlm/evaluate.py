@@ -36,10 +36,12 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from .batch import Batch
+from .data.prompt import encode_prompt, start_ids
 from .data.tasks import InfillExample, ReasoningExample, encode_infill
 from .lm import Model
 from .metrics import LikelihoodSummary, ThroughputStats, extract_answer, rouge, throughput_stats
-from .objectives import Batch, compute_loss
+from .objectives import compute_loss
 
 
 def _as_batch(b) -> Batch:
@@ -128,11 +130,6 @@ def _tokenizer(model: Model):
     return model.tokenizer
 
 
-def _bos(tok) -> list[int]:
-    bos = getattr(tok, "bos_token_id", None)
-    return [] if bos is None else [int(bos)]
-
-
 def _eos(tok) -> list[int]:
     eos = getattr(tok, "eos_token_id", None)
     return [] if eos is None else [int(eos)]
@@ -142,7 +139,7 @@ def prompt_ids(model: Model, example: ReasoningExample) -> list[int]:
     """The tokens a reasoning problem is decoded from: ``[BOS] + question + "\\n"``, as ``setdlm train`` lays
     out a prompt/completion pair (``[BOS] prompt completion [EOS]``)."""
     tok = _tokenizer(model)
-    return _bos(tok) + tok.encode(example.prompt)
+    return encode_prompt(tok, example.prompt)
 
 
 def infill_row(model: Model, example: InfillExample, *, eos: bool = False) -> tuple[list[int], int, list[int]]:
@@ -152,8 +149,8 @@ def infill_row(model: Model, example: InfillExample, *, eos: bool = False) -> tu
     tok = _tokenizer(model)
     pre, mid, suf = encode_infill(example, tok)
     if model.family.family == "ar":
-        return _bos(tok) + pre, len(mid), []
-    return _bos(tok) + pre, len(mid), suf + (_eos(tok) if eos else [])
+        return start_ids(tok) + pre, len(mid), []
+    return start_ids(tok) + pre, len(mid), suf + (_eos(tok) if eos else [])
 
 
 def fits(model: Model, example: ReasoningExample | InfillExample, *, eos: bool = False) -> bool:
@@ -164,7 +161,7 @@ def fits(model: Model, example: ReasoningExample | InfillExample, *, eos: bool =
         n = len(prompt_ids(model, example)) + len(tok.encode(example.completion)) + len(_eos(tok))
     elif isinstance(example, InfillExample):
         pre, mid, suf = encode_infill(example, tok)
-        n = len(_bos(tok)) + len(pre) + len(mid) + len(suf) + (len(_eos(tok)) if eos else 0)
+        n = len(start_ids(tok)) + len(pre) + len(mid) + len(suf) + (len(_eos(tok)) if eos else 0)
     else:
         raise ValueError(f"expected a ReasoningExample or an InfillExample, got {type(example).__name__}")
     return n <= model.family.length
@@ -477,7 +474,7 @@ def throughput_steps(model: Model, items: Sequence, *, warmup: int = 50, batch_s
 def _prompt(model: Model, p, i: int) -> list[int]:
     if isinstance(p, str):
         tok = _tokenizer(model)
-        return _bos(tok) + tok.encode(p)
+        return encode_prompt(tok, p)
     if isinstance(p, torch.Tensor):
         p = p.tolist()
     if not (isinstance(p, (list, tuple)) and all(isinstance(t, int) and t >= 0 for t in p)):

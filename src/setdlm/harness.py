@@ -41,10 +41,12 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
+from .batch import Batch
 from .checkpoint import load
+from .data.prompt import start_ids
 from .decoding import generate
 from .evaluate import bound_generator
-from .objectives import Batch, compute_loss, log_probs
+from .objectives import compute_loss, log_probs
 
 PAPER_INSTRUCTION = "Please reason step by step, and put your final answer within $\\boxed{}$. "
 _QUESTION = re.compile(r"^\s*Question:\s*(.*?)\s*(?:\nAnswer:\s*)?$", re.S)
@@ -117,9 +119,7 @@ class SetDLMLM(LM):
         return self._backend.encode(text, add_special_tokens=False).ids if text else []
 
     def _prefix(self) -> list[int]:
-        tok = self.model.tokenizer
-        bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-        return [bos] if self.add_bos and bos is not None else []
+        return start_ids(self.model.tokenizer, eos_fallback=True) if self.add_bos else []
 
     def _context(self, text: str) -> list[int]:
         ids = self.tok_encode(text)

@@ -26,32 +26,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .batch import Batch
 from .family import FamilyConfig
 from .masks import bd3lm_two_stream_mask, bidirectional_mask, causal_mask, setdlm_two_stream_mask, two_stream_set_mask
 from .schedules import LinearSchedule, StaggeredSchedule
-
-
-@dataclass
-class Batch:
-    input_ids: Tensor  # (B, L) long
-    attention_mask: Tensor  # (B, L) bool, False on padding
-    context_mask: Tensor | None = None  # (B, L) bool, True on prompt tokens
-
-    def __post_init__(self):
-        self.attention_mask = self.attention_mask.bool()
-        if self.context_mask is None:
-            self.context_mask = torch.zeros_like(self.attention_mask)
-        self.context_mask = self.context_mask.bool()
-        if self.input_ids.shape != self.attention_mask.shape or self.input_ids.shape != self.context_mask.shape:
-            raise ValueError("input_ids, attention_mask and context_mask must share one (B, L) shape")
-
-    @property
-    def targets(self) -> Tensor:
-        """(B, L) bool: tokens to be generated and scored."""
-        return self.attention_mask & ~self.context_mask
-
-    def to(self, device) -> "Batch":
-        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.context_mask.to(device))
 
 
 @dataclass

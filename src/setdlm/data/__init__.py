@@ -7,13 +7,21 @@ Typical use::
     tok = build_tokenizer("bpe", corpus.texts, vocab_size=4096)
     ds = build_dataset(corpus, tok, length=128)               # TokenDataset (N, L)
     train_idx, eval_idx = heldout_split(len(ds), 0.05)
+
+Modules, each importing only those above it: ``corpus`` (:class:`Corpus`), ``tokenizers``, ``prompt`` (a prompt
+string as ids, BOS included), ``tasks`` (reasoning and infilling examples), ``builtin`` (the shipped corpora),
+``sources`` (a source spec to a :class:`Corpus`; infilling examples from a source), ``dataset`` (token rows
+and :class:`setdlm.batch.Batch`es).
 """
 
 from .builtin import BUILTIN, load_builtin, register_builtin, shakespeare_works
+from .corpus import Corpus
 from .dataset import TokenDataset, build_dataset, heldout_split, pack_documents, pad_pairs
-from .sources import Corpus, read_source
+from .prompt import encode_prompt, start_ids
+from .sources import infill_from_source, read_source
 from .tokenizers import Tokenizer, build_tokenizer, char_tokenizer, from_hub, load_tokenizer, train_bpe
 
 __all__ = ["BUILTIN", "load_builtin", "register_builtin", "shakespeare_works", "TokenDataset", "build_dataset",
-           "heldout_split", "pack_documents", "pad_pairs", "Corpus", "read_source", "Tokenizer",
-           "build_tokenizer", "char_tokenizer", "from_hub", "load_tokenizer", "train_bpe"]
+           "heldout_split", "pack_documents", "pad_pairs", "encode_prompt", "start_ids", "Corpus", "read_source",
+           "infill_from_source", "Tokenizer", "build_tokenizer", "char_tokenizer", "from_hub", "load_tokenizer",
+           "train_bpe"]

@@ -22,7 +22,7 @@ from functools import partial
 from importlib import resources
 from typing import Callable
 
-from .sources import Corpus
+from .corpus import Corpus
 from .tasks import PRESETS, reasoning_split, without_heldout_windows
 
 

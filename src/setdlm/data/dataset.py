@@ -1,7 +1,7 @@
 """Token datasets: packing documents into fixed-length rows, padding prompt/completion pairs, and the fixed
 held-out split (SPEC.md §2.1, §5.1).
 
-Every example is a row of length ``L`` with the three tensors of :class:`setdlm.objectives.Batch`:
+Every example is a row of length ``L`` with the three tensors of :class:`setdlm.batch.Batch`:
 
 * **Documents** (language modelling) are tokenized, each followed by EOS, concatenated into one stream and
   cut into rows of ``L − 1`` tokens, each row starting with BOS (the last row is right-padded). BOS is
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..objectives import Batch
+from ..batch import Batch
 
 
 @dataclass
@@ -124,7 +124,7 @@ def pad_pairs(pairs: list[tuple[list[int], list[int]]], length: int, *, bos_id: 
 
 
 def build_dataset(corpus, tokenizer, length: int) -> TokenDataset:
-    """Tokenize a :class:`~setdlm.data.sources.Corpus` into rows of ``length`` (packed or padded)."""
+    """Tokenize a :class:`~setdlm.data.corpus.Corpus` into rows of ``length`` (packed or padded)."""
     if not isinstance(length, int) or length < 2:
         raise ValueError(f"context length L must be an integer >= 2, got {length!r}")
     pad = _filler(tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.mask_token_id)

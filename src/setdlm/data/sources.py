@@ -8,43 +8,22 @@ A source spec is one string:
 * a built-in corpus by name (``shakespeare``; see :mod:`setdlm.data.builtin`), offline;
 * ``hf:NAME[:CONFIG][@SPLIT]``: a Hugging Face dataset (optional extra ``datasets``; downloads).
 
-:func:`read_source` returns a :class:`Corpus`: either documents (language modelling) or prompt/completion
-pairs (the prompt becomes context, SPEC §2.1–2.2). Files must be UTF-8; errors name the file, the line
-and the problem.
+:func:`read_source` returns a :class:`~setdlm.data.corpus.Corpus`: either documents (language modelling) or
+prompt/completion pairs (the prompt becomes context, SPEC §2.1–2.2). Files must be UTF-8; errors name the
+file, the line and the problem. :func:`infill_from_source` draws sentence-infilling examples
+(:mod:`setdlm.data.tasks`) from a source's running text.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from .builtin import BUILTIN, load_builtin
+from .corpus import Corpus
+from .tasks import InfillExample, infill_examples
+
 TEXT_SUFFIXES = (".txt", ".md")
-
-
-@dataclass
-class Corpus:
-    """Documents for language modelling, or prompt/completion pairs; never both."""
-
-    texts: list[str] = field(default_factory=list)
-    pairs: list[tuple[str, str]] = field(default_factory=list)
-    name: str = ""
-
-    def __post_init__(self):
-        if self.texts and self.pairs:
-            raise ValueError(f"{self.name}: mixes 'text' records with 'prompt'/'completion' records")
-
-    @property
-    def is_pairs(self) -> bool:
-        return bool(self.pairs)
-
-    def __len__(self) -> int:
-        return len(self.pairs) if self.pairs else len(self.texts)
-
-    def extend(self, other: "Corpus") -> None:
-        self.texts += other.texts
-        self.pairs += other.pairs
-        self.__post_init__()
 
 
 def read_text_file(path: Path) -> str:
@@ -129,8 +108,6 @@ def read_hf_dataset(spec: str) -> Corpus:
 
 def read_source(spec: str) -> Corpus:
     """Resolve a source spec (see the module docstring). Raises ``ValueError`` on an empty corpus."""
-    from .builtin import BUILTIN, load_builtin
-
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"data source must be a path, a built-in name or hf:NAME, got {spec!r}")
     if spec.startswith("hf:"):
@@ -148,3 +125,13 @@ def read_source(spec: str) -> Corpus:
     elif not any(t.strip() for t in corpus.texts):
         raise ValueError(f"empty corpus: {spec!r} has no text")
     return corpus
+
+
+def infill_from_source(source: str, split: str, n: int | None = None, **kwargs) -> list[InfillExample]:
+    """:func:`~setdlm.data.tasks.infill_examples` over any text source of ``setdlm train --data``: a built-in
+    corpus (``"shakespeare"``), a text file, a folder or a ``{"text"}`` JSONL; documents are joined by blank
+    lines, so no window spans two of them."""
+    corpus = read_source(source)
+    if corpus.is_pairs:
+        raise ValueError(f"{source!r} holds prompt/completion pairs; infilling needs running text")
+    return infill_examples("\n\n".join(corpus.texts), split, n, **kwargs)

@@ -16,10 +16,10 @@ the largest intermediate result; presets ``easy``, ``medium``, ``hard``. Every a
 Infilling (``infill_examples``): windows of ``sentences`` consecutive sentences from any text, with the middle
 ``hidden`` sentences removed (ROCStories: 1 of 5 or 3 of 5, SPEC §5.4) so that
 ``prefix + middle + suffix`` is the window text exactly; ``encode_infill`` tokenizes the three parts
-separately, as the paper does, and the middle's token count is the oracle length. ``infill_from_source``
-draws them from any ``setdlm train`` text source, e.g. the built-in ``"shakespeare"``;
-``without_heldout_windows`` gives the text to train on so that validation and test windows stay unseen
-(the built-in ``"shakespeare-train"``).
+separately, as the paper does, and the middle's token count is the oracle length.
+:func:`setdlm.data.sources.infill_from_source` draws them from any ``setdlm train`` text source, e.g. the
+built-in ``"shakespeare"``; ``without_heldout_windows`` gives the text to train on so that validation and
+test windows stay unseen (the built-in ``"shakespeare-train"``).
 
 Splits: an example belongs to ``train``, ``validation`` or ``test`` by a keyed hash of its text (the question,
 or the infill window), 10% validation and 10% test. The split of a text never depends on the seed, the
@@ -406,18 +406,6 @@ def infill_from_file(path: str | Path, split: str, n: int | None = None, **kwarg
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     return infill_examples(text, split, n, **kwargs)
-
-
-def infill_from_source(source: str, split: str, n: int | None = None, **kwargs) -> list[InfillExample]:
-    """``infill_examples`` over any text source of ``setdlm train --data``: a built-in corpus
-    (``"shakespeare"``), a text file, a folder or a ``{"text"}`` JSONL; documents are joined by blank lines,
-    so no window spans two of them."""
-    from .sources import read_source
-
-    corpus = read_source(source)
-    if corpus.is_pairs:
-        raise ValueError(f"{source!r} holds prompt/completion pairs; infilling needs running text")
-    return infill_examples("\n\n".join(corpus.texts), split, n, **kwargs)
 
 
 def without_heldout_windows(text: str, *, sentences: int = 5, max_chars: int | None = None,

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 from tqdm.auto import tqdm
 
+from ..data.prompt import encode_prompt, start_ids
 from . import ar, bd3lm, mdlm, setdlm
 from .output import GenerationOutput
 from .sampling import Sampling
@@ -221,18 +222,16 @@ def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: boo
         if isinstance(x, str):
             if tok is None:
                 raise ValueError(f"{what} {i} is a string but the model has no tokenizer; pass token ids")
-            bos = getattr(tok, "bos_token_id", None) if add_bos else None
-            x = ([bos] if bos is not None else []) + tok.encode(x)
+            x = encode_prompt(tok, x) if add_bos else tok.encode(x)
         if isinstance(x, torch.Tensor):
             x = x.tolist()
         x = list(x)
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in x):
             raise ValueError(f"{what} {i} must hold non-negative integer token ids, got {x[:8]!r}")
         if not x and not allow_empty:
-            bos = getattr(tok, "bos_token_id", None) if tok is not None else None
-            if bos is None:
+            x = start_ids(tok) if tok is not None else []
+            if not x:
                 raise ValueError(f"{what} {i} is empty and no BOS token is known to start it")
-            x = [bos]
         out.append(x)
     return out
 

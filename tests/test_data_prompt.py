@@ -1,0 +1,66 @@
+"""A prompt string becomes ``[BOS] + encode(text)`` in one place (setdlm.data.prompt), and every caller agrees:
+the training layout of a prompt/completion pair, ``generate`` / ``infill`` on strings and the task evaluator."""
+
+import pytest
+
+from conftest import make_model
+from setdlm import FamilyConfig, Model
+from setdlm.data import Corpus, Tokenizer, build_dataset, char_tokenizer, encode_prompt, start_ids
+from setdlm.data.tasks import reasoning_split
+from setdlm.evaluate import prompt_ids
+
+TEXT = "to be or not to be, that is the question 0123456789\n"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return char_tokenizer([TEXT])
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    backbone = make_model(vocab=tok.vocab_size, hidden=32, heads=2, layers=2, seed=3)
+    return Model(backbone, FamilyConfig("ar", 32, tok.mask_token_id), tok)
+
+
+def test_bos_then_the_text(tok):
+    assert tok.bos_token_id is not None
+    assert start_ids(tok) == [tok.bos_token_id]
+    assert encode_prompt(tok, "to be") == [tok.bos_token_id] + tok.encode("to be")
+    assert encode_prompt(tok, "") == [tok.bos_token_id]
+    with pytest.raises(TypeError, match="a prompt must be a string"):
+        encode_prompt(tok, [1, 2])
+
+
+def test_no_bos_no_start_token(tok):
+    no_bos = Tokenizer(tok.backend, kind="char", eos=tok.tokens["eos"], pad=tok.tokens["pad"],
+                       mask=tok.tokens["mask"], unk=tok.tokens["unk"])
+    assert no_bos.bos_token_id is None
+    assert start_ids(no_bos) == [] and encode_prompt(no_bos, "to be") == tok.encode("to be")
+    assert start_ids(no_bos, eos_fallback=True) == [tok.eos_token_id]  # lm-eval's prefix token
+    assert start_ids(tok, eos_fallback=True) == [tok.bos_token_id]  # BOS wins when there is one
+    neither = Tokenizer(tok.backend, kind="char", mask=tok.tokens["mask"], unk=tok.tokens["unk"])
+    assert start_ids(neither, eos_fallback=True) == []
+
+
+def test_training_context_is_the_encoded_prompt(tok):
+    """A pair is laid out ``[BOS] prompt completion [EOS]`` with exactly the encoded prompt as context, so a
+    model is decoded from the same tokens it was trained on."""
+    ds = build_dataset(Corpus(pairs=[("to be or", " not to be")]), tok, 32)
+    n_ctx = int(ds.context_mask[0].sum())
+    assert ds.input_ids[0, :n_ctx].tolist() == encode_prompt(tok, "to be or")
+    assert ds.context_mask[0, :n_ctx].all()
+
+
+def test_generate_and_infill_encode_strings_with_the_bos(model, tok):
+    ids = encode_prompt(tok, "to be or")
+    by_text = model.generate("to be or", max_new_tokens=4)
+    by_ids = model.generate([ids], max_new_tokens=4)
+    assert by_text.sequences == by_ids.sequences and by_text.sequences[0][:len(ids)] == ids
+    filled = model.infill("to be", " be", 2)
+    assert filled.sequences[0][:len(encode_prompt(tok, "to be"))] == encode_prompt(tok, "to be")
+
+
+def test_task_prompts_are_encoded_prompts(model, tok):
+    ex = reasoning_split("test", 1, level="easy")[0]
+    assert prompt_ids(model, ex) == encode_prompt(tok, ex.prompt)

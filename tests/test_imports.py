@@ -1,0 +1,308 @@
+"""The package's import graph: no cycles, every internal import resolves, every module imports on its own.
+
+Every module of ``src/setdlm`` is parsed with :mod:`ast`; its setdlm-internal imports are split into
+module-level ones (run when the module is imported) and function-level ones (run when the function is called:
+the accepted way to break a cycle). Cycles count only through module-level imports. An import of a package
+(``from .data import X``) is an edge to the package's ``__init__``; of a submodule (``from .data import tasks``,
+``from .data.tasks import X``) an edge to that submodule.
+
+Run ``pytest -q tests/test_imports.py`` to check; a failure prints the cycle (``a -> b -> a``). Lazy imports
+still close two loops today, neither counted: among the loading modules (``checkpoint``, ``convert``,
+``pretrained``, ``lm``; issue 16 item 1) and between ``cli`` and ``train``. Inside ``setdlm.data`` not even a
+lazy import may close one.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+import setdlm
+
+SRC = Path(setdlm.__file__).resolve().parent  # src/setdlm of the checkout under test
+
+ENTRY_POINTS = {"setdlm.__main__"}  # runs the CLI when imported
+
+
+def module_name(path: Path) -> str:
+    parts = ("setdlm",) + path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1]) if parts[-1] == "__init__" else ".".join(parts)
+
+
+@lru_cache(maxsize=None)
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def _is_package(name: str, mods: dict[str, Path]) -> bool:
+    return mods[name].name == "__init__.py"
+
+
+def _targets(node: ast.AST, here: str, mods: dict[str, Path]) -> list[tuple[str, str | None]]:
+    """``(module, name)`` pairs an import statement reaches inside setdlm; ``name`` None for ``import m``."""
+    if isinstance(node, ast.Import):
+        return [(a.name, None) for a in node.names if a.name.split(".")[0] == "setdlm"]
+    if node.level:
+        package = here if _is_package(here, mods) else here.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            package = package.rpartition(".")[0]
+        base = f"{package}.{node.module}" if node.module else package
+    else:
+        base = node.module or ""
+    if base.split(".")[0] != "setdlm":
+        return []
+    return [(f"{base}.{a.name}", None) if f"{base}.{a.name}" in mods else (base, a.name) for a in node.names]
+
+
+def _function_level(tree: ast.Module) -> set[int]:
+    """ids of the import nodes nested in a function (or lambda) body."""
+    out = set()
+    for f in ast.walk(tree):
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            out |= {id(n) for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return out
+
+
+def parse_imports(mods: dict[str, Path]) -> dict[str, dict[str, list[tuple[str, str | None, int]]]]:
+    """Per module: ``{"module": [...], "function": [...]}`` of ``(target module, imported name, line)``."""
+    out = {}
+    for name, path in mods.items():
+        tree = _tree(path)
+        lazy = _function_level(tree)
+        found = {"module": [], "function": []}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                level = "function" if id(node) in lazy else "module"
+                found[level] += [(t, n, node.lineno) for t, n in _targets(node, name, mods)]
+        out[name] = found
+    return out
+
+
+def module_graph(imports) -> dict[str, set[str]]:
+    """setdlm module -> the setdlm modules it imports at module level (self-imports of a package dropped)."""
+    return {m: {t for t, _, _ in found["module"] if t != m} for m, found in imports.items()}
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's components, each sorted, in dependency order (a component after everything it imports)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def find_cycle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """One cycle through ``component`` (a strongly connected set of two or more modules), closed: [a, ..., a]."""
+    inside = set(component)
+    path, seen = [component[0]], {component[0]: 0}
+    while True:
+        nxt = min(w for w in graph[path[-1]] if w in inside)
+        if nxt in seen:
+            return path[seen[nxt]:] + [nxt]
+        seen[nxt] = len(path)
+        path.append(nxt)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    return [find_cycle(graph, c) for c in strongly_connected(graph) if len(c) > 1]
+
+
+def without(graph: dict[str, set[str]], edges) -> dict[str, set[str]]:
+    return {m: {t for t in ts if (m, t) not in edges} for m, ts in graph.items()}
+
+
+@pytest.fixture(scope="module")
+def mods():
+    return modules()
+
+
+@pytest.fixture(scope="module")
+def imports(mods):
+    return parse_imports(mods)
+
+
+# -- the checker itself ---------------------------------------------------------------------------------------
+
+
+def test_cycle_finder_on_small_graphs():
+    g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(g) == [["a", "b", "c", "a"]]
+    assert cycles(without(g, {("c", "a")})) == []
+    order = [m for comp in strongly_connected(without(g, {("c", "a")})) for m in comp]
+    assert order.index("c") < order.index("b") < order.index("a") < order.index("d")  # dependencies first
+    two = {"x": {"y", "z"}, "y": {"x"}, "z": {"y"}}
+    assert cycles(two) == [["x", "y", "x"]]
+
+
+def test_parser_sorts_module_and_function_level():
+    src = ("from .a import f\nimport setdlm.b\nfrom . import c\nimport os\n"
+           "def g():\n    from .d import h\n    return h\n")
+    pkg = {"setdlm": SRC / "__init__.py", "setdlm.x": SRC / "x.py", "setdlm.a": SRC / "a.py",
+           "setdlm.b": SRC / "b.py", "setdlm.c": SRC / "c.py", "setdlm.d": SRC / "d.py"}
+    tree = ast.parse(src)
+    lazy = _function_level(tree)
+    found = {"module": [], "function": []}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found["function" if id(node) in lazy else "module"] += _targets(node, "setdlm.x", pkg)
+    assert sorted(found["module"]) == [("setdlm.a", "f"), ("setdlm.b", None), ("setdlm.c", None)]
+    assert found["function"] == [("setdlm.d", "h")]
+
+
+# -- the package ------------------------------------------------------------------------------------------------
+
+
+def test_every_internal_import_resolves(mods, imports):
+    """Every setdlm import, lazy ones included, names an existing module and a name it defines (a moved
+    function whose lazy importers were not updated fails here, not at run time)."""
+    defined = {m: _top_level_names(p) for m, p in mods.items()}
+    bad = [f"{m}:{line}: {t}" + (f".{n}" if n else "")
+           for m, found in imports.items() for t, n, line in found["module"] + found["function"]
+           if t not in mods or (n is not None and n != "*" and n not in defined[t])]
+    assert not bad, "imports that do not resolve:\n" + "\n".join(bad)
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """Names a module defines when imported: its top-level defs, classes, imports and assignments (also
+    inside top-level if / try / for blocks), not names local to a function or class body."""
+    names, todo = set(), list(_tree(path).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif not isinstance(node, ast.Lambda):
+            todo += ast.iter_child_nodes(node)
+    return names
+
+
+def test_no_import_cycles(imports):
+    found = cycles(module_graph(imports))
+    assert not found, "import cycles (module-level imports):\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_data_layer_is_acyclic_with_lazy_imports_too(imports):
+    """Inside ``setdlm.data`` not even a function-level import may close a cycle."""
+    graph = {m: {t for t, _, _ in found["module"] + found["function"] if t.startswith("setdlm.data") and t != m}
+             for m, found in imports.items() if m.startswith("setdlm.data")}
+    assert not cycles(graph), cycles(graph)
+
+
+# The child process: preload third-party libraries, then for each module of standalone_imports (started in
+# dependency order, a few at a time) fork a process that imports that module alone, with no setdlm module
+# loaded before it.
+_CHILD = r"""
+import importlib, json, os, sys, traceback
+for lib in ("torch", "numpy", "tokenizers", "safetensors.torch", "tqdm.auto", "importlib.metadata", "urllib.request"):
+    importlib.import_module(lib)
+
+def child(name, w):
+    try:
+        importlib.import_module(name)
+        msg = "ok"
+    except ModuleNotFoundError as e:  # a missing optional dependency skips; a missing setdlm module fails
+        msg = ("skip " if e.name and e.name.split(".")[0] != "setdlm" else "fail ") + repr(e)
+    except BaseException:
+        msg = "fail " + traceback.format_exc(limit=-3)
+    os.write(w, msg.encode()[:60000])
+    os._exit(0)
+
+names, report, running = json.loads(sys.argv[1]), {}, {}
+for name in names + [None] * len(names):
+    if name is None or len(running) >= max(2, os.cpu_count() or 1):
+        if not running:
+            break
+        pid, _ = os.waitpid(-1, 0)
+        done, r = running.pop(pid)
+        report[done] = os.read(r, 65536).decode() or "fail: the child died"
+        os.close(r)
+    if name is not None:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            child(name, w)
+        os.close(w)
+        running[pid] = (name, r)
+print(json.dumps({n: report[n] for n in names}))
+"""
+
+
+def reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module that importing ``start`` loads (module-level imports, transitively), ``start`` included."""
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += graph.get(m, ())
+    return seen
+
+
+def standalone_imports(graph: dict[str, set[str]]) -> list[str]:
+    """The modules to import one per fresh process, in dependency order. Python runs a module's parent
+    packages first, so a module that one of its parent packages already loads (``setdlm.batch`` through
+    ``setdlm/__init__``, ``setdlm.data.corpus`` through ``setdlm/data/__init__``) imports exactly as its
+    package does and needs no process of its own."""
+    def covered(m: str) -> bool:
+        parts = m.split(".")
+        return any(m in reached(graph, ".".join(parts[:i])) for i in range(1, len(parts)))
+
+    order = [m for comp in strongly_connected(graph) for m in comp]
+    return [m for m in order if m not in ENTRY_POINTS and not covered(m)]
+
+
+def test_standalone_imports_skip_only_what_a_package_loads():
+    g = {"setdlm": {"setdlm.a"}, "setdlm.a": {"setdlm.b"}, "setdlm.b": set(), "setdlm.c": {"setdlm.a"},
+         "setdlm.p": {"setdlm.p.x"}, "setdlm.p.x": set(), "setdlm.p.y": {"setdlm.c"}}
+    assert standalone_imports(g) == ["setdlm", "setdlm.c", "setdlm.p", "setdlm.p.y"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_every_module_imports_on_its_own(mods, imports):
+    order = standalone_imports(module_graph(imports))
+    assert {"setdlm", "setdlm.data", "setdlm.decoding", "setdlm.train"} <= set(order)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC.parent), os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(order)], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads(res.stdout.strip().splitlines()[-1])
+    assert list(report) == order
+    failed = {m: msg for m, msg in report.items() if msg.startswith("fail")}
+    assert not failed, "modules that do not import on their own:\n" + "\n".join(f"{m}: {v}" for m, v in failed.items())
