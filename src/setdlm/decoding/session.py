@@ -19,7 +19,7 @@ can be joined; a row must therefore fit: prompt + ``max_new_tokens`` <= ``width`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -52,7 +52,9 @@ class RowStep:
 
 
 @dataclass
-class _Row:
+class Row:
+    """One prepared row: its canvas (prompt, then MASK × max_new_tokens), config and seed."""
+
     sequence: list[int]
     config: DecodeConfig
     seed: int | None
@@ -75,7 +77,7 @@ class Session:
         self.device = _device(model.backbone)
         self.groups: dict[tuple, DecodeState] = {}  # config key → the running rows of that config
         self.pending: list[int] = []  # rows added, joining at the next step
-        self.rows: dict[int, _Row] = {}
+        self.rows: dict[int, Row] = {}
         self.next_id = 0
         self.forwards = 0  # decoding forwards of the session (prefill excluded), every group counted
 
@@ -83,44 +85,20 @@ class Session:
         """Rows not finished yet (running and pending)."""
         return len(self.rows)
 
-    def add(self, prompt, *, max_new_tokens: int = 64, window: int | None = None, threshold: float | None = None,
-            block_size: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-            repetition_penalty: float = 1.0, length_penalty: tuple[int, float] | None = None,
-            eos_token_id=None, ignore_eos: bool = False, stop=None, seed: int | None = None,
-            cache_order: str = "position") -> int:
-        """Queue one prompt (string or token ids) with :func:`~setdlm.decoding.generate`'s settings; it joins
-        the batch at the next :meth:`step`. Returns the row's id. Invalid settings raise ValueError here."""
-        model, fam = self.model, self.model.family
-        (ids,) = _encode_all(model, [prompt], "prompt", add_bos=True)
-        if not (isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens >= 1):
-            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        if fam.mask_token_id in ids:
-            raise ValueError(f"the prompt contains the MASK id {fam.mask_token_id}")
-        if len(ids) + max_new_tokens > self.width:
-            raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceed the context "
-                             f"length {self.width}")
-        if cache_order not in ("position", "reveal"):
-            raise ValueError(f"cache_order must be 'position' or 'reveal', got {cache_order!r}")
-        if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool)):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
-        eos = _eos_ids(model, eos_token_id)
-        sampling = Sampling(fam.mask_token_id, temperature=temperature, top_p=top_p, top_k=top_k,
-                            repetition_penalty=repetition_penalty,
-                            length_penalty=tuple(length_penalty) if length_penalty is not None else None,
-                            threshold=threshold, eos_token_ids=tuple(eos))
-        cfg = DecodeConfig(sampling, fam.length, mode="generate", stop_on_eos=not ignore_eos,
-                           window=_window(fam, window), block_size=_block_size(fam, block_size),
-                           cache_order=cache_order, stop=_stops(model, stop), tokenizer=model.tokenizer, trace=True)
-        if fam.family == "setdlm" and cache_order == "reveal" and max_new_tokens > fam.length:
-            raise ValueError(f"cache_order='reveal' needs max_new_tokens <= L={fam.length}, got {max_new_tokens}")
-        needs_seed = not sampling.greedy or (fam.family == "setdlm" and cache_order == "reveal")
-        if needs_seed:
-            seed = _seeds(seed, 1)[0]
-        row = self.next_id
+    def add(self, prompt, **kwargs) -> int:
+        """Queue one prompt (string or token ids) with :func:`~setdlm.decoding.generate`'s settings
+        (:func:`prepare`); it joins the batch at the next :meth:`step`. Returns the row's id."""
+        return self.add_prepared(prepare(self.model, prompt, width=self.width, **kwargs))
+
+    def add_prepared(self, row: Row) -> int:
+        """Queue a row made by :func:`prepare` (which may run in another thread); returns its id."""
+        if len(row.sequence) > self.width:
+            raise ValueError(f"the row has {len(row.sequence)} positions, more than the canvas width {self.width}")
+        rid = self.next_id
         self.next_id += 1
-        self.rows[row] = _Row(ids + [fam.mask_token_id] * max_new_tokens, cfg, seed if needs_seed else None, len(ids))
-        self.pending.append(row)
-        return row
+        self.rows[rid] = replace(row, trace=None)  # a copy: the trace list is this session's
+        self.pending.append(rid)
+        return rid
 
     def seed_of(self, row: int) -> int | None:
         """The seed a row samples with (drawn at :meth:`add` when none was given; None when greedy)."""
@@ -193,6 +171,44 @@ class Session:
                     self.groups[key].extend(new)
                 else:
                     self.groups[key] = new
+
+
+def prepare(model, prompt, *, width: int | None = None, max_new_tokens: int = 64, window: int | None = None,
+            threshold: float | None = None, block_size: int | None = None, temperature: float = 0.0,
+            top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0,
+            length_penalty: tuple[int, float] | None = None, eos_token_id=None, ignore_eos: bool = False,
+            stop=None, seed: int | None = None, cache_order: str = "position") -> Row:
+    """Encode and validate one row for a session of canvas ``width`` (default ``L``), with the settings and
+    defaults of :func:`~setdlm.decoding.generate`; invalid settings raise ValueError. A sampled row without
+    a seed gets one drawn here (from torch's global RNG, as ``generate``). Touches no session state."""
+    width = width if width is not None else model.family.length
+    fam = model.family
+    (ids,) = _encode_all(model, [prompt], "prompt", add_bos=True)
+    if not (isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens >= 1):
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if fam.mask_token_id in ids:
+        raise ValueError(f"the prompt contains the MASK id {fam.mask_token_id}")
+    if len(ids) + max_new_tokens > width:
+        raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceed the context "
+                         f"length {width}")
+    if cache_order not in ("position", "reveal"):
+        raise ValueError(f"cache_order must be 'position' or 'reveal', got {cache_order!r}")
+    if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool)):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    eos = _eos_ids(model, eos_token_id)
+    sampling = Sampling(fam.mask_token_id, temperature=temperature, top_p=top_p, top_k=top_k,
+                        repetition_penalty=repetition_penalty,
+                        length_penalty=tuple(length_penalty) if length_penalty is not None else None,
+                        threshold=threshold, eos_token_ids=tuple(eos))
+    cfg = DecodeConfig(sampling, fam.length, mode="generate", stop_on_eos=not ignore_eos,
+                       window=_window(fam, window), block_size=_block_size(fam, block_size),
+                       cache_order=cache_order, stop=_stops(model, stop), tokenizer=model.tokenizer, trace=True)
+    if fam.family == "setdlm" and cache_order == "reveal" and max_new_tokens > fam.length:
+        raise ValueError(f"cache_order='reveal' needs max_new_tokens <= L={fam.length}, got {max_new_tokens}")
+    needs_seed = not sampling.greedy or (fam.family == "setdlm" and cache_order == "reveal")
+    if needs_seed:
+        seed = _seeds(seed, 1)[0]
+    return Row(ids + [fam.mask_token_id] * max_new_tokens, cfg, seed if needs_seed else None, len(ids))
 
 
 def _key(cfg: DecodeConfig) -> tuple:
