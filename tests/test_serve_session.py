@@ -137,3 +137,13 @@ def test_add_rejects_bad_rows():
     with pytest.raises(ValueError, match="MASK"):
         s.add([BOS, 47], max_new_tokens=4)
     assert len(s) == 0
+
+
+def test_serve_guide_session_example_runs():
+    """The Python session example of docs/serve.md runs as written (its assert compares with generate)."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "serve.md").read_text()
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", doc, flags=re.S) if "Session(" in b]
+    exec(compile(code, "docs/serve.md", "exec"), {})

@@ -57,7 +57,8 @@ class Batcher:
         self._jobs: dict[int, Job] = {}  # session row id → job
         self._stop = False
         self._thread: threading.Thread | None = None
-        self.steps = 0  # loop iterations that ran a step (for /health and tests)
+        self.steps = 0  # loop iterations that ran a step
+        self.row_steps = 0  # rows advanced, summed over steps: row_steps / session.forwards = mean batch
 
     @property
     def width(self) -> int:
@@ -94,7 +95,7 @@ class Batcher:
     def stats(self) -> dict:
         with self._cv:
             return {"running": len(self._jobs), "waiting": len(self._waiting), "max_batch": self.max_batch,
-                    "max_queue": self.max_queue}
+                    "max_queue": self.max_queue, "forwards": self.session.forwards, "row_steps": self.row_steps}
 
     def _loop(self) -> None:
         while True:
@@ -133,6 +134,7 @@ class Batcher:
                 self._jobs.clear()
                 continue
             self.steps += 1
+            self.row_steps += len(events)
             for ev in events:
                 job = self._jobs.get(ev.row)
                 if job is None:
