@@ -8,10 +8,10 @@ Starts ``setdlm serve MODEL`` as a subprocess on 127.0.0.1 and sends the same ``
 concurrent clients (threads, each sending its next request when the last one finished). Reported per
 level: aggregate tokens/s (all completion tokens / wall seconds of the level), p50/p99 request latency,
 p50/p99 time to the first streamed event (TTFE), the speed-up over one client at a time, and the mean
-decoding batch (rows per step, from the server's own counters: none of the clients' timing). The
-one-client level runs first and again last; its figure is the mean of the two, and their spread shows
-how much the (possibly shared) machine drifted during the run. The text of every answer is checked against the
-one-client answer of the same request (continuous batching must not change results).
+decoding batch (rows per forward, from the server's own counters). The levels run ``--rounds`` times,
+interleaved (1, 4, 16, 32, then 32, 16, 4, 1, ...); each figure is the median over rounds, and the range
+shows how much the (possibly shared) machine drifted during the run. The text of every answer is checked
+against the one-client answer of the same request (continuous batching must not change results).
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--threshold", type=float, default=0.1)
     ap.add_argument("--levels", default="1,4,16,32")
+    ap.add_argument("--rounds", type=int, default=3, help="passes over the levels, alternating direction")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     port = free_port()
@@ -119,7 +120,7 @@ def main() -> None:
         bodies = [{"model": "m", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": args.max_tokens - (i % 4) * 4,
                    "threshold": args.threshold, "stream": True} for i in range(args.requests)]
         level(url, bodies[:2], 2)  # warm up
-        order = levels + [levels[0]]
+        order = [c for r in range(args.rounds) for c in (levels if r % 2 == 0 else levels[::-1])]
         runs = []
         for c in order:
             res, wall, batch = level(url, bodies, c)
@@ -135,10 +136,9 @@ def main() -> None:
     tps = {}
     for c, res, wall, _ in runs:
         tps.setdefault(c, []).append(sum(r["tokens"] for r in res) / wall)
-    base = statistics.mean(tps[levels[0]])
+    base = statistics.median(tps[levels[0]])
     print(f"\nmodel {args.model}, {args.requests} requests of <= {args.max_tokens} tokens, threshold "
-          f"{args.threshold}, streamed; one-client runs: {', '.join(f'{x:.1f}' for x in tps[levels[0]])} tok/s "
-          f"(first, last)\n")
+          f"{args.threshold}, streamed; {args.rounds} rounds, medians (range over rounds)\n")
     print("| clients | tokens/s | speed-up vs 1 at a time | mean batch | p50 latency (s) | p99 latency (s) "
           "| p50 TTFE (s) | p99 TTFE (s) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -146,9 +146,9 @@ def main() -> None:
         res = [r for cc, rr, _, _ in runs if cc == c for r in rr]
         batch = statistics.mean(b for cc, _, _, b in runs if cc == c)
         lat, ttfe = [r["latency"] for r in res], [r["ttfe"] for r in res]
-        t = statistics.mean(tps[c])
-        print(f"| {c} | {t:.1f} | {t / base:.2f}x | {batch:.1f} | {pct(lat, .5):.2f} | {pct(lat, .99):.2f} "
-              f"| {pct(ttfe, .5):.3f} | {pct(ttfe, .99):.3f} |")
+        t = statistics.median(tps[c])
+        print(f"| {c} | {t:.1f} ({min(tps[c]):.0f}–{max(tps[c]):.0f}) | {t / base:.2f}x | {batch:.1f} "
+              f"| {pct(lat, .5):.2f} | {pct(lat, .99):.2f} | {pct(ttfe, .5):.3f} | {pct(ttfe, .99):.3f} |")
 
 
 if __name__ == "__main__":
