@@ -37,7 +37,6 @@ class CompletionRequest:
     prompt_ids: list[int]
     max_tokens: int
     stream: bool
-    include_usage: bool
     settings: dict = field(default_factory=dict)
 
 
@@ -72,15 +71,14 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
         raise APIError(400, f"{key}={max_tokens} is too large: the prompt has {len(ids)} tokens and the context "
                             f"length is {width}, so at most {width - len(ids)} new tokens fit", key)
     stream = _get(body, "stream", bool, False)
-    opts = body.get("stream_options")
+    opts = body.get("stream_options")  # the last chunk always carries usage, as include_usage asks
     if opts is not None and not isinstance(opts, dict):
         raise APIError(400, f"stream_options must be an object, got {opts!r}", "stream_options")
     n = body.get("n", 1)
     if n is not None and n != 1:
         raise APIError(400, f"n={n!r} is not supported: one choice per request (send several requests; they are "
                             "batched)", "n")
-    return CompletionRequest(chat, ids, max_tokens, stream, bool((opts or {}).get("include_usage", False)),
-                             _settings(body))
+    return CompletionRequest(chat, ids, max_tokens, stream, _settings(body))
 
 
 def _settings(body: dict) -> dict:
