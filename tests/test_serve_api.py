@@ -194,3 +194,15 @@ def test_a_client_that_disconnects_frees_its_row():
             time.sleep(0.05)
         assert batcher.stats()["running"] == 0 and len(batcher.session) == 0
         assert batcher.session.forwards < 100  # the row left long before its 120 steps
+
+        before = batcher.session.forwards  # the same without streaming
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": "ROMEO:", "max_tokens": 120}),
+                     {"Content-Type": "application/json"})
+        while batcher.session.forwards < before + 2:
+            time.sleep(0.01)
+        conn.close()
+        deadline = time.monotonic() + 20
+        while batcher.stats()["running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert batcher.stats()["running"] == 0 and batcher.session.forwards - before < 100

@@ -68,18 +68,21 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
         return JSONResponse(completion(chat, rid, name, ev.done, len(req.prompt_ids), _seconds(job), row.seed))
 
     async def _until_done(request: Request, job: Job):
-        """Wait for the job's last event; a client that goes away cancels it."""
+        """Wait for the job's last event; a client that goes away (checked twice a second) cancels it."""
+        checked = time.monotonic()
         while True:
             try:
                 kind, item = await asyncio.wait_for(job.queue.get(), timeout=0.5)
             except TimeoutError:
+                kind = item = None
+            if time.monotonic() - checked >= 0.5:
+                checked = time.monotonic()
                 if await request.is_disconnected():
-                    raise APIError(499, "the client closed the request") from None
-                continue
+                    raise APIError(499, "the client closed the request")
             if kind == "error":
                 job.finished = True
                 raise APIError(item[0], item[1], type="server_error" if item[0] >= 500 else "timeout")
-            if item.done is not None:
+            if kind == "step" and item.done is not None:
                 job.finished = True
                 return item
 
