@@ -91,7 +91,7 @@ def test_chat_uses_the_template(server):
 
 def test_concurrent_requests_each_get_their_own_result(server):
     """Different lengths and settings at once (more than max_batch, so some wait and join later)."""
-    url, model, _ = server
+    url, model, app = server
     reqs = [dict(prompt=p, max_tokens=n, **extra) for p, n, extra in [
         ("to be", 16, {"threshold": 0.3}), ("a", 30, {"threshold": 0.3}), ("hello", 8, {}),
         ("the cat", 20, {"temperature": 0.9, "seed": 1}), ("to be", 16, {"threshold": 0.3}),
@@ -111,6 +111,8 @@ def test_concurrent_requests_each_get_their_own_result(server):
         assert status == 200, body
         kw = {k: v for k, v in r.items() if k not in ("prompt", "max_tokens")}
         assert body["choices"][0]["text"] == generate(model, r["prompt"], max_new_tokens=r["max_tokens"], **kw).texts[0]
+    stats = app.state.batcher.stats()
+    assert 2 <= stats["peak"] <= 4  # rows did share the batch, never more than max_batch
 
 
 @pytest.mark.parametrize("body, status, param, words", [

@@ -59,6 +59,7 @@ class Batcher:
         self._thread: threading.Thread | None = None
         self.steps = 0  # loop iterations that ran a step
         self.row_steps = 0  # rows advanced, summed over steps: row_steps / session.forwards = mean batch
+        self.peak = 0  # most rows in the batch at once
 
     @property
     def width(self) -> int:
@@ -95,7 +96,8 @@ class Batcher:
     def stats(self) -> dict:
         with self._cv:
             return {"running": len(self._jobs), "waiting": len(self._waiting), "max_batch": self.max_batch,
-                    "max_queue": self.max_queue, "forwards": self.session.forwards, "row_steps": self.row_steps}
+                    "max_queue": self.max_queue, "forwards": self.session.forwards, "row_steps": self.row_steps,
+                    "peak": self.peak}
 
     def _loop(self) -> None:
         while True:
@@ -118,6 +120,7 @@ class Batcher:
             for job in admit:
                 job.id, job.admitted = self.session.add_prepared(job.row), now
                 self._jobs[job.id] = job
+            self.peak = max(self.peak, len(self._jobs))
             for rid, job in list(self._jobs.items()):
                 if now > job.deadline:
                     self.session.cancel(rid)
