@@ -135,6 +135,7 @@ def test_concurrent_requests_each_get_their_own_result(server):
     ({"prompt": "hi", "cache_order": "random"}, 400, "cache_order", "position"),
     ({"prompt": "HI"}, 400, "prompt", "cannot be encoded"),
     ({"prompt": [1, 2, 999]}, 400, "prompt", "vocabulary"),
+    ({"prompt": ["a", "b"]}, 400, "prompt", "one per request"),
 ])
 def test_bad_requests_get_a_clear_4xx_and_the_server_keeps_serving(server, body, status, param, words):
     url, model, _ = server

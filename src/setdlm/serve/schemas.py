@@ -129,7 +129,10 @@ def _prompt_ids(body: dict, model) -> list[int]:
     if "prompt" not in body:
         raise APIError(400, "prompt is required", "prompt")
     prompt = body["prompt"]
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) > 1:
+            raise APIError(400, f"prompt holds {len(prompt)} prompts; send one per request (concurrent requests "
+                                "are batched)", "prompt")
         prompt = prompt[0]  # OpenAI's batch form with one prompt
     if isinstance(prompt, str):
         if not prompt:
