@@ -22,12 +22,20 @@ $(VENV)/.demo: $(VENV)/.base
 	$(PY) -m pip install -q -e ".[plot,eval]"
 	touch $@
 
+# the decode-order page is tested in the OS Chromium (tests/test_serve_page.py skips without it): install it
+# where that is possible (root with apt-get), and never fail where it is not
+$(VENV)/.browser: $(VENV)/.base
+	-(command -v chromium && command -v chromedriver) >/dev/null || { [ "$$(id -u)" = 0 ] && \
+	  command -v apt-get >/dev/null && apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; } || true
+	touch $@
+
 install: $(VENV)/.base
 
-test: $(VENV)/.test
+test: $(VENV)/.test $(VENV)/.browser
 	$(PY) -m pytest -q
 
-test-slow: $(VENV)/.test
+test-slow: $(VENV)/.test $(VENV)/.browser
 	$(PY) -m pytest -q -m slow
 
 # the shipped models at work, offline, in a few minutes on a CPU

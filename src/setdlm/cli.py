@@ -11,6 +11,7 @@ Every subcommand is registered in ``COMMANDS`` below; ``setdlm --help`` lists th
 * ``schedule`` — print the position-offset schedule for (L, D, M)
 * ``convert``  — :func:`setdlm.convert.convert_reference`: the authors' checkpoints → a setdlm checkpoint
 * ``demo``     — :func:`setdlm.demo.run_demo`: the shipped models at work (what `make demo` runs)
+* ``serve``    — :func:`setdlm.serve.serve`: an OpenAI-compatible server with continuous batching
 
 Bad arguments print a one-line error naming the bad value and exit with code 2; nothing is written then.
 """
@@ -484,13 +485,13 @@ def _read_prompts(args) -> list[str]:
     return prompts
 
 
-def _report(out, rows: list[dict], args) -> int:
+def _report(out, rows: list[dict], args, shown: list[str] | None = None) -> int:
     print(f"nfe={out.nfe} tokens/step={out.tokens_per_step:.3f} seconds={out.seconds:.3f} "
           f"tokens/s={out.tokens_per_second:.1f}", file=sys.stderr)
     if args.output:
         _write_atomic(args.output, "".join(json.dumps(r) + "\n" for r in rows))
     else:
-        print("\n\n".join(r["text"] for r in rows))
+        print("\n\n".join(shown if shown is not None else [r["text"] for r in rows]))
     return 0
 
 
@@ -511,10 +512,53 @@ def _generate(args) -> int:
             raise ValueError(f"prompt {i} is {n} tokens long, which leaves no room in the context length L={L}")
     from .decoding import generate
 
+    traced = bool(args.show_order or args.trace)
     out = generate(model, prompts, max_new_tokens=args.max_new_tokens, stop=args.stop or None, seed=args.seed,
-                   ignore_eos=args.ignore_eos, **kw)
+                   ignore_eos=args.ignore_eos, trace=traced, **kw)
     rows = [{"prompt": p, "text": t, "tokens": [int(x) for x in ids]} for p, t, ids in zip(prompts, out.texts, out.tokens)]
-    return _report(out, rows, args)
+    shown = _decode_order(model, out, rows, args) if traced else None
+    return _report(out, rows, args, shown)
+
+
+def _decode_order(model, out, rows: list[dict], args) -> list[str] | None:
+    """``--trace FILE.json``: every row's per-step committed sets; ``--show-order``: each row's text with
+    every token marked by the step that decided it, to print (docs/serve.md)."""
+    from .decoding.output import step_record
+
+    tok = model.tokenizer
+    for i, row in enumerate(rows):
+        start = len(out.sequences[i]) - len(out.tokens[i])
+        row["steps"] = [step_record(t, k, start, tok) for k, t in enumerate(out.trace[i])]
+    if args.trace:
+        _write_atomic(args.trace, json.dumps(rows) + "\n")
+    if not args.show_order:
+        return None
+    colour = sys.stdout.isatty()
+    if colour:
+        print("colour = step that decided the token (blue: first, red: last)", file=sys.stderr)
+    return [_order_text(tok, r, colour) for r in rows]
+
+
+_STEP_COLOURS = [21, 27, 33, 39, 45, 51, 50, 48, 46, 82, 118, 154, 190, 226, 220, 214, 208, 202, 196]
+
+
+def _order_text(tok, row: dict, colour: bool) -> str:
+    """The generated tokens left to right, each coloured by its step (ANSI background) or, when the output
+    is not a terminal, preceded by a plain marker ``[step]``. An ending EOS is left out."""
+    step_of = {p: s["step"] for s in row["steps"] for p in s["positions"]}
+    n_steps = max(len(row["steps"]), 1)
+    eos = getattr(tok, "eos_token_id", None)
+    parts = []
+    for j, t in enumerate(row["tokens"]):
+        if t == eos and j == len(row["tokens"]) - 1:
+            break
+        text, k = tok.decode([t]), step_of.get(j, 0)
+        if colour:
+            c = _STEP_COLOURS[round(k * (len(_STEP_COLOURS) - 1) / max(n_steps - 1, 1))]
+            parts.append(f"\x1b[30;48;5;{c}m{text}\x1b[0m")
+        else:
+            parts.append(f"[{k}]{text}")
+    return "".join(parts)
 
 
 def _add_generate(sub) -> None:
@@ -525,6 +569,10 @@ def _add_generate(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt")
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS: always max-new-tokens")
+    p.add_argument("--show-order", action="store_true", help="print each token coloured by the step that decided "
+                   "it (plain [step] markers when the output is not a terminal)")
+    p.add_argument("--trace", default=None, metavar="FILE.json", help="write every step's committed set (positions, "
+                   "token ids, tokens, confidences) of each prompt as JSON")
     p.set_defaults(func=_generate)
 
 
@@ -624,6 +672,43 @@ def _add_convert(sub) -> None:
     p.set_defaults(func=_convert)
 
 
+def _serve(args) -> int:
+    """Serve a model over an OpenAI-compatible HTTP API with set streaming, continuous batching and a live
+    decode-order page at / (needs the extra setdlm[serve]; docs/serve.md)."""
+    from .serve import serve
+
+    for flag, v, lo in (("--port", args.port, 0), ("--max-batch", args.max_batch, 1), ("--max-queue", args.max_queue, 0)):
+        if v < lo:
+            raise ValueError(f"{flag} must be >= {lo}, got {v}")
+    if not args.timeout > 0:
+        raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    serve(args.model, host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
+          timeout=args.timeout, device=args.device, name=args.name)
+    return 0
+
+
+def _add_serve(sub) -> None:
+    p = sub.add_parser("serve", help=_serve.__doc__.splitlines()[0], description=_serve.__doc__)
+    p.add_argument("model", nargs="?", default=None, help="checkpoint folder, training run folder or shipped model "
+                   "name (default: the shipped shakespeare-setdlm-smax8)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--max-batch", type=int, default=16, help="rows decoded together at most (default 16)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests waiting at most; more get 429 (default 64)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take (default 300)")
+    p.add_argument("--name", default=None, help="model id in the API (default: the folder name)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    p.set_defaults(func=lambda args: _serve(_default_model(args)))
+
+
+def _default_model(args):
+    if args.model is None:
+        from .pretrained import DEFAULT
+
+        args.model = DEFAULT
+    return args
+
+
 def pretrained_default() -> str:
     """The shipped SetDLM model's folder (generate/infill without a checkpoint)."""
     from .pretrained import DEFAULT, path
@@ -650,7 +735,8 @@ def _add_demo(sub) -> None:
     p.set_defaults(func=_demo)
 
 
-COMMANDS = [_add_train, _add_eval, _add_bench, _add_generate, _add_infill, _add_schedule, _add_convert, _add_demo]
+COMMANDS = [_add_train, _add_eval, _add_bench, _add_generate, _add_infill, _add_schedule, _add_convert, _add_demo,
+            _add_serve]
 
 
 def build_parser() -> argparse.ArgumentParser:

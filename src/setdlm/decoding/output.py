@@ -59,3 +59,17 @@ class GenerationOutput:
     @property
     def row_tokens_per_step(self) -> list[float]:
         return [c / max(n, 1) for c, n in zip(self.row_committed, self.row_nfe)]
+
+
+def step_record(trace: StepTrace, step: int, start: int, tokenizer=None) -> dict:
+    """One step's committed set as plain JSON, the per-step record of ``setdlm generate --trace`` and of the
+    server's stream (docs/serve.md): ``step`` index, ``positions`` (offsets from the first generated
+    position ``start``), ``token_ids``, ``tokens`` (each id decoded alone; with a tokenizer) and
+    ``confidences`` (each token's probability under the processed distribution, paper §4 commit rule)."""
+    conf = dict(zip(trace.query_positions, trace.confidences))
+    rec = {"step": step, "positions": [p - start for p in trace.committed_positions],
+           "token_ids": list(trace.committed_tokens)}
+    if tokenizer is not None:
+        rec["tokens"] = [tokenizer.decode([t]) for t in trace.committed_tokens]
+    rec["confidences"] = [round(conf[p], 6) for p in trace.committed_positions]
+    return rec

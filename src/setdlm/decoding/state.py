@@ -53,9 +53,13 @@ class DecodeState:
     """The rows still being decoded, with their canvas, cache and bookkeeping (first dim = rows)."""
 
     def __init__(self, sequences: list[list[int]], targets: list[list[bool]], cfg: DecodeConfig, *,
-                 index: list[int], generators: list[torch.Generator] | None, device):
+                 index: list[int], generators: list[torch.Generator] | None, device, width: int | None = None):
         B = len(sequences)
         S = max(len(s) for s in sequences)
+        if width is not None:  # a fixed canvas, so that states built apart can be joined (:meth:`extend`)
+            if width < S:
+                raise ValueError(f"canvas width {width} is narrower than the longest row ({S})")
+            S = width
         mask_id = cfg.sampling.mask_token_id
         self.cfg = cfg
         self.S = S
@@ -109,6 +113,34 @@ class DecodeState:
             self.traces = [self.traces[i] for i in keep]
         if self.cache is not None:
             self.cache.select_rows(rows)
+
+    def extend(self, other: "DecodeState") -> None:
+        """Append the rows of ``other`` (same config and canvas width, its decoder already initialised) to
+        this state, between two steps: continuous batching (docs/serve.md). Every per-row tensor, the
+        cache, the generators and the traces are concatenated; each row keeps decoding exactly as alone."""
+        if other.S != self.S or other.cfg != self.cfg:
+            raise ValueError("only states with the same decoding config and canvas width can be joined")
+        for name in ("tokens", "target", "masked", "length", "gen_start", "first_masked", "eos_pos",
+                     "stop_checked", "stop_end"):
+            setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
+        if (self.seen is None) != (other.seen is None):  # one side has not committed yet: start its counts
+            V = (self.seen if self.seen is not None else other.seen).shape[-1]
+            for st in (self, other):
+                if st.seen is None:
+                    st.seen = st._initial_seen(V)
+        if self.seen is not None:
+            self.seen = torch.cat([self.seen, other.seen])
+        if self.extra.keys() != other.extra.keys():
+            raise ValueError(f"decoder state mismatch: {sorted(self.extra)} vs {sorted(other.extra)}")
+        self.extra = {k: torch.cat([v, other.extra[k]]) for k, v in self.extra.items()}
+        self.index = torch.cat([self.index, other.index])
+        if self.generators is not None:
+            self.generators = self.generators + other.generators
+        if self.traces is not None:
+            self.traces = self.traces + other.traces
+        if self.cache is not None:
+            cat_cache_rows(self.cache, other.cache)
+        self.results.update(other.results)
 
     # -- one step's commit ---------------------------------------------------------------------------------
 
@@ -234,6 +266,19 @@ def stop_index(text: str, stops: tuple[str, ...]) -> int | None:
 # ---------------------------------------------------------------------------------------------------------
 # forwards
 # ---------------------------------------------------------------------------------------------------------
+
+
+def cat_cache_rows(cache, other) -> None:
+    """Append the rows of the KV cache ``other`` to ``cache`` (capacities padded to the larger one)."""
+    cap = max(cache.capacity, other.capacity)
+
+    def pad(t: Tensor, dim: int) -> Tensor:  # garbage columns past a row's length are never read
+        return torch.nn.functional.pad(t, (0, 0) * (t.dim() - 1 - dim) + (0, cap - t.shape[dim]))
+
+    cache.k = [torch.cat([pad(a, 2), pad(b, 2)]) for a, b in zip(cache.k, other.k)]  # (B + B', H, cap, hd)
+    cache.v = [torch.cat([pad(a, 2), pad(b, 2)]) for a, b in zip(cache.v, other.v)]
+    cache.pos = torch.cat([pad(cache.pos, 1), pad(other.pos, 1)])  # (B + B', cap)
+    cache.lengths = torch.cat([cache.lengths, other.lengths])
 
 
 def evict_overflow(cache, n_new: Tensor, limit: int) -> None:

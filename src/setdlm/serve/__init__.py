@@ -1,0 +1,6 @@
+"""``setdlm serve``: an OpenAI-compatible server with set streaming, continuous batching and a live
+decode-order page (docs/serve.md). Needs the optional extra ``setdlm[serve]`` (Starlette, uvicorn)."""
+
+from .app import create_app, serve
+
+__all__ = ["create_app", "serve"]

@@ -1,0 +1,147 @@
+"""The decoding loop of the server: one thread per model drives one :class:`~setdlm.decoding.session.Session`
+(continuous batching, docs/serve.md).
+
+Requests wait in a bounded queue (full: :class:`QueueFull`, answered 429). Between two steps the loop
+admits waiting requests while the batch has room (``max_batch`` rows), drops cancelled ones (a client that
+went away) and those past their deadline, then runs one step and hands every row's event to its
+request's asyncio queue. Finished rows leave the batch in the step that finished them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..decoding.session import Row, RowStep, Session
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass
+class Job:
+    """One request in flight. Items put on ``queue``: ``("step", RowStep)``, ``("error", (status, message))``."""
+
+    row: Row
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    deadline: float  # time.monotonic() after which the request is dropped
+    submitted: float = field(default_factory=time.monotonic)
+    admitted: float | None = None  # when it joined the batch (its prefill started)
+    id: int | None = None  # the session's row id
+    cancelled: bool = False
+    finished: bool = False  # its last event (done or error) was read
+
+    def put(self, kind: str, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, item))
+        except RuntimeError:  # the client's event loop is gone
+            pass
+
+
+class Batcher:
+    """Runs ``model``'s decoding loop in a background thread; ``submit`` and ``cancel`` are thread-safe."""
+
+    def __init__(self, model, *, max_batch: int = 16, max_queue: int = 64, width: int | None = None):
+        if not (isinstance(max_batch, int) and max_batch >= 1 and isinstance(max_queue, int) and max_queue >= 0):
+            raise ValueError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch!r}, {max_queue!r}")
+        self.session = Session(model, width=width)
+        self.max_batch, self.max_queue = max_batch, max_queue
+        self._cv = threading.Condition()
+        self._waiting: deque[Job] = deque()
+        self._cancelled: list[Job] = []
+        self._jobs: dict[int, Job] = {}  # session row id → job
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.steps = 0  # loop iterations that ran a step
+        self.row_steps = 0  # rows advanced, summed over steps: row_steps / session.forwards = mean batch
+        self.peak = 0  # most rows in the batch at once
+
+    @property
+    def width(self) -> int:
+        return self.session.width
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="setdlm-decoding", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def submit(self, job: Job) -> None:
+        with self._cv:
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)")
+            self._waiting.append(job)
+            self._cv.notify()
+
+    def cancel(self, job: Job) -> None:
+        """Free the job's row (or its place in the queue) before the next step."""
+        with self._cv:
+            job.cancelled = True
+            if job in self._waiting:
+                self._waiting.remove(job)
+            else:
+                self._cancelled.append(job)
+            self._cv.notify()
+
+    def stats(self) -> dict:
+        with self._cv:
+            return {"running": len(self._jobs), "waiting": len(self._waiting), "max_batch": self.max_batch,
+                    "max_queue": self.max_queue, "forwards": self.session.forwards, "row_steps": self.row_steps,
+                    "peak": self.peak}
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._stop or self._waiting or self._cancelled or self._jobs):
+                    self._cv.wait()
+                if self._stop:
+                    break
+                cancelled, self._cancelled = self._cancelled, []
+                now = time.monotonic()
+                for job in [j for j in self._waiting if now > j.deadline]:
+                    self._waiting.remove(job)
+                    job.put("error", (504, "the request timed out waiting in the queue"))
+                room = self.max_batch - len(self._jobs) + sum(j.id in self._jobs for j in cancelled)
+                admit = [self._waiting.popleft() for _ in range(min(max(room, 0), len(self._waiting)))]
+            for job in cancelled:
+                if self._jobs.pop(job.id, None) is not None:
+                    self.session.cancel(job.id)
+            now = time.monotonic()
+            for job in admit:
+                job.id, job.admitted = self.session.add_prepared(job.row), now
+                self._jobs[job.id] = job
+            self.peak = max(self.peak, len(self._jobs))
+            for rid, job in list(self._jobs.items()):
+                if now > job.deadline:
+                    self.session.cancel(rid)
+                    del self._jobs[rid]
+                    job.put("error", (504, "the request timed out before it finished decoding"))
+            if not len(self.session):
+                continue
+            try:
+                events: list[RowStep] = self.session.step()
+            except Exception as e:  # a failing model must not hang every client: fail the batch, keep serving
+                for rid, job in self._jobs.items():
+                    self.session.cancel(rid)
+                    job.put("error", (500, f"decoding failed: {type(e).__name__}: {e}"))
+                self._jobs.clear()
+                continue
+            self.steps += 1
+            self.row_steps += len(events)
+            for ev in events:
+                job = self._jobs.get(ev.row)
+                if job is None:
+                    continue
+                job.put("step", ev)
+                if ev.done is not None:
+                    del self._jobs[ev.row]

@@ -1,0 +1,117 @@
+"""Response bodies and streamed chunks in OpenAI's shapes, with setdlm's own fields (docs/serve.md).
+
+Streaming sends one chunk per decoding step of the row. Its ``choices[0]`` carries the text that became
+final at that step, left to right (``text`` for completions, ``delta.content`` for chat), so any OpenAI
+client reads it; its ``setdlm`` field carries the set committed at that step (positions, token ids,
+tokens, confidences: :func:`setdlm.decoding.output.step_record`), which may lie anywhere to the right.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from ..decoding.output import step_record
+from ..decoding.session import Row, RowDone
+from ..decoding.state import stop_index
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+class TextStream:
+    """The text of one row that is final so far: the decoded prefix of contiguous committed positions from
+    the first generated one, cut before an EOS or a stop string, and holding back what a stop string or an
+    incomplete UTF-8 character could still change. What it emits is always a prefix of the final text."""
+
+    def __init__(self, tokenizer, row: Row):
+        self.tokenizer, self.start = tokenizer, row.prompt_length
+        cfg = row.config
+        self.eos = set(cfg.sampling.eos_token_ids) if cfg.stop_on_eos else set()
+        self.stops = cfg.stop
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.tokens: dict[int, int] = {}  # position → committed token
+        self.ids: list[int] = []  # the resolved prefix
+        self.sent = ""
+        self.closed = False  # an EOS or a stop string ended the resolved text
+
+    def update(self, trace) -> str:
+        """Take one step's commits; return the newly final text (possibly empty)."""
+        self.tokens.update(zip(trace.committed_positions, trace.committed_tokens))
+        if self.tokenizer is None or self.closed:
+            return ""
+        grew = False
+        while (p := self.start + len(self.ids)) in self.tokens:
+            t = self.tokens[p]
+            if t in self.eos:
+                self.closed = True
+                break
+            self.ids.append(t)
+            grew = True
+        if not grew:
+            return ""
+        text = self.tokenizer.decode(self.ids)
+        cut = stop_index(text, self.stops) if self.stops else None
+        if cut is not None:
+            text, self.closed = text[:cut], True
+        else:
+            text = text.rstrip("\ufffd")  # an incomplete multi-byte character
+            text = text[: max(len(text) - self.hold, 0)]
+        return self._emit(text)
+
+    def finish(self, final: str | None) -> str:
+        """The rest of the final text (the row's text as ``generate`` returns it)."""
+        return self._emit(final or "")
+
+    def _emit(self, text: str) -> str:
+        if len(text) <= len(self.sent) or not text.startswith(self.sent):
+            return ""
+        delta, self.sent = text[len(self.sent):], text
+        return delta
+
+
+def usage(prompt_tokens: int, done: RowDone) -> dict:
+    n = len(done.tokens)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+
+
+def summary(done: RowDone, seconds: float, seed: int | None) -> dict:
+    """setdlm's figures of a finished request: forwards, tokens per step, decode seconds, the seed."""
+    return {"nfe": done.nfe, "tokens_per_step": round(done.committed / max(done.nfe, 1), 4),
+            "decode_seconds": round(seconds, 4), "seed": seed}
+
+
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def completion(chat: bool, rid: str, model: str, done: RowDone, prompt_tokens: int, seconds: float,
+               seed: int | None) -> dict:
+    """The non-streaming body."""
+    text = done.text or ""
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "finish_reason": FINISH[done.finish_reason], "logprobs": None}
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": FINISH[done.finish_reason], "logprobs": None}
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [choice], "usage": usage(prompt_tokens, done),
+            "setdlm": summary(done, seconds, seed)}
+
+
+def chunk(chat: bool, rid: str, model: str, text: str, *, finish: str | None = None, step: dict | None = None,
+          role: bool = False) -> dict:
+    """One streamed chunk: the newly final ``text`` and the step's committed set."""
+    if chat:
+        delta = {"role": "assistant", "content": text} if role else {"content": text}
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+    body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [choice]}
+    if step is not None:
+        body["setdlm"] = step
+    return body
+
+
+def step_event(ev, row: Row, tokenizer) -> dict:
+    return step_record(ev.trace, ev.step, row.prompt_length, tokenizer)

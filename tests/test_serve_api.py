@@ -1,0 +1,211 @@
+"""The OpenAI-compatible server on loopback: the official ``openai`` client reads plain and streamed answers,
+concurrent requests of different lengths and settings each get what ``generate`` gives them alone, bad
+requests get a 4xx naming the field while the server keeps serving, a full queue answers 429, a client
+that goes away frees its row."""
+
+import http.client
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+
+from decoding_support import CharTokenizer, tiny_model  # noqa: E402
+from serve_support import running  # noqa: E402
+from setdlm.decoding import generate  # noqa: E402
+
+TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }} {% endfor %}assistant:"
+
+
+def _model():
+    m = tiny_model("setdlm", L=48, seed=2)
+    m.tokenizer = CharTokenizer()
+    m.tokenizer.chat_template = TEMPLATE
+    return m
+
+
+@pytest.fixture(scope="module")
+def server():
+    model = _model()
+    with running(model, "tiny", max_batch=4) as (url, app):
+        yield url, model, app
+
+
+def post(url: str, body, path="/v1/completions"):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read()), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), e.headers
+
+
+def client(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_openai_client_plain_and_streamed(server):
+    url, model, _ = server
+    kw = dict(max_new_tokens=20, threshold=0.3, temperature=0.8, top_p=0.9, seed=5)
+    alone = generate(model, "to be or", **kw)
+    c = client(url)
+    out = c.completions.create(model="tiny", prompt="to be or", max_tokens=20, temperature=0.8, top_p=0.9, seed=5,
+                               extra_body={"threshold": 0.3})
+    assert out.choices[0].text == alone.texts[0]
+    assert out.choices[0].finish_reason == {"eos": "stop", "stop": "stop", "length": "length"}[alone.finish_reason[0]]
+    assert out.usage.prompt_tokens == 9 and out.usage.completion_tokens == len(alone.tokens[0])
+    extra = out.model_extra["setdlm"]
+    assert extra["nfe"] == alone.row_nfe[0] and extra["seed"] == 5
+    assert extra["tokens_per_step"] == pytest.approx(alone.tokens_per_step, abs=1e-4)
+
+    chunks = list(c.completions.create(model="tiny", prompt="to be or", max_tokens=20, temperature=0.8, top_p=0.9,
+                                       seed=5, stream=True, extra_body={"threshold": 0.3}))
+    assert "".join(ch.choices[0].text for ch in chunks) == alone.texts[0]
+    steps = [ch.model_extra["setdlm"] for ch in chunks]
+    assert [s["step"] for s in steps] == list(range(alone.row_nfe[0]))  # one event per step
+    trace = generate(model, "to be or", trace=True, **kw).trace[0]
+    for s, t in zip(steps, trace):  # each event is the set committed at that step, at its positions
+        assert [p + 9 for p in s["positions"]] == t.committed_positions
+        assert s["token_ids"] == t.committed_tokens
+        assert s["tokens"] == [model.tokenizer.decode([i]) for i in t.committed_tokens]
+    assert sum(len(s["positions"]) for s in steps) == alone.row_committed[0]
+    assert chunks[-1].choices[0].finish_reason is not None and chunks[-1].usage.completion_tokens == out.usage.completion_tokens
+
+
+def test_chat_uses_the_template(server):
+    url, model, _ = server
+    msgs = [{"role": "user", "content": "hi there"}]
+    out = client(url).chat.completions.create(model="tiny", messages=msgs, max_tokens=12)
+    assert out.choices[0].message.content == generate(model, "user: hi there assistant:", max_new_tokens=12).texts[0]
+    text = "".join(ch.choices[0].delta.content or "" for ch in client(url).chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=12, stream=True))
+    assert text == out.choices[0].message.content
+
+
+def test_concurrent_requests_each_get_their_own_result(server):
+    """Different lengths and settings at once (more than max_batch, so some wait and join later)."""
+    url, model, app = server
+    reqs = [dict(prompt=p, max_tokens=n, **extra) for p, n, extra in [
+        ("to be", 16, {"threshold": 0.3}), ("a", 30, {"threshold": 0.3}), ("hello", 8, {}),
+        ("the cat", 20, {"temperature": 0.9, "seed": 1}), ("to be", 16, {"threshold": 0.3}),
+        ("xyz", 12, {"temperature": 0.7, "top_p": 0.8, "seed": 2, "threshold": 0.5}), ("q", 25, {"window": 1}),
+        ("the cat", 20, {"temperature": 0.9, "seed": 1, "stop": ["5"]})]]
+    results = [None] * len(reqs)
+
+    def go(i):
+        results[i] = post(url, reqs[i])
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for r, (status, body, _) in zip(reqs, results):
+        assert status == 200, body
+        kw = {k: v for k, v in r.items() if k not in ("prompt", "max_tokens")}
+        assert body["choices"][0]["text"] == generate(model, r["prompt"], max_new_tokens=r["max_tokens"], **kw).texts[0]
+    stats = app.state.batcher.stats()
+    assert 2 <= stats["peak"] <= 4  # rows did share the batch, never more than max_batch
+
+
+@pytest.mark.parametrize("body, status, param, words", [
+    (b"{not json", 400, None, "malformed JSON"),
+    (b"[1, 2]", 400, None, "JSON object"),
+    ({"prompt": 5}, 400, "prompt", "string or a list"),
+    ({"prompt": ""}, 400, "prompt", "empty"),
+    ({"prompt": "hi", "model": "other"}, 404, "model", "not found"),
+    ({"prompt": "a" * 60}, 400, "prompt", "context length is 48"),
+    ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "positive integer"),
+    ({"prompt": "hi", "max_tokens": 10**9}, 400, "max_tokens", "at most 45 new tokens"),
+    ({"prompt": "hi", "max_tokens": "5"}, 400, "max_tokens", "positive integer"),
+    ({"prompt": "hi", "threshold": 1.5}, 400, "threshold", "(0, 1]"),
+    ({"prompt": "hi", "threshold": "high"}, 400, "threshold", "number"),
+    ({"prompt": "hi", "window": 0}, 400, "window", ">= 1"),
+    ({"prompt": "hi", "temperature": -1}, 400, "temperature", "[0, 2]"),
+    ({"prompt": "hi", "stream": "yes"}, 400, "stream", "bool"),
+    ({"prompt": "hi", "stop": [""]}, 400, "stop", "non-empty"),
+    ({"prompt": "hi", "n": 2}, 400, "n", "not supported"),
+    ({"prompt": "hi", "cache_order": "random"}, 400, "cache_order", "position"),
+    ({"prompt": "HI"}, 400, "prompt", "cannot be encoded"),
+    ({"prompt": [1, 2, 999]}, 400, "prompt", "vocabulary"),
+    ({"prompt": ["a", "b"]}, 400, "prompt", "one per request"),
+])
+def test_bad_requests_get_a_clear_4xx_and_the_server_keeps_serving(server, body, status, param, words):
+    url, model, _ = server
+    got, err, _ = post(url, body)
+    assert got == status
+    assert err["error"]["param"] == param and words in err["error"]["message"]
+    assert err["error"]["type"]
+    ok, out, _ = post(url, {"prompt": "to be", "max_tokens": 4})
+    assert ok == 200 and out["choices"][0]["text"] == generate(model, "to be", max_new_tokens=4).texts[0]
+
+
+def test_chat_without_template_and_other_routes():
+    model = _model()
+    model.tokenizer.chat_template = None
+    with running(model, "plain") as (url, _):
+        status, err, _ = post(url, {"messages": [{"role": "user", "content": "hi"}]}, "/v1/chat/completions")
+        assert status == 400 and "no chat template" in err["error"]["message"] and err["error"]["param"] == "messages"
+        status, err, _ = post(url, {"messages": []}, "/v1/chat/completions")
+        assert status == 400 and err["error"]["param"] == "messages"
+        models = json.loads(urllib.request.urlopen(url + "/v1/models").read())
+        assert [m["id"] for m in models["data"]] == ["plain"]
+        health = json.loads(urllib.request.urlopen(url + "/health").read())
+        assert health["status"] == "ok" and health["running"] == 0
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url + "/v2/nothing")
+        assert e.value.code == 404 and "error" in json.loads(e.value.read())
+
+
+def test_full_queue_answers_429_with_retry_after():
+    with running(_model(), "q", max_queue=0) as (url, _):
+        status, err, headers = post(url, {"prompt": "hi", "max_tokens": 4})
+    assert status == 429 and headers["Retry-After"] == "1" and err["error"]["type"] == "rate_limit_error"
+
+
+def test_a_request_past_its_timeout_gets_504():
+    with running(_model(), "t", timeout=1e-6) as (url, _):
+        status, err, _ = post(url, {"prompt": "hi", "max_tokens": 40})
+    assert status == 504 and "timed out" in err["error"]["message"]
+
+
+def test_a_client_that_disconnects_frees_its_row():
+    from setdlm.pretrained import load
+
+    model = load("shakespeare-setdlm-smax8")  # real model: slow enough that the row is still running
+    with running(model, "shk") as (url, app):
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": "ROMEO:", "max_tokens": 120, "stream": True}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        events = 0
+        while events < 2:
+            if resp.readline().startswith(b"data: {"):
+                events += 1
+        conn.close()  # go away mid-decode
+        batcher = app.state.batcher
+        deadline = time.monotonic() + 20
+        while batcher.stats()["running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert batcher.stats()["running"] == 0 and len(batcher.session) == 0
+        assert batcher.session.forwards < 100  # the row left long before its 120 steps
+
+        before = batcher.session.forwards  # the same without streaming
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": "ROMEO:", "max_tokens": 120}),
+                     {"Content-Type": "application/json"})
+        while batcher.session.forwards < before + 2:
+            time.sleep(0.01)
+        conn.close()
+        deadline = time.monotonic() + 20
+        while batcher.stats()["running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert batcher.stats()["running"] == 0 and batcher.session.forwards - before < 100

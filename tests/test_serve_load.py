@@ -1,0 +1,118 @@
+"""Load on loopback: many concurrent clients for a bounded time; every request completes with exactly the
+text ``generate`` gives it alone, none is dropped or answered twice, and the server's memory stays bounded.
+The full run (32 clients, 60 s, shipped model) is marked slow; a short one with a tiny model runs always."""
+
+import json
+import os
+import random
+import threading
+import time
+import urllib.request
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+from decoding_support import CharTokenizer, tiny_model  # noqa: E402
+from serve_support import running  # noqa: E402
+from setdlm.decoding import generate  # noqa: E402
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def _load(model, requests, *, clients: int, seconds: float, max_batch: int):
+    """Run the load; returns (answers, rss samples in MB). Each answer: (request index, tag, response)."""
+    expected = [generate(model, r["prompt"], max_new_tokens=r["max_tokens"],
+                         **{k: v for k, v in r.items() if k not in ("prompt", "max_tokens", "stream")}).texts[0]
+                for r in requests]
+    answers, errors, rss = [], [], []
+    lock = threading.Lock()
+    with running(model, "m", max_batch=max_batch, max_queue=4 * clients) as (url, app):
+        stop = time.monotonic() + seconds
+
+        def client(k):
+            rng = random.Random(k)
+            n = 0
+            while time.monotonic() < stop:
+                i = rng.randrange(len(requests))
+                tag = f"{k}-{n}"
+                body = json.dumps(dict(requests[i], user=tag)).encode()
+                req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+                try:
+                    with urllib.request.urlopen(req, timeout=120) as r:
+                        raw = r.read().decode()
+                    rid, text = _answer(raw, requests[i].get("stream", False))
+                except Exception as e:  # recorded, the test fails below
+                    with lock:
+                        errors.append(repr(e))
+                    return
+                with lock:
+                    answers.append((i, tag, rid, text))
+                n += 1
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            rss.append(_rss_mb())
+            time.sleep(0.25)
+        for t in threads:
+            t.join()
+        health = app.state.batcher.stats()
+    assert not errors, errors[:3]
+    assert health["running"] == 0 and health["waiting"] == 0  # nothing left behind
+    for i, tag, rid, text in answers:
+        assert text == expected[i], (i, tag)
+    assert len({rid for _, _, rid, _ in answers}) == len(answers)  # no response id twice
+    assert len({tag for _, tag, _, _ in answers}) == len(answers)
+    return answers, rss
+
+
+def _answer(raw: str, stream: bool) -> tuple[str, str]:
+    """(response id, text) of a plain or streamed answer; a stream must be one id and end with [DONE]."""
+    if not stream:
+        out = json.loads(raw)
+        return out["id"], out["choices"][0]["text"]
+    chunks = [json.loads(line[6:]) for line in raw.split("\n\n") if line.startswith("data: {")]
+    ids = {c["id"] for c in chunks}
+    if not raw.rstrip().endswith("data: [DONE]") or len(ids) != 1:
+        raise ValueError(f"a broken stream: {raw[-200:]!r}")
+    return ids.pop(), "".join(c["choices"][0]["text"] for c in chunks)
+
+
+def _requests(prompts, max_tokens):
+    """Greedy and sampled (seeded), plain and streamed, with several thresholds and lengths."""
+    out = []
+    for j, p in enumerate(prompts):
+        n = max_tokens - 4 * (j % 3)
+        out.append({"prompt": p, "max_tokens": n, "threshold": 0.3})
+        out.append({"prompt": p, "max_tokens": n, "temperature": 0.8, "seed": j, "stream": True})
+        out.append({"prompt": p, "max_tokens": n // 2, "threshold": 0.1, "stream": True})
+    return out
+
+
+def test_short_load_tiny_model():
+    model = tiny_model("setdlm", L=48, seed=2)
+    model.tokenizer = CharTokenizer()
+    answers, _ = _load(model, _requests(["to be", "or not", "a", "the cat sat"], 16), clients=8, seconds=3,
+                       max_batch=4)
+    assert len(answers) >= 8
+
+
+@pytest.mark.slow
+def test_load_32_clients_shipped_model():
+    from setdlm.pretrained import load
+
+    seconds = float(os.environ.get("SETDLM_LOAD_SECONDS", "60"))
+    model = load("shakespeare-setdlm-smax8")
+    prompts = ["ROMEO:", "JULIET:\nO Romeo,", "First Citizen:\nBefore we proceed", "KING HENRY:\nOnce more",
+               "To be, or not to be", "HAMLET:"]
+    answers, rss = _load(model, _requests(prompts, 32), clients=32, seconds=seconds, max_batch=16)
+    assert len(answers) >= 32
+    warm = rss[len(rss) // 4:]  # after the first quarter, memory must not keep growing
+    assert max(warm) - min(warm) < 300, (min(warm), max(warm))
+    print(f"{len(answers)} requests in {seconds:.0f} s; RSS {min(rss):.0f}..{max(rss):.0f} MB")

@@ -1,0 +1,129 @@
+"""The decode-order page in a real headless Chromium (the OS package, driven by Selenium): type a prompt,
+decode, and every token lands at its position coloured by the step that decided it; replay and the JSON
+download give the same decode. Skips cleanly where Chromium or its driver is not installed
+(`apt-get install chromium chromium-driver`)."""
+
+import json
+import shutil
+import time
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+webdriver = pytest.importorskip("selenium.webdriver")
+
+from decoding_support import CharTokenizer, tiny_model  # noqa: E402
+from serve_support import running  # noqa: E402
+from setdlm.decoding import generate  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs the OS packages chromium and chromium-driver")
+
+
+def _browser(download_dir):
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1000,1000"):
+        opts.add_argument(a)
+    opts.add_experimental_option("prefs", {"download.default_directory": str(download_dir),
+                                           "download.prompt_for_download": False})
+    return webdriver.Chrome(service=Service(DRIVER), options=opts)
+
+
+def _decode_on_page(driver, url, prompt, settings):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(url + "/")
+    WebDriverWait(driver, 20).until(lambda d: d.find_element(By.ID, "model").text not in ("", "…"))
+    for field, value in {"prompt": prompt, **settings}.items():
+        el = driver.find_element(By.ID, field)
+        el.clear()
+        el.send_keys(str(value))
+    driver.find_element(By.ID, "go").click()
+    WebDriverWait(driver, 60).until(lambda d: d.find_element(By.ID, "status").text in ("done",) or
+                                    d.find_element(By.ID, "status").text.startswith("error"))
+    assert driver.find_element(By.ID, "status").text == "done"
+
+
+def _slots(driver):
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#canvas .slot')].map(e => [e.textContent, e.dataset.step === undefined"
+        " ? null : +e.dataset.step, e.style.background])")
+
+
+def _shown(text: str) -> str:
+    return text.replace("\n", "\u21b5\n")  # the page marks line breaks
+
+
+def _check(driver, model, prompt, kw, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    want = generate(model, prompt, trace=True, **kw)
+    start = len(want.sequences[0]) - len(want.tokens[0])
+    step_of = {p - start: k for k, t in enumerate(want.trace[0]) for p in t.committed_positions}
+    tok_of = {p - start: x for t in want.trace[0] for p, x in zip(t.committed_positions, t.committed_tokens)}
+    slots = _slots(driver)
+    decided = [(i, s) for i, (_, s, _) in enumerate(slots) if s is not None]
+    assert decided == sorted(step_of.items())  # each token at its position, marked with its step
+    assert [t for t, s, _ in slots if s is not None] == [_shown(model.tokenizer.decode([tok_of[i]])) for i, _ in decided]
+    assert len({bg for _, s, bg in slots if s is not None}) == len(set(step_of.values()))  # a colour per step
+    assert driver.find_element(By.ID, "text").text == want.texts[0].strip()
+    assert driver.find_element(By.ID, "n_steps").text == str(want.row_nfe[0])
+    assert float(driver.find_element(By.ID, "tps").text) == pytest.approx(want.tokens_per_step, abs=0.01)
+
+    driver.find_element(By.ID, "replay").click()  # replay redraws the same decode step by step
+    time.sleep(0.2)
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "status").text == "done")
+    assert _slots(driver) == slots
+
+    driver.find_element(By.ID, "save").click()
+    path = tmp_path / "setdlm-decode.json"
+    deadline = time.monotonic() + 20
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    saved = json.loads(path.read_text())
+    assert saved["text"].strip() == want.texts[0].strip()
+    assert [e["setdlm"]["token_ids"] for e in saved["events"]] == [t.committed_tokens for t in want.trace[0]]
+
+
+def test_page_draws_the_decode_order_in_chromium(tmp_path):
+    model = tiny_model("setdlm", L=48, seed=2)
+    model.tokenizer = CharTokenizer()
+    kw = dict(max_new_tokens=20, threshold=0.3, temperature=0.8, top_p=1.0, seed=4)
+    driver = _browser(tmp_path)
+    try:
+        with running(model, "tiny") as (url, _):
+            _decode_on_page(driver, url, "to be or", dict(max_tokens=20, threshold=0.3, temperature=0.8, seed=4,
+                                                          replay_ms=5))
+            _check(driver, model, "to be or", kw, tmp_path)
+    finally:
+        driver.quit()
+
+
+PROMPT = "KING HENRY:\nO God of battles, steel my soldiers' hearts;"
+
+
+@pytest.mark.slow
+def test_page_with_the_shipped_model_and_screenshot(tmp_path):
+    """The shipped SetDLM model at threshold 0.1 (several tokens per step); writes the screenshot that
+    docs/serve.md shows to tmp (copy it to docs/img/serve-page.png when the page changes)."""
+    from setdlm.pretrained import load
+
+    model = load("shakespeare-setdlm-smax8")
+    kw = dict(max_new_tokens=64, threshold=0.1, temperature=0.0, top_p=1.0, seed=0)
+    driver = _browser(tmp_path)
+    try:
+        with running(model, "shakespeare-setdlm-smax8") as (url, _):
+            _decode_on_page(driver, url, PROMPT, dict(max_tokens=64, threshold=0.1, temperature=0, seed=0, replay_ms=5))
+            driver.save_screenshot(str(tmp_path / "serve-page.png"))
+            _check(driver, model, PROMPT, kw, tmp_path)
+    finally:
+        driver.quit()
+    print("screenshot:", tmp_path / "serve-page.png")
