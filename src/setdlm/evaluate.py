@@ -71,7 +71,7 @@ def likelihood(model: Model, batches: Iterable, *, samples: int = 1, seed: int =
     pass_nats, pass_tokens = [], []
     total = samples * len(batches) if hasattr(batches, "__len__") else None
     try:
-        with tqdm(total=total, desc="likelihood", unit="batch", disable=not progress) as bar:
+        with tqdm(total=total, desc="likelihood", unit="batch", disable=None if progress else True) as bar:
             for _ in range(samples):
                 nats, tokens = 0.0, 0
                 for b in batches:
@@ -225,7 +225,7 @@ def _decode_steps(n: int, call: Callable[[int, int], object], *, batch_size: int
         raise ValueError(f"warmup={warmup} leaves none of the {calls} decoding calls ({n} examples at batch size "
                          f"{batch_size}) to measure")
     outs, seconds = [], []
-    with tqdm(total=n, desc=desc, unit="ex", disable=not progress) as bar:
+    with tqdm(total=n, desc=desc, unit="ex", disable=None if progress else True) as bar:
         for lo in range(0, n, batch_size):
             hi = min(lo + batch_size, n)
             cpu = time.process_time()

@@ -40,6 +40,9 @@ class FamilyConfig:
         if self.family == "setdlm":
             if self.D is None:
                 raise ValueError("family 'setdlm' needs D (target parallelism)")
+            if isinstance(self.D, int) and self.D > self.length:
+                raise ValueError(f"D (target parallelism) must be <= the context length L, got D={self.D}, "
+                                 f"L={self.length}")
             if self.M is None:
                 self.M = min(2 * self.D, self.length)
         if self.family == "bd3lm" and self.block_size is None:
