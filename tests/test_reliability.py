@@ -192,6 +192,45 @@ def test_ctrl_c_during_training_names_the_latest_checkpoint(corpus, tmp_path, ca
     assert str(out / "checkpoints" / "step-") in line
 
 
+def test_ctrl_c_during_generation_keeps_the_rows_that_finished(ckpts):
+    """Ctrl-C at a known moment (a forward of the backbone raises it): the rows of the chunks done are kept,
+    with the tokens an uninterrupted call gives them."""
+    from setdlm.decoding.api import DecodingInterrupted
+
+    model = setdlm.load(ckpts["ar"])
+    full = generate(model, ["ab", "cd", "ef"], max_new_tokens=5, ignore_eos=True, batch_size=1)
+    calls, stop_at = [0], [None]
+
+    def backbone(*a, **kw):  # the model's backbone, counting its forwards
+        calls[0] += 1
+        if calls[0] == stop_at[0]:
+            raise KeyboardInterrupt
+        return model.backbone(*a, **kw)
+
+    for name in ("new_cache", "parameters", "train", "eval"):
+        setattr(backbone, name, getattr(model.backbone, name))
+    backbone.training = False
+    counted = Model(backbone, model.family, model.tokenizer)
+    generate(counted, ["ab"], max_new_tokens=5, ignore_eos=True)
+    calls[0], stop_at[0] = 0, 2 * calls[0] + 1  # rows 0 and 1 done, row 2 begun
+    with pytest.raises(DecodingInterrupted) as e:
+        generate(counted, ["ab", "cd", "ef"], max_new_tokens=5, ignore_eos=True, batch_size=1)
+    assert e.value.tokens == {0: full.tokens[0], 1: full.tokens[1]} and e.value.total == 3
+    assert e.value.texts == {0: full.texts[0], 1: full.texts[1]}
+
+
+def test_ctrl_c_during_generate_is_one_line_exit_130(ckpts, capsys):
+    def press_ctrl_c():
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    code, _, err = run(["generate", ckpts["ar"], "--prompt", "ab", "--max-new-tokens", "100000", "--ignore-eos"],
+                       capsys)
+    one_line(code, err, "setdlm generate: interrupted; 0 of 1 rows had finished; nothing was printed or written",
+             exit_code=130)
+
+
 # -- 6. one-line errors: no CUDA, no transformers, corrupt weights, sizes that cannot fit --------------------
 
 

@@ -680,8 +680,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _interrupted(args) -> str:
-    """What a Ctrl-C leaves behind, in a few words."""
+def _interrupted(args, e: KeyboardInterrupt) -> str:
+    """What a Ctrl-C leaves behind, in a few words (decoding: the texts of the rows done go to stdout)."""
+    from .decoding.api import DecodingInterrupted
+
+    if isinstance(e, DecodingInterrupted) and args.command in ("generate", "infill"):
+        for i in sorted(e.tokens):
+            print(json.dumps({"row": i, "text": e.texts[i] if e.texts else None, "tokens": e.tokens[i]}))
+        return f"{e}; {'their rows are above (JSONL on stdout)' if e.tokens else 'nothing was printed or written'}"
     if args.command == "train":
         from .checkpoint import latest_checkpoint
 
@@ -692,8 +698,6 @@ def _interrupted(args) -> str:
         if latest is None:
             return f"no checkpoint in {args.out} yet"
         return f"the latest checkpoint is {latest}; continue with: setdlm train --out {args.out} --resume"
-    if args.command in ("generate", "infill"):
-        return "decoding had not finished; nothing was printed or written"
     return "nothing was written"
 
 
@@ -710,8 +714,8 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{e.filename}: " if e.filename else ""
         print(f"setdlm {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's exit code for SIGINT
-        print(f"\nsetdlm {args.command}: interrupted; {_interrupted(args)}", file=sys.stderr)
+    except KeyboardInterrupt as e:  # Ctrl-C: one line, the shell's exit code for SIGINT
+        print(f"\nsetdlm {args.command}: interrupted; {_interrupted(args, e)}", file=sys.stderr)
         return 130
 
 

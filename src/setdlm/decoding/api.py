@@ -175,7 +175,7 @@ def _run(model, sequences, targets, *, mode, window, threshold, block_size, temp
     seeds = _seeds(seed, B) if (not sampling.greedy or reveal) else None
     device = _device(backbone)
     bs = batch_size or B
-    results, forwards = {}, 0
+    results, forwards, st = {}, 0, None
     n_targets = [sum(t) for t in targets]
     bar = tqdm(total=sum(n_targets), disable=None if progress else True, desc=f"{fam.family} decoding",
                unit="tok")  # shown on a terminal only
@@ -192,6 +192,10 @@ def _run(model, sequences, targets, *, mode, window, threshold, block_size, temp
                 _decode_chunk(backbone, st, fam, reveal, bar if progress else None, n_targets)
                 results.update(st.results)
                 forwards += st.forwards
+    except KeyboardInterrupt:  # Ctrl-C: keep the rows that had finished
+        done = {**results, **(st.results if st is not None else {})}
+        texts = {i: _text(model.tokenizer, r, stops) for i, r in done.items()} if model.tokenizer else None
+        raise DecodingInterrupted({i: r.tokens for i, r in done.items()}, texts, B) from None
     finally:
         backbone.train(was_training)
         bar.close()
@@ -205,6 +209,15 @@ def _run(model, sequences, targets, *, mode, window, threshold, block_size, temp
                             row_nfe=[r.nfe for r in rows], row_committed=[r.committed for r in rows],
                             seconds=seconds,
                             trace=[r.trace for r in rows] if trace else None)
+
+
+class DecodingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during decoding. ``tokens`` (and ``texts``, with a tokenizer) of the rows that had finished,
+    by row index, out of ``total`` rows: what was produced so far."""
+
+    def __init__(self, tokens: dict[int, list[int]], texts: dict[int, str] | None, total: int):
+        super().__init__(f"{len(tokens)} of {total} rows had finished")
+        self.tokens, self.texts, self.total = tokens, texts, total
 
 
 def _decode_chunk(backbone, st: DecodeState, fam, reveal: bool, bar, n_targets: list[int]) -> None:
