@@ -24,6 +24,7 @@ from setdlm.data import char_tokenizer
 from setdlm.decoding import generate, infill
 from setdlm.family import FamilyConfig
 from setdlm.lm import Model
+from setdlm.train import TrainConfig
 
 from conftest import make_model
 from test_cli import run
@@ -397,6 +398,15 @@ def test_checkpoint_permissions_follow_the_umask(ckpts, tmp_path):
     (lambda m: generate(m["ar"], ["ab"], window=2), ValueError, "window applies to setdlm models, not to this 'ar'"),
     (lambda m: generate(m["ar"], ["ab"], threshold=0.9), ValueError, "threshold applies to setdlm/bd3lm/mdlm"),
     (lambda m: infill(m["setdlm"], ["ab"], ["c"], 2, block_size=2), ValueError, "block_size applies to bd3lm/mdlm"),
+    (lambda m: infill(m["setdlm"], None, ["c"], 2), TypeError, "prefixes must be strings or token-id lists"),
+    (lambda m: generate(m["ar"], 5), TypeError, "prompts must be strings or token-id lists, got int"),
+    (lambda m: generate(m["ar"], ["ab"], stop=5), TypeError, "stop must be a string or a list of strings"),
+    (lambda m: generate(m["ar"], ["ab"], eos_token_id=999), ValueError, "eos_token_id must be a token id"),
+    (lambda m: generate(m["ar"], ["ab"], length_penalty=5), TypeError, "length_penalty must be a pair"),
+    (lambda m: setdlm.load(None), TypeError, "path must be a checkpoint folder"),
+    (lambda m: setdlm.load(""), TypeError, "path must be a checkpoint folder"),
+    (lambda m: TrainConfig(out="r", lr="a"), TypeError, "lr must be a number, got str 'a'"),
+    (lambda m: TrainConfig(out="r", bf16="yes"), TypeError, "bf16 must be True or False"),
 ])
 def test_python_api_checks_its_inputs(call, error, needle, ckpts):
     models = {k: setdlm.load(v) for k, v in ckpts.items()}

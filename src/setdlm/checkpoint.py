@@ -472,6 +472,8 @@ def load(path: str | Path, *, ema: bool = False, family: str | None = None, devi
         from .resources import resolve_device
 
         device = resolve_device(device)
+    if not isinstance(path, (str, Path)) or not str(path).strip():
+        raise TypeError(f"path must be a checkpoint folder, a shipped model's name or a Hub id, got {path!r}")
     folder = locate(path, revision=revision, ema=ema)
     if not is_checkpoint(folder):
         from .convert import is_reference_folder, load_reference_model

@@ -25,6 +25,7 @@ import os
 import shutil
 import sys
 import time
+import typing
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -102,6 +103,13 @@ class TrainConfig:
     RESUMABLE = ("steps", "eval_every", "save_every", "keep", "log_every", "resume", "device", "compile", "out")
 
     def __post_init__(self):
+        hints = typing.get_type_hints(TrainConfig)
+        for f in fields(self):  # types first, so that the range checks below compare numbers
+            v, kind = getattr(self, f.name), hints[f.name]
+            if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise TypeError(f"{f.name} must be a number, got {type(v).__name__} {v!r}")
+            if kind is bool and not isinstance(v, bool):
+                raise TypeError(f"{f.name} must be True or False, got {type(v).__name__} {v!r}")
         positive = ("vocab_size", "length", "hidden_size", "n_layers", "n_heads", "steps", "batch_size",
                     "grad_accum", "eval_batch_size", "keep", "log_every", "D", "M", "block_size")
         non_negative = ("warmup", "eval_every", "save_every", "eval_max", "seed", "eval_seed", "split_seed")
@@ -112,6 +120,9 @@ class TrainConfig:
                     raise ValueError(f"{name} must be {what} integer, got {v!r}")
         if not self.out:
             raise ValueError("out (the run folder) is required")
+        if not isinstance(self.data, str) or not self.data.strip():
+            raise ValueError(f"data must name a text source (a file, folder, built-in corpus or hf:NAME), got "
+                             f"{self.data!r}")
         if self.length < 2:
             raise ValueError(f"length (the context length L) must be at least 2, a BOS and one token to learn, "
                              f"got {self.length}")

@@ -157,7 +157,7 @@ def _run(model, sequences, targets, *, mode, window, threshold, block_size, temp
     check_knobs(fam.family, window=window, threshold=threshold, block_size=block_size)
     sampling = Sampling(fam.mask_token_id, temperature=temperature, top_p=top_p, top_k=top_k,
                         repetition_penalty=repetition_penalty,
-                        length_penalty=tuple(length_penalty) if length_penalty is not None else None,
+                        length_penalty=_pair(length_penalty),
                         threshold=threshold, eos_token_ids=tuple(eos))
     cfg = DecodeConfig(sampling, fam.length, mode=mode, stop_on_eos=stop_on_eos, window=_window(fam, window),
                        block_size=_block_size(fam, block_size), cache_order=cache_order, stop=stops,
@@ -255,9 +255,10 @@ def _vocab_size(model) -> int | None:
 
 def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: bool = False) -> list[list[int]]:
     """Strings or token-id lists → token-id lists; one item alone is wrapped into a batch."""
-    if items is None or isinstance(items, (bytes, bytearray)):
-        raise TypeError(f"{what}s must be strings or token-id lists, got {type(items).__name__}"
-                        + ("; decode the bytes first (b.decode('utf-8'))" if items is not None else ""))
+    if not isinstance(items, (str, list, tuple, torch.Tensor)):
+        raise TypeError(f"{what}{'es' if what.endswith('x') else 's'} must be strings or token-id lists, got "
+                        f"{type(items).__name__}"
+                        + ("; decode the bytes first (b.decode('utf-8'))" if isinstance(items, (bytes, bytearray)) else ""))
     if isinstance(items, str) or (isinstance(items, (list, tuple)) and items and isinstance(items[0], int)):
         items = [items]
     if isinstance(items, torch.Tensor):
@@ -310,9 +311,19 @@ def _block_size(fam, block_size) -> int:
     return block_size if block_size is not None else fam.block_size
 
 
+def _pair(length_penalty) -> tuple | None:
+    if length_penalty is None:
+        return None
+    if not isinstance(length_penalty, (tuple, list)) or len(length_penalty) != 2:
+        raise TypeError(f"length_penalty must be a pair (start, factor), got {length_penalty!r}")
+    return tuple(length_penalty)
+
+
 def _stops(model, stop) -> tuple[str, ...]:
     if stop is None:
         return ()
+    if not isinstance(stop, (str, list, tuple)):
+        raise TypeError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
     stops = (stop,) if isinstance(stop, str) else tuple(stop)
     if not all(isinstance(s, str) and s for s in stops):
         raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
@@ -325,9 +336,13 @@ def _eos_ids(model, eos_token_id) -> tuple[int, ...]:
     if eos_token_id is None:
         e = getattr(model.tokenizer, "eos_token_id", None) if model.tokenizer is not None else None
         return () if e is None else (int(e),)
+    if not isinstance(eos_token_id, (int, list, tuple)):
+        raise TypeError(f"eos_token_id must be a token id or a list of them, got {type(eos_token_id).__name__}")
     ids = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
-    if not all(isinstance(e, int) and e >= 0 for e in ids):
-        raise ValueError(f"eos_token_id must be a token id or a list of them, got {eos_token_id!r}")
+    vocab = _vocab_size(model) or float("inf")
+    if not all(isinstance(e, int) and 0 <= e < vocab for e in ids):
+        raise ValueError(f"eos_token_id must be a token id (or a list of them) in the model's vocabulary, got "
+                         f"{eos_token_id!r}")
     return ids
 
 
