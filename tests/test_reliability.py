@@ -158,20 +158,33 @@ def test_output_paths_are_checked_before_loading(tmp_path, capsys):
     one_line(code, err, "--out", "afile", "is a file")
 
 
-def test_a_write_that_fails_after_decoding_names_the_path_and_keeps_the_text(ckpts, tmp_path):
-    """A file-size limit makes the real write fail (EFBIG) the way a full disk does (ENOSPC)."""
+def file_size_limit(n: int):
+    """A child's file-size limit of ``n`` bytes: larger writes fail (EFBIG) the way they do on a full disk."""
     def limit():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
+    return limit
 
+
+def test_a_write_that_fails_after_decoding_names_the_path_and_keeps_the_text(ckpts, tmp_path):
     out = tmp_path / "o.jsonl"
     proc = subprocess.run([sys.executable, "-m", "setdlm", "generate", ckpts["setdlm"], "--prompt", "ab",
                            "--max-new-tokens", "8", "--output", str(out)], env=subprocess_env(), capture_output=True,
-                          text=True, preexec_fn=limit)
+                          text=True, preexec_fn=file_size_limit(64))
     one_line(proc.returncode, proc.stderr.replace("nfe=", "warning: nfe="), str(out), "cannot write")
     row = json.loads(proc.stdout)  # the result is on stdout
     assert row["prompt"] == "ab" and len(row["tokens"]) == 8
     assert not out.exists() and not list(tmp_path.glob(".o.jsonl*"))
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_line(corpus, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "setdlm", "train", "--out", str(out), "--data", corpus, "--steps", "1",
+                           *TINY], env=subprocess_env(), capture_output=True, text=True,
+                          preexec_fn=file_size_limit(20000))  # the log fits, the weights do not
+    one_line(proc.returncode, proc.stderr.replace("step 1:", "warning: step 1:"), str(out / "checkpoints"),
+             "cannot write the checkpoint", "File too large")
+    assert not list((out / "checkpoints").iterdir())  # no half-written folder left
 
 
 # -- 5. Ctrl-C: exit 130, one line saying what is left ------------------------------------------------------

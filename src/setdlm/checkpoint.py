@@ -210,8 +210,11 @@ def save(path: str | Path, model: Model, *, ema: dict[str, Tensor] | None = None
             f.chmod(0o666 & ~umask())
         _fsync_tree(tmp)
         _commit_dir(tmp, dst)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) or type(e).__name__ == "SafetensorError":  # disk full, read-only, ...
+            raise ValueError(f"{dst}: cannot write the checkpoint ({str(e).splitlines()[0]}); nothing of it was "
+                             "kept, an earlier checkpoint there is intact") from None
         raise
     if push_to_hub is not None:
         from .hub import push_folder

@@ -602,8 +602,11 @@ class _Run:
     def log(self, row: dict) -> None:
         self.history.append(row)
         if self.dist.main:
-            with open(self.out / METRICS, "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
+            try:
+                with open(self.out / METRICS, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(row) + "\n")
+            except OSError as e:  # disk full, read-only: one line naming the file
+                raise ValueError(f"{self.out / METRICS}: cannot write ({e.strerror or e})") from None
 
 
 def _read_log(path: Path) -> list[str]:
