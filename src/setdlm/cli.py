@@ -13,6 +13,8 @@ Every subcommand is registered in ``COMMANDS`` below; ``setdlm --help`` lists th
 * ``demo``     — :func:`setdlm.demo.run_demo`: the shipped models at work (what `make demo` runs)
 
 Bad arguments print a one-line error naming the bad value and exit with code 2; nothing is written then.
+The checks live in the library (shared with the Python API) and run before any work; Ctrl-C exits with
+code 130 and one line saying what is left. The table of errors: docs/errors.md.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ Reproducibility and exact resume: nothing random is carried from step to step. T
 ``e`` is a permutation seeded by ``(seed, e)``, and the randomness of step ``s`` (orders, masks, dropout)
 is seeded by ``(seed, s, rank, micro-batch)``; the learning rate is a function of ``s``. A checkpoint thus
 only needs the weights, the EMA, the optimizer moments and ``s``: a run killed with SIGKILL and resumed
-produces bitwise the same weights as an uninterrupted one.
+produces bitwise the same weights as an uninterrupted one (at the same thread count). While it trains, a
+process holds an OS lock on its run folder (:class:`RunLock`), so a second run into it is refused.
 """
 
 from __future__ import annotations
