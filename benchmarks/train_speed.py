@@ -19,6 +19,7 @@ import tempfile
 
 import torch
 
+from setdlm.resources import native_bf16
 from setdlm.train import TrainConfig, train
 
 
@@ -49,9 +50,12 @@ def main() -> None:
         print(f"{family}: fp32 {fp32:,.0f} tokens/s, bf16 {bf16:,.0f} tokens/s", file=sys.stderr)
     load_after = os.getloadavg()
     cfg = TrainConfig.from_preset(args.preset, out="-")
+    native = native_bf16(torch.device("cpu"))
     print(f"\npreset {args.preset}: d={cfg.hidden_size}, {cfg.n_layers} layers, {cfg.n_heads} heads, L={cfg.length}, "
           f"batch {cfg.batch_size}, tokenizer {cfg.tokenizer} {cfg.vocab_size}; torch {torch.__version__}, "
-          f"{args.threads} threads; load average before {load_before[0]:.2f}, after {load_after[0]:.2f}\n")
+          f"{args.threads} threads, CPU capability {torch.backends.cpu.get_cpu_capability()}, native bf16 "
+          f"{'yes' if native else 'no (AVX512-BF16/AMX absent: bf16 is emulated)'}; "
+          f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}\n")
     print("| family | fp32 tokens/s | bf16 tokens/s | bf16 speed-up |")
     print("|---|---:|---:|---:|")
     for family, a, b in rows:

@@ -96,6 +96,8 @@ def test_train_eval_resume_through_the_cli(corpus, tmp_path, capsys):
     (["--data", "EMPTY"], ["empty corpus", "empty.txt"]),
     (["--data", "LATIN1"], ["latin1.txt: not UTF-8 text (byte 0xe9"]),
     (["--data", "MISSING"], ["missing.txt", "neither an existing file"]),
+    (["--data", ""], ["data must name a text source", "got ''"]),
+    (["--k", "-1"], ["k must be a positive number, got -1.0"]),
 ])
 def test_train_bad_inputs(args, needles, corpus, tmp_path, capsys):
     (tmp_path / "empty.txt").write_text("  \n\n")

@@ -4,7 +4,7 @@ ragged prompts, rows finishing at different steps (EOS, threshold) and leaving t
 import pytest
 
 from decoding_support import PROMPTS, recorded, tiny_model
-from setdlm.decoding import generate
+from setdlm.decoding import applicable_knobs, generate
 
 FAMILIES = ["ar", "mdlm", "bd3lm", "setdlm"]
 SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=20, repetition_penalty=1.3, length_penalty=(4, 1.5))
@@ -27,7 +27,7 @@ def _same(batch, alone):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_batch_equals_rows_alone(family):
     model = tiny_model(family, seed=2)  # a seed whose random model gives every family varied rows
-    kw = dict(max_new_tokens=10, threshold=0.3)
+    kw = dict(max_new_tokens=10, **applicable_knobs(family, threshold=0.3))
     kw["eos_token_id"] = _eos_for(model, **kw)
     batch = generate(model, PROMPTS, **kw)
     _same(batch, [generate(model, [p], **kw) for p in PROMPTS])
@@ -39,7 +39,7 @@ def test_greedy_batch_equals_rows_alone(family):
 def test_sampled_batch_equals_rows_alone_with_per_row_seeds(family):
     model = tiny_model(family)
     seeds = [7, 8, 9]
-    kw = dict(max_new_tokens=10, threshold=0.5, eos_token_id=3, **SAMPLED)
+    kw = dict(max_new_tokens=10, eos_token_id=3, **SAMPLED, **applicable_knobs(family, threshold=0.5))
     kw["eos_token_id"] = _eos_for(model, seed=seeds, **kw)
     batch = generate(model, PROMPTS, seed=seeds, **kw)
     assert "eos" in batch.finish_reason

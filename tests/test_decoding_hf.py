@@ -10,7 +10,7 @@ import torch
 
 from decoding_support import PROMPTS, active_rows, assert_cache_clean, recorded, setdlm_training_logits, step_logits
 from setdlm import FamilyConfig, Model
-from setdlm.decoding import generate
+from setdlm.decoding import applicable_knobs, generate
 
 hf = pytest.importorskip("setdlm.hf")
 tiny_hf = pytest.importorskip("test_hf").tiny_hf
@@ -23,7 +23,7 @@ MASK = 99  # the tiny HF models have 100 ids
 @pytest.mark.parametrize("family", ["ar", "mdlm", "bd3lm", "setdlm"])
 def test_batch_equals_rows_alone_on_hf_backbones(kind, family):
     model = Model(hf.HFBackbone(tiny_hf(kind)), FamilyConfig(family, 32, MASK, D=2, block_size=4))
-    kw = dict(max_new_tokens=8, threshold=0.2, ignore_eos=True)
+    kw = dict(max_new_tokens=8, ignore_eos=True, **applicable_knobs(family, threshold=0.2))
     batch = generate(model, PROMPTS, **kw)
     assert batch.tokens == [generate(model, [p], **kw).tokens[0] for p in PROMPTS]
     assert [len(t) for t in batch.tokens] == [8, 8, 8]

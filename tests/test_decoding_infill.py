@@ -6,7 +6,7 @@ import pytest
 
 from decoding_support import MASK, CharTokenizer, recorded, tiny_model
 from setdlm import Model
-from setdlm.decoding import fill, generate, infill
+from setdlm.decoding import applicable_knobs, fill, generate, infill
 
 PREFIXES = [[1, 5, 7], [1, 9, 4, 11, 3], [1, 30]]
 SUFFIXES = [[6, 20, 2], [8, 2], [12, 40, 33, 21, 2]]
@@ -15,7 +15,7 @@ LENGTHS = [5, 3, 8]
 
 @pytest.mark.parametrize("family", ["ar", "mdlm", "bd3lm", "setdlm"])
 def test_infill_fills_exactly_the_middle(family):
-    out = infill(tiny_model(family), PREFIXES, SUFFIXES, LENGTHS, threshold=0.3, trace=True)
+    out = infill(tiny_model(family), PREFIXES, SUFFIXES, LENGTHS, trace=True, **applicable_knobs(family, threshold=0.3))
     for r in range(3):
         seq, mid = out.sequences[r], out.tokens[r]
         assert len(mid) == LENGTHS[r] and MASK not in mid
@@ -55,7 +55,7 @@ def test_several_gaps_at_arbitrary_positions(family):
             [MASK, 3, 9, MASK, MASK, MASK, MASK, 2]]
     if family == "ar":
         rows[1] = rows[1][1:]  # AR needs a token before its first gap
-    out = fill(tiny_model(family), rows, threshold=0.3)
+    out = fill(tiny_model(family), rows, **applicable_knobs(family, threshold=0.3))
     for r, row in enumerate(rows):
         seq = out.sequences[r]
         assert len(seq) == len(row) and MASK not in seq
@@ -65,18 +65,20 @@ def test_several_gaps_at_arbitrary_positions(family):
         fill(tiny_model("ar"), [[MASK, 3, 4]])
 
 
-def test_infill_with_strings_and_zero_length():
+def test_infill_with_strings_and_a_zero_length_refused():
     model = tiny_model("setdlm")
     model = Model(model.backbone, model.family, CharTokenizer())
-    out = infill(model, ["the cat", "a"], [" sat.", ""], [4, 0])
+    out = infill(model, ["the cat", "a"], [" sat.", ""], [4, 1])
     tok = model.tokenizer
     assert out.texts[0] == tok.decode(out.tokens[0]) and len(out.tokens[0]) == 4
     # a string prefix starts with BOS, as every training row does; the suffix is encoded as it is
     assert out.sequences[0] == [tok.bos_token_id] + tok.encode("the cat") + out.tokens[0] + tok.encode(" sat.")
-    assert out.tokens[1] == [] and out.texts[1] == "" and out.row_nfe[1] == 0 and out.finish_reason[1] == "done"
+    assert len(out.tokens[1]) == 1 and out.finish_reason[1] == "done"
+    with pytest.raises(ValueError, match=r"lengths\[1\] must be a positive integer \(tokens to fill\), got 0"):
+        infill(model, ["the cat", "a"], [" sat.", ""], [4, 0])
     ids = infill(model, [[tok.bos_token_id] + tok.encode("the cat")], [tok.encode(" sat.")], 4)
     assert ids.tokens[0] == out.tokens[0]  # strings and the equivalent token ids decode alike
-    with pytest.raises(ValueError, match="lengths must be one integer >= 0 or one per row"):
+    with pytest.raises(ValueError, match="got 1 lengths for 2 rows"):
         infill(model, ["a", "b"], ["c", "d"], [1])
     with pytest.raises(ValueError, match="more than the context length"):
         infill(model, ["a"], ["b"], model.family.length)

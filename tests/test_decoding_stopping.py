@@ -5,7 +5,7 @@ import pytest
 
 from decoding_support import BOS, EOS, MASK, PROMPTS, CharTokenizer, tiny_model
 from setdlm import Model
-from setdlm.decoding import generate
+from setdlm.decoding import applicable_knobs, generate
 
 FAMILIES = ["ar", "mdlm", "bd3lm", "setdlm"]
 
@@ -28,9 +28,10 @@ def test_max_new_tokens_and_texts(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_eos_ends_a_row_once_everything_before_it_is_decoded(family):
     model = tiny_model(family, seed=2)
-    free = generate(model, PROMPTS, max_new_tokens=10, threshold=0.3, ignore_eos=True)
+    tau = applicable_knobs(family, threshold=0.3)
+    free = generate(model, PROMPTS, max_new_tokens=10, ignore_eos=True, **tau)
     eos = free.tokens[1][4]  # a token the model generates
-    out = generate(model, PROMPTS, max_new_tokens=10, threshold=0.3, eos_token_id=eos)
+    out = generate(model, PROMPTS, max_new_tokens=10, eos_token_id=eos, **tau)
     for r in range(3):
         toks = out.tokens[r]
         if eos in free.tokens[r]:

@@ -52,11 +52,9 @@ class Setting:
         return {k: v for k, v in (("threshold", self.threshold), ("window", self.window)) if v is not None}
 
 
-def settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS, windows: Sequence[int | None] = (None,),
-             batch_sizes: Sequence[int] = (1,)) -> list[Setting]:
-    """The settings that apply to ``model``'s family: τ only for SetDLM/BD3LM/MDLM, w only for SetDLM (None
-    = D); each distinct setting once, in sweep order."""
-    fam = model.family
+def check_settings(thresholds: Sequence[float | None], windows: Sequence[int | None], batch_sizes: Sequence[int],
+                   warmup: int = 0) -> None:
+    """The sweep's settings, checked without any model (so ``setdlm bench`` fails before loading one)."""
     for t in thresholds:
         if t is not None and not 0 < t <= 1:
             raise ValueError(f"thresholds must lie in (0, 1] (or be None for off), got {t}")
@@ -66,6 +64,16 @@ def settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS, wind
     for b in batch_sizes:
         if not (isinstance(b, int) and b >= 1):
             raise ValueError(f"batch sizes must be positive integers, got {b!r}")
+    if not (isinstance(warmup, int) and warmup >= 0):
+        raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
+
+
+def settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS, windows: Sequence[int | None] = (None,),
+             batch_sizes: Sequence[int] = (1,)) -> list[Setting]:
+    """The settings that apply to ``model``'s family: τ only for SetDLM/BD3LM/MDLM, w only for SetDLM (None
+    = D); each distinct setting once, in sweep order."""
+    fam = model.family
+    check_settings(thresholds, windows, batch_sizes)
     taus = thresholds if fam.family in _THRESHOLD_FAMILIES else [None]
     ws = [fam.D if w is None else w for w in windows] if fam.family == "setdlm" else [None]
     out = [Setting(t, w, b) for b in batch_sizes for w in ws for t in taus]
@@ -135,7 +143,7 @@ def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, *,
                     **s.decode_kwargs(), **task_kwargs) for _, model, s in plan]
     calls = sum(-(-n // s.batch_size) for _, _, s in plan)
     with tqdm(total=calls, desc=f"bench {task} ({len(plan)} settings side by side)", unit="call",
-              disable=not progress) as bar:
+              disable=None if progress else True) as bar:
         results = evaluate.interleave(passes, progress=lambda: bar.update(1))
     return [_point(label, model, task, s, r) for (label, model, s), r in zip(plan, results)]
 

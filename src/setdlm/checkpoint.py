@@ -28,10 +28,12 @@ does not match the model, or a config of another family than the one expected.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import tempfile
+import typing
 from pathlib import Path
 
 import torch
@@ -52,11 +54,20 @@ FORMAT, FORMAT_VERSION = "setdlm", 1
 # ---------------------------------------------------------------------------------------------------------
 
 
+def umask() -> int:
+    """The process's file-mode creation mask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, flush it to disk, then rename it over ``path``."""
+    """Write ``text`` to a temporary file beside ``path``, flush it to disk, then rename it over ``path``.
+    The file gets the permissions of an ordinary new file (0666 less the umask), not ``mkstemp``'s 0600."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -182,6 +193,7 @@ def save(path: str | Path, model: Model, *, ema: dict[str, Tensor] | None = None
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.tmp-"))
     try:
+        tmp.chmod(0o777 & ~umask())  # an ordinary folder's permissions, not mkdtemp's 0700
         save_file(_contiguous(weights), str(tmp / WEIGHTS), metadata={"format": "pt"})
         if ema is not None:
             save_file(_contiguous({k: ema[k] for k in weights}), str(tmp / EMA_WEIGHTS), metadata={"format": "pt"})
@@ -194,10 +206,15 @@ def save(path: str | Path, model: Model, *, ema: dict[str, Tensor] | None = None
             (tmp / STATE).write_text(json.dumps(training_state, indent=2) + "\n", encoding="utf-8")
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         (tmp / CARD).write_text(model_card(config, bench=bench, repo_id=push_to_hub), encoding="utf-8")
+        for f in tmp.iterdir():  # safetensors writes 0600: an ordinary file's permissions instead
+            f.chmod(0o666 & ~umask())
         _fsync_tree(tmp)
         _commit_dir(tmp, dst)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) or type(e).__name__ == "SafetensorError":  # disk full, read-only, ...
+            raise ValueError(f"{dst}: cannot write the checkpoint ({str(e).splitlines()[0]}); nothing of it was "
+                             "kept, an earlier checkpoint there is intact") from None
         raise
     if push_to_hub is not None:
         from .hub import push_folder
@@ -240,7 +257,13 @@ def resolve(path: str | Path) -> Path:
     if not p.is_dir():
         raise ValueError(f"checkpoint {str(p)!r} is not a folder")
     if not (p / CONFIG).exists() and (p / LATEST).is_file():
-        target = (p / LATEST).read_text(encoding="utf-8").strip()
+        try:
+            target = (p / LATEST).read_text(encoding="utf-8").strip()
+        except UnicodeDecodeError:
+            raise ValueError(f"{p / LATEST}: not a text file (it should name a checkpoint folder, e.g. "
+                             "checkpoints/step-00000100)") from None
+        if not target or Path(target).is_absolute() or ".." in Path(target).parts:
+            raise ValueError(f"{p / LATEST}: {target!r} is not a checkpoint folder inside {p}")
         if not (p / target / CONFIG).exists():
             raise ValueError(f"{p / LATEST}: points to {target!r}, which holds no {CONFIG}")
         return p / target
@@ -276,6 +299,28 @@ def read_config(folder: str | Path) -> dict:
     return cfg
 
 
+_KINDS = {int: (int,), float: (int, float), str: (str,)}
+
+
+def check_fields(path: Path, section: str, d: dict, cls) -> None:
+    """Every field of the dataclass ``cls`` present in ``d`` (``config.json``'s ``section``) with a value of
+    its type: a key that is missing or mistyped is an error naming the key and the file, never a default
+    filled in (a 2-head checkpoint must not load as the default 4 heads)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in d:
+            raise ValueError(f"{path}: {section!r} lacks the key {f.name!r}; the file is incomplete or was edited "
+                             "(re-save the model, or restore the key)")
+        v, kind = d[f.name], hints[f.name]
+        optional = type(None) in typing.get_args(kind)
+        base = next((a for a in typing.get_args(kind) if a is not type(None)), kind)
+        if v is None and optional:
+            continue
+        if isinstance(v, bool) or not isinstance(v, _KINDS.get(base, (base,))):
+            want = base.__name__ + (" or null" if optional else "")
+            raise ValueError(f"{path}: {section}.{f.name} must be {want}, got {json.dumps(v)}")
+
+
 def parse_configs(folder: Path, cfg: dict, family: str | None = None) -> tuple[ModelConfig | dict, FamilyConfig]:
     """(architecture, family) of a config: a :class:`ModelConfig` for the DiT, the ``transformers`` config
     dict for an HF backbone."""
@@ -283,6 +328,9 @@ def parse_configs(folder: Path, cfg: dict, family: str | None = None) -> tuple[M
     kind = cfg.get("backbone", "dit")
     if kind not in ("dit", "hf"):
         raise ValueError(f"{path}: unknown backbone {kind!r} (expected 'dit' or 'hf')")
+    if kind == "dit":
+        check_fields(path, "architecture", cfg["architecture"], ModelConfig)
+    check_fields(path, "family", cfg["family"], FamilyConfig)
     try:
         arch = ModelConfig.from_dict(cfg["architecture"]) if kind == "dit" else dict(cfg["architecture"])
     except (TypeError, ValueError) as e:
@@ -301,10 +349,52 @@ def parse_configs(folder: Path, cfg: dict, family: str | None = None) -> tuple[M
     return arch, fam
 
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def is_pickle(path: Path) -> bool:
+    """Whether ``path`` is a pickle: ``torch.save``'s zip archive or a bare pickle stream (protocol >= 2)."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if head[8:9] == b"{":  # safetensors: an 8-byte header length, then the JSON header
+        return False
+    return head.startswith(b"PK\x03\x04") or (head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"))
+
+
+def refuse_pickle(path: Path) -> None:
+    """Pickles can run code when loaded; setdlm never unpickles one (checkpoints are safetensors)."""
+    if is_pickle(path):
+        raise ValueError(f"{path}: is a pickle file (torch.save / .bin / .pt), not safetensors; setdlm does not "
+                         "load pickles, since loading one can run code. Convert it to safetensors where you trust it")
+
+
+def check_safetensors(path: Path) -> None:
+    """A ``ValueError`` naming ``path`` unless it is a complete safetensors file (header read, every tensor's
+    bytes present): checks weights that another library (``transformers``) will load, before it does."""
+    from safetensors import safe_open
+
+    refuse_pickle(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n)) if 8 + n <= size else None
+        if header is None:
+            raise ValueError("header runs past the end of the file")
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        if 8 + n + end > size:
+            raise ValueError(f"{size} bytes, but the header needs {8 + n + end}")
+        with safe_open(str(path), "pt"):
+            pass
+    except Exception as e:  # json / safetensors raise their own error types
+        raise ValueError(f"{path}: corrupt or truncated safetensors file ({str(e).splitlines()[0]})") from None
+
+
 def read_tensors(path: Path, expected: dict[str, tuple] | None = None, what: str = "") -> dict[str, Tensor]:
     """Load a safetensors file; check names and shapes against ``expected`` and that values are finite."""
     if not path.is_file():
         raise ValueError(f"{path}: missing{what}")
+    refuse_pickle(path)
     try:
         sd = load_file(str(path))
     except Exception as e:  # safetensors raises its own error type on a bad header / short file
@@ -381,6 +471,12 @@ def load(path: str | Path, *, ema: bool = False, family: str | None = None, devi
     otherwise). ``dtype``: cast the weights (weights stored in bf16/fp16 load as float32 unless given).
     ``revision``: a Hub branch, tag or commit.
     """
+    if device is not None:
+        from .resources import resolve_device
+
+        device = resolve_device(device)
+    if not isinstance(path, (str, Path)) or not str(path).strip():
+        raise TypeError(f"path must be a checkpoint folder, a shipped model's name or a Hub id, got {path!r}")
     folder = locate(path, revision=revision, ema=ema)
     if not is_checkpoint(folder):
         from .convert import is_reference_folder, load_reference_model

@@ -14,6 +14,8 @@ Every subcommand is registered in ``COMMANDS`` below; ``setdlm --help`` lists th
 * ``serve``    — :func:`setdlm.serve.serve`: an OpenAI-compatible server with continuous batching
 
 Bad arguments print a one-line error naming the bad value and exit with code 2; nothing is written then.
+The checks live in the library (shared with the Python API) and run before any work; Ctrl-C exits with
+code 130 and one line saying what is left. The table of errors: docs/errors.md.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from .data.prompt import encode_prompt
 from .data.sources import iter_jsonl
+from .decoding.api import KNOB_FAMILIES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,11 +63,10 @@ def _read_utf8(path: str) -> str:
         raise ValueError(f"{name}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
 
 
-def _write_atomic(path: str, text: str) -> None:
-    from .checkpoint import write_text_atomic
+def _write_atomic(path: str, text: str, flag: str = "--output") -> None:
+    from .outputs import write_text
 
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(Path(path), text)
+    write_text(path, text, flag)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -104,14 +106,13 @@ def _train(args) -> int:
     from .presets import PRESETS
     from .train import TrainConfig, config_fields, resume_config, train
 
-    given = {f.name: getattr(args, f.name) for f in config_fields() if hasattr(args, f.name)}
-    preset = given.pop("preset", "tiny")
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    if given.get("resume"):
-        cfg = resume_config(given.pop("out"), preset=preset, **given)
+    given = {f.name: getattr(args, f.name) for f in config_fields() if hasattr(args, f.name)}  # flags given only
+    if given.get("preset", "tiny") not in PRESETS:
+        raise ValueError(f"unknown preset {given['preset']!r}; choose one of {', '.join(PRESETS)}")
+    if given.get("resume"):  # the saved configuration; only the flags given are compared with it
+        cfg = resume_config(given.pop("out"), **given)
     else:
-        cfg = TrainConfig.from_preset(preset, **given)
+        cfg = TrainConfig.from_preset(given.pop("preset", "tiny"), **given)
     for name, families in _FAMILY_FLAGS.items():
         if name in given and cfg.family not in families:
             raise ValueError(f"--{name.replace('_', '-')} applies to {' and '.join(families)}, not to family "
@@ -204,7 +205,7 @@ def _write_predictions(path: str, examples: list, result) -> None:
                          "correct": extract_answer(pred) == e.answer})
         else:
             rows.append({"prefix": e.prefix, "suffix": e.suffix, "reference": e.middle, "prediction": pred})
-    _write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+    _write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows), "--predictions")
 
 
 def _eval_decoding(model, args, training: dict) -> dict:
@@ -253,8 +254,12 @@ def _training_args(path: str) -> dict:
 def _eval(args) -> int:
     """Evaluate a checkpoint: likelihood bound, reasoning accuracy or infilling ROUGE (JSON on stdout)."""
     from .checkpoint import load
+    from .outputs import check_file
 
     _check_task_flags(args)
+    for flag, path in (("--output", args.output), ("--predictions", args.predictions)):
+        if path is not None:
+            check_file(path, flag)
     model = load(args.checkpoint, ema=args.ema, device=args.device)
     training = _training_args(args.checkpoint)
     result = EVALUATIONS[args.task](model, args, training)
@@ -347,13 +352,15 @@ def _bench(args) -> int:
     """Sweep decoding settings over checkpoints: Markdown table, Pareto plot (PNG) and raw numbers (JSON)."""
     from . import bench
     from .checkpoint import load
+    from .outputs import check_folder
 
     _check_task_flags(args)
     if args.task == "likelihood" and (args.thresholds or args.windows or args.batch_sizes or args.warmup is not None):
         raise ValueError("--thresholds/--windows/--batch-sizes/--warmup apply to --task reasoning/infill")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {args.out!r} exists and is not a folder")
+    out = check_folder(args.out)
+    if args.task != "likelihood":  # every setting checked before any model is loaded
+        bench.check_settings(args.thresholds or bench.THRESHOLDS, args.windows or [None], args.batch_sizes or [1],
+                             50 if args.warmup is None else args.warmup)
     labels = _labels(args.checkpoints)
     models = [load(c, ema=args.ema, device=args.device) for c in args.checkpoints]
     meta = {"task": args.task, "checkpoints": dict(zip(labels, map(str, args.checkpoints))),
@@ -379,7 +386,7 @@ def _bench(args) -> int:
                     batch_sizes=batch_sizes, decode=fixed)
     table = bench.markdown_table(points)
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomic(str(out / "bench.md"), table)
+    _write_atomic(str(out / "bench.md"), table, "--out")
     bench.write_json(points, out / "bench.json", **meta)
     bench.plot(points, out / "bench.png", title=args.title)
     print(table, end="")
@@ -414,9 +421,9 @@ def _add_bench(sub) -> None:
 
 # flag -> (families it applies to or None for all, check, what the check demands)
 _DECODE_FLAGS = {
-    "window": (("setdlm",), lambda v: v >= 1, "a positive integer"),
-    "block_size": (("bd3lm", "mdlm"), lambda v: v >= 1, "a positive integer"),
-    "threshold": (("setdlm", "bd3lm", "mdlm"), lambda v: 0 < v <= 1, "in (0, 1]"),
+    "window": (KNOB_FAMILIES["window"], lambda v: v >= 1, "a positive integer"),
+    "block_size": (KNOB_FAMILIES["block_size"], lambda v: v >= 1, "a positive integer"),
+    "threshold": (KNOB_FAMILIES["threshold"], lambda v: 0 < v <= 1, "in (0, 1]"),
     "temperature": (None, lambda v: v >= 0, ">= 0"),
     "top_p": (None, lambda v: 0 < v <= 1, "in (0, 1]"),
     "top_k": (None, lambda v: v >= 0, ">= 0"),
@@ -489,10 +496,22 @@ def _report(out, rows: list[dict], args, shown: list[str] | None = None) -> int:
     print(f"nfe={out.nfe} tokens/step={out.tokens_per_step:.3f} seconds={out.seconds:.3f} "
           f"tokens/s={out.tokens_per_second:.1f}", file=sys.stderr)
     if args.output:
-        _write_atomic(args.output, "".join(json.dumps(r) + "\n" for r in rows))
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        try:
+            _write_atomic(args.output, text)
+        except ValueError:  # the write failed after decoding: the rows go to stdout, then the one-line error
+            print(text, end="")
+            raise
     else:
         print("\n\n".join(shown if shown is not None else [r["text"] for r in rows]))
     return 0
+
+
+def _check_output(args) -> None:
+    from .outputs import check_file
+
+    if args.output is not None:
+        check_file(args.output)
 
 
 def _generate(args) -> int:
@@ -502,6 +521,7 @@ def _generate(args) -> int:
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
     _check_ranges(args)
+    _check_output(args)
     prompts = _read_prompts(args)
     model = load(args.checkpoint or pretrained_default(), ema=args.ema, device=args.device)
     kw = _decoding_kwargs(args, model.family.family)
@@ -514,7 +534,7 @@ def _generate(args) -> int:
 
     traced = bool(args.show_order or args.trace)
     out = generate(model, prompts, max_new_tokens=args.max_new_tokens, stop=args.stop or None, seed=args.seed,
-                   ignore_eos=args.ignore_eos, trace=traced, **kw)
+                   ignore_eos=args.ignore_eos, trace=traced, progress=True, **kw)
     rows = [{"prompt": p, "text": t, "tokens": [int(x) for x in ids]} for p, t, ids in zip(prompts, out.texts, out.tokens)]
     shown = _decode_order(model, out, rows, args) if traced else None
     return _report(out, rows, args, shown)
@@ -601,6 +621,7 @@ def _infill(args) -> int:
     from .checkpoint import load
 
     _check_ranges(args)
+    _check_output(args)
     rows = _read_infill(args)
     model = load(args.checkpoint or pretrained_default(), ema=args.ema, device=args.device)
     kw = _decoding_kwargs(args, model.family.family)
@@ -612,7 +633,8 @@ def _infill(args) -> int:
                              f"context length L={L}")
     from .decoding import infill
 
-    out = infill(model, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], seed=args.seed, **kw)
+    out = infill(model, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], seed=args.seed,
+                 progress=True, **kw)
     res = [{"prefix": p, "suffix": s, "length": n, "text": t, "tokens": [int(x) for x in ids]}
            for (p, s, n), t, ids in zip(rows, out.texts, out.tokens)]
     return _report(out, res, args)
@@ -747,6 +769,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupted(args, e: KeyboardInterrupt) -> str:
+    """What a Ctrl-C leaves behind, in a few words (decoding: the texts of the rows done go to stdout)."""
+    from .decoding.api import DecodingInterrupted
+
+    if isinstance(e, DecodingInterrupted) and args.command in ("generate", "infill"):
+        for i in sorted(e.tokens):
+            print(json.dumps({"row": i, "text": e.texts[i] if e.texts else None, "tokens": e.tokens[i]}))
+        return f"{e}; {'their rows are above (JSONL on stdout)' if e.tokens else 'nothing was printed or written'}"
+    if args.command == "train":
+        from .checkpoint import latest_checkpoint
+
+        try:
+            latest = latest_checkpoint(args.out)
+        except ValueError:
+            latest = None
+        if latest is None:
+            return f"no checkpoint in {args.out} yet"
+        return f"the latest checkpoint is {latest}; continue with: setdlm train --out {args.out} --resume"
+    return "nothing was written"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -756,6 +799,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"setdlm {args.command}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
               file=sys.stderr)
         return 2
+    except OSError as e:  # the machine refused (a file that cannot be read or written): one line, exit 2
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"setdlm {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:  # Ctrl-C: one line, the shell's exit code for SIGINT
+        print(f"\nsetdlm {args.command}: interrupted; {_interrupted(args, e)}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ token at the checkpoint's ``mask_token_id`` becomes MASK (one past the vocabular
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from pathlib import Path
 
@@ -45,6 +46,7 @@ import torch
 from torch import Tensor
 from torch import nn
 
+from .checkpoint import refuse_pickle
 from .family import FamilyConfig
 from .lm import Model
 from .model import ModelConfig, Transformer
@@ -203,9 +205,14 @@ def _shard_index(folder: Path, suffix: str) -> tuple[Path, dict[str, str]] | Non
 def _read_weight_file(f: Path) -> dict[str, Tensor]:
     from safetensors.torch import load_file
 
+    if f.suffix == ".safetensors":
+        refuse_pickle(f)
     try:
         part = load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu",
                                                                                 weights_only=True)
+    except pickle.UnpicklingError:  # weights_only refused an object: never retried without it
+        raise ValueError(f"{f}: a pickle holding more than tensors; it is not loaded, since loading it could "
+                         "run code") from None
     except Exception as e:  # safetensors / torch raise their own error types for corrupt files
         raise ValueError(f"{f}: cannot read the weights ({str(e).splitlines()[0]})") from None
     if isinstance(part.get("state_dict"), dict):

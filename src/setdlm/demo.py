@@ -24,6 +24,14 @@ REASON = ("arith-ar", "arith-bd3lm-s4", "arith-setdlm-smax8")
 def _loader(models: str | Path | None):
     from .checkpoint import load
 
+    if models is not None:  # a local folder, checked here: never taken for a Hub id
+        if not Path(models).is_dir():
+            raise ValueError(f"--models {str(models)!r}: no such folder")
+        lacking = [name for name in (LM, *REASON) if not (Path(models) / name).is_dir()]
+        if lacking:
+            raise ValueError(f"--models {str(models)!r} lacks {', '.join(lacking)} (checkpoint folders named like "
+                             "the shipped models)")
+
     def get(name: str):
         return load(Path(models) / name) if models is not None else pretrained.load(name)
 
@@ -42,8 +50,13 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
     from .data.tasks import reasoning_split
     from .metrics import extract_answer
 
+    from .outputs import check_folder
+
     if not (isinstance(n, int) and n >= 3):
         raise ValueError(f"the demo needs at least 3 problems for its table, got n={n}")
+    if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    check_folder(out)
     get = _loader(models)
     t0 = time.time()
     lm = get(LM)

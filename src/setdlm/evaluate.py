@@ -96,7 +96,7 @@ def likelihood(model: Model, batches: Iterable, *, samples: int = 1, seed: int =
     total = samples * -(-(len(batches) - rank) // world) if hasattr(batches, "__len__") else None
     amp = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
     try:
-        with tqdm(total=total, desc="likelihood", unit="batch", disable=not progress) as bar, amp:
+        with tqdm(total=total, desc="likelihood", unit="batch", disable=None if progress else True) as bar, amp:
             for s in range(samples):
                 for i, b in _indexed(batches, rank, world):
                     out = compute_loss(model.backbone, model.family, _as_batch(b).to(device), train=False,
@@ -245,7 +245,7 @@ def _decode_steps(n: int, call: Callable[[int, int], object], *, batch_size: int
         raise ValueError(f"warmup={warmup} leaves none of the {calls} decoding calls ({n} examples at batch size "
                          f"{batch_size}) to measure")
     outs, seconds = [], []
-    with tqdm(total=n, desc=desc, unit="ex", disable=not progress) as bar:
+    with tqdm(total=n, desc=desc, unit="ex", disable=None if progress else True) as bar:
         for lo in range(0, n, batch_size):
             hi = min(lo + batch_size, n)
             cpu = time.process_time()

@@ -42,9 +42,16 @@ class FamilyConfig:
             raise ValueError(f"length (context L) must be a positive integer, got {self.length!r}")
         if self.mask_token_id is None or self.mask_token_id < 0:
             raise ValueError(f"mask_token_id must be a non-negative token id, got {self.mask_token_id!r}")
+        for name in ("k", "b"):  # explicit schedule shape / window: positive and finite (docs/concepts.md)
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and 0 < v < float("inf")):
+                raise ValueError(f"{name} must be a positive number, got {v!r}")
         if self.family == "setdlm":
             if self.D is None:
                 raise ValueError("family 'setdlm' needs D (target parallelism)")
+            if isinstance(self.D, int) and self.D > self.length:
+                raise ValueError(f"D (target parallelism) must be <= the context length L, got D={self.D}, "
+                                 f"L={self.length}")
             if self.M is None:
                 self.M = min(2 * self.D, self.length)
         if self.family == "bd3lm" and self.block_size is None:

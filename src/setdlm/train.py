@@ -11,7 +11,8 @@ Reproducibility and exact resume: nothing random is carried from step to step. T
 ``e`` is a permutation seeded by ``(seed, e)``, and the randomness of step ``s`` (orders, masks, dropout)
 is seeded by ``(seed, s, rank, micro-batch)``; the learning rate is a function of ``s``. A checkpoint thus
 only needs the weights, the EMA, the optimizer moments and ``s``: a run killed with SIGKILL and resumed
-produces bitwise the same weights as an uninterrupted one.
+produces bitwise the same weights as an uninterrupted one (at the same thread count). While it trains, a
+process holds an OS lock on its run folder (:class:`RunLock`), so a second run into it is refused.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import shutil
 import sys
 import time
+import typing
 from contextlib import nullcontext
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -42,6 +44,7 @@ from .lm import Model
 from .model import ModelConfig, Transformer
 from .objectives import compute_loss
 from .presets import preset as preset_values
+from .resources import check_fits, native_bf16, resolve_device
 
 METRICS = "metrics.jsonl"
 
@@ -105,6 +108,13 @@ class TrainConfig:
     RESUMABLE = ("steps", "eval_every", "save_every", "keep", "log_every", "resume", "device", "compile", "out")
 
     def __post_init__(self):
+        hints = typing.get_type_hints(TrainConfig)
+        for f in fields(self):  # types first, so that the range checks below compare numbers
+            v, kind = getattr(self, f.name), hints[f.name]
+            if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise TypeError(f"{f.name} must be a number, got {type(v).__name__} {v!r}")
+            if kind is bool and not isinstance(v, bool):
+                raise TypeError(f"{f.name} must be True or False, got {type(v).__name__} {v!r}")
         positive = ("vocab_size", "length", "hidden_size", "n_layers", "n_heads", "steps", "batch_size",
                     "grad_accum", "eval_batch_size", "keep", "log_every", "D", "M", "block_size")
         non_negative = ("warmup", "eval_every", "save_every", "eval_max", "seed", "eval_seed", "split_seed")
@@ -115,6 +125,12 @@ class TrainConfig:
                     raise ValueError(f"{name} must be {what} integer, got {v!r}")
         if not self.out:
             raise ValueError("out (the run folder) is required")
+        if not isinstance(self.data, str) or not self.data.strip():
+            raise ValueError(f"data must name a text source (a file, folder, built-in corpus or hf:NAME), got "
+                             f"{self.data!r}")
+        if self.length < 2:
+            raise ValueError(f"length (the context length L) must be at least 2, a BOS and one token to learn, "
+                             f"got {self.length}")
         if Path(self.data).exists():  # recorded absolute, so that `setdlm eval` finds it from anywhere
             self.data = str(Path(self.data).resolve())
         if self.family not in FAMILIES:
@@ -234,14 +250,7 @@ def init_dist(device: str) -> Dist:
     """Read torchrun's environment; initialise the process group when there is more than one process."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    if device == "auto":
-        device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda":
-        device = f"cuda:{local}"
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"unknown device {device!r}") from None
+    dev = resolve_device(device, local)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world > 1 and not torch.distributed.is_initialized():
@@ -325,8 +334,21 @@ def load_init(name_or_path: str) -> tuple[nn.Module, Tokenizer]:
         if not isinstance(model.tokenizer, Tokenizer):
             raise ValueError(f"--init-from {name_or_path!r}: no tokenizer found with the weights")
         return model.backbone.train(), model.tokenizer
-    from .hf import load_pretrained, setdlm_tokenizer
+    if p.is_dir():  # check the weights before transformers reads them: no pickle, nothing truncated
+        weights = sorted(folder.glob("*.safetensors"))
+        pickles = [f for f in folder.iterdir() if f.suffix in ckpt.PICKLE_SUFFIXES]
+        if not weights and pickles:
+            ckpt.refuse_pickle(pickles[0])
+            raise ValueError(f"{pickles[0]}: setdlm loads safetensors weights only; convert it to safetensors")
+        for f in weights:
+            ckpt.check_safetensors(f)
+    try:
+        from .hf import load_pretrained, setdlm_tokenizer
 
+        import transformers  # noqa: F401 (checked here, so the error can say how to install it)
+    except ImportError:
+        raise ValueError(f'--init-from {name_or_path!r} is a Hugging Face model, which needs transformers: '
+                         'pip install "setdlm[hf]" (in a checkout: pip install -e ".[hf]")') from None
     backbone, tok, _ = load_pretrained(str(folder) if p.exists() else name_or_path, dtype=torch.float32)
     return backbone.train(), setdlm_tokenizer(tok.hf)
 
@@ -385,7 +407,73 @@ def _check_out_dir(cfg: TrainConfig) -> Path | None:
         raise ValueError(f"{out / ckpt.LATEST}: missing, but {out} holds checkpoints; repair or remove it")
     if latest is not None and not cfg.resume:
         raise ValueError(f"out {cfg.out!r} already holds a training run; pass --resume or choose another folder")
+    log = out / METRICS
+    if log.is_file():
+        rows = _read_log(log)
+        if rows and latest is None and not cfg.resume:  # never truncate the log of another run
+            raise ValueError(f"{log}: holds {len(rows)} rows of another run (no checkpoint yet); pass --resume to "
+                             "restart that run, or choose another --out")
     return latest
+
+
+class RunLock:
+    """An OS lock (``flock``) on ``RUN/.lock``, held while a process trains into the run folder: a second
+    process training into the same ``--out`` is refused at start, naming the holder. The kernel releases
+    the lock when its holder dies, even by SIGKILL, so a stale lock never blocks a resume."""
+
+    def __init__(self, out: Path):
+        self.path = Path(out) / ".lock"
+        self.file = None
+
+    def acquire(self) -> None:
+        import fcntl
+        import socket
+
+        if self.file is not None:
+            return
+        f = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            f.close()
+            raise ValueError(f"{self.path.parent}: another training run is writing into this folder ({holder}); "
+                             "wait for it to end or choose another --out") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        f.flush()
+        self.file = f
+
+    def check(self) -> None:
+        """Refuse early (before reading the data) when the folder exists and is locked."""
+        if self.path.is_file():
+            self.acquire()
+
+    def release(self) -> None:
+        if self.file is not None:
+            self.file.close()  # closing the descriptor drops the flock
+            self.file = None
+
+
+def check_memory(cfg: TrainConfig, backbone: nn.Module | None, vocab_size: int, device: torch.device,
+                 world: int) -> None:
+    """Refuse sizes that cannot fit before allocating anything: a lower bound of parameters, gradients
+    and AdamW moments (16 bytes per parameter in float32, + 4 with EMA) and of the activations kept for the
+    backward pass (at least 4 floats of width d per position, layer and row of a micro-batch; SetDLM and
+    BD3LM see 2L positions per row, the clean and the noisy stream)."""
+    if backbone is None:
+        with torch.device("meta"):
+            backbone = Transformer(cfg.model_config(vocab_size))
+    n_params = sum(p.numel() for p in backbone.parameters())
+    d = getattr(getattr(backbone, "config", None), "hidden_size", cfg.hidden_size)
+    layers = getattr(getattr(backbone, "config", None), "n_layers", cfg.n_layers)
+    streams = 2 if cfg.family in ("setdlm", "bd3lm") else 1
+    rows = cfg.batch_size // (cfg.grad_accum * world)
+    needed = n_params * (20 if cfg.ema else 16) + rows * streams * cfg.length * layers * d * 4 * 4
+    check_fits(f"training {n_params:,} parameters on micro-batches of {rows} rows", needed, device,
+               "lower --hidden-size / --n-layers, or --batch-size (or raise --grad-accum)")
 
 
 @dataclass
@@ -521,35 +609,75 @@ class _Run:
     def log(self, row: dict) -> None:
         self.history.append(row)
         if self.dist.main:
-            with open(self.out / METRICS, "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
+            try:
+                with open(self.out / METRICS, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(row) + "\n")
+            except OSError as e:  # disk full, read-only: one line naming the file
+                raise ValueError(f"{self.out / METRICS}: cannot write ({e.strerror or e})") from None
+
+
+def _read_log(path: Path) -> list[str]:
+    """The rows of a metrics log, each checked to be a JSON object with an integer ``step``."""
+    try:
+        rows = [r for r in path.read_text(encoding="utf-8").splitlines() if r.strip()]
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text; it is not a setdlm metrics log") from None
+    for n, r in enumerate(rows, 1):
+        try:
+            step = json.loads(r).get("step")
+        except (json.JSONDecodeError, AttributeError):
+            step = None
+        if not isinstance(step, int):
+            raise ValueError(f"{path}:{n}: not a metrics row (a JSON object with an integer \"step\"); repair or "
+                             "remove the file")
+    return rows
 
 
 def _truncate_log(path: Path, step: int) -> None:
-    """Drop log rows past ``step``: on resume those of the steps the crash lost (they are logged again), on
-    a fresh start those of an earlier attempt that died before its first checkpoint."""
-    if path.is_file():
-        rows = [r for r in path.read_text(encoding="utf-8").splitlines() if r.strip()]
-        keep = [r for r in rows if json.loads(r).get("step", 0) <= step]
+    """Drop log rows past ``step``: on resume those of the steps the crash lost (they are logged again), or
+    all rows of an attempt that died before its first checkpoint (``_check_out_dir`` has refused a log of
+    another run)."""
+    if not path.is_file():
+        return
+    rows = _read_log(path)
+    keep = [r for r in rows if json.loads(r)["step"] <= step]
+    if len(keep) < len(rows):
         ckpt.write_text_atomic(path, "".join(r + "\n" for r in keep))
 
 
-def resume_config(out: str | Path, **overrides) -> TrainConfig:
-    """The configuration of the run in ``out`` (its latest checkpoint's training arguments) with
-    ``overrides`` applied and ``resume=True``; a run without a checkpoint yet starts from the preset."""
+def resume_config(out: str | Path, **given) -> TrainConfig:
+    """The configuration of the run in ``out``: its latest checkpoint's training arguments, with the
+    arguments the user actually ``given`` applied on top (``train`` then refuses those that would change the
+    run), and ``resume=True``. A run killed before its first checkpoint has nothing to resume: it starts
+    from scratch with the given arguments (``preset`` default ``tiny``), and says so."""
+    given = {k: v for k, v in given.items() if k not in ("out", "resume")}
     latest = ckpt.latest_checkpoint(out) if Path(out).is_dir() else None
-    if latest is None:
-        return TrainConfig.from_preset(overrides.pop("preset", "tiny"), out=str(out), resume=True, **overrides)
+    if latest is None:  # train() says so
+        return TrainConfig.from_preset(given.pop("preset", "tiny"), **given, out=str(out), resume=True)
     saved = ckpt.read_config(latest).get("training") or {}
+    if not saved:
+        raise ValueError(f"{latest / ckpt.CONFIG}: records no training arguments, so the run cannot resume")
     names = {f.name for f in config_fields()}
-    return TrainConfig(**{**{k: v for k, v in saved.items() if k in names}, **overrides, "out": str(out),
+    return TrainConfig(**{**{k: v for k, v in saved.items() if k in names}, **given, "out": str(out),
                           "resume": True})
 
 
 def train(cfg: TrainConfig) -> TrainResult:
     """Train ``cfg`` to ``cfg.steps`` optimizer steps; see the module docstring."""
     dist = init_dist(cfg.device)
+    lock = RunLock(Path(cfg.out))
+    if dist.main:
+        lock.check()
+    try:
+        return _train(cfg, dist, lock)
+    finally:
+        lock.release()
+
+
+def _train(cfg: TrainConfig, dist: Dist, lock: RunLock) -> TrainResult:
     resume_from = _check_out_dir(cfg)
+    if cfg.resume and resume_from is None and dist.main:
+        print(f"{cfg.out}: no checkpoint to resume from yet; starting from scratch", file=sys.stderr)
     tokenizer, setup, init = None, None, None
     if resume_from is not None:
         saved = ckpt.read_config(resume_from).get("training") or {}
@@ -567,12 +695,22 @@ def train(cfg: TrainConfig) -> TrainResult:
     if cfg.batch_size % (cfg.grad_accum * dist.world):
         raise ValueError(f"batch_size {cfg.batch_size} is not divisible by grad_accum × processes = "
                          f"{cfg.grad_accum} × {dist.world}")
+    if resume_from is None:  # a resumed run already fitted
+        check_memory(cfg, init, setup.tokenizer.vocab_size, dist.device, dist.world)
+    if cfg.bf16 and dist.main and not native_bf16(dist.device):
+        print(f"warning: --bf16 on a {dist.device.type} without native bf16 (no AVX512-BF16 or AMX): PyTorch "
+              "emulates it, and training is much slower than in float32 (docs/training.md); drop --bf16",
+              file=sys.stderr)
     run = _Run(cfg, dist, setup, resume_from, init)
     start = run.step
     if start >= cfg.steps:
         raise ValueError(f"the checkpoint is at step {start}, which is not below steps={cfg.steps}; raise --steps")
     if dist.main:
         run.out.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+        if _check_out_dir(cfg) != resume_from:  # another process wrote here while this one prepared
+            raise ValueError(f"{run.out}: another run wrote a checkpoint here while this one started; choose "
+                             "another --out")
         _truncate_log(run.out / METRICS, start)
         if resume_from is not None:
             print(f"resuming from {resume_from} at step {start}", file=sys.stderr)

@@ -1,9 +1,9 @@
 """Decoders for every family (SPEC.md §4): ``generate``, ``infill`` and ``fill`` dispatch on
 ``model.family`` to the AR, MDLM, BD3LM or SetDLM decoder; see ``docs/decoding.md``."""
 
-from .api import fill, generate, infill
+from .api import applicable_knobs, fill, generate, infill
 from .output import GenerationOutput, StepTrace
 from .sampling import Sampling, commit_rule, process_logits, propose
 
-__all__ = ["generate", "infill", "fill", "GenerationOutput", "StepTrace", "Sampling", "commit_rule",
+__all__ = ["generate", "infill", "fill", "applicable_knobs", "GenerationOutput", "StepTrace", "Sampling", "commit_rule",
            "process_logits", "propose"]

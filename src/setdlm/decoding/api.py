@@ -7,9 +7,13 @@ batches of ragged rows, and a batch gives the same tokens as decoding each row a
 when sampling). Only the backbone contract (``backbone(ids, pos, mask, cache, keep=, logits_start=)``)
 and ``backbone.new_cache(batch, capacity)`` are used, so any backbone honouring it works.
 
-Which knobs apply where: ``window`` and ``cache_order`` to SetDLM, ``block_size`` to BD3LM and MDLM,
-``threshold`` to SetDLM, BD3LM and MDLM (AR commits exactly one token per step); knobs that do not apply
-to a family are validated and ignored, so one call can sweep every family.
+Which knobs apply where (:data:`KNOB_FAMILIES`): ``window`` to SetDLM, ``block_size`` to BD3LM and MDLM,
+``threshold`` to SetDLM, BD3LM and MDLM (AR commits exactly one token per step); setting one for another
+family is a ``ValueError``, as in the CLI (docs/errors.md); :func:`applicable_knobs` keeps those that apply,
+to sweep one setting over every family. ``cache_order`` only changes SetDLM and is ignored elsewhere.
+
+Every input is checked before any decoding: prompts must be strings or token-id lists (bytes and None are a
+``TypeError``), token ids must lie in the model's vocabulary, lengths must be positive integers.
 """
 
 from __future__ import annotations
@@ -21,12 +25,28 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data.prompt import encode_prompt, start_ids
+from ..resources import check_fits
 from . import ar, bd3lm, mdlm, setdlm
 from .output import GenerationOutput
 from .sampling import Sampling
 from .state import DecodeConfig, DecodeState, stop_index
 
 DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}
+# knob -> the families it applies to
+KNOB_FAMILIES = {"window": ("setdlm",), "block_size": ("bd3lm", "mdlm"), "threshold": ("setdlm", "bd3lm", "mdlm")}
+
+
+def applicable_knobs(family: str, **knobs) -> dict:
+    """The ``knobs`` that apply to ``family`` (for sweeping one setting over every family)."""
+    return {k: v for k, v in knobs.items() if k not in KNOB_FAMILIES or family in KNOB_FAMILIES[k]}
+
+
+def check_knobs(family: str, **knobs) -> None:
+    """A ``ValueError`` for a knob that is set (not None) but does not apply to ``family``."""
+    for name, value in knobs.items():
+        if value is not None and family not in KNOB_FAMILIES[name]:
+            raise ValueError(f"{name} applies to {'/'.join(KNOB_FAMILIES[name])} models, not to this {family!r} "
+                             "model")
 
 
 def generate(model, prompts, *, max_new_tokens: int = 64, window: int | None = None,
@@ -61,6 +81,11 @@ def generate(model, prompts, *, max_new_tokens: int = 64, window: int | None = N
     ids = _encode_all(model, prompts, "prompt", add_bos=True)
     if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if isinstance(max_new_tokens, bool):
+        raise TypeError("max_new_tokens must be an int, got bool")
+    # a lower bound of the canvas's memory (the token lists, the canvas and its masks: >= 34 bytes a position)
+    check_fits(f"decoding {len(ids)} rows of up to {max_new_tokens:,} new tokens",
+               34 * sum(len(p) + max_new_tokens for p in ids), _device(model.backbone), "lower max_new_tokens")
     mask_id = model.family.mask_token_id
     for i, p in enumerate(ids):
         if mask_id in p:
@@ -86,9 +111,19 @@ def infill(model, prefixes, suffixes, lengths: int | Sequence[int], **kwargs) ->
     suf = _encode_all(model, suffixes, "suffix", allow_empty=True)
     if len(pre) != len(suf):
         raise ValueError(f"got {len(pre)} prefixes but {len(suf)} suffixes")
-    lens = [lengths] * len(pre) if isinstance(lengths, int) else list(lengths)
-    if len(lens) != len(pre) or not all(isinstance(m, int) and m >= 0 for m in lens):
-        raise ValueError(f"lengths must be one integer >= 0 or one per row ({len(pre)}), got {lengths!r}")
+    if isinstance(lengths, int) and not isinstance(lengths, bool):
+        lens = [lengths] * len(pre)
+    elif isinstance(lengths, (list, tuple)):
+        lens = list(lengths)
+    else:
+        raise TypeError(f"lengths must be an int or a list of ints (one per row), got {type(lengths).__name__}")
+    if len(lens) != len(pre):
+        raise ValueError(f"got {len(lens)} lengths for {len(pre)} rows")
+    for i, m in enumerate(lens):
+        if not isinstance(m, int) or isinstance(m, bool):
+            raise TypeError(f"lengths[{i}] must be an int, got {type(m).__name__} {m!r}")
+        if m < 1:
+            raise ValueError(f"lengths[{i}] must be a positive integer (tokens to fill), got {m}")
     mask_id = model.family.mask_token_id
     return fill(model, [p + [mask_id] * m + s for p, m, s in zip(pre, lens, suf)], **kwargs)
 
@@ -129,11 +164,12 @@ def _run(model, sequences, targets, *, mode, window, threshold, block_size, temp
          repetition_penalty, length_penalty, eos, stop_on_eos, stops, seed, batch_size, cache_order, reveal_times,
          progress, trace) -> GenerationOutput:
     fam, backbone = model.family, model.backbone
+    check_knobs(fam.family, window=window, threshold=threshold, block_size=block_size)
     times = _reveal_times(reveal_times, [sum(t) for t in targets])
     cache_order = _cache_order(cache_order, times)
     sampling = Sampling(fam.mask_token_id, temperature=temperature, top_p=top_p, top_k=top_k,
                         repetition_penalty=repetition_penalty,
-                        length_penalty=tuple(length_penalty) if length_penalty is not None else None,
+                        length_penalty=_pair(length_penalty),
                         threshold=threshold, eos_token_ids=tuple(eos))
     cfg = DecodeConfig(sampling, fam.length, mode=mode, stop_on_eos=stop_on_eos, window=_window(fam, window),
                        block_size=_block_size(fam, block_size), cache_order=cache_order, stop=stops,
@@ -149,9 +185,10 @@ def _run(model, sequences, targets, *, mode, window, threshold, block_size, temp
     seeds = _seeds(seed, B) if (not sampling.greedy or (reveal and times is None)) else None
     device = _device(backbone)
     bs = batch_size or B
-    results, forwards = {}, 0
+    results, forwards, st = {}, 0, None
     n_targets = [sum(t) for t in targets]
-    bar = tqdm(total=sum(n_targets), disable=not progress, desc=f"{fam.family} decoding", unit="tok")
+    bar = tqdm(total=sum(n_targets), disable=None if progress else True, desc=f"{fam.family} decoding",
+               unit="tok")  # shown on a terminal only
     was_training = backbone.training
     backbone.eval()
     t0 = time.perf_counter()
@@ -165,6 +202,10 @@ def _run(model, sequences, targets, *, mode, window, threshold, block_size, temp
                 _decode_chunk(backbone, st, fam, reveal, times, bar if progress else None, n_targets)
                 results.update(st.results)
                 forwards += st.forwards
+    except KeyboardInterrupt:  # Ctrl-C: keep the rows that had finished
+        done = {**results, **(st.results if st is not None else {})}
+        texts = {i: _text(model.tokenizer, r, stops) for i, r in done.items()} if model.tokenizer else None
+        raise DecodingInterrupted({i: r.tokens for i, r in done.items()}, texts, B) from None
     finally:
         backbone.train(was_training)
         bar.close()
@@ -178,6 +219,15 @@ def _run(model, sequences, targets, *, mode, window, threshold, block_size, temp
                             row_nfe=[r.nfe for r in rows], row_committed=[r.committed for r in rows],
                             seconds=seconds,
                             trace=[r.trace for r in rows] if trace else None)
+
+
+class DecodingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during decoding. ``tokens`` (and ``texts``, with a tokenizer) of the rows that had finished,
+    by row index, out of ``total`` rows: what was produced so far."""
+
+    def __init__(self, tokens: dict[int, list[int]], texts: dict[int, str] | None, total: int):
+        super().__init__(f"{len(tokens)} of {total} rows had finished")
+        self.tokens, self.texts, self.total = tokens, texts, total
 
 
 def _decode_chunk(backbone, st: DecodeState, fam, reveal: bool, times, bar, n_targets: list[int]) -> None:
@@ -207,8 +257,19 @@ def _text(tokenizer, r, stops) -> str:
     return text
 
 
+def _vocab_size(model) -> int | None:
+    """The backbone's vocabulary (its output size), for checking token ids; None when it does not say."""
+    bb = model.backbone
+    v = getattr(bb, "vocab_size", None) or getattr(getattr(bb, "config", None), "vocab_size", None)
+    return v if isinstance(v, int) else None
+
+
 def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: bool = False) -> list[list[int]]:
     """Strings or token-id lists → token-id lists; one item alone is wrapped into a batch."""
+    if not isinstance(items, (str, list, tuple, torch.Tensor)):
+        raise TypeError(f"{what}{'es' if what.endswith('x') else 's'} must be strings or token-id lists, got "
+                        f"{type(items).__name__}"
+                        + ("; decode the bytes first (b.decode('utf-8'))" if isinstance(items, (bytes, bytearray)) else ""))
     if isinstance(items, str) or (isinstance(items, (list, tuple)) and items and isinstance(items[0], int)):
         items = [items]
     if isinstance(items, torch.Tensor):
@@ -217,8 +278,12 @@ def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: boo
     if not items:
         raise ValueError(f"empty batch: no {what}s given")
     tok = model.tokenizer
+    vocab = _vocab_size(model)
     out = []
     for i, x in enumerate(items):
+        if not isinstance(x, (str, list, tuple, torch.Tensor)):
+            raise TypeError(f"{what} {i} must be a string or a list of token ids, got {type(x).__name__}"
+                            + ("; decode the bytes first" if isinstance(x, (bytes, bytearray)) else ""))
         if isinstance(x, str):
             if tok is None:
                 raise ValueError(f"{what} {i} is a string but the model has no tokenizer; pass token ids")
@@ -228,6 +293,8 @@ def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: boo
         x = list(x)
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in x):
             raise ValueError(f"{what} {i} must hold non-negative integer token ids, got {x[:8]!r}")
+        if vocab is not None and x and max(x) >= vocab:
+            raise ValueError(f"{what} {i} holds token id {max(x)}, outside the model's vocabulary of {vocab}")
         if not x and not allow_empty:
             x = start_ids(tok) if tok is not None else []
             if not x:
@@ -290,9 +357,19 @@ def _reveal_times(reveal_times, n_targets: list[int]) -> list[torch.Tensor] | No
     return out
 
 
+def _pair(length_penalty) -> tuple | None:
+    if length_penalty is None:
+        return None
+    if not isinstance(length_penalty, (tuple, list)) or len(length_penalty) != 2:
+        raise TypeError(f"length_penalty must be a pair (start, factor), got {length_penalty!r}")
+    return tuple(length_penalty)
+
+
 def _stops(model, stop) -> tuple[str, ...]:
     if stop is None:
         return ()
+    if not isinstance(stop, (str, list, tuple)):
+        raise TypeError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
     stops = (stop,) if isinstance(stop, str) else tuple(stop)
     if not all(isinstance(s, str) and s for s in stops):
         raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
@@ -305,9 +382,13 @@ def _eos_ids(model, eos_token_id) -> tuple[int, ...]:
     if eos_token_id is None:
         e = getattr(model.tokenizer, "eos_token_id", None) if model.tokenizer is not None else None
         return () if e is None else (int(e),)
+    if not isinstance(eos_token_id, (int, list, tuple)):
+        raise TypeError(f"eos_token_id must be a token id or a list of them, got {type(eos_token_id).__name__}")
     ids = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
-    if not all(isinstance(e, int) and e >= 0 for e in ids):
-        raise ValueError(f"eos_token_id must be a token id or a list of them, got {eos_token_id!r}")
+    vocab = _vocab_size(model) or float("inf")
+    if not all(isinstance(e, int) and 0 <= e < vocab for e in ids):
+        raise ValueError(f"eos_token_id must be a token id (or a list of them) in the model's vocabulary, got "
+                         f"{eos_token_id!r}")
     return ids
 
 

@@ -1,0 +1,67 @@
+"""Output paths, checked before any work and written without losing a result (docs/errors.md).
+
+``setdlm generate --output``, ``eval --output`` / ``--predictions`` and ``bench --out`` may compute for
+minutes; :func:`check_file` and :func:`check_folder` refuse a path that cannot be written *before* that
+(a folder where a file is expected, a file in the way of a folder, a parent that is not writable), and
+:func:`write_text` turns a write that fails anyway (disk full, read-only file system) into a one-line
+``ValueError`` naming the path.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _existing_parent(p: Path) -> Path:
+    """The nearest ancestor of ``p`` that exists (the folder that new parents would be created in)."""
+    parent = p.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    return parent
+
+
+def _check_creatable(p: Path, flag: str) -> None:
+    parent = _existing_parent(p)
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {str(p)!r}: {str(parent)!r} is a file, so nothing can be created below it")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {str(p)!r}: folder {str(parent)!r} is not writable")
+
+
+def check_file(path: str | Path, flag: str = "--output") -> Path:
+    """``path`` as a file that can be written: not a folder, under a folder that exists or can be created."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag} {str(p)!r} is a folder; name a file")
+    if p.exists() and not os.access(p.parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {str(p)!r}: folder {str(p.parent)!r} is not writable")
+    if not p.exists():
+        _check_creatable(p, flag)
+    return p
+
+
+def check_folder(path: str | Path, flag: str = "--out") -> Path:
+    """``path`` as a folder to write files into: an existing writable folder, or one that can be created."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{flag} {str(p)!r} exists and is not a folder")
+    if p.is_dir():
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise ValueError(f"{flag} {str(p)!r}: folder is not writable")
+    else:
+        _check_creatable(p, flag)
+    return p
+
+
+def write_text(path: str | Path, text: str, flag: str = "--output") -> Path:
+    """Write ``text`` atomically (its parents created); an ``OSError`` becomes a one-line ``ValueError``."""
+    from .checkpoint import write_text_atomic
+
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(p, text)
+    except OSError as e:
+        raise ValueError(f"{flag} {str(p)!r}: cannot write ({e.strerror or e})") from None
+    return p
