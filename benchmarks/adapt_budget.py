@@ -49,8 +49,9 @@ def measure(family: str, length: int, batch: int, steps: int, checkpointing: boo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--length", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=3, help="timed steps (after one untimed)")
+    ap.add_argument("--batch-size", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=2, help="timed steps (after one untimed)")
+    ap.add_argument("--families", default="setdlm", help="comma-separated; bd3lm has the same FLOPs (two streams)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--gpu-tflops", type=float, nargs="+", default=[100.0, 250.0],
                     help="assumed sustained bf16 TFLOP/s of the GPU (e.g. ~100 on an A100, ~250 on an H100)")
@@ -66,7 +67,7 @@ def main() -> None:
           f"{load_before:.1f}\n")
     print("| family | grad checkpointing | s / step (measured) | FLOPs / step | achieved GFLOP/s |")
     print("|---|---|---:|---:|---:|")
-    for family in ("setdlm", "bd3lm"):
+    for family in args.families.split(","):
         for ckpt in (False, True):
             s = measure(family, args.length, args.batch_size, args.steps, ckpt)
             f = step_flops(n, layers, d, args.batch_size, args.length, True, ckpt)

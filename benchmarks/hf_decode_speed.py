@@ -38,6 +38,7 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
 @dataclass
 class Run:
     tokens: list  # generated ids per row
+    forwards: int  # decoding forwards (the prefill excluded)
     wall: float
     cpu: float  # process CPU seconds (all threads)
     inside_wall: float
@@ -53,6 +54,7 @@ class ForwardClock:
 
     def __init__(self, module):
         self.wall = self.cpu = 0.0
+        self.calls = 0
         module.register_forward_pre_hook(self._start)
         module.register_forward_hook(self._stop)
 
@@ -60,6 +62,7 @@ class ForwardClock:
         self._t = (time.perf_counter(), time.process_time())
 
     def _stop(self, *_):
+        self.calls += 1
         self.wall += time.perf_counter() - self._t[0]
         self.cpu += time.process_time() - self._t[1]
 
@@ -70,7 +73,7 @@ def run_setdlm(model: Model, prompts, n: int, kw: dict) -> Run:
     t0, c0 = time.perf_counter(), time.process_time()
     out = generate(model, prompts, max_new_tokens=n, ignore_eos=True, **kw)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return Run(out.tokens, wall, cpu, timed.seconds, timed.proc_seconds)
+    return Run(out.tokens, out.nfe, wall, cpu, timed.seconds, timed.proc_seconds)
 
 
 def run_hf(hf, clock: ForwardClock, prompts, n: int, pad: int, mask_id: int) -> Run:
@@ -82,11 +85,12 @@ def run_hf(hf, clock: ForwardClock, prompts, n: int, pad: int, mask_id: int) -> 
     config = GenerationConfig(max_new_tokens=n, min_new_tokens=0, do_sample=False, eos_token_id=None,
                               pad_token_id=pad, use_cache=True, suppress_tokens=[mask_id])  # as setdlm
     clock.wall = clock.cpu = 0.0
+    clock.calls = 0
     t0, c0 = time.perf_counter(), time.process_time()
     with torch.no_grad():
         out = hf.generate(input_ids=ids, attention_mask=attention, generation_config=config)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return Run([r[width:].tolist() for r in out], wall, cpu, clock.wall, clock.cpu)
+    return Run([r[width:].tolist() for r in out], clock.calls - 1, wall, cpu, clock.wall, clock.cpu)
 
 
 class ProcessTimedBackbone(TimedBackbone):
@@ -138,15 +142,18 @@ def main(argv=None) -> None:
             run = call(*c)
             if c not in runs or run.cpu < runs[c].cpu:
                 runs[c] = run
-    print("| decoder | batch | tokens/s (wall) | tokens/CPU-s | vs generate (CPU) | outside forwards (wall / CPU) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| decoder | batch | forwards | tokens/s (wall) | tokens/CPU-s | vs generate (CPU) | outside forwards (wall / CPU) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, B in configs:
         r, ref = runs[name, B], runs["transformers generate", B]
-        print(f"| {name} | {B} | {r.n / r.wall:.1f} | {r.n / r.cpu:.1f} | {(r.n / r.cpu) / (ref.n / ref.cpu):.2f}x | "
+        print(f"| {name} | {B} | {r.forwards} | {r.n / r.wall:.1f} | {r.n / r.cpu:.1f} | {(r.n / r.cpu) / (ref.n / ref.cpu):.2f}x | "
               f"{100 * (1 - r.inside_wall / r.wall):.1f}% / {100 * (1 - r.inside_cpu / r.cpu):.1f}% |")
-    for B in args.batch_sizes:
-        same = runs["setdlm AR", B].tokens == runs["transformers generate", B].tokens
-        print(f"\nbatch {B}: setdlm AR tokens {'identical to' if same else 'DIFFER from'} generate's")
+    eos = tok.eos_token_id
+    for B in args.batch_sizes:  # up to each row's first EOS: after it generate pads, setdlm keeps decoding
+        ours, theirs = ([r[: r.index(eos) + 1] if eos in r else r for r in runs[name, B].tokens]
+                        for name in ("setdlm AR", "transformers generate"))
+        print(f"\nbatch {B}: setdlm AR tokens {'identical to' if ours == theirs else 'DIFFER from'} generate's "
+              f"(up to each row's first EOS)")
 
 
 if __name__ == "__main__":
