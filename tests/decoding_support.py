@@ -120,6 +120,22 @@ def assert_cache_clean(backbone, call, b, tokens, positions, block_size=None, to
         assert torch.allclose(call.cache.v[layer][b, :, :n], ref.v[layer][0, :, :n], atol=tol, rtol=0)
 
 
+def assert_setdlm_steps_exact(bb, rec: Recorder, out, prompt_len: int, r: int, *, tol: float, mask_id: int = MASK,
+                              steps: int | None = None):
+    """Row ``r`` of a traced SetDLM ``generate`` (its prompt ``prompt_len`` tokens, prefilled by the first
+    recorded call): at each step (the first ``steps``), every query's logits equal the from-scratch
+    training forward over what was visible, and the cache equals a clean prefill of it."""
+    seq, cached = out.sequences[r], list(range(prompt_len))
+    for k, step in enumerate(out.trace[r][:steps]):
+        call, b = rec.calls[k + 1], active_rows(out.row_nfe, k).index(r)
+        clean = step.input_positions[: len(step.input_positions) - len(step.query_positions)]
+        for q in step.query_positions:
+            ref = setdlm_training_logits(bb, seq, cached + clean, q, mask_id=mask_id)
+            assert torch.allclose(step_logits(call, b, q), ref, atol=tol, rtol=0), (r, k, q)
+        cached += clean
+        assert_cache_clean(bb, call, b, [seq[p] for p in cached], cached, tol=tol)
+
+
 def setdlm_training_logits(backbone, seq, visible, q, mask_id=MASK):
     """Logits of the query at position ``q`` ranked right after ``visible`` (positions in reveal order) in
     the two-stream training input (SPEC §2.3–2.4); every other position is padding."""

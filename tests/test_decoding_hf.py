@@ -6,9 +6,8 @@ Tolerance 1e-6: Llama/Qwen RMSNorm computes in float32 even in a float64 model (
 mask or a MASK state left in the cache is off by ~1e-1."""
 
 import pytest
-import torch
 
-from decoding_support import PROMPTS, active_rows, assert_cache_clean, recorded, setdlm_training_logits, step_logits
+from decoding_support import PROMPTS, assert_setdlm_steps_exact, recorded
 from setdlm import FamilyConfig, Model
 from setdlm.decoding import applicable_knobs, generate
 
@@ -33,14 +32,5 @@ def test_batch_equals_rows_alone_on_hf_backbones(kind, family):
 def test_setdlm_steps_equal_training_forward_on_hf_backbones(kind):
     model, rec = recorded(Model(hf.HFBackbone(tiny_hf(kind)), FamilyConfig("setdlm", 32, MASK, D=3)))
     out = generate(model, PROMPTS, max_new_tokens=8, threshold=0.2, ignore_eos=True, trace=True)
-    bb = model.backbone.inner
     for r, prompt in enumerate(PROMPTS):
-        seq, cached = out.sequences[r], list(range(len(prompt)))
-        for k, step in enumerate(out.trace[r]):
-            call, b = rec.calls[k + 1], active_rows(out.row_nfe, k).index(r)
-            clean = step.input_positions[: len(step.input_positions) - len(step.query_positions)]
-            for q in step.query_positions:
-                ref = setdlm_training_logits(bb, seq, cached + clean, q, mask_id=MASK)
-                assert torch.allclose(step_logits(call, b, q), ref, atol=TOL, rtol=0), (r, k, q)
-            cached += clean
-            assert_cache_clean(bb, call, b, [seq[p] for p in cached], cached, tol=TOL)
+        assert_setdlm_steps_exact(model.backbone.inner, rec, out, len(prompt), r, tol=TOL, mask_id=MASK)

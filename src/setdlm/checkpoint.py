@@ -449,6 +449,11 @@ def locate(path: str | Path, *, revision: str | None = None, ema: bool = False) 
 
         if str(path) in pretrained.available():  # a shipped model, by name
             return pretrained.path(str(path))
+    from .gguf import resolve as gguf_checkpoint
+
+    converted = gguf_checkpoint(path)  # a GGUF file or a packaged GGUF model's name: its converted folder
+    if converted is not None:
+        return converted
     if not p.exists() and is_hub_id(str(path)):
         return snapshot_checkpoint(str(path), revision=revision, ema=ema)
     return resolve(p)
@@ -468,7 +473,8 @@ def load(path: str | Path, *, ema: bool = False, family: str | None = None, devi
     """A ready :class:`~setdlm.lm.Model` (backbone, family, tokenizer) in eval mode.
 
     ``path``: a checkpoint folder, a training run folder (its latest checkpoint), the name of a shipped model
-    (:mod:`setdlm.pretrained`), or a Hugging Face Hub id
+    (:mod:`setdlm.pretrained`), a GGUF file or packaged GGUF model such as ``"smollm2-135m"`` (converted once
+    into the user's cache, :mod:`setdlm.gguf`), or a Hugging Face Hub id
     ``"user/repo"`` (downloaded into the HF cache; needs ``huggingface_hub`` and network, unless already
     cached). A folder or Hub id in the paper authors' layout is detected and converted on the fly
     (:func:`setdlm.convert.load_reference_model`; ``reference`` keywords such as ``tokenizer=``, ``D=``,

