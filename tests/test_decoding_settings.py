@@ -102,3 +102,12 @@ def test_cli_flags_are_the_dataclass_fields():
                               "1.5", "--eos-token-id", "2", "--ignore-eos", "--cache-order", "reveal"])
     assert (args.stop, args.length_penalty, args.eos_token_id, args.ignore_eos, args.cache_order, args.max_new_tokens,
             args.window) == (["x", "y"], ["3", "1.5"], [2], True, "reveal", 128, None)
+
+
+def test_a_session_row_follows_the_same_table():
+    from setdlm.decoding.session import prepare
+
+    with pytest.raises(ValueError, match="threshold applies to setdlm/bd3lm/mdlm models, not to this 'ar'"):
+        prepare(tiny_model("ar"), PROMPTS[0], threshold=0.5)
+    row = prepare(tiny_model("setdlm"), PROMPTS[0], DecodeSettings(window=3, max_new_tokens=5))
+    assert row.config.window == 3 and len(row.sequence) == len(PROMPTS[0]) + 5

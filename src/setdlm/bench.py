@@ -59,8 +59,8 @@ def check_settings(thresholds: Sequence[float | None], windows: Sequence[int | N
     for t in thresholds:  # the ranges of DecodeSettings, named as the sweep's lists
         try:
             DecodeSettings(threshold=t)
-        except ValueError as e:
-            raise ValueError(f"thresholds{str(e).removeprefix('threshold')}") from None
+        except ValueError:
+            raise ValueError(f"thresholds must lie in (0, 1] (or be None for off), got {t}") from None
     for w in windows:
         try:
             DecodeSettings(window=w)

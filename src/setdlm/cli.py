@@ -422,15 +422,28 @@ def _add_bench(sub) -> None:
 # generate / infill
 # ---------------------------------------------------------------------------------------------------------
 
-# flag -> (families it applies to or None for all, check, what the check demands)
+def _accepts(name: str):
+    """The check of a decoding flag: does :class:`DecodeSettings` take this value (its ranges, one place)?"""
+    from .decoding.settings import DecodeSettings
+
+    def ok(v) -> bool:
+        try:
+            DecodeSettings(**{name: v})
+        except (ValueError, TypeError):
+            return False
+        return True
+    return ok
+
+
+# flag -> (families it applies to or None for all, check, what the check demands, in the CLI's words)
 _DECODE_FLAGS = {
-    "window": (KNOB_FAMILIES["window"], lambda v: v >= 1, "a positive integer"),
-    "block_size": (KNOB_FAMILIES["block_size"], lambda v: v >= 1, "a positive integer"),
-    "threshold": (KNOB_FAMILIES["threshold"], lambda v: 0 < v <= 1, "in (0, 1]"),
-    "temperature": (None, lambda v: v >= 0, ">= 0"),
-    "top_p": (None, lambda v: 0 < v <= 1, "in (0, 1]"),
-    "top_k": (None, lambda v: v >= 0, ">= 0"),
-    "repetition_penalty": (None, lambda v: v > 0, "> 0"),
+    "window": (KNOB_FAMILIES["window"], _accepts("window"), "a positive integer"),
+    "block_size": (KNOB_FAMILIES["block_size"], _accepts("block_size"), "a positive integer"),
+    "threshold": (KNOB_FAMILIES["threshold"], _accepts("threshold"), "in (0, 1]"),
+    "temperature": (None, _accepts("temperature"), ">= 0"),
+    "top_p": (None, _accepts("top_p"), "in (0, 1]"),
+    "top_k": (None, _accepts("top_k"), ">= 0"),
+    "repetition_penalty": (None, _accepts("repetition_penalty"), "> 0"),
 }
 
 

@@ -7,10 +7,10 @@ batches of ragged rows, and a batch gives the same tokens as decoding each row a
 when sampling). Only the backbone contract (``backbone(ids, pos, mask, cache, keep=, logits_start=)``)
 and ``backbone.new_cache(batch, capacity)`` are used, so any backbone honouring it works.
 
-Which knobs apply where (:data:`KNOB_FAMILIES`): ``window`` to SetDLM, ``block_size`` to BD3LM and MDLM,
-``threshold`` to SetDLM, BD3LM and MDLM (AR commits exactly one token per step); setting one for another
-family is a ``ValueError``, as in the CLI (docs/errors.md); :func:`applicable_knobs` keeps those that apply,
-to sweep one setting over every family. ``cache_order`` only changes SetDLM and is ignored elsewhere.
+The settings are one :class:`~setdlm.decoding.settings.DecodeSettings` (``settings=``, or its fields as
+keyword arguments); which family uses which setting is the table in ``decoding/settings.py`` and
+docs/decoding.md; a setting set for a family that does not use it is a ``ValueError``, as in the CLI
+(docs/errors.md). :func:`applicable_knobs` keeps those that apply, to sweep one setting over every family.
 
 Every input is checked before any decoding: prompts must be strings or token-id lists (bytes and None are a
 ``TypeError``), token ids must lie in the model's vocabulary, lengths must be positive integers.

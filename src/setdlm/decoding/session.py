@@ -180,6 +180,7 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
     ValueError. A sampled row without a seed gets one drawn here (from torch's global RNG, as ``generate``).
     Touches no session state."""
     settings = DecodeSettings.of(settings, knobs, "prepare")
+    settings.check_for(model.family.family)
     width = width if width is not None else model.family.length
     fam = model.family
     max_new_tokens, cache_order = settings.max_new_tokens, settings.cache_order or "position"
