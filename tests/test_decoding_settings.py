@@ -111,3 +111,20 @@ def test_a_session_row_follows_the_same_table():
         prepare(tiny_model("ar"), PROMPTS[0], threshold=0.5)
     row = prepare(tiny_model("setdlm"), PROMPTS[0], DecodeSettings(window=3, max_new_tokens=5))
     assert row.config.window == 3 and len(row.sequence) == len(PROMPTS[0]) + 5
+
+
+def test_cli_flags_become_one_settings_object():
+    from setdlm.cli import _decode_settings
+
+    parser = build_parser()
+    args = parser.parse_args(["generate", "--prompt", "a", "--threshold", "0.5", "--stop", ".", "--length-penalty", "3",
+                              "1.5", "--eos-token-id", "2", "--top-k", "4", "--ignore-eos"])
+    assert _decode_settings(args, "bd3lm") == DecodeSettings(threshold=0.5, stop=(".",), length_penalty=(3, 1.5),
+                                                             eos_token_id=(2,), top_k=4, ignore_eos=True,
+                                                             max_new_tokens=128)
+    with pytest.raises(ValueError, match="--threshold applies to setdlm/bd3lm/mdlm models; this checkpoint is 'ar'"):
+        _decode_settings(args, "ar")
+    bad = parser.parse_args(["infill", "--prefix", "a", "--length", "2", "--length-penalty", "x", "1"])
+    with pytest.raises(ValueError, match="--length-penalty takes START FACTOR"):
+        _decode_settings(bad, "setdlm")
+    assert _decode_settings(parser.parse_args(["infill", "--prefix", "a", "--length", "2"]), "ar") == DecodeSettings()
