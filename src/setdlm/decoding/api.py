@@ -36,11 +36,6 @@ KNOB_FAMILIES = FAMILIES  # setting -> the families it applies to (the table in 
 applicable_knobs = applicable
 
 
-def check_knobs(family: str, **knobs) -> None:
-    """A ``ValueError`` for a setting that is set (not None) but does not apply to ``family``."""
-    DecodeSettings(**knobs).check_for(family)
-
-
 def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: int | Sequence[int] | None = None,
              batch_size: int | None = None, reveal_times=None, progress: bool = False, trace: bool = False,
              **knobs) -> GenerationOutput:
