@@ -27,12 +27,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from .decoding.settings import FAMILIES, DecodeSettings
 from .lm import Model
 
 THRESHOLDS = (None, 0.99, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)  # SPEC §5.2: None = off (τ = 1e6)
 TASKS = ("reasoning", "infill", "likelihood")
 QUALITY = {"reasoning": "accuracy", "infill": "rougeL", "likelihood": "nats_per_token"}
-_THRESHOLD_FAMILIES = ("setdlm", "bd3lm", "mdlm")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -49,18 +49,23 @@ class Setting:
     batch_size: int = 1
 
     def decode_kwargs(self) -> dict:
+        """The :class:`~setdlm.decoding.settings.DecodeSettings` fields this setting fixes."""
         return {k: v for k, v in (("threshold", self.threshold), ("window", self.window)) if v is not None}
 
 
 def check_settings(thresholds: Sequence[float | None], windows: Sequence[int | None], batch_sizes: Sequence[int],
                    warmup: int = 0) -> None:
     """The sweep's settings, checked without any model (so ``setdlm bench`` fails before loading one)."""
-    for t in thresholds:
-        if t is not None and not 0 < t <= 1:
-            raise ValueError(f"thresholds must lie in (0, 1] (or be None for off), got {t}")
+    for t in thresholds:  # the ranges of DecodeSettings, named as the sweep's lists
+        try:
+            DecodeSettings(threshold=t)
+        except ValueError:
+            raise ValueError(f"thresholds must lie in (0, 1] (or be None for off), got {t}") from None
     for w in windows:
-        if w is not None and not (isinstance(w, int) and w >= 1):
-            raise ValueError(f"windows must be positive integers (or None for D), got {w!r}")
+        try:
+            DecodeSettings(window=w)
+        except ValueError:
+            raise ValueError(f"windows must be positive integers (or None for D), got {w!r}") from None
     for b in batch_sizes:
         if not (isinstance(b, int) and b >= 1):
             raise ValueError(f"batch sizes must be positive integers, got {b!r}")
@@ -74,8 +79,8 @@ def settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS, wind
     = D); each distinct setting once, in sweep order."""
     fam = model.family
     check_settings(thresholds, windows, batch_sizes)
-    taus = thresholds if fam.family in _THRESHOLD_FAMILIES else [None]
-    ws = [fam.D if w is None else w for w in windows] if fam.family == "setdlm" else [None]
+    taus = thresholds if fam.family in FAMILIES["threshold"] else [None]
+    ws = [fam.D if w is None else w for w in windows] if fam.family in FAMILIES["window"] else [None]
     out = [Setting(t, w, b) for b in batch_sizes for w in ws for t in taus]
     return list(dict.fromkeys(out))
 

@@ -21,14 +21,17 @@ code 130 and one line saying what is left. The table of errors: docs/errors.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import types
 import typing
 from pathlib import Path
 
 from .data.prompt import encode_prompt
 from .data.sources import iter_jsonl
 from .decoding.api import KNOB_FAMILIES
+from .decoding.settings import GENERATE_ONLY
 
 
 class _Parser(argparse.ArgumentParser):
@@ -419,29 +422,57 @@ def _add_bench(sub) -> None:
 # generate / infill
 # ---------------------------------------------------------------------------------------------------------
 
-# flag -> (families it applies to or None for all, check, what the check demands)
+def _accepts(name: str):
+    """The check of a decoding flag: does :class:`DecodeSettings` take this value (its ranges, one place)?"""
+    from .decoding.settings import DecodeSettings
+
+    def ok(v) -> bool:
+        try:
+            DecodeSettings(**{name: v})
+        except (ValueError, TypeError):
+            return False
+        return True
+    return ok
+
+
+# flag -> (families it applies to or None for all, check, what the check demands, in the CLI's words)
 _DECODE_FLAGS = {
-    "window": (KNOB_FAMILIES["window"], lambda v: v >= 1, "a positive integer"),
-    "block_size": (KNOB_FAMILIES["block_size"], lambda v: v >= 1, "a positive integer"),
-    "threshold": (KNOB_FAMILIES["threshold"], lambda v: 0 < v <= 1, "in (0, 1]"),
-    "temperature": (None, lambda v: v >= 0, ">= 0"),
-    "top_p": (None, lambda v: 0 < v <= 1, "in (0, 1]"),
-    "top_k": (None, lambda v: v >= 0, ">= 0"),
-    "repetition_penalty": (None, lambda v: v > 0, "> 0"),
+    "window": (KNOB_FAMILIES["window"], _accepts("window"), "a positive integer"),
+    "block_size": (KNOB_FAMILIES["block_size"], _accepts("block_size"), "a positive integer"),
+    "threshold": (KNOB_FAMILIES["threshold"], _accepts("threshold"), "in (0, 1]"),
+    "temperature": (None, _accepts("temperature"), ">= 0"),
+    "top_p": (None, _accepts("top_p"), "in (0, 1]"),
+    "top_k": (None, _accepts("top_k"), ">= 0"),
+    "repetition_penalty": (None, _accepts("repetition_penalty"), "> 0"),
 }
 
 
-def _add_decoding_flags(p) -> None:
+def _add_decoding_flags(p, exclude: tuple[str, ...] = (), defaults: dict | None = None) -> None:
+    """The checkpoint, the call's flags, and one flag per field of :class:`DecodeSettings` (bar ``exclude``),
+    derived from the dataclass as ``train``'s flags are from ``TrainConfig``; a flag not given is None."""
+    from .decoding.settings import DecodeSettings
+
     p.add_argument("checkpoint", nargs="?", default=None,
                    help="checkpoint folder, training run folder or shipped model name "
                         "(default: the shipped shakespeare-setdlm-smax8)")
-    p.add_argument("--window", type=int, default=None, help="setdlm: sliding window w (default D)")
-    p.add_argument("--block-size", type=int, default=None, help="bd3lm/mdlm: block size")
-    p.add_argument("--threshold", type=float, default=None, help="also commit tokens with probability >= this")
-    p.add_argument("--temperature", type=float, default=None, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling")
-    p.add_argument("--top-k", type=int, default=None, help="top-k sampling (0 = off)")
-    p.add_argument("--repetition-penalty", type=float, default=None, help="> 1 discourages repeats")
+    hints = typing.get_type_hints(DecodeSettings)
+    for f in dataclasses.fields(DecodeSettings):
+        if f.name in exclude:
+            continue
+        flag, meta = "--" + f.name.replace("_", "-"), f.metadata
+        kind = hints[f.name]
+        union = typing.get_origin(kind) in (typing.Union, types.UnionType)  # X | None, int | tuple[int, ...]
+        kinds = [a for a in typing.get_args(kind) if a is not type(None)] if union else [kind]
+        default = (defaults or {}).get(f.name)
+        help_ = meta["help"] + (f" (default {default})" if default is not None else "")
+        if kinds[0] is bool:
+            p.add_argument(flag, action="store_true", default=None, help=help_)
+        elif "nargs" in meta:  # length_penalty START FACTOR
+            p.add_argument(flag, nargs=meta["nargs"], default=None, metavar=("START", "FACTOR"), help=help_)
+        elif typing.get_origin(kinds[-1]) is tuple:  # stop, eos_token_id: repeatable
+            p.add_argument(flag, action="append", type=typing.get_args(kinds[-1])[0], default=None, help=help_)
+        else:
+            p.add_argument(flag, type=kinds[0], choices=meta.get("choices"), default=default, help=help_)
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--ema", action="store_true", help="decode with the EMA weights")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
@@ -462,6 +493,24 @@ def _decoding_kwargs(args, family: str) -> dict:
             raise ValueError(f"{flag} applies to {'/'.join(families)} models; this checkpoint is {family!r}")
         kw[name] = v
     return kw
+
+
+def _decode_settings(args, family: str):
+    """The :class:`DecodeSettings` of the flags given (generate, infill); the library checks the rest."""
+    from .decoding.settings import DecodeSettings
+
+    kw = _decoding_kwargs(args, family)
+    for f in dataclasses.fields(DecodeSettings):
+        v = getattr(args, f.name, None)
+        if v is None or f.name in kw:
+            continue
+        if f.name == "length_penalty":
+            try:
+                v = (int(v[0]), float(v[1]))
+            except ValueError:
+                raise ValueError(f"--length-penalty takes START FACTOR (an integer and a number), got {' '.join(v)}") from None
+        kw[f.name] = v
+    return DecodeSettings(**kw)
 
 
 def _check_ranges(args) -> None:
@@ -524,7 +573,7 @@ def _generate(args) -> int:
     _check_output(args)
     prompts = _read_prompts(args)
     model = load(args.checkpoint or pretrained_default(), ema=args.ema, device=args.device)
-    kw = _decoding_kwargs(args, model.family.family)
+    settings = _decode_settings(args, model.family.family)
     texts = prompts
     if args.chat:  # each prompt is one user message, rendered by the model's chat template (ids, no extra BOS)
         from .hf import chat_prompt
@@ -538,8 +587,7 @@ def _generate(args) -> int:
     from .decoding import generate
 
     traced = bool(args.show_order or args.trace)
-    out = generate(model, prompts, max_new_tokens=args.max_new_tokens, stop=args.stop or None, seed=args.seed,
-                   ignore_eos=args.ignore_eos, trace=traced, progress=True, **kw)
+    out = generate(model, prompts, settings, seed=args.seed, trace=traced, progress=True)
     rows = [{"prompt": p, "text": t, "tokens": [int(x) for x in ids]} for p, t, ids in zip(texts, out.texts, out.tokens)]
     shown = _decode_order(model, out, rows, args) if traced else None
     return _report(out, rows, args, shown)
@@ -588,12 +636,9 @@ def _order_text(tok, row: dict, colour: bool) -> str:
 
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help=_generate.__doc__.splitlines()[0])
-    _add_decoding_flags(p)
+    _add_decoding_flags(p, defaults={"max_new_tokens": 128})
     p.add_argument("--prompt", action="append", help="a prompt (repeatable; \"\" for unconditional)")
     p.add_argument("--input", default=None, help="prompts, one per line (or .jsonl with 'prompt'); - for stdin")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt")
-    p.add_argument("--stop", action="append", help="stop string (repeatable)")
-    p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS: always max-new-tokens")
     p.add_argument("--show-order", action="store_true", help="print each token coloured by the step that decided "
                    "it (plain [step] markers when the output is not a terminal)")
     p.add_argument("--trace", default=None, metavar="FILE.json", help="write every step's committed set (positions, "
@@ -631,7 +676,7 @@ def _infill(args) -> int:
     _check_output(args)
     rows = _read_infill(args)
     model = load(args.checkpoint or pretrained_default(), ema=args.ema, device=args.device)
-    kw = _decoding_kwargs(args, model.family.family)
+    settings = _decode_settings(args, model.family.family)
     L = model.family.length
     for i, (pre, suf, n) in enumerate(rows):
         total = _n_tokens(model.tokenizer, pre) + n + len(model.tokenizer.encode(suf))
@@ -640,8 +685,8 @@ def _infill(args) -> int:
                              f"context length L={L}")
     from .decoding import infill
 
-    out = infill(model, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], seed=args.seed,
-                 progress=True, **kw)
+    out = infill(model, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], settings=settings,
+                 seed=args.seed, progress=True)
     res = [{"prefix": p, "suffix": s, "length": n, "text": t, "tokens": [int(x) for x in ids]}
            for (p, s, n), t, ids in zip(rows, out.texts, out.tokens)]
     return _report(out, res, args)
@@ -649,7 +694,7 @@ def _infill(args) -> int:
 
 def _add_infill(sub) -> None:
     p = sub.add_parser("infill", help=_infill.__doc__.splitlines()[0])
-    _add_decoding_flags(p)
+    _add_decoding_flags(p, exclude=("max_new_tokens",) + GENERATE_ONLY)
     p.add_argument("--prefix", default=None, help="text before the gap")
     p.add_argument("--suffix", default=None, help="text after the gap")
     p.add_argument("--length", type=int, default=None, help="tokens to fill")

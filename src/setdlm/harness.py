@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import replace
 
 import torch
 from lm_eval.api.model import LM
@@ -45,6 +46,7 @@ from .batch import Batch
 from .checkpoint import load
 from .data.prompt import start_ids
 from .decoding import generate
+from .decoding.settings import DecodeSettings
 from .evaluate import bound_generator
 from .objectives import compute_loss, log_probs
 
@@ -96,8 +98,9 @@ class SetDLMLM(LM):
         self.name = str(pretrained)
         self._device = torch.device(device)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1  # "auto" → 1
-        self.decode_kw = {"window": window, "threshold": threshold, "block_size": block_size,
-                          "cache_order": cache_order}
+        self.settings = DecodeSettings(window=window, threshold=threshold, block_size=block_size,
+                                       cache_order=cache_order)  # per request: + max_gen_toks, until, sampling
+        self.settings.check_for(self.model.family.family)
         self.max_new_tokens, self.samples, self.seed, self.add_bos = max_new_tokens, samples, seed, add_bos
         self.boxed, self.paper, self.enable_thinking = boxed or gsm8k_paper, gsm8k_paper, enable_thinking
         from tokenizers import Tokenizer as Backend
@@ -108,6 +111,11 @@ class SetDLMLM(LM):
         self._renderer = None
         pad = next((i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None), 0)
         self._pad = pad if pad != self.model.family.mask_token_id else 0  # padding is never scored
+
+    @property
+    def decode_kw(self) -> dict:
+        """The model_args among the decoding settings (:class:`DecodeSettings`)."""
+        return {k: getattr(self.settings, k) for k in ("window", "threshold", "block_size", "cache_order")}
 
     # -- tokens ---------------------------------------------------------------------------------------------
 
@@ -177,8 +185,8 @@ class SetDLMLM(LM):
                 for i in rows:
                     by_len.setdefault(max(1, min(max_new, self.L - len(prompts[i]))), []).append(i)
                 for n, part in by_len.items():
-                    res = generate(self.model, [prompts[i] for i in part], max_new_tokens=n, stop=until or None,
-                                   seed=self.seed, **self.decode_kw, **sampling)
+                    settings = replace(self.settings, max_new_tokens=n, stop=tuple(until), **sampling)
+                    res = generate(self.model, [prompts[i] for i in part], settings, seed=self.seed)
                     for i, text in zip(part, res.texts):
                         out[i] = boxed_to_hashes(text) if self.boxed else text
                         self.cache_hook.add_partial("generate_until", requests[i].args, out[i])

@@ -18,6 +18,22 @@ x0            xt          never
 
 Singleton sets (``set = rank``) give the SetDLM mask of SPEC §2.4; blocks in natural order
 (``set = position // S``) give the BD3LM mask of SPEC §2.8.
+
+Decoding masks (docs/method.md §4) are built here too, next to the training masks they must agree with.
+They are the mask among the ``T`` *new* tokens of one decoder forward, (B, T, T), in slot order; every
+padding slot (``valid`` False) still sees itself, so no softmax row is empty. :func:`with_cache` prepends
+the cache columns (every query sees its row's whole cache):
+
+==============================  ===========  ==============================================================
+function                        decoder      the new tokens' pattern
+==============================  ===========  ==============================================================
+:func:`decode_causal_mask`      AR step      causal among the fed clean tokens (the x0→x0 causal mask)
+:func:`decode_block_mask`       BD3LM step,  block-causal by a block id per slot (the BD3LM x0→x0 mask);
+                                prefill      ``blocks = positions`` is causal (AR / SetDLM prefill)
+:func:`decode_full_mask`        MDLM step    bidirectional among valid tokens (:func:`bidirectional_mask`)
+:func:`setdlm_step_mask`        SetDLM step  ``c`` clean tokens causal, then masks that see every clean
+                                             token and themselves (SetDLM x0/xt rule, one set of queries)
+==============================  ===========  ==============================================================
 """
 
 from __future__ import annotations
@@ -70,6 +86,55 @@ def causal_mask(valid: Tensor) -> Tensor:
 def bidirectional_mask(valid: Tensor) -> Tensor:
     """Single-stream full attention among valid tokens (MDLM): (B, n) → (B, 1, n, n)."""
     return (valid[:, :, None] & valid[:, None, :])[:, None]
+
+
+# --- decoding: the mask among the new tokens of one forward (B, T, T), True = may attend -------------
+
+
+def decode_causal_mask(valid: Tensor) -> Tensor:
+    """AR step (docs/method.md §4.9): slot ``q`` sees the valid slots ``k <= q``, and itself.
+    ``valid``: (B, T) bool (a prefix of each row) → (B, T, T)."""
+    T = valid.shape[-1]
+    slot = torch.arange(T, device=valid.device)
+    causal = slot[:, None] >= slot[None, :]  # (T, T)
+    return (valid[:, None, :] & causal) | (slot[:, None] == slot[None, :])  # (B, T, T)
+
+
+def decode_block_mask(blocks: Tensor, valid: Tensor) -> Tensor:
+    """Block-causal among valid slots (BD3LM step, and every prefill; docs/method.md §4.9): valid ``q`` sees
+    valid ``k`` with ``blocks[k] <= blocks[q]``; every slot sees itself. ``blocks``, ``valid``: (B, T) →
+    (B, T, T). ``blocks = positions`` gives the causal mask."""
+    T = valid.shape[-1]
+    both = valid[:, :, None] & valid[:, None, :]  # (B, T, T)
+    earlier = blocks[:, None, :] <= blocks[:, :, None]  # (B, T, T)
+    return (both & earlier) | torch.eye(T, dtype=torch.bool, device=valid.device)
+
+
+def decode_full_mask(valid: Tensor) -> Tensor:
+    """MDLM step (docs/method.md §4.9): every valid slot sees every valid slot; every slot sees itself.
+    ``valid``: (B, T) → (B, T, T)."""
+    T = valid.shape[-1]
+    return (valid[:, :, None] & valid[:, None, :]) | torch.eye(T, dtype=torch.bool, device=valid.device)
+
+
+def setdlm_step_mask(c: Tensor, T: int) -> Tensor:
+    """SetDLM step (docs/method.md §4.2): for ``c`` (B,) clean tokens then ``n − c`` masks among ``T`` slots,
+    clean tokens are causal among themselves, masks see every clean token and themselves, clean never sees a
+    mask: the training mask with the clean tokens as the x0 stream and the masks as one set of queries
+    ranked after them (padding slots past a row's inputs are ignored queries). → (B, T, T)."""
+    slot = torch.arange(T, device=c.device)
+    clean_q = slot[None, :, None] < c[:, None, None]  # (B, T, 1)
+    clean_k = slot[None, None, :] < c[:, None, None]  # (B, 1, T)
+    causal = slot[:, None] >= slot[None, :]  # (T, T)
+    return (clean_k & (causal | ~clean_q)) | (slot[:, None] == slot[None, :])  # (B, T, T)
+
+
+def with_cache(new: Tensor, cache_width: int) -> Tensor:
+    """The forward's mask (B, 1, T, C + T) from the mask among new tokens (B, T, T): every query sees every
+    entry of its row's cache (entries past a row's length are ignored by the backbone)."""
+    B, T, _ = new.shape
+    old = torch.ones(B, T, cache_width, dtype=torch.bool, device=new.device)  # (B, T, C)
+    return torch.cat([old, new], dim=-1)[:, None]
 
 
 def describe(mask: Tensor) -> list[str]:

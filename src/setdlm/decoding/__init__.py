@@ -4,6 +4,7 @@
 from .api import applicable_knobs, fill, generate, infill
 from .output import GenerationOutput, StepTrace
 from .sampling import Sampling, commit_rule, process_logits, propose
+from .settings import DecodeSettings
 
-__all__ = ["generate", "infill", "fill", "applicable_knobs", "GenerationOutput", "StepTrace", "Sampling", "commit_rule",
-           "process_logits", "propose"]
+__all__ = ["generate", "infill", "fill", "applicable_knobs", "DecodeSettings", "GenerationOutput", "StepTrace",
+           "Sampling", "commit_rule", "process_logits", "propose"]

@@ -7,10 +7,10 @@ batches of ragged rows, and a batch gives the same tokens as decoding each row a
 when sampling). Only the backbone contract (``backbone(ids, pos, mask, cache, keep=, logits_start=)``)
 and ``backbone.new_cache(batch, capacity)`` are used, so any backbone honouring it works.
 
-Which knobs apply where (:data:`KNOB_FAMILIES`): ``window`` to SetDLM, ``block_size`` to BD3LM and MDLM,
-``threshold`` to SetDLM, BD3LM and MDLM (AR commits exactly one token per step); setting one for another
-family is a ``ValueError``, as in the CLI (docs/errors.md); :func:`applicable_knobs` keeps those that apply,
-to sweep one setting over every family. ``cache_order`` only changes SetDLM and is ignored elsewhere.
+The settings are one :class:`~setdlm.decoding.settings.DecodeSettings` (``settings=``, or its fields as
+keyword arguments); which family uses which setting is the table in ``decoding/settings.py`` and
+docs/decoding.md; a setting set for a family that does not use it is a ``ValueError``, as in the CLI
+(docs/errors.md). :func:`applicable_knobs` keeps those that apply, to sweep one setting over every family.
 
 Every input is checked before any decoding: prompts must be strings or token-id lists (bytes and None are a
 ``TypeError``), token ids must lie in the model's vocabulary, lengths must be positive integers.
@@ -28,35 +28,17 @@ from ..data.prompt import encode_prompt, start_ids
 from ..resources import check_fits
 from . import ar, bd3lm, mdlm, setdlm
 from .output import GenerationOutput
-from .sampling import Sampling
+from .settings import FAMILIES, DecodeSettings, applicable
 from .state import DecodeConfig, DecodeState, stop_index
 
 DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}
-# knob -> the families it applies to
-KNOB_FAMILIES = {"window": ("setdlm",), "block_size": ("bd3lm", "mdlm"), "threshold": ("setdlm", "bd3lm", "mdlm")}
+KNOB_FAMILIES = FAMILIES  # setting -> the families it applies to (the table in decoding/settings.py)
+applicable_knobs = applicable
 
 
-def applicable_knobs(family: str, **knobs) -> dict:
-    """The ``knobs`` that apply to ``family`` (for sweeping one setting over every family)."""
-    return {k: v for k, v in knobs.items() if k not in KNOB_FAMILIES or family in KNOB_FAMILIES[k]}
-
-
-def check_knobs(family: str, **knobs) -> None:
-    """A ``ValueError`` for a knob that is set (not None) but does not apply to ``family``."""
-    for name, value in knobs.items():
-        if value is not None and family not in KNOB_FAMILIES[name]:
-            raise ValueError(f"{name} applies to {'/'.join(KNOB_FAMILIES[name])} models, not to this {family!r} "
-                             "model")
-
-
-def generate(model, prompts, *, max_new_tokens: int = 64, window: int | None = None,
-             threshold: float | None = None, block_size: int | None = None, temperature: float = 0.0,
-             top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0,
-             length_penalty: tuple[int, float] | None = None, eos_token_id: int | Sequence[int] | None = None,
-             ignore_eos: bool = False, stop: str | Sequence[str] | None = None,
-             seed: int | Sequence[int] | None = None, batch_size: int | None = None,
-             cache_order: str | None = None, reveal_times=None, progress: bool = False,
-             trace: bool = False) -> GenerationOutput:
+def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: int | Sequence[int] | None = None,
+             batch_size: int | None = None, reveal_times=None, progress: bool = False, trace: bool = False,
+             **knobs) -> GenerationOutput:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
     ``prompts``: token-id lists or strings (strings need ``model.tokenizer``); one prompt alone is accepted
@@ -77,12 +59,13 @@ def generate(model, prompts, *, max_new_tokens: int = 64, window: int | None = N
     nested lists), in place of sampled ones: the cache order is then ``"reveal"`` and does not depend on
     the seed, so a decode of the reference can be replayed with its times. ``trace=True`` records every
     step of every row (:class:`StepTrace`).
+    The settings come either as ``settings=DecodeSettings(...)`` or as the keyword arguments above (which
+    build one; giving both is a ``ValueError``); ``seed``, ``batch_size``, ``reveal_times``, ``progress`` and
+    ``trace`` belong to the call.
     """
+    settings = DecodeSettings.of(settings, knobs, "generate")
+    max_new_tokens = settings.max_new_tokens
     ids = _encode_all(model, prompts, "prompt", add_bos=True)
-    if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    if isinstance(max_new_tokens, bool):
-        raise TypeError("max_new_tokens must be an int, got bool")
     # a lower bound of the canvas's memory (the token lists, the canvas and its masks: >= 34 bytes a position)
     check_fits(f"decoding {len(ids)} rows of up to {max_new_tokens:,} new tokens",
                34 * sum(len(p) + max_new_tokens for p in ids), _device(model.backbone), "lower max_new_tokens")
@@ -90,14 +73,9 @@ def generate(model, prompts, *, max_new_tokens: int = 64, window: int | None = N
     for i, p in enumerate(ids):
         if mask_id in p:
             raise ValueError(f"prompt {i} contains the MASK id {mask_id}; use fill() for masked inputs")
-    stops = _stops(model, stop)
-    eos = _eos_ids(model, eos_token_id)
     sequences = [p + [mask_id] * max_new_tokens for p in ids]
     targets = [[False] * len(p) + [True] * max_new_tokens for p in ids]
-    return _run(model, sequences, targets, mode="generate", window=window, threshold=threshold,
-                block_size=block_size, temperature=temperature, top_p=top_p, top_k=top_k,
-                repetition_penalty=repetition_penalty, length_penalty=length_penalty, eos=eos,
-                stop_on_eos=not ignore_eos, stops=stops, seed=seed, batch_size=batch_size, cache_order=cache_order,
+    return _run(model, sequences, targets, settings, mode="generate", seed=seed, batch_size=batch_size,
                 reveal_times=reveal_times, progress=progress, trace=trace)
 
 
@@ -128,12 +106,9 @@ def infill(model, prefixes, suffixes, lengths: int | Sequence[int], **kwargs) ->
     return fill(model, [p + [mask_id] * m + s for p, m, s in zip(pre, lens, suf)], **kwargs)
 
 
-def fill(model, sequences, *, window: int | None = None, threshold: float | None = None,
-         block_size: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-         repetition_penalty: float = 1.0, length_penalty: tuple[int, float] | None = None,
-         eos_token_id: int | Sequence[int] | None = None, seed: int | Sequence[int] | None = None,
-         batch_size: int | None = None, reveal_times=None, progress: bool = False,
-         trace: bool = False) -> GenerationOutput:
+def fill(model, sequences, settings: DecodeSettings | None = None, *, seed: int | Sequence[int] | None = None,
+         batch_size: int | None = None, reveal_times=None, progress: bool = False, trace: bool = False,
+         **knobs) -> GenerationOutput:
     """Decode every MASK token of each sequence (token-id lists; strings only if the tokenizer can map
     text to the MASK id), at arbitrary positions: several gaps work for every family. Every non-MASK token is context:
     SetDLM caches it all up front and slides its window over the masks; MDLM sees it all every step;
@@ -142,38 +117,33 @@ def fill(model, sequences, *, window: int | None = None, threshold: float | None
     the visible context too (SPEC §4.3). ``eos_token_id`` only serves the length penalty.
     SetDLM caches newly committed tokens in ascending position, or, given ``reveal_times`` (per row one
     number per MASK, left to right), by decreasing reveal time as :func:`generate` does.
-    ``out.tokens`` lists the filled tokens left to right."""
+    ``out.tokens`` lists the filled tokens left to right. Settings: as :func:`generate` (``settings=`` or
+    keywords); ``max_new_tokens`` is unused, and ``stop``, ``ignore_eos`` and ``cache_order`` are a
+    ``ValueError`` here."""
+    settings = DecodeSettings.of(settings, knobs, "fill")
     ids = _encode_all(model, sequences, "sequence")
     mask_id = model.family.mask_token_id
     L = model.family.length
     for i, s in enumerate(ids):
         if len(s) > L:
             raise ValueError(f"sequence {i} has {len(s)} tokens, more than the context length L={L}")
-    eos = _eos_ids(model, eos_token_id)
-    return _run(model, ids, [[t == mask_id for t in s] for s in ids], mode="fill", window=window,
-                threshold=threshold, block_size=block_size, temperature=temperature, top_p=top_p, top_k=top_k,
-                repetition_penalty=repetition_penalty, length_penalty=length_penalty, eos=eos, stop_on_eos=False,
-                stops=(), seed=seed, batch_size=batch_size, cache_order=None, reveal_times=reveal_times,
-                progress=progress, trace=trace)
+    return _run(model, ids, [[t == mask_id for t in s] for s in ids], settings, mode="fill", seed=seed,
+                batch_size=batch_size, reveal_times=reveal_times, progress=progress, trace=trace)
 
 
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _run(model, sequences, targets, *, mode, window, threshold, block_size, temperature, top_p, top_k,
-         repetition_penalty, length_penalty, eos, stop_on_eos, stops, seed, batch_size, cache_order, reveal_times,
-         progress, trace) -> GenerationOutput:
+def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, batch_size, reveal_times, progress,
+         trace) -> GenerationOutput:
     fam, backbone = model.family, model.backbone
-    check_knobs(fam.family, window=window, threshold=threshold, block_size=block_size)
+    settings.check_for(fam.family, mode)
     times = _reveal_times(reveal_times, [sum(t) for t in targets])
-    cache_order = _cache_order(cache_order, times)
-    sampling = Sampling(fam.mask_token_id, temperature=temperature, top_p=top_p, top_k=top_k,
-                        repetition_penalty=repetition_penalty,
-                        length_penalty=_pair(length_penalty),
-                        threshold=threshold, eos_token_ids=tuple(eos))
-    cfg = DecodeConfig(sampling, fam.length, mode=mode, stop_on_eos=stop_on_eos, window=_window(fam, window),
-                       block_size=_block_size(fam, block_size), cache_order=cache_order, stop=stops,
-                       tokenizer=model.tokenizer, trace=trace)
+    cache_order = _cache_order(settings.cache_order, times)
+    stops = _stops(model, settings.stop)
+    sampling = settings.sampling(fam.mask_token_id, _eos_ids(model, settings.eos_token_id))
+    cfg = decode_config(fam, settings, sampling, mode=mode, cache_order=cache_order, stops=stops,
+                        tokenizer=model.tokenizer, trace=trace)
     B = len(sequences)
     if batch_size is not None and not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -303,27 +273,19 @@ def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: boo
     return out
 
 
-def _window(fam, window) -> int:
-    if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window >= 1):
-        raise ValueError(f"window must be a positive integer, got {window!r}")
-    if fam.family != "setdlm":
-        return 1
-    return window if window is not None else fam.D
-
-
-def _block_size(fam, block_size) -> int:
-    if block_size is not None and not (isinstance(block_size, int) and not isinstance(block_size, bool)
-                                       and block_size >= 1):
-        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
-    if fam.family not in ("bd3lm", "mdlm"):
-        return 1
-    return block_size if block_size is not None else fam.block_size
+def decode_config(fam, settings: DecodeSettings, sampling, *, mode: str, cache_order: str, stops: tuple[str, ...],
+                  tokenizer, trace: bool) -> DecodeConfig:
+    """The decoders' per-state configuration: ``settings`` with the family's defaults filled in (``window``
+    = ``D`` for SetDLM, ``block_size`` = ``family.block_size`` for BD3LM/MDLM, 1 where unused)."""
+    window = (settings.window or fam.D) if fam.family == "setdlm" else 1
+    block_size = (settings.block_size or fam.block_size) if fam.family in ("bd3lm", "mdlm") else 1
+    return DecodeConfig(sampling, fam.length, mode=mode, stop_on_eos=mode == "generate" and not settings.ignore_eos,
+                        window=window, block_size=block_size, cache_order=cache_order, stop=stops,
+                        tokenizer=tokenizer, trace=trace)
 
 
 def _cache_order(cache_order, times) -> str:
     """The SetDLM cache order: ``"position"`` by default, ``"reveal"`` with explicit reveal times."""
-    if cache_order is not None and cache_order not in ("position", "reveal"):
-        raise ValueError(f"cache_order must be 'position' or 'reveal', got {cache_order!r}")
     if times is not None and cache_order == "position":
         raise ValueError("reveal_times order the cache by reveal time; they contradict cache_order='position'")
     return "reveal" if times is not None else cache_order or "position"
@@ -357,22 +319,8 @@ def _reveal_times(reveal_times, n_targets: list[int]) -> list[torch.Tensor] | No
     return out
 
 
-def _pair(length_penalty) -> tuple | None:
-    if length_penalty is None:
-        return None
-    if not isinstance(length_penalty, (tuple, list)) or len(length_penalty) != 2:
-        raise TypeError(f"length_penalty must be a pair (start, factor), got {length_penalty!r}")
-    return tuple(length_penalty)
-
-
-def _stops(model, stop) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    if not isinstance(stop, (str, list, tuple)):
-        raise TypeError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
-    stops = (stop,) if isinstance(stop, str) else tuple(stop)
-    if not all(isinstance(s, str) and s for s in stops):
-        raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+def _stops(model, stops: tuple[str, ...]) -> tuple[str, ...]:
+    """The checked stop strings of the settings, which need the model's tokenizer."""
     if stops and model.tokenizer is None:
         raise ValueError("stop strings need a tokenizer to decode the text; the model has none")
     return stops
@@ -382,8 +330,6 @@ def _eos_ids(model, eos_token_id) -> tuple[int, ...]:
     if eos_token_id is None:
         e = getattr(model.tokenizer, "eos_token_id", None) if model.tokenizer is not None else None
         return () if e is None else (int(e),)
-    if not isinstance(eos_token_id, (int, list, tuple)):
-        raise TypeError(f"eos_token_id must be a token id or a list of them, got {type(eos_token_id).__name__}")
     ids = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
     vocab = _vocab_size(model) or float("inf")
     if not all(isinstance(e, int) and 0 <= e < vocab for e in ids):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..masks import decode_causal_mask
 from .state import DecodeState, forward, prefill as prefill_positions
 
 
@@ -33,7 +34,7 @@ def step(backbone, st: DecodeState) -> None:
     slot = torch.arange(T, device=st.device)
     valid = slot < n[:, None]  # (B, T)
     slot_pos = torch.where(valid, ce[:, None] + slot, st.S)  # (B, T)
-    new = (valid[:, None, :] & (slot[:, None] >= slot[None, :])) | (slot[:, None] == slot[None, :])  # (B, T, T)
+    new = decode_causal_mask(valid)  # (B, T, T)
     logits = forward(backbone, st, slot_pos, new, keep=n, logits_start=ls, n_new=n)  # (B, T − ls, V)
     last = (n - 1 - ls)[:, None, None].expand(-1, 1, logits.shape[-1])  # (B, 1, V)
     qvalid = torch.ones(st.batch, 1, dtype=torch.bool, device=st.device)

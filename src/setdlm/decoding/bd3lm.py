@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ..masks import decode_block_mask
 from .state import DecodeState, forward, prefill as prefill_positions
 
 
@@ -39,9 +40,7 @@ def step(backbone, st: DecodeState) -> None:
     slot = torch.arange(T, device=st.device)
     valid = slot < n[:, None]  # (B, T)
     slot_pos = torch.where(valid, ce[:, None] + slot, st.S)  # (B, T) contiguous positions [ce, end)
-    blk = slot_pos // S_b
-    new = (valid[:, :, None] & valid[:, None, :] & (blk[:, None, :] <= blk[:, :, None])) | (
-        slot[:, None] == slot[None, :])  # (B, T, T) block-causal; the current block sees everything
+    new = decode_block_mask(slot_pos // S_b, valid)  # (B, T, T) block-causal; the current block sees everything
     logits = forward(backbone, st, slot_pos, new, keep=c, logits_start=ls, n_new=n)  # (B, T − ls, V)
     qpos = slot_pos[:, ls:]
     st.commit(logits, qpos, st.masked.gather(1, qpos), slot_pos, valid)

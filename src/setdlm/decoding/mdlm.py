@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..masks import decode_full_mask
 from .state import DecodeState, forward
 
 
@@ -35,8 +36,7 @@ def step(backbone, st: DecodeState) -> None:
     slot_pos = key.argsort(-1)  # (B, S)
     valid = slot_pos < st.length[:, None]
     slot_pos = torch.where(valid, slot_pos, S)
-    eye = torch.eye(S, dtype=torch.bool, device=st.device)
-    new = (valid[:, :, None] & valid[:, None, :]) | eye  # (B, S, S) bidirectional
+    new = decode_full_mask(valid)  # (B, S, S) bidirectional
     logits = forward(backbone, st, slot_pos, new, keep=None, logits_start=S - q, n_new=valid.sum(-1))
     qpos = slot_pos[:, S - q:]
     st.commit(logits, qpos, inb.gather(1, qpos), slot_pos, valid)

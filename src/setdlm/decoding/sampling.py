@@ -20,7 +20,6 @@ so a row's samples do not depend on which other rows share its batch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +28,8 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class Sampling:
-    """How a distribution over the vocabulary is formed and sampled, and the commit threshold."""
+    """How a distribution over the vocabulary is formed and sampled, and the commit threshold. Built by
+    :meth:`setdlm.decoding.settings.DecodeSettings.sampling`, which checks every value."""
 
     mask_token_id: int
     temperature: float = 0.0  # 0 = greedy
@@ -39,27 +39,6 @@ class Sampling:
     length_penalty: tuple[int, float] | None = None  # (start, factor), boosts EOS
     threshold: float | None = None  # τ; None = off (exactly one token per step)
     eos_token_ids: tuple[int, ...] = ()
-
-    def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and self.temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
-        if not (isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0):
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        if not (isinstance(self.repetition_penalty, (int, float)) and self.repetition_penalty > 0):
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
-        if self.threshold is not None and not (isinstance(self.threshold, (int, float))
-                                               and 0.0 < self.threshold <= 1.0):
-            raise ValueError(f"threshold must lie in (0, 1] or be None (off), got {self.threshold!r}")
-        if self.length_penalty is not None:
-            lp = self.length_penalty
-            if not (isinstance(lp, (tuple, list)) and len(lp) == 2 and isinstance(lp[0], int) and lp[0] >= 0
-                    and isinstance(lp[1], (int, float)) and lp[1] >= 1.0):
-                raise ValueError(f"length_penalty must be (start >= 0, factor >= 1), got {lp!r}")
-            if not self.eos_token_ids:
-                raise ValueError("length_penalty boosts EOS but no eos_token_id is known; pass eos_token_id")
 
     @property
     def greedy(self) -> bool:

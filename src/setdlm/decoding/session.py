@@ -24,9 +24,9 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from . import setdlm
-from .api import DECODERS, check_knobs, _block_size, _device, _encode_all, _eos_ids, _seeds, _stops, _text, _window
+from .api import DECODERS, _device, _encode_all, _eos_ids, _seeds, _stops, _text, decode_config
 from .output import StepTrace
-from .sampling import Sampling
+from .settings import DecodeSettings
 from .state import DecodeConfig, DecodeState
 
 
@@ -173,37 +173,28 @@ class Session:
                     self.groups[key] = new
 
 
-def prepare(model, prompt, *, width: int | None = None, max_new_tokens: int = 64, window: int | None = None,
-            threshold: float | None = None, block_size: int | None = None, temperature: float = 0.0,
-            top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0,
-            length_penalty: tuple[int, float] | None = None, eos_token_id=None, ignore_eos: bool = False,
-            stop=None, seed: int | None = None, cache_order: str = "position") -> Row:
+def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int | None = None,
+            seed: int | None = None, **knobs) -> Row:
     """Encode and validate one row for a session of canvas ``width`` (default ``L``), with the settings and
-    defaults of :func:`~setdlm.decoding.generate`; invalid settings raise ValueError. A sampled row without
-    a seed gets one drawn here (from torch's global RNG, as ``generate``). Touches no session state."""
+    defaults of :func:`~setdlm.decoding.generate` (``settings=`` or keywords); invalid settings raise
+    ValueError. A sampled row without a seed gets one drawn here (from torch's global RNG, as ``generate``).
+    Touches no session state."""
+    settings = DecodeSettings.of(settings, knobs, "prepare")
+    settings.check_for(model.family.family)
     width = width if width is not None else model.family.length
     fam = model.family
+    max_new_tokens, cache_order = settings.max_new_tokens, settings.cache_order or "position"
     (ids,) = _encode_all(model, [prompt], "prompt", add_bos=True)
-    if not (isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens >= 1):
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if fam.mask_token_id in ids:
         raise ValueError(f"the prompt contains the MASK id {fam.mask_token_id}")
     if len(ids) + max_new_tokens > width:
         raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceed the context "
                          f"length {width}")
-    check_knobs(fam.family, window=window, threshold=threshold, block_size=block_size)
-    if cache_order not in ("position", "reveal"):
-        raise ValueError(f"cache_order must be 'position' or 'reveal', got {cache_order!r}")
     if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool)):
         raise ValueError(f"seed must be an integer, got {seed!r}")
-    eos = _eos_ids(model, eos_token_id)
-    sampling = Sampling(fam.mask_token_id, temperature=temperature, top_p=top_p, top_k=top_k,
-                        repetition_penalty=repetition_penalty,
-                        length_penalty=tuple(length_penalty) if length_penalty is not None else None,
-                        threshold=threshold, eos_token_ids=tuple(eos))
-    cfg = DecodeConfig(sampling, fam.length, mode="generate", stop_on_eos=not ignore_eos,
-                       window=_window(fam, window), block_size=_block_size(fam, block_size),
-                       cache_order=cache_order, stop=_stops(model, stop), tokenizer=model.tokenizer, trace=True)
+    sampling = settings.sampling(fam.mask_token_id, _eos_ids(model, settings.eos_token_id))
+    cfg = decode_config(fam, settings, sampling, mode="generate", cache_order=cache_order,
+                        stops=_stops(model, settings.stop), tokenizer=model.tokenizer, trace=True)
     if fam.family == "setdlm" and cache_order == "reveal" and max_new_tokens > fam.length:
         raise ValueError(f"cache_order='reveal' needs max_new_tokens <= L={fam.length}, got {max_new_tokens}")
     needs_seed = not sampling.greedy or (fam.family == "setdlm" and cache_order == "reveal")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from ..masks import setdlm_step_mask
 from .state import DecodeState, forward, prefill as prefill_positions
 
 
@@ -39,11 +40,8 @@ def init(backbone, st: DecodeState) -> None:
     st.shared["win_key"] = st.pos + (st.S + 1)  # (S+1,)
     st.shared["rest_key"] = st.pos + 2 * (st.S + 1)
     w = st.cfg.window
-    if w <= 32:  # every (clean, masks) input mask, precomputed: (w+1, w+1, 2w, 2w)
-        c = torch.arange(w + 1, device=st.device).repeat_interleave(w + 1)  # (K,)
-        m = torch.arange(w + 1, device=st.device).repeat(w + 1)
-        table = input_mask(c, c + m, 2 * w).view(w + 1, w + 1, 2 * w, 2 * w)
-        st.shared["mask_table"] = table
+    if w <= 32:  # the input mask for every count of clean tokens, precomputed: (w+1, 2w, 2w)
+        st.shared["mask_table"] = setdlm_step_mask(torch.arange(w + 1, device=st.device), 2 * w)
     prefill_positions(backbone, st, ~st.target & (st.pos < st.length[:, None]))
 
 
@@ -61,16 +59,6 @@ def reveal_rank(st: DecodeState, schedule, times: list[torch.Tensor] | None = No
     st.extra["pend_key"] = key.argsort(dim=-1, stable=True).argsort(dim=-1)  # (B, S+1) integer ranks
 
 
-def input_mask(c: torch.Tensor, n: torch.Tensor, T: int) -> torch.Tensor:
-    """Mask among the ``T`` new tokens (B, T, T) for ``c`` (B,) clean tokens then ``n − c`` masks: clean
-    tokens causal among themselves, masks see every clean token and themselves, clean never sees a mask."""
-    slot = torch.arange(T, device=c.device)
-    clean_q = slot[None, :, None] < c[:, None, None]  # (B, T, 1)
-    clean_k = slot[None, None, :] < c[:, None, None]  # (B, 1, T)
-    causal = slot[:, None] >= slot[None, :]  # (T, T)
-    return (clean_k & (causal | ~clean_q)) | (slot[:, None] == slot[None, :])  # (B, T, T)
-
-
 def step(backbone, st: DecodeState) -> None:
     """One forward: cache last step's tokens, predict the window's masks, commit (SPEC §4.2 loop 1–6)."""
     w, S = st.cfg.window, st.S
@@ -84,7 +72,7 @@ def step(backbone, st: DecodeState) -> None:
     valid = slot < n[:, None]  # (B, T)
     slot_pos = torch.where(valid, key.topk(T, dim=-1, largest=False, sorted=True).indices, S)  # (B, T)
     table = st.shared.get("mask_table")
-    new = table[c, n - c, :T, :T] if table is not None else input_mask(c, n, T)  # (B, T, T)
+    new = table[c, :T, :T] if table is not None else setdlm_step_mask(c, T)  # (B, T, T)
     logits = forward(backbone, st, slot_pos, new, keep=c, logits_start=ls, n_new=n)  # (B, T − ls, V)
     qvalid = (valid & (slot >= c[:, None]))[:, ls:]  # (B, T − ls) the mask slots
     write = st.commit(logits, slot_pos[:, ls:], qvalid, slot_pos, valid)

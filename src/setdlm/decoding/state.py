@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..masks import decode_block_mask, with_cache
 from .output import StepTrace
 from .sampling import Sampling, commit_rule, propose
 
@@ -297,14 +298,6 @@ def evict_overflow(cache, n_new: Tensor, limit: int) -> None:
     cache.keep_entries(index, keep.sum(-1))
 
 
-def step_mask(new: Tensor, cache_width: int) -> Tensor:
-    """Contract mask (B, 1, T, C + T) from the mask among new tokens (B, T, T): every query sees every
-    entry of its row's cache (entries past a row's length are ignored by the backbone)."""
-    B, T, _ = new.shape
-    old = torch.ones(B, T, cache_width, dtype=torch.bool, device=new.device)
-    return torch.cat([old, new], dim=-1)[:, None]
-
-
 def forward(backbone, st: DecodeState, slot_pos: Tensor, new_mask: Tensor, *, keep: Tensor | int | None,
             logits_start: int, n_new: Tensor) -> Tensor:
     """One backbone call on the canvas positions ``slot_pos`` (B, T) (trash column = padding) with the mask
@@ -315,7 +308,7 @@ def forward(backbone, st: DecodeState, slot_pos: Tensor, new_mask: Tensor, *, ke
         return backbone(ids, slot_pos, new_mask[:, None], None, logits_start=logits_start)
     if st.may_overflow:
         evict_overflow(st.cache, n_new, st.cfg.context_length)
-    mask = step_mask(new_mask, st.cache.width)
+    mask = with_cache(new_mask, st.cache.width)
     return backbone(ids, slot_pos, mask, st.cache, keep=keep, logits_start=logits_start)
 
 
@@ -330,7 +323,5 @@ def prefill(backbone, st: DecodeState, take: Tensor, block_size: int | None = No
     slot_pos = key.topk(T, dim=-1, largest=False, sorted=True).indices  # (B, T)
     valid = torch.arange(T, device=st.device) < counts[:, None]  # (B, T)
     slot_pos = torch.where(valid, slot_pos, st.S)
-    blk = slot_pos if block_size is None else slot_pos // block_size
-    new = (valid[:, :, None] & valid[:, None, :] & (blk[:, None, :] <= blk[:, :, None])) | torch.eye(
-        T, dtype=torch.bool, device=st.device)  # (B, T, T)
+    new = decode_block_mask(slot_pos if block_size is None else slot_pos // block_size, valid)  # (B, T, T)
     forward(backbone, st, slot_pos, new, keep=counts, logits_start=T, n_new=counts)

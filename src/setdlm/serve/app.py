@@ -47,7 +47,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
     async def complete(request: Request, chat: bool):
         req = parse_request(await request.body(), chat=chat, model=model, model_name=name, width=batcher.width)
         try:
-            row = prepare(model, req.prompt_ids, width=batcher.width, max_new_tokens=req.max_tokens, **req.settings)
+            row = prepare(model, req.prompt_ids, req.settings, width=batcher.width, seed=req.seed)
         except ValueError as e:
             raise APIError(400, str(e).splitlines()[0]) from None
         loop = asyncio.get_running_loop()

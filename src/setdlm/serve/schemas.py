@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..decoding.api import _encode_all
+from ..decoding.settings import DecodeSettings
 
 
 class APIError(Exception):
@@ -30,14 +31,15 @@ class APIError(Exception):
 
 @dataclass
 class CompletionRequest:
-    """A validated request: prompt token ids, budget, streaming, and the keyword arguments of
-    :func:`setdlm.decoding.session.prepare` (those of ``generate``)."""
+    """A validated request: prompt token ids, budget, streaming, the decoding settings (``max_tokens``
+    is their ``max_new_tokens``) and the row's seed, for :func:`setdlm.decoding.session.prepare`."""
 
     chat: bool
     prompt_ids: list[int]
     max_tokens: int
     stream: bool
-    settings: dict = field(default_factory=dict)
+    settings: DecodeSettings = field(default_factory=DecodeSettings)
+    seed: int | None = None
 
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -78,11 +80,15 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     if n is not None and n != 1:
         raise APIError(400, f"n={n!r} is not supported: one choice per request (send several requests; they are "
                             "batched)", "n")
-    return CompletionRequest(chat, ids, max_tokens, stream, _settings(body))
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise APIError(400, f"seed must be an integer, got {seed!r}", "seed")
+    return CompletionRequest(chat, ids, max_tokens, stream, _settings(body, max_tokens), seed)
 
 
-def _settings(body: dict) -> dict:
-    """The decoding knobs, checked with the same rules as ``generate`` but naming the API field."""
+def _settings(body: dict, max_tokens: int) -> DecodeSettings:
+    """The request's :class:`DecodeSettings`: the API's own bounds and JSON types here, every value's range
+    checked by ``DecodeSettings`` itself; an error names the API field."""
     s = {}
     t = _number(body, "temperature", 0.0, 2.0, low_open=False)
     if t is not None:
@@ -90,8 +96,10 @@ def _settings(body: dict) -> dict:
     p = _number(body, "top_p", 0.0, 1.0, low_open=True)
     if p is not None:
         s["top_p"] = float(p)
-    th = _number(body, "threshold", 0.0, 1.0, low_open=True)
+    th = body.get("threshold")
     if th is not None:
+        if not _is_number(th):
+            raise APIError(400, f"threshold must be a number in (0, 1], got {th!r}", "threshold")
         s["threshold"] = float(th)
     rp = body.get("repetition_penalty")
     if rp is not None:
@@ -104,11 +112,6 @@ def _settings(body: dict) -> dict:
             if not _is_int(v) or v < lo:
                 raise APIError(400, f"{name} must be an integer >= {lo}, got {v!r}", name)
             s[name] = v
-    seed = body.get("seed")
-    if seed is not None:
-        if not _is_int(seed):
-            raise APIError(400, f"seed must be an integer, got {seed!r}", "seed")
-        s["seed"] = seed
     order = body.get("cache_order")
     if order is not None:
         if order not in ("position", "reveal"):
@@ -122,7 +125,10 @@ def _settings(body: dict) -> dict:
         s["stop"] = stops
     if _get(body, "ignore_eos", bool, False):
         s["ignore_eos"] = True
-    return s
+    try:
+        return DecodeSettings(max_new_tokens=max_tokens, **s)
+    except (ValueError, TypeError) as e:
+        raise APIError(400, str(e), next((k for k in s if str(e).startswith(k)), None)) from None
 
 
 def _prompt_ids(body: dict, model) -> list[int]:

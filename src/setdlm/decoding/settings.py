@@ -1,0 +1,159 @@
+"""The decoding settings, named and checked once (docs/decoding.md, docs/method.md §4).
+
+:class:`DecodeSettings` holds every setting of a decode that is not per-call data (prompts, seeds, reveal
+times, batch size, progress and trace stay arguments of the call). Its ``__post_init__`` checks each value
+on its own; :meth:`DecodeSettings.check_for` checks which settings apply to a family. Which family uses
+which setting (:data:`FAMILIES`; "all" = AR, MDLM, BD3LM and SetDLM):
+
+=====================  ==================  ====================================================================
+setting                families            meaning
+=====================  ==================  ====================================================================
+``window``             SetDLM              positional window ``w`` (default ``D``; docs/method.md §4.2)
+``threshold``          SetDLM BD3LM MDLM   τ in (0, 1]: also commit every mask this confident (None = off)
+``block_size``         BD3LM MDLM          block / semi-AR sub-block (default ``family.block_size``)
+``cache_order``        SetDLM              ``"position"`` (default) or ``"reveal"`` (docs/method.md §4.5);
+                                           ignored by the other families
+``temperature``        all                 0 = greedy
+``top_p``, ``top_k``   all                 nucleus (1.0 = off), top-k (0 = off)
+``repetition_penalty`` all                 HF's multiplicative rule (1.0 = off)
+``length_penalty``     all                 ``(start, factor)``: EOS boost (docs/method.md §5.3)
+``max_new_tokens``     all (generate)      new tokens per row; ``fill``/``infill`` take the gaps instead
+``eos_token_id``       all                 default the tokenizer's; generate stops at it, fill uses it only
+                                           for the length penalty
+``ignore_eos``         all (generate)      do not stop at EOS
+``stop``               all (generate)      stop strings (needs a tokenizer)
+=====================  ==================  ====================================================================
+
+Setting ``window``, ``threshold`` or ``block_size`` for a family it does not apply to is a ``ValueError``
+(:meth:`~DecodeSettings.check_for`); :func:`applicable` keeps those that apply, to sweep one setting over
+every family.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+from .sampling import Sampling
+
+# setting -> the families it applies to (the others are a ValueError when set)
+FAMILIES = {"window": ("setdlm",), "block_size": ("bd3lm", "mdlm"), "threshold": ("setdlm", "bd3lm", "mdlm")}
+GENERATE_ONLY = ("ignore_eos", "stop", "cache_order")  # fill and infill have no EOS stop or cache order
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How to decode (see the module table for which family uses which field). Frozen and checked on
+    construction: a bad value is a ``ValueError``/``TypeError`` naming the field."""
+
+    window: int | None = field(default=None, metadata={"help": "setdlm: sliding window w (default D)"})
+    threshold: float | None = field(default=None, metadata={"help": "setdlm/bd3lm/mdlm: also commit every mask "
+                                                                     "with probability >= tau (default off)"})
+    block_size: int | None = field(default=None, metadata={"help": "bd3lm/mdlm: block size (default the model's)"})
+    cache_order: str | None = field(default=None, metadata={
+        "help": "setdlm: order of newly cached tokens, position (default) or reveal", "choices": ("position", "reveal")})
+    temperature: float = field(default=0.0, metadata={"help": "0 = greedy (default)"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling (1 = off)"})
+    top_k: int = field(default=0, metadata={"help": "top-k sampling (0 = off)"})
+    repetition_penalty: float = field(default=1.0, metadata={"help": "> 1 discourages repeats"})
+    length_penalty: tuple[int, float] | None = field(default=None, metadata={
+        "help": "START FACTOR: boost EOS after START generated tokens", "nargs": 2})
+    max_new_tokens: int = field(default=64, metadata={"help": "tokens to generate per prompt"})
+    eos_token_id: int | tuple[int, ...] | None = field(default=None, metadata={
+        "help": "EOS token id (repeatable; default the tokenizer's)"})
+    ignore_eos: bool = field(default=False, metadata={"help": "do not stop at EOS: always max-new-tokens"})
+    stop: tuple[str, ...] = field(default=(), metadata={"help": "stop string (repeatable)"})
+
+    def __post_init__(self):
+        for name in ("window", "block_size"):
+            v = getattr(self, name)
+            if v is not None and not _positive_int(v):
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.threshold is not None and not (_number(self.threshold) and 0.0 < self.threshold <= 1.0):
+            raise ValueError(f"threshold must lie in (0, 1] or be None (off), got {self.threshold!r}")
+        if self.cache_order is not None and self.cache_order not in ("position", "reveal"):
+            raise ValueError(f"cache_order must be 'position' or 'reveal', got {self.cache_order!r}")
+        if not (_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not (_number(self.top_p) and 0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
+        if not (isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0):
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not (_number(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        lp = self.length_penalty
+        if lp is not None:
+            if not isinstance(lp, (tuple, list)) or len(lp) != 2:
+                raise TypeError(f"length_penalty must be a pair (start, factor), got {lp!r}")
+            if not (isinstance(lp[0], int) and lp[0] >= 0 and _number(lp[1]) and lp[1] >= 1.0):
+                raise ValueError(f"length_penalty must be (start >= 0, factor >= 1), got {lp!r}")
+            object.__setattr__(self, "length_penalty", tuple(lp))
+        if isinstance(self.max_new_tokens, bool):
+            raise TypeError("max_new_tokens must be an int, got bool")
+        if not _positive_int(self.max_new_tokens):
+            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        e = self.eos_token_id
+        if e is not None and not isinstance(e, (int, list, tuple)):
+            raise TypeError(f"eos_token_id must be a token id or a list of them, got {type(e).__name__}")
+        if isinstance(e, list):
+            object.__setattr__(self, "eos_token_id", tuple(e))
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        stop = self.stop if self.stop is not None else ()
+        if not isinstance(stop, (str, list, tuple)):
+            raise TypeError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
+        stops = (stop,) if isinstance(stop, str) else tuple(stop)
+        if not all(isinstance(s, str) and s for s in stops):
+            raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+        object.__setattr__(self, "stop", stops)
+
+    def check_for(self, family: str, mode: str = "generate") -> None:
+        """A ``ValueError`` for a setting that is set but does not apply to ``family`` (see the module
+        table), or, for ``mode="fill"`` (fill and infill), a generate-only setting."""
+        for name, fams in FAMILIES.items():
+            if getattr(self, name) is not None and family not in fams:
+                raise ValueError(f"{name} applies to {'/'.join(fams)} models, not to this {family!r} model")
+        if mode == "fill":
+            for name in GENERATE_ONLY:
+                if getattr(self, name) != _DEFAULTS[name]:
+                    raise ValueError(f"{name} applies to generate only; fill and infill decode every MASK")
+
+    def sampling(self, mask_token_id: int, eos_token_ids: tuple[int, ...]) -> Sampling:
+        """The logits processors and commit threshold of these settings (docs/method.md §4.3)."""
+        if self.length_penalty is not None and not eos_token_ids:
+            raise ValueError("length_penalty boosts EOS but no eos_token_id is known; pass eos_token_id")
+        return Sampling(mask_token_id, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                        repetition_penalty=self.repetition_penalty, length_penalty=self.length_penalty,
+                        threshold=self.threshold, eos_token_ids=tuple(eos_token_ids))
+
+    @classmethod
+    def of(cls, settings: "DecodeSettings | None", keywords: dict, what: str) -> "DecodeSettings":
+        """``settings``, or the settings the keyword arguments of ``what`` (e.g. ``generate``) spell out;
+        giving both is a ``ValueError``, an unknown keyword a ``TypeError``."""
+        unknown = sorted(set(keywords) - set(_DEFAULTS))
+        if unknown:
+            raise TypeError(f"{what}() got an unexpected keyword argument {unknown[0]!r}")
+        if settings is None:
+            return cls(**keywords)
+        if not isinstance(settings, DecodeSettings):
+            raise TypeError(f"settings must be a DecodeSettings, got {type(settings).__name__}")
+        if keywords:
+            raise ValueError(f"give settings= or the keyword settings ({', '.join(sorted(keywords))}), not both")
+        return settings
+
+
+_DEFAULTS = {f.name: f.default for f in fields(DecodeSettings)}
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def applicable(family: str, **settings) -> dict:
+    """The ``settings`` that apply to ``family`` (for sweeping one setting over every family)."""
+    return {k: v for k, v in settings.items() if k not in FAMILIES or family in FAMILIES[k]}
+
