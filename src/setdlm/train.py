@@ -42,7 +42,7 @@ from .data import TokenDataset, Tokenizer, build_dataset, build_tokenizer, heldo
 from .evaluate import likelihood as likelihood_bound
 from .family import FAMILIES, FamilyConfig
 from .lm import Model
-from .model import ModelConfig, Transformer
+from .model import TransformerConfig, Transformer
 from .objectives import compute_loss
 from .presets import preset as preset_values
 from .resources import check_fits, native_bf16, resolve_device
@@ -170,8 +170,8 @@ class TrainConfig:
                             k=self.k if f == "setdlm" else None,
                             keep_clean_bos=self.keep_clean_bos and f == "setdlm")
 
-    def model_config(self, vocab_size: int) -> ModelConfig:
-        return ModelConfig(vocab_size=vocab_size, hidden_size=self.hidden_size, n_heads=self.n_heads,
+    def model_config(self, vocab_size: int) -> TransformerConfig:
+        return TransformerConfig(vocab_size=vocab_size, hidden_size=self.hidden_size, n_heads=self.n_heads,
                            n_layers=self.n_layers, dropout=self.dropout)
 
 
