@@ -316,7 +316,7 @@ def check_fields(path: Path, section: str, d: dict, cls) -> None:
         base = next((a for a in typing.get_args(kind) if a is not type(None)), kind)
         if v is None and optional:
             continue
-        if isinstance(v, bool) != (base is bool) or not isinstance(v, _KINDS.get(base, (base,))):
+        if isinstance(v, bool) or not isinstance(v, _KINDS.get(base, (base,))):
             want = base.__name__ + (" or null" if optional else "")
             raise ValueError(f"{path}: {section}.{f.name} must be {want}, got {json.dumps(v)}")
 
