@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from decoding_support import BOS, CharTokenizer, tiny_model
-from setdlm.decoding import generate
+from setdlm.decoding import applicable_knobs, generate
 from setdlm.decoding.session import Session
 
 FAMILIES = ["ar", "mdlm", "bd3lm", "setdlm"]
@@ -64,7 +64,7 @@ def _drive(session, requests, cancel_at=None):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rows_joining_and_leaving_decode_as_alone(family):
     model = _model(family)
-    reqs = _endings(model, REQUESTS)
+    reqs = _endings(model, [(p, applicable_knobs(family, **kw), at) for p, kw, at in REQUESTS])
     done, seen = _drive(Session(model), reqs)
     reasons = set()
     for i, (p, kw, _) in enumerate(reqs):

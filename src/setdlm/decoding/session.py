@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from . import setdlm
-from .api import DECODERS, _block_size, _device, _encode_all, _eos_ids, _seeds, _stops, _text, _window
+from .api import DECODERS, check_knobs, _block_size, _device, _encode_all, _eos_ids, _seeds, _stops, _text, _window
 from .output import StepTrace
 from .sampling import Sampling
 from .state import DecodeConfig, DecodeState
@@ -191,6 +191,7 @@ def prepare(model, prompt, *, width: int | None = None, max_new_tokens: int = 64
     if len(ids) + max_new_tokens > width:
         raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceed the context "
                          f"length {width}")
+    check_knobs(fam.family, window=window, threshold=threshold, block_size=block_size)
     if cache_order not in ("position", "reveal"):
         raise ValueError(f"cache_order must be 'position' or 'reveal', got {cache_order!r}")
     if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool)):
