@@ -104,6 +104,7 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_from_scratch(
     (lambda c: c["architecture"].update(dropout=None), ["architecture.dropout must be float"]),
     (lambda c: c["family"].pop("mask_token_id"), ["'family' lacks the key 'mask_token_id'"]),
     (lambda c: c["family"].update(D=2.0), ["family.D must be int or null"]),
+    (lambda c: c["family"].update(keep_clean_bos="no"), ["family.keep_clean_bos must be bool", '"no"']),
 ])
 def test_config_with_a_missing_or_mistyped_key_is_refused(edit, needles, tmp_path, capsys):
     path = tiny_checkpoint(tmp_path / "ck", heads=2)
@@ -116,6 +117,14 @@ def test_config_with_a_missing_or_mistyped_key_is_refused(edit, needles, tmp_pat
         assert n in str(e.value)
     code, _, err = run(["eval", path, "--data", str(tmp_path / "ck/README.md")], capsys)
     one_line(code, err, *needles)
+
+
+def test_a_config_saved_before_keep_clean_bos_existed_loads_with_it_off(tmp_path):
+    path = tiny_checkpoint(tmp_path / "ck", heads=2)
+    cfg = json.loads((tmp_path / "ck/config.json").read_text())
+    assert cfg["family"].pop("keep_clean_bos") is False  # a key the format gained later: absent = off
+    (tmp_path / "ck/config.json").write_text(json.dumps(cfg))
+    assert setdlm.load(path).family.keep_clean_bos is False
 
 
 # -- 3. two processes training into one folder: the second is refused, naming the holder -----------------

@@ -299,7 +299,10 @@ def read_config(folder: str | Path) -> dict:
     return cfg
 
 
-_KINDS = {int: (int,), float: (int, float), str: (str,)}
+_KINDS = {int: (int,), float: (int, float), str: (str,), bool: (bool,)}
+# keys added to the format after models were saved without them: absent means the behaviour from before the key
+# existed (its default), so older checkpoints (the shipped models among them) load unchanged
+_ADDED_LATER = {"keep_clean_bos"}
 
 
 def check_fields(path: Path, section: str, d: dict, cls) -> None:
@@ -308,6 +311,8 @@ def check_fields(path: Path, section: str, d: dict, cls) -> None:
     filled in (a 2-head checkpoint must not load as the default 4 heads)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        if f.name not in d and f.name in _ADDED_LATER:
+            continue
         if f.name not in d:
             raise ValueError(f"{path}: {section!r} lacks the key {f.name!r}; the file is incomplete or was edited "
                              "(re-save the model, or restore the key)")
@@ -316,7 +321,7 @@ def check_fields(path: Path, section: str, d: dict, cls) -> None:
         base = next((a for a in typing.get_args(kind) if a is not type(None)), kind)
         if v is None and optional:
             continue
-        if isinstance(v, bool) or not isinstance(v, _KINDS.get(base, (base,))):
+        if (isinstance(v, bool) and base is not bool) or not isinstance(v, _KINDS.get(base, (base,))):
             want = base.__name__ + (" or null" if optional else "")
             raise ValueError(f"{path}: {section}.{f.name} must be {want}, got {json.dumps(v)}")
 
