@@ -1,4 +1,4 @@
-"""The Backbone protocol (docs/method.md §3): what decoders and objectives call. Our DiT and the Hugging Face
+"""The Backbone protocol (docs/method.md §3, §9.3): what decoders and objectives call. Our DiT and the Hugging Face
 adapter both satisfy it, structurally (isinstance) and in behaviour: a call with a cache gives the logits of
 the same call without one, and AR greedy decoding through ``setdlm.generate`` picks the uncached argmax."""
 

@@ -1,4 +1,4 @@
-"""What decoders and objectives call on a backbone: the :class:`Backbone` protocol (docs/method.md §3).
+"""What decoders and objectives call on a backbone: the :class:`Backbone` protocol (docs/method.md §3, §9.3).
 
 The objectives (``setdlm.objectives``) call ``backbone(input_ids, position_ids, attn_mask)`` (SetDLM's two
 streams with ``logits_start=L``, the query stream only); the decoders (``setdlm.decoding``) also pass a
