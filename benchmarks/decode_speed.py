@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from setdlm import FamilyConfig, Model, ModelConfig, Transformer
+from setdlm import FamilyConfig, Model, TransformerConfig, Transformer
 from setdlm.decoding import generate
 
 
@@ -105,7 +105,7 @@ def main(argv=None) -> None:
     V = 4096
     mask_id = V - 1
     L = 1024
-    backbone = Transformer(ModelConfig(vocab_size=V, hidden_size=256, n_heads=4, n_layers=4))
+    backbone = Transformer(TransformerConfig(vocab_size=V, hidden_size=256, n_heads=4, n_layers=4))
     backbone.init_weights(zero_head=False, generator=torch.Generator().manual_seed(args.seed))
     backbone = backbone.to(device=args.device, dtype=getattr(torch, args.dtype)).eval()
     g = torch.Generator().manual_seed(args.seed + 1)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from setdlm.model import ModelConfig, Transformer
+from setdlm.model import TransformerConfig, Transformer
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest and steadiest
 
@@ -11,7 +11,7 @@ torch.set_num_threads(1)  # tiny models: one thread is fastest and steadiest
 def make_model(vocab=32, hidden=32, heads=2, layers=2, seed=0, dtype=torch.float64) -> Transformer:
     """A tiny backbone with every weight random (head too), in eval mode."""
     torch.manual_seed(seed)
-    m = Transformer(ModelConfig(vocab_size=vocab, hidden_size=hidden, n_heads=heads, n_layers=layers))
+    m = Transformer(TransformerConfig(vocab_size=vocab, hidden_size=hidden, n_heads=heads, n_layers=layers))
     m.init_weights(zero_head=False, generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():  # make layer norms non-trivial so that they are exercised
         g = torch.Generator().manual_seed(seed + 1)

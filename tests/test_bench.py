@@ -138,6 +138,35 @@ def test_bench_infill_and_likelihood(ckpts, tmp_path, capsys):
     assert "nats/token" in stdout and png_size(out / "bench.png") == (700, 450)
 
 
+def test_python_entry_points_are_what_the_cli_runs(ckpts, tmp_path, capsys):
+    """``setdlm eval``/``bench`` only parse and print: bench.evaluate_checkpoint and bench.bench_checkpoints give
+    the same numbers from Python, and check their arguments themselves (ValueError before any loading)."""
+    code, stdout, err = run(["eval", ckpts["ar"], "--data", ckpts["text"], "--seed", "3"], capsys)
+    assert code == 0, err
+    got = bench.evaluate_checkpoint(ckpts["ar"], data=ckpts["text"], seed=3)
+    assert got == json.loads(stdout) and got["task"] == "likelihood" and got["nelbo"] > 0
+    held = bench.evaluate_checkpoint(ckpts["ar"])  # the run's own held-out rows, seed and batch size
+    assert held["tokens"] == 278 and held["nelbo"] != got["nelbo"]
+    res = bench.evaluate_checkpoint(ckpts["setdlm"], "reasoning", level="easy", n=3, max_new_tokens=8, threshold=0.5)
+    ref = evaluate.reasoning(setdlm.load(ckpts["setdlm"]), reasoning_split("test", 3, level="easy"),
+                             threshold=0.5, max_new_tokens=8, progress=False)
+    assert res["accuracy"] == ref.accuracy and res["decode"] == {"threshold": 0.5, "max_new_tokens": 8}
+    assert {k: res[k] for k in DETERMINISTIC} == {k: ref.to_dict()[k] for k in DETERMINISTIC}
+    made = bench.bench_checkpoints([ckpts["ar"], ckpts["setdlm"]], "likelihood", tmp_path / "l", data=ckpts["text"],
+                                   seed=3)
+    assert made.points[0].quality == got["nelbo"] and [p.model for p in made.points] == ["ar-run", "setdlm-rand"]
+    assert made.files[0].read_text() == made.table and all(f.exists() for f in made.files)
+    for call, needle in [(lambda: bench.evaluate_checkpoint(ckpts["ar"], "bogus"), "unknown task 'bogus'"),
+                         (lambda: bench.evaluate_checkpoint(ckpts["ar"], "reasoning", window=2),
+                          "window applies to setdlm models, not to this 'ar' model"),
+                         (lambda: bench.bench_checkpoints([ckpts["ar"]], "likelihood", tmp_path / "x", warmup=1),
+                          "apply to --task reasoning/infill")]:
+        with pytest.raises(ValueError, match=needle):
+            call()
+    assert not (tmp_path / "x").exists()
+    assert bench.labels(["a/run", "b/run", "c/run/checkpoints/step-1"]) == ["run#1", "run#2", "run#3"]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # setdlm eval --task reasoning / infill
 # ---------------------------------------------------------------------------------------------------------
@@ -203,7 +232,7 @@ def test_eval_infill_matches_the_library(ckpts, tmp_path, capsys):
     ("eval", ["--task", "reasoning", "--level", "hard", "--n", "2"], ["problems fit the context length L=128"]),
     ("eval", ["--task", "infill", "--data", "MISSING"], ["neither an existing file or folder nor a built-in"]),
     ("eval", ["--task", "infill", "--n", "1000"], ["of 149 infill examples fit the context length L=128; ask for n"]),
-    ("eval", ["--task", "reasoning", "--block-size", "4"], ["--block-size applies to bd3lm/mdlm", "'setdlm'"]),
+    ("eval", ["--task", "reasoning", "--block-size", "4"], ["block_size applies to bd3lm/mdlm", "'setdlm'"]),
     ("eval", ["--task", "reasoning", "--n", "0"], ["--n: must be a positive integer, got '0'"]),
     ("eval", ["--task", "bogus"], ["--task: invalid choice: 'bogus'"]),
     ("eval", ["--task", "infill", "--hidden", "2"], ["--hidden: invalid choice: 2"]),

@@ -151,7 +151,7 @@ def test_bad_configs(saved):
         setdlm.load(saved)
     bad = dict(cfg, architecture=dict(cfg["architecture"], n_heads=0))
     (saved / "config.json").write_text(json.dumps(bad))
-    with pytest.raises(ValueError, match=r"config.json: bad architecture: ModelConfig.n_heads"):
+    with pytest.raises(ValueError, match=r"config.json: bad architecture: TransformerConfig.n_heads"):
         setdlm.load(saved)
     (saved / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     with pytest.raises(ValueError, match=r"not a setdlm config"):

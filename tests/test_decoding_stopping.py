@@ -96,9 +96,9 @@ def test_bad_arguments_raise_clear_errors():
 
 def test_decodes_in_eval_mode_and_restores_the_training_mode():
     from setdlm import FamilyConfig
-    from setdlm.model import ModelConfig, Transformer
+    from setdlm.model import TransformerConfig, Transformer
 
-    bb = Transformer(ModelConfig(vocab_size=48, hidden_size=32, n_heads=2, n_layers=2, dropout=0.5))
+    bb = Transformer(TransformerConfig(vocab_size=48, hidden_size=32, n_heads=2, n_layers=2, dropout=0.5))
     bb.init_weights(zero_head=False).train()
     model = Model(bb, FamilyConfig("setdlm", 48, MASK, D=2))
     a = generate(model, PROMPTS, max_new_tokens=8, ignore_eos=True).tokens

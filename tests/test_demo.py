@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import setdlm
-from setdlm import FamilyConfig, Model, ModelConfig, Transformer, pretrained
+from setdlm import FamilyConfig, Model, TransformerConfig, Transformer, pretrained
 from setdlm.checkpoint import save
 from setdlm.data.sources import read_source
 from setdlm.data.tasks import reasoning_split
@@ -24,7 +24,7 @@ FAMILIES = {"ar": {}, "bd3lm-s4": dict(block_size=4), "setdlm-smax8": dict(D=4, 
 def _tiny(tok, family: str, L: int, seed: int) -> Model:
     name = family.split("-")[0]
     torch.manual_seed(seed)
-    bb = Transformer(ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, n_heads=2, n_layers=1))
+    bb = Transformer(TransformerConfig(vocab_size=tok.vocab_size, hidden_size=32, n_heads=2, n_layers=1))
     bb.init_weights(zero_head=False, generator=torch.Generator().manual_seed(seed))
     fam = FamilyConfig(name, length=L, mask_token_id=tok.mask_token_id, **FAMILIES[family])
     return Model(bb.to(torch.bfloat16), fam, tok)  # stored in bf16, like the shipped models

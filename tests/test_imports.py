@@ -8,7 +8,7 @@ the accepted way to break a cycle). Cycles count only through module-level impor
 
 Run ``pytest -q tests/test_imports.py`` to check; a failure prints the cycle (``a -> b -> a``). Lazy imports
 still close two loops today, neither counted: among the loading modules (``checkpoint``, ``convert``,
-``pretrained``, ``lm``; issue 16 item 1) and between ``cli`` and ``train``. Inside ``setdlm.data`` not even a
+``pretrained``, ``lm``; issue 16 item 1). Nothing imports ``cli`` (not even lazily): the CLI sits on top. Inside ``setdlm.data`` not even a
 lazy import may close one.
 """
 
@@ -215,6 +215,14 @@ def _top_level_names(path: Path) -> set[str]:
 def test_no_import_cycles(imports):
     found = cycles(module_graph(imports))
     assert not found, "import cycles (module-level imports):\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_nothing_imports_the_cli(imports):
+    """The CLI only parses and prints: the library (``train`` included, whose ``python -m setdlm.train`` builds
+    its own parser) never calls back into it, lazily or not; only ``python -m setdlm`` enters it."""
+    back = {m: line for m, found in imports.items() if m not in ("setdlm.cli", "setdlm.__main__")
+            for t, _, line in found["module"] + found["function"] if t == "setdlm.cli"}
+    assert not back, f"modules importing setdlm.cli: {back}"
 
 
 def test_data_layer_is_acyclic_with_lazy_imports_too(imports):

@@ -5,22 +5,22 @@ import torch
 
 from conftest import make_model
 from setdlm.masks import causal_mask
-from setdlm.model import ModelConfig, Transformer, apply_rope, rope_cos_sin
+from setdlm.model import TransformerConfig, Transformer, apply_rope, rope_cos_sin
 
 
 def test_config_roundtrip_and_validation():
-    c = ModelConfig(vocab_size=100, hidden_size=64, n_heads=4, n_layers=3, dropout=0.1)
-    assert ModelConfig.from_json(c.to_json()) == c
+    c = TransformerConfig(vocab_size=100, hidden_size=64, n_heads=4, n_layers=3, dropout=0.1)
+    assert TransformerConfig.from_json(c.to_json()) == c
     with pytest.raises(ValueError, match="not divisible"):
-        ModelConfig(vocab_size=10, hidden_size=30, n_heads=4)
+        TransformerConfig(vocab_size=10, hidden_size=30, n_heads=4)
     with pytest.raises(ValueError, match="n_layers"):
-        ModelConfig(vocab_size=10, n_layers=0)
-    with pytest.raises(ValueError, match="unknown ModelConfig fields"):
-        ModelConfig.from_dict({"vocab_size": 10, "hiden_size": 3})
+        TransformerConfig(vocab_size=10, n_layers=0)
+    with pytest.raises(ValueError, match="unknown TransformerConfig fields"):
+        TransformerConfig.from_dict({"vocab_size": 10, "hiden_size": 3})
 
 
 def test_reference_architecture_shapes():
-    m = Transformer(ModelConfig(vocab_size=64, hidden_size=32, n_heads=2, n_layers=2))
+    m = Transformer(TransformerConfig(vocab_size=64, hidden_size=32, n_heads=2, n_layers=2))
     shapes = {k: tuple(v.shape) for k, v in m.state_dict().items()}
     assert shapes["blocks.0.attn_qkv.weight"] == (96, 32)
     assert shapes["blocks.0.mlp.0.weight"] == (128, 32) and shapes["blocks.0.mlp.0.bias"] == (128,)

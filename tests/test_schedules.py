@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 
-from setdlm.schedules import (LinearSchedule, StaggeredSchedule, identity_order, invert_order,
-                              leading_and_trailing, sample_t, sets_from_times)
+from setdlm.schedules import LinearSchedule, StaggeredSchedule, invert_order, leading_and_trailing, sample_t
 
 
 def test_spec_worked_example_L8_D2_M4():
@@ -69,8 +68,10 @@ def test_branches():
     assert bb.k == pytest.approx((4 / 128) / (0.1 - 4 / 128))
     for s in (kk, bb):
         assert s.budget == pytest.approx(2.0)
-    w = StaggeredSchedule.from_window(32, 0.25, 0.4)
-    assert (w.b, w.k) == (0.25, 0.4)
+    w = StaggeredSchedule(L=32, b=0.25, k=0.4)  # explicit width and shape
+    assert (w.b, w.k, w.budget) == (0.25, 0.4, pytest.approx(32 * 0.25 * 0.4 / 1.4))
+    with pytest.raises(ValueError, match=r"width b must lie in \(0, 1\]"):
+        StaggeredSchedule(L=32, b=1.5, k=0.4)
 
 
 @pytest.mark.parametrize("args,msg", [((8, 0, 4), "D must be"), ((8, 4, 2), "D .* must be <= M"),
@@ -117,14 +118,14 @@ def test_displacement_below_M(L, D, M):
     gap = (torch.arange(L)[None, :] - torch.arange(L)[:, None]).expand_as(later_first[0])
     assert int(gap[later_first.any(0)].max()) < M
     assert int(gap[later_first.any(0)].max()) == M - 1  # the bound is reached
-    assert not torch.equal(order, identity_order(targets))
+    assert not torch.equal(order, torch.arange(L).expand_as(order))  # not left to right
 
 
 def test_D1_is_identity():
     s = StaggeredSchedule.from_dm(64, 1, 2)
     g = torch.Generator().manual_seed(2)
     targets = torch.ones(500, 64, dtype=torch.bool)
-    assert torch.equal(s.sample_order(targets, generator=g), identity_order(targets))
+    assert torch.equal(s.sample_order(targets, generator=g), torch.arange(64).expand(500, 64))
 
 
 def _chi2_upper(df, z=3.09):
@@ -206,9 +207,3 @@ def test_linear_schedule_and_t_sampling():
     assert torch.equal(o.view(200, 4, 4).sort(-1).values, torch.arange(16).view(1, 4, 4).expand(200, 4, 4))
     with pytest.raises(ValueError, match="multiple of the block size"):
         LinearSchedule(10, 4)
-
-
-def test_sets_from_times():
-    times = torch.tensor([[0.91, 0.88, 0.52, 0.49, 0.1]], dtype=torch.float64)
-    assert sets_from_times(times, 4).tolist() == [[0, 0, 1, 1, 2]]
-    assert sets_from_times(times, 1000).tolist() == [[0, 1, 2, 3, 4]]

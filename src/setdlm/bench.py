@@ -333,3 +333,185 @@ def task_examples(task: str, models: Sequence[Model], *, data: str | None = None
         raise ValueError(f"only {len(chosen)} of {len(pool)} {task} examples fit the context length L={lengths}"
                          + (f"; ask for n <= {len(chosen)}" if chosen else ""))
     return chosen, skipped
+
+
+# ---------------------------------------------------------------------------------------------------------
+# checkpoints by path: what `setdlm eval` and `setdlm bench` run (docs/evaluation.md)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def training_args(checkpoint: str | Path) -> dict:
+    """The training arguments a checkpoint recorded ({} for one that has none, e.g. the authors' layout)."""
+    from .checkpoint import is_checkpoint, locate, read_config
+
+    folder = locate(checkpoint)
+    return (read_config(folder).get("training") or {}) if is_checkpoint(folder) else {}
+
+
+def checkpoint_likelihood(model: Model, training: dict, *, data: str | None = None, batch_size: int | None = None,
+                          seed: int | None = None, bf16: bool = False, where: str = "the checkpoint") -> dict:
+    """The family's likelihood bound (docs/method.md §5.1) on ``data`` (a text source, every row) or, when
+    None, on the held-out rows of the run that ``training`` (:func:`training_args`) describes. Unset
+    ``batch_size``/``seed``/``bf16`` default to the run's own evaluation settings."""
+    from .data import build_dataset, read_source
+    from .train import heldout_of, likelihood
+
+    if data is not None:
+        rows = build_dataset(read_source(data), model.tokenizer, model.family.length)
+    elif training:
+        rows = heldout_of(training, model.tokenizer)
+    else:
+        raise ValueError(f"{where} records no training data: pass --data")
+    bs = batch_size or training.get("eval_batch_size", 16)
+    seed = training.get("eval_seed", 1) if seed is None else seed
+    bf16 = bf16 or bool(training.get("bf16", False))
+    res = likelihood(model.backbone, model.family, rows, batch_size=bs, seed=seed, bf16=bf16, progress=True)
+    return {"task": "likelihood", "family": model.family.family, **res}
+
+
+def _source_name(task: str, data: str | None, level: str | None) -> str:
+    return data or ("shakespeare" if task == "infill" else f"generated:{level or 'medium'}")
+
+
+def _task_kwargs(task: str, *, eos: bool, max_new_tokens: int | None, cache_order: str | None, clock: str | None,
+                 seed: int | None) -> dict:
+    """Keyword arguments of setdlm.evaluate.reasoning / infill besides the decoding knobs (unset ones left out)."""
+    kw = {"eos": eos} if task == "infill" else {"max_new_tokens": max_new_tokens}
+    kw.update({k: v for k, v in (("cache_order", cache_order), ("clock", clock), ("seed", seed)) if v is not None})
+    return kw
+
+
+def write_predictions(path: str | Path, examples: Sequence, result) -> Path:
+    """One JSONL row per example: the question, answer, prediction and correctness (reasoning), or the
+    prefix, suffix, reference middle and prediction (infilling)."""
+    from .data.tasks import ReasoningExample
+    from .metrics import extract_answer
+    from .outputs import write_text
+
+    rows = []
+    for e, pred in zip(examples, result.predictions):
+        if isinstance(e, ReasoningExample):
+            rows.append({"question": e.question, "answer": e.answer, "prediction": pred,
+                         "correct": extract_answer(pred) == e.answer})
+        else:
+            rows.append({"prefix": e.prefix, "suffix": e.suffix, "reference": e.middle, "prediction": pred})
+    return write_text(path, "".join(json.dumps(r) + "\n" for r in rows), "--predictions")
+
+
+def _check_knobs_of(models: Sequence[Model], decode: dict) -> None:
+    """The fixed decoding settings apply to every model's family (the table of setdlm.decoding.settings)."""
+    from .decoding.settings import FAMILIES, DecodeSettings
+
+    settings = DecodeSettings(**{k: v for k, v in decode.items() if k in FAMILIES})
+    for m in models:
+        settings.check_for(m.family.family)
+
+
+def evaluate_checkpoint(checkpoint: str | Path, task: str = "likelihood", *, data: str | None = None,
+                        level: str | None = None, split: str | None = None, n: int | None = None,
+                        hidden: int | None = None, eos: bool = False, max_new_tokens: int | None = None,
+                        cache_order: str | None = None, clock: str | None = None, batch_size: int | None = None,
+                        seed: int | None = None, bf16: bool = False, ema: bool = False, device: str = "cpu",
+                        predictions: str | Path | None = None, **decode) -> dict:
+    """Evaluate a checkpoint (folder, run folder or shipped name) on ``task`` and return the JSON-ready result
+    that ``setdlm eval`` prints.
+
+    likelihood: :func:`checkpoint_likelihood` (``data``, ``batch_size``, ``seed``, ``bf16``). reasoning /
+    infill: the examples of :func:`task_examples` decoded by :func:`setdlm.evaluate.reasoning` /
+    :func:`~setdlm.evaluate.infill` with the decoding knobs ``decode`` (``threshold=``, ``window=``, ...),
+    each example's prediction written to ``predictions`` (JSONL) when given. Bad values are ``ValueError``s
+    raised before any decoding."""
+    from . import evaluate
+    from .checkpoint import load
+    from .outputs import check_file
+
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    if predictions is not None:
+        check_file(predictions, "--predictions")
+    model = load(checkpoint, ema=ema, device=device)
+    if task == "likelihood":
+        return checkpoint_likelihood(model, training_args(checkpoint), data=data, batch_size=batch_size, seed=seed,
+                                     bf16=bf16, where=str(checkpoint))
+    _check_knobs_of([model], decode)
+    examples, skipped = task_examples(task, [model], data=data, level=level or "medium", split=split or "test", n=n,
+                                      seed=seed or 0, hidden=hidden or 1, eos=eos)
+    decode = {**decode, **_task_kwargs(task, eos=eos, max_new_tokens=max_new_tokens, cache_order=cache_order,
+                                       clock=clock, seed=seed)}
+    fn = evaluate.reasoning if task == "reasoning" else evaluate.infill
+    result = fn(model, examples, batch_size=batch_size or 32, **decode)
+    if predictions is not None:
+        write_predictions(predictions, examples, result)
+    return {"task": task, "family": model.family.family, "data": _source_name(task, data, level),
+            "split": split or "test", "skipped_too_long": skipped, "decode": decode, **result.to_dict()}
+
+
+def labels(paths: Sequence[str | Path]) -> list[str]:
+    """Model labels: the run folder's name (a checkpoint inside RUN/checkpoints/ is named after RUN); repeated
+    names get ``#2``, ``#3``, ..."""
+    names = []
+    for path in paths:
+        p = Path(path).resolve()
+        names.append(p.parent.parent.name if p.parent.name == "checkpoints" else p.name)
+    return [n if names.count(n) == 1 else f"{n}#{names[:i + 1].count(n)}" for i, n in enumerate(names)]
+
+
+@dataclass
+class BenchRun:
+    """What :func:`bench_checkpoints` measured and wrote."""
+
+    points: list[BenchPoint]
+    table: str  # the Markdown table (bench.md)
+    files: tuple[Path, Path, Path]  # bench.md, bench.json, bench.png
+
+
+def bench_checkpoints(checkpoints: Sequence[str | Path], task: str, out: str | Path, *, title: str | None = None,
+                      thresholds: Sequence[float | None] | None = None, windows: Sequence[int | None] | None = None,
+                      batch_sizes: Sequence[int] | None = None, warmup: int | None = None, data: str | None = None,
+                      level: str | None = None, split: str | None = None, n: int | None = None,
+                      hidden: int | None = None, eos: bool = False, max_new_tokens: int | None = None,
+                      cache_order: str | None = None, clock: str | None = None, seed: int | None = None,
+                      ema: bool = False, device: str = "cpu", **decode) -> BenchRun:
+    """Benchmark checkpoints on ``task`` and write ``out``/bench.md, bench.json and bench.png (what ``setdlm
+    bench`` runs). reasoning/infill: :func:`sweep` over ``thresholds`` (default :data:`THRESHOLDS`),
+    ``windows`` (None = D) and ``batch_sizes`` (default 1), the first ``warmup`` examples untimed (default 50,
+    at most a quarter of the examples), the other decoding knobs ``decode`` fixed; likelihood: one bound per
+    checkpoint (:func:`checkpoint_likelihood` on ``data`` or each run's held-out rows). Every setting is
+    checked before any model is loaded."""
+    from .checkpoint import load
+    from .outputs import check_folder, write_text
+
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    if task == "likelihood" and (thresholds or windows or batch_sizes or warmup is not None):
+        raise ValueError("--thresholds/--windows/--batch-sizes/--warmup apply to --task reasoning/infill")
+    folder = check_folder(out)
+    if task != "likelihood":
+        check_settings(thresholds or THRESHOLDS, windows or [None], batch_sizes or [1], 50 if warmup is None else warmup)
+    names = labels(checkpoints)
+    models = [load(c, ema=ema, device=device) for c in checkpoints]
+    meta = {"task": task, "checkpoints": dict(zip(names, map(str, checkpoints))),
+            "families": {lab: m.family.to_dict() for lab, m in zip(names, models)}}
+    if task == "likelihood":
+        points = [likelihood_point(lab, m, checkpoint_likelihood(m, training_args(c), data=data, seed=seed, where=str(c)))
+                  for c, lab, m in zip(checkpoints, names, models)]
+        meta["data"] = data or "each run's held-out rows"
+    else:
+        _check_knobs_of(models, decode)
+        examples, skipped = task_examples(task, models, data=data, level=level or "medium", split=split or "test",
+                                          n=n, seed=seed or 0, hidden=hidden or 1, eos=eos)
+        warmup = min(50, len(examples) // 4) if warmup is None else warmup
+        thresholds, windows, batch_sizes = list(thresholds or THRESHOLDS), list(windows or [None]), list(batch_sizes or [1])
+        fixed = {**decode, **_task_kwargs(task, eos=eos, max_new_tokens=max_new_tokens, cache_order=cache_order,
+                                          clock=clock, seed=seed)}
+        points = sweep(list(zip(names, models)), task, examples, thresholds=thresholds, windows=windows,
+                       batch_sizes=batch_sizes, warmup=warmup, **fixed)
+        meta.update(data=_source_name(task, data, level), split=split or "test", examples=len(examples),
+                    skipped_too_long=skipped, warmup=warmup, thresholds=thresholds, windows=windows,
+                    batch_sizes=batch_sizes, decode=fixed)
+    table = markdown_table(points)
+    folder.mkdir(parents=True, exist_ok=True)
+    md = write_text(folder / "bench.md", table, "--out")
+    js = write_json(points, folder / "bench.json", **meta)
+    png = plot(points, folder / "bench.png", title=title)
+    return BenchRun(points, table, (md, js, png))

@@ -28,17 +28,11 @@ import types
 import typing
 from pathlib import Path
 
+from .command import Parser, run
 from .data.prompt import encode_prompt
 from .data.sources import iter_jsonl
 from .decoding.api import KNOB_FAMILIES
 from .decoding.settings import GENERATE_ONLY
-
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line (``setdlm train: error: ...``), exit code 2."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _positive_int(s: str) -> int:
@@ -99,56 +93,13 @@ def _add_schedule(sub) -> None:
 # train
 # ---------------------------------------------------------------------------------------------------------
 
-_CHOICES = {"family": ("ar", "mdlm", "bd3lm", "setdlm"), "lr_schedule": ("constant", "cosine")}
-_FAMILY_FLAGS = {"D": ("setdlm",), "M": ("setdlm",), "k": ("setdlm",), "block_size": ("bd3lm", "mdlm"),
-                 "keep_clean_bos": ("setdlm",)}
-
-
-def _train(args) -> int:
-    """Train a model (any family) on your text or a built-in corpus; resumable, torchrun-ready."""
-    from .presets import PRESETS
-    from .train import TrainConfig, config_fields, resume_config, train
-
-    given = {f.name: getattr(args, f.name) for f in config_fields() if hasattr(args, f.name)}  # flags given only
-    if given.get("preset", "tiny") not in PRESETS:
-        raise ValueError(f"unknown preset {given['preset']!r}; choose one of {', '.join(PRESETS)}")
-    if given.get("resume"):  # the saved configuration; only the flags given are compared with it
-        cfg = resume_config(given.pop("out"), **given)
-    else:
-        cfg = TrainConfig.from_preset(given.pop("preset", "tiny"), **given)
-    for name, families in _FAMILY_FLAGS.items():
-        if name in given and cfg.family not in families:
-            raise ValueError(f"--{name.replace('_', '-')} applies to {' and '.join(families)}, not to family "
-                             f"{cfg.family!r}")
-    result = train(cfg)
-    if result.eval is not None:
-        e = result.eval
-        print(f"step {result.step}: loss {result.loss:.4f}, held-out nelbo {e['nelbo']:.4f} nats/token "
-              f"(ppl {e['ppl']:.2f}), {result.tokens_per_second:,.0f} tokens/s; checkpoint {result.checkpoint}")
-    return 0
-
-
 def _add_train(sub) -> None:
-    from .presets import PRESETS
-    from .train import TrainConfig, config_fields
+    from .train import add_train_arguments, run_train
 
-    p = sub.add_parser("train", help=_train.__doc__.splitlines()[0], argument_default=argparse.SUPPRESS,
-                       description=_train.__doc__ + " Defaults come from --preset; every flag overrides it.")
-    hints = typing.get_type_hints(TrainConfig)
-    for f in config_fields():
-        flag = "--" + (f.name if f.name in ("D", "M", "k") else f.name.replace("_", "-"))
-        kind = hints[f.name]
-        kind = next((a for a in typing.get_args(kind) if a is not type(None)), kind)
-        help_ = f.metadata.get("help", "")
-        if f.name == "preset":
-            p.add_argument(flag, choices=tuple(PRESETS), help="tiny (CPU, seconds), small (probe size), lm1b, owt")
-        elif kind is bool:  # --flag / --no-flag: a preset may turn one on (keep_clean_bos)
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_)
-        elif f.name == "out":
-            p.add_argument(flag, required=True, help=help_)
-        else:
-            p.add_argument(flag, type=kind, choices=_CHOICES.get(f.name), help=help_)
-    p.set_defaults(func=_train)
+    p = sub.add_parser("train", help=run_train.__doc__.splitlines()[0], argument_default=argparse.SUPPRESS,
+                       description=run_train.__doc__ + " Defaults come from --preset; every flag overrides it.")
+    add_train_arguments(p)
+    p.set_defaults(func=run_train)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -156,76 +107,7 @@ def _add_train(sub) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _eval_likelihood(model, args, training: dict) -> dict:
-    """The family's likelihood bound (SPEC §5.1) on ``--data`` (every row) or the run's held-out rows."""
-    from .data import build_dataset, read_source
-    from .train import heldout_of, likelihood
-
-    if args.data is not None:
-        data = build_dataset(read_source(args.data), model.tokenizer, model.family.length)
-    elif training:
-        data = heldout_of(training, model.tokenizer)
-    else:
-        raise ValueError(f"{args.checkpoint} records no training data: pass --data")
-    bs = args.batch_size or training.get("eval_batch_size", 16)
-    seed = training.get("eval_seed", 1) if args.seed is None else args.seed
-    bf16 = args.bf16 or bool(training.get("bf16", False))
-    res = likelihood(model.backbone, model.family, data, batch_size=bs, seed=seed, bf16=bf16, progress=True)
-    return {"task": "likelihood", "family": model.family.family, **res}
-
-
-def _task_examples(args, models) -> tuple[list, int]:
-    from .bench import task_examples
-
-    return task_examples(args.task, models, data=args.data, level=args.level or "medium", split=args.split or "test",
-                         n=args.n, seed=args.seed or 0, hidden=args.hidden or 1, eos=args.eos)
-
-
-def _source_name(args) -> str:
-    return args.data or ("shakespeare" if args.task == "infill" else f"generated:{args.level or 'medium'}")
-
-
-def _task_kwargs(args) -> dict:
-    """Keyword arguments of setdlm.evaluate.reasoning / infill besides the decoding knobs."""
-    kw = {"eos": args.eos} if args.task == "infill" else {"max_new_tokens": args.max_new_tokens}
-    if args.cache_order is not None:
-        kw["cache_order"] = args.cache_order
-    if args.clock is not None:
-        kw["clock"] = args.clock
-    if args.seed is not None:
-        kw["seed"] = args.seed
-    return kw
-
-
-def _write_predictions(path: str, examples: list, result) -> None:
-    from .data.tasks import ReasoningExample
-    from .metrics import extract_answer
-
-    rows = []
-    for e, pred in zip(examples, result.predictions):
-        if isinstance(e, ReasoningExample):
-            rows.append({"question": e.question, "answer": e.answer, "prediction": pred,
-                         "correct": extract_answer(pred) == e.answer})
-        else:
-            rows.append({"prefix": e.prefix, "suffix": e.suffix, "reference": e.middle, "prediction": pred})
-    _write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows), "--predictions")
-
-
-def _eval_decoding(model, args, training: dict) -> dict:
-    """Reasoning accuracy or infilling ROUGE through the family's decoder (setdlm.evaluate)."""
-    from . import evaluate
-
-    examples, skipped = _task_examples(args, [model])
-    decode = {**_decoding_kwargs(args, model.family.family), **_task_kwargs(args)}
-    fn = evaluate.reasoning if args.task == "reasoning" else evaluate.infill
-    result = fn(model, examples, batch_size=args.batch_size or 32, **decode)
-    if args.predictions:
-        _write_predictions(args.predictions, examples, result)
-    return {"task": args.task, "family": model.family.family, "data": _source_name(args),
-            "split": args.split or "test", "skipped_too_long": skipped, "decode": decode, **result.to_dict()}
-
-
-EVALUATIONS = {"likelihood": _eval_likelihood, "reasoning": _eval_decoding, "infill": _eval_decoding}
+TASKS = ("likelihood", "reasoning", "infill")
 # flag -> the tasks it applies to (flags left at their default apply anywhere)
 _TASK_FLAGS = {"level": ("reasoning",), "split": ("reasoning", "infill"), "n": ("reasoning", "infill"),
                "hidden": ("infill",), "eos": ("infill",), "max_new_tokens": ("reasoning",),
@@ -246,26 +128,14 @@ def _check_task_flags(args) -> None:
                 raise ValueError(f"--{name} applies to generated problems; --data {args.data} is a GSM8K file")
 
 
-def _training_args(path: str) -> dict:
-    """The training arguments a checkpoint recorded ({} for one that has none, e.g. the authors' layout)."""
-    from .checkpoint import is_checkpoint, locate, read_config
-
-    folder = locate(path)
-    return (read_config(folder).get("training") or {}) if is_checkpoint(folder) else {}
-
-
 def _eval(args) -> int:
     """Evaluate a checkpoint: likelihood bound, reasoning accuracy or infilling ROUGE (JSON on stdout)."""
-    from .checkpoint import load
-    from .outputs import check_file
+    from .bench import evaluate_checkpoint
 
     _check_task_flags(args)
-    for flag, path in (("--output", args.output), ("--predictions", args.predictions)):
-        if path is not None:
-            check_file(path, flag)
-    model = load(args.checkpoint, ema=args.ema, device=args.device)
-    training = _training_args(args.checkpoint)
-    result = EVALUATIONS[args.task](model, args, training)
+    _check_output(args)
+    result = evaluate_checkpoint(args.checkpoint, args.task, **_task_args(args), batch_size=args.batch_size,
+                                 bf16=args.bf16, predictions=args.predictions, **_given_knobs(args))
     line = json.dumps(result)
     if args.output:
         _write_atomic(args.output, line + "\n")
@@ -273,11 +143,22 @@ def _eval(args) -> int:
     return 0
 
 
+def _task_args(args) -> dict:
+    """The task flags shared by ``eval`` and ``bench``, as keywords of setdlm.bench.evaluate_checkpoint /
+    bench_checkpoints."""
+    return {k: getattr(args, k) for k in ("data", "level", "split", "n", "hidden", "eos", "max_new_tokens",
+                                          "cache_order", "clock", "seed", "ema", "device")}
+
+
+def _given_knobs(args) -> dict:
+    return {k: getattr(args, k) for k in _DECODE_FLAGS if getattr(args, k) is not None}
+
+
 def _add_task_flags(p, *, knobs, task_default: str | None) -> None:
     """Flags that pick the task's examples, and the decoding ``knobs`` (names of _DECODE_FLAGS) offered."""
     from .data.tasks import PRESETS, SPLITS
 
-    p.add_argument("--task", choices=tuple(EVALUATIONS), default=task_default, required=task_default is None,
+    p.add_argument("--task", choices=TASKS, default=task_default, required=task_default is None,
                    help="what to measure" + (f" (default {task_default})" if task_default else ""))
     p.add_argument("--data", default=None, help="likelihood: text source (default: the run's held-out rows); "
                    "reasoning: GSM8K-format JSONL (default: generated problems); infill: a text file, folder or "
@@ -342,58 +223,16 @@ def _list_of(kind, what: str):
     return parse
 
 
-def _labels(paths: list[str]) -> list[str]:
-    """Model labels: the run folder's name (a checkpoint inside RUN/checkpoints/ is named after RUN)."""
-    names = []
-    for path in paths:
-        p = Path(path).resolve()
-        names.append(p.parent.parent.name if p.parent.name == "checkpoints" else p.name)
-    return [n if names.count(n) == 1 else f"{n}#{names[:i + 1].count(n)}" for i, n in enumerate(names)]
-
-
 def _bench(args) -> int:
     """Sweep decoding settings over checkpoints: Markdown table, Pareto plot (PNG) and raw numbers (JSON)."""
-    from . import bench
-    from .checkpoint import load
-    from .outputs import check_folder
+    from .bench import bench_checkpoints
 
     _check_task_flags(args)
-    if args.task == "likelihood" and (args.thresholds or args.windows or args.batch_sizes or args.warmup is not None):
-        raise ValueError("--thresholds/--windows/--batch-sizes/--warmup apply to --task reasoning/infill")
-    out = check_folder(args.out)
-    if args.task != "likelihood":  # every setting checked before any model is loaded
-        bench.check_settings(args.thresholds or bench.THRESHOLDS, args.windows or [None], args.batch_sizes or [1],
-                             50 if args.warmup is None else args.warmup)
-    labels = _labels(args.checkpoints)
-    models = [load(c, ema=args.ema, device=args.device) for c in args.checkpoints]
-    meta = {"task": args.task, "checkpoints": dict(zip(labels, map(str, args.checkpoints))),
-            "families": {lab: m.family.to_dict() for lab, m in zip(labels, models)}}
-    if args.task == "likelihood":
-        points = []
-        for c, label, model in zip(args.checkpoints, labels, models):
-            training = _training_args(c)
-            points.append(bench.likelihood_point(label, model, _eval_likelihood(model, args, training)))
-        meta["data"] = args.data or "each run's held-out rows"
-    else:
-        for label, model in zip(labels, models):
-            _decoding_kwargs(args, model.family.family)  # range and family checks of the fixed knobs
-        examples, skipped = _task_examples(args, models)
-        warmup = min(50, len(examples) // 4) if args.warmup is None else args.warmup
-        thresholds = args.thresholds or list(bench.THRESHOLDS)
-        windows, batch_sizes = args.windows or [None], args.batch_sizes or [1]
-        fixed = {**{k: getattr(args, k) for k in _DECODE_FLAGS if getattr(args, k) is not None}, **_task_kwargs(args)}
-        points = bench.sweep(list(zip(labels, models)), args.task, examples, thresholds=thresholds, windows=windows,
-                             batch_sizes=batch_sizes, warmup=warmup, **fixed)
-        meta.update(data=_source_name(args), split=args.split or "test", examples=len(examples),
-                    skipped_too_long=skipped, warmup=warmup, thresholds=thresholds, windows=windows,
-                    batch_sizes=batch_sizes, decode=fixed)
-    table = bench.markdown_table(points)
-    out.mkdir(parents=True, exist_ok=True)
-    _write_atomic(str(out / "bench.md"), table, "--out")
-    bench.write_json(points, out / "bench.json", **meta)
-    bench.plot(points, out / "bench.png", title=args.title)
-    print(table, end="")
-    print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}", file=sys.stderr)
+    run = bench_checkpoints(args.checkpoints, args.task, args.out, title=args.title, thresholds=args.thresholds,
+                            windows=args.windows, batch_sizes=args.batch_sizes, warmup=args.warmup,
+                            **_task_args(args), **_given_knobs(args))
+    print(run.table, end="")
+    print(f"wrote {', '.join(map(str, run.files))}", file=sys.stderr)
     return 0
 
 
@@ -814,7 +653,7 @@ COMMANDS = [_add_train, _add_eval, _add_bench, _add_generate, _add_infill, _add_
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="setdlm", description="Set diffusion language models.")
+    parser = Parser(prog="setdlm", description="Set diffusion language models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:
         add(sub)
@@ -830,34 +669,15 @@ def _interrupted(args, e: KeyboardInterrupt) -> str:
             print(json.dumps({"row": i, "text": e.texts[i] if e.texts else None, "tokens": e.tokens[i]}))
         return f"{e}; {'their rows are above (JSONL on stdout)' if e.tokens else 'nothing was printed or written'}"
     if args.command == "train":
-        from .checkpoint import latest_checkpoint
+        from .train import interrupted_note
 
-        try:
-            latest = latest_checkpoint(args.out)
-        except ValueError:
-            latest = None
-        if latest is None:
-            return f"no checkpoint in {args.out} yet"
-        return f"the latest checkpoint is {latest}; continue with: setdlm train --out {args.out} --resume"
+        return interrupted_note(args.out)
     return "nothing was written"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except ValueError as e:  # bad user input: one line, exit 2
-        print(f"setdlm {args.command}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
-              file=sys.stderr)
-        return 2
-    except OSError as e:  # the machine refused (a file that cannot be read or written): one line, exit 2
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"setdlm {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as e:  # Ctrl-C: one line, the shell's exit code for SIGINT
-        print(f"\nsetdlm {args.command}: interrupted; {_interrupted(args, e)}", file=sys.stderr)
-        return 130
+    args = build_parser().parse_args(argv)
+    return run(args.command, lambda: args.func(args), lambda e: _interrupted(args, e))
 
 
 if __name__ == "__main__":

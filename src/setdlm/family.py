@@ -32,7 +32,7 @@ class FamilyConfig:
     D: int | None = None  # SetDLM target parallelism
     M: int | None = None  # SetDLM max set size (default 2D, capped at L)
     k: float | None = None  # optional explicit schedule shape
-    b: float | None = None  # optional explicit window width
+    b: float | None = None  # optional explicit schedule width (a float in (0, 1], not the decoding window)
     keep_clean_bos: bool = False  # SetDLM: BOS first in the order, scored in training, not in the bound
 
     def __post_init__(self):
@@ -42,7 +42,7 @@ class FamilyConfig:
             raise ValueError(f"length (context L) must be a positive integer, got {self.length!r}")
         if self.mask_token_id is None or self.mask_token_id < 0:
             raise ValueError(f"mask_token_id must be a non-negative token id, got {self.mask_token_id!r}")
-        for name in ("k", "b"):  # explicit schedule shape / window: positive and finite (docs/concepts.md)
+        for name in ("k", "b"):  # explicit schedule shape / width: positive and finite (docs/concepts.md)
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and 0 < v < float("inf")):
                 raise ValueError(f"{name} must be a positive number, got {v!r}")

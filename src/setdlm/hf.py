@@ -84,7 +84,7 @@ class HFBackbone(nn.Module):
 
     def forward(self, input_ids: Tensor, position_ids: Tensor | None = None, attn_mask: Tensor | None = None,
                 cache: KVCache | None = None, *, keep: int | Tensor | None = None,
-                logits_start: int = 0, return_hidden: bool = False) -> Tensor:
+                logits_start: int = 0) -> Tensor:
         """Logits (B, T − logits_start, V); the arguments mean what they mean for
         :meth:`setdlm.model.Transformer.forward`."""
         B, T = input_ids.shape
@@ -99,7 +99,7 @@ class HFBackbone(nn.Module):
             norm = self.hf.model.norm
         end_step(cache, step, keep)
         h = norm(x[:, logits_start:])  # (B, T', d)
-        return h if return_hidden else self.hf.lm_head(h)  # (B, T', V)
+        return self.hf.lm_head(h)  # (B, T', V)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, layer: int, step, cache: KVCache | None,
                 scale: float, dropout_p: float) -> Tensor:

@@ -6,7 +6,7 @@ base 10000) on q and k at the given position ids, output projection without bias
 biases and tanh-GELU, final LayerNorm, untied zero-initialised output head with bias, no time
 conditioning.
 
-Contract::
+Contract (the :class:`setdlm.backbone.Backbone` protocol, which the Hugging Face adapter honours too)::
 
     forward(input_ids (B, T), position_ids (B, T), attn_mask (B, 1|H, T, C+T) bool, cache=None) -> (B, T, V)
 
@@ -28,7 +28,7 @@ from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
-class ModelConfig:
+class TransformerConfig:
     """Every architecture field of the backbone. Round-trips through JSON (``to_json`` / ``from_json``)."""
 
     vocab_size: int
@@ -44,17 +44,17 @@ class ModelConfig:
         for name in ("vocab_size", "hidden_size", "n_heads", "n_layers", "mlp_ratio"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {v!r}")
+                raise ValueError(f"TransformerConfig.{name} must be a positive integer, got {v!r}")
         if self.vocab_size < 2:
-            raise ValueError(f"ModelConfig.vocab_size must be >= 2, got {self.vocab_size}")
+            raise ValueError(f"TransformerConfig.vocab_size must be >= 2, got {self.vocab_size}")
         if self.hidden_size % self.n_heads:
             raise ValueError(f"hidden_size={self.hidden_size} is not divisible by n_heads={self.n_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"ModelConfig.dropout must lie in [0, 1), got {self.dropout}")
+            raise ValueError(f"TransformerConfig.dropout must lie in [0, 1), got {self.dropout}")
         if self.rope_base <= 0 or self.norm_eps <= 0:
-            raise ValueError("ModelConfig.rope_base and norm_eps must be positive")
+            raise ValueError("TransformerConfig.rope_base and norm_eps must be positive")
 
     @property
     def head_dim(self) -> int:
@@ -64,19 +64,22 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
+    def from_dict(cls, d: dict) -> "TransformerConfig":
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
+            raise ValueError(f"unknown TransformerConfig fields: {sorted(unknown)}")
         return cls(**d)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, s: str) -> "ModelConfig":
+    def from_json(cls, s: str) -> "TransformerConfig":
         return cls.from_dict(json.loads(s))
+
+
+ModelConfig = TransformerConfig  # deprecated: the old name (it configures Transformer, not setdlm.Model)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -226,7 +229,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: fl
 class Block(nn.Module):
     """Pre-LN transformer block: ``x + attn(LN1 x)``, ``x + mlp(LN2 x)`` with residual dropout."""
 
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: TransformerConfig):
         super().__init__()
         d = c.hidden_size
         self.n_heads, self.head_dim = c.n_heads, c.head_dim
@@ -256,7 +259,7 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """The DiT backbone of SPEC §3.1 (no time conditioning)."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: TransformerConfig):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -294,7 +297,7 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: Tensor, position_ids: Tensor | None = None, attn_mask: Tensor | None = None,
                 cache: KVCache | None = None, *, keep: int | Tensor | None = None,
-                logits_start: int = 0, return_hidden: bool = False) -> Tensor:
+                logits_start: int = 0) -> Tensor:
         """Logits (B, T − logits_start, V) for ``input_ids`` (B, T) at ``position_ids`` (B, T).
 
         ``attn_mask``: (B, 1|H, T, C+T) bool with ``C = cache.width`` (``C = 0`` without a cache); None =
@@ -314,7 +317,7 @@ class Transformer(nn.Module):
                 x = block(x, cos, sin, step.mask, i, cache, step)
         end_step(cache, step, keep)
         h = self.norm_final(x[:, logits_start:])
-        return h if return_hidden else self.head(h)
+        return self.head(h)
 
 
 @dataclass

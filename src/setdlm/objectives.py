@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .backbone import Backbone
 from .batch import Batch
 from .family import FamilyConfig
 from .masks import bd3lm_two_stream_mask, bidirectional_mask, causal_mask, setdlm_two_stream_mask, two_stream_set_mask
@@ -69,7 +70,7 @@ def _per_sequence_mean(nll: Tensor, mask: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def ar_loss(model, batch: Batch, mask_token_id: int) -> LossOutput:
+def ar_loss(model: Backbone, batch: Batch, mask_token_id: int) -> LossOutput:
     """Next-token NLL with a causal mask; position 0 has no prediction and is never counted."""
     x, valid = batch.input_ids, batch.attention_mask
     B, L = x.shape
@@ -83,7 +84,7 @@ def ar_loss(model, batch: Batch, mask_token_id: int) -> LossOutput:
     return LossOutput(nll.sum() / mask.sum().clamp(min=1), nll, mask)
 
 
-def masked_diffusion_loss(model, batch: Batch, mask_token_id: int, schedule: LinearSchedule, *,
+def masked_diffusion_loss(model: Backbone, batch: Batch, mask_token_id: int, schedule: LinearSchedule, *,
                           two_stream: bool, train: bool = True, t: Tensor | None = None,
                           masked: Tensor | None = None, generator: torch.Generator | None = None,
                           eps: float = 1e-3, antithetic: bool = False) -> LossOutput:
@@ -153,7 +154,7 @@ def setdlm_inputs(batch: Batch, order: Tensor, mask_token_id: int, set_ids: Tens
     return TwoStreamInputs(torch.cat([x0p, xtp], 1), torch.cat([order, order], 1), mask, x0p, tgt_p, order)
 
 
-def setdlm_loss(model, batch: Batch, mask_token_id: int, schedule: StaggeredSchedule | None = None, *,
+def setdlm_loss(model: Backbone, batch: Batch, mask_token_id: int, schedule: StaggeredSchedule | None = None, *,
                 order: Tensor | None = None, set_ids: Tensor | None = None,
                 generator: torch.Generator | None = None, keep_clean_bos: bool = False) -> LossOutput:
     """Two-stream any-order NLL in one sampled reveal order (SPEC §2.3–2.5).
@@ -177,7 +178,7 @@ def setdlm_loss(model, batch: Batch, mask_token_id: int, schedule: StaggeredSche
     return LossOutput(loss, nll, scored, order)
 
 
-def compute_loss(model, family: FamilyConfig, batch: Batch, *, train: bool = True,
+def compute_loss(model: Backbone, family: FamilyConfig, batch: Batch, *, train: bool = True,
                  generator: torch.Generator | None = None, antithetic: bool = False) -> LossOutput:
     """The family's objective on a batch. ``train=False`` returns the likelihood bound as ``loss``."""
     L = batch.input_ids.shape[1]

@@ -3,13 +3,13 @@
 Every family is a transformer plus one of these policies:
 
 * ``StaggeredSchedule`` — the position-offset ("staggered") schedule of SetDLM (SPEC §1.1–1.3). Each
-  position ``i`` has survival ``α_i(t) = (1 − x)^k`` inside a window of width ``b`` starting at offset
+  position ``i`` has survival ``α_i(t) = (1 − x)^k`` inside a time interval of width ``b`` starting at offset
   ``loc_i = (1 − b)(L − 1 − i)/(L − 1)``, ``x = (t − loc_i)/b``. Reveal times ``T_i`` are sampled by inverse
   CDF; the order is ``argsort(T)`` descending with context first and padding last. D = 1 gives AR,
   D = M = L gives a uniformly random order (MDLM / AO-ARM).
 * ``LinearSchedule`` — ``α = 1 − t`` with one ``t`` per block of ``block_size`` tokens: BD3LM (SPEC §2.8);
   ``block_size = L`` is MDLM (one ``t`` per sequence).
-* ``identity_order`` — AR.
+* AR needs no policy: its order is the identity (left to right).
 
 All randomness goes through an optional ``torch.Generator`` so that orders reproduce.
 """
@@ -85,30 +85,11 @@ def order_from_times(times: Tensor, targets: Tensor) -> Tensor:
     return torch.sort(t, dim=-1, descending=True, stable=True).indices
 
 
-def identity_order(targets: Tensor) -> Tensor:
-    """AR: left to right. ``targets`` (B, L) bool → (B, L) long."""
-    B, L = targets.shape
-    return torch.arange(L, device=targets.device).expand(B, L).clone()
-
-
 def invert_order(order: Tensor) -> Tensor:
     """Rank of each position: ``rank[b, order[b, r]] = r``. (B, L) → (B, L)."""
     rank = torch.empty_like(order)
     rank.scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
     return rank
-
-
-def sets_from_times(sorted_times: Tensor, grid: int) -> Tensor:
-    """Group an order into sets by rounding reveal times to an ``grid``-point grid (RESULTS §2, reveal-time
-    ordering): tokens whose rounded times tie form one set. ``sorted_times``: (B, L) times in order
-    (descending) → (B, L) set ids, nondecreasing along each row, starting at 0."""
-    if grid < 1:
-        raise ValueError(f"grid must be >= 1, got {grid}")
-    r = torch.round(sorted_times.clamp(0, 1) * grid)  # (B, L)
-    r = torch.nan_to_num(r, posinf=grid + 1.0, neginf=-1.0)
-    new = torch.ones_like(r, dtype=torch.long)
-    new[:, 1:] = (r[:, 1:] != r[:, :-1]).long()
-    return torch.cumsum(new, -1) - 1
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -118,10 +99,12 @@ def sets_from_times(sorted_times: Tensor, grid: int) -> Tensor:
 
 @dataclass(frozen=True)
 class StaggeredSchedule:
-    """Position-offset schedule with window width ``b`` and shape ``k`` over ``L`` positions (SPEC §1.1).
+    """Position-offset schedule with width ``b`` and shape ``k`` over ``L`` positions (SPEC §1.1).
 
-    Build it with :meth:`from_dm` (target parallelism ``D``, max set size ``M``, branch logic of SPEC §1.2)
-    or :meth:`from_window` (explicit ``w = b`` and ``k``).
+    ``b`` is a float in (0, 1]: the width, in time, of the interval in which a position is masked (not the
+    decoding ``window``, an integer count of positions, docs/method.md §4.2). Build it with :meth:`from_dm`
+    (target parallelism ``D``, max set size ``M``, branch logic of SPEC §1.2) or directly as
+    ``StaggeredSchedule(L=, b=, k=)``.
     """
 
     L: int
@@ -136,7 +119,7 @@ class StaggeredSchedule:
         if self.L < 1:
             raise ValueError(f"schedule length L must be >= 1, got {self.L}")
         if not (0.0 < self.b <= 1.0):
-            raise ValueError(f"window width b must lie in (0, 1], got {self.b}")
+            raise ValueError(f"width b must lie in (0, 1], got {self.b}")
         if not (self.k > 0 and math.isfinite(self.k)):
             raise ValueError(f"shape k must be positive and finite, got {self.k}")
         L = self.L
@@ -164,7 +147,7 @@ class StaggeredSchedule:
             b = A * (k + 1) / k
         elif b is not None:
             if b <= A:
-                raise ValueError(f"window width b={b} must exceed the desired area D/(2L)={A}")
+                raise ValueError(f"width b={b} must exceed the desired area D/(2L)={A}")
             k = A / (b - A)
         elif D not in (1, M):
             b = M / (L + M - 1)
@@ -172,15 +155,10 @@ class StaggeredSchedule:
         else:
             k, b = 1.0, 2 * A
         if not b <= 1.0 + 1e-12:
-            raise ValueError(f"schedule window b={b} > 1 for L={L}, D={D}, M={M}, k={k}")
+            raise ValueError(f"schedule width b={b} > 1 for L={L}, D={D}, M={M}, k={k}")
         if abs(b * k / (k + 1) - A) >= 1e-6:
             raise ValueError(f"schedule area b·k/(k+1)={b * k / (k + 1)} does not match D/(2L)={A}")
         return cls(L=L, b=min(b, 1.0), k=float(k), D=D, M=M, binary=(D == 1))
-
-    @classmethod
-    def from_window(cls, L: int, w: float, k: float) -> "StaggeredSchedule":
-        """Directly from the normalized window width ``w`` (= b) and shape ``k``."""
-        return cls(L=L, b=float(w), k=float(k))
 
     # -- derived quantities ------------------------------------------------------------------------------------
 
@@ -191,7 +169,7 @@ class StaggeredSchedule:
 
     @property
     def budget(self) -> float:
-        """Expected number of active (masked, inside their window) tokens: ``C = L·b·k/(k+1)`` (= D/2)."""
+        """Expected number of active (masked, inside their interval) tokens: ``C = L·b·k/(k+1)`` (= D/2)."""
         return self.L * self.b * self.k / (self.k + 1)
 
     def _x(self, t: Tensor) -> Tensor:

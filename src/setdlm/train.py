@@ -17,6 +17,7 @@ process holds an OS lock on its run folder (:class:`RunLock`), so a second run i
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
 import hashlib
@@ -41,7 +42,7 @@ from .data import TokenDataset, Tokenizer, build_dataset, build_tokenizer, heldo
 from .evaluate import likelihood as likelihood_bound
 from .family import FAMILIES, FamilyConfig
 from .lm import Model
-from .model import ModelConfig, Transformer
+from .model import TransformerConfig, Transformer
 from .objectives import compute_loss
 from .presets import preset as preset_values
 from .resources import check_fits, native_bf16, resolve_device
@@ -172,8 +173,8 @@ class TrainConfig:
                             k=self.k if f == "setdlm" else None,
                             keep_clean_bos=self.keep_clean_bos and f == "setdlm")
 
-    def model_config(self, vocab_size: int) -> ModelConfig:
-        return ModelConfig(vocab_size=vocab_size, hidden_size=self.hidden_size, n_heads=self.n_heads,
+    def model_config(self, vocab_size: int) -> TransformerConfig:
+        return TransformerConfig(vocab_size=vocab_size, hidden_size=self.hidden_size, n_heads=self.n_heads,
                            n_layers=self.n_layers, dropout=self.dropout)
 
 
@@ -754,10 +755,85 @@ def _train(cfg: TrainConfig, dist: Dist, lock: RunLock) -> TrainResult:
     return TrainResult(run.step, loss, evaluation, path, total / max(elapsed, 1e-9), start, run.history)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .cli import main as cli_main
+# ---------------------------------------------------------------------------------------------------------
+# command line: `setdlm train` and `python -m setdlm.train` share this parser (flags = TrainConfig's fields)
+# ---------------------------------------------------------------------------------------------------------
 
-    return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
+_CHOICES = {"family": ("ar", "mdlm", "bd3lm", "setdlm"), "lr_schedule": ("constant", "cosine")}
+_FAMILY_FLAGS = {"D": ("setdlm",), "M": ("setdlm",), "k": ("setdlm",), "block_size": ("bd3lm", "mdlm"),
+                 "keep_clean_bos": ("setdlm",)}
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """One flag per field of :class:`TrainConfig` (``--preset`` among them); ``p`` must be made with
+    ``argument_default=argparse.SUPPRESS``, so that only the flags given override the preset."""
+    from .presets import PRESETS
+
+    hints = typing.get_type_hints(TrainConfig)
+    for f in config_fields():
+        flag = "--" + (f.name if f.name in ("D", "M", "k") else f.name.replace("_", "-"))
+        kind = hints[f.name]
+        kind = next((a for a in typing.get_args(kind) if a is not type(None)), kind)
+        help_ = f.metadata.get("help", "")
+        if f.name == "preset":
+            p.add_argument(flag, choices=tuple(PRESETS), help="tiny (CPU, seconds), small (probe size), lm1b, owt")
+        elif kind is bool:  # --flag / --no-flag: a preset may turn one on (keep_clean_bos)
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_)
+        elif f.name == "out":
+            p.add_argument(flag, required=True, help=help_)
+        else:
+            p.add_argument(flag, type=kind, choices=_CHOICES.get(f.name), help=help_)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Train a model (any family) on your text or a built-in corpus; resumable, torchrun-ready."""
+    from .presets import PRESETS
+
+    given = {f.name: getattr(args, f.name) for f in config_fields() if hasattr(args, f.name)}  # flags given only
+    if given.get("preset", "tiny") not in PRESETS:
+        raise ValueError(f"unknown preset {given['preset']!r}; choose one of {', '.join(PRESETS)}")
+    if given.get("resume"):  # the saved configuration; only the flags given are compared with it
+        cfg = resume_config(given.pop("out"), **given)
+    else:
+        cfg = TrainConfig.from_preset(given.pop("preset", "tiny"), **given)
+    for name, families in _FAMILY_FLAGS.items():
+        if name in given and cfg.family not in families:
+            raise ValueError(f"--{name.replace('_', '-')} applies to {' and '.join(families)}, not to family "
+                             f"{cfg.family!r}")
+    result = train(cfg)
+    if result.eval is not None:
+        e = result.eval
+        print(f"step {result.step}: loss {result.loss:.4f}, held-out nelbo {e['nelbo']:.4f} nats/token "
+              f"(ppl {e['ppl']:.2f}), {result.tokens_per_second:,.0f} tokens/s; checkpoint {result.checkpoint}")
+    return 0
+
+
+def interrupted_note(out: str) -> str:
+    """What a Ctrl-C of a run into ``out`` leaves behind, and how to continue it."""
+    try:
+        latest = ckpt.latest_checkpoint(out)
+    except ValueError:
+        latest = None
+    if latest is None:
+        return f"no checkpoint in {out} yet"
+    return f"the latest checkpoint is {latest}; continue with: setdlm train --out {out} --resume"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m setdlm.train`` (the same flags as ``setdlm train``)."""
+    from .command import Parser
+
+    p = Parser(prog="setdlm train", argument_default=argparse.SUPPRESS,
+               description=run_train.__doc__ + " Defaults come from --preset; every flag overrides it.")
+    add_train_arguments(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .command import run
+
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return run("train", lambda: run_train(args), lambda e: interrupted_note(args.out))
 
 
 if __name__ == "__main__":

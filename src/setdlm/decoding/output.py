@@ -56,10 +56,6 @@ class GenerationOutput:
         """Output tokens per wall-clock second over the whole call."""
         return self.num_tokens / self.seconds if self.seconds > 0 else float("inf")
 
-    @property
-    def row_tokens_per_step(self) -> list[float]:
-        return [c / max(n, 1) for c, n in zip(self.row_committed, self.row_nfe)]
-
 
 def step_record(trace: StepTrace, step: int, start: int, tokenizer=None) -> dict:
     """One step's committed set as plain JSON, the per-step record of ``setdlm generate --trace`` and of the

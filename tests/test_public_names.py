@@ -1,0 +1,76 @@
+"""The public names (``__all__`` of the package and its subpackages) import, and every ``setdlm.X`` the README
+and docs/ name resolves to a module or an attribute of one."""
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+import setdlm
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("setdlm", "setdlm.data", "setdlm.decoding", "setdlm.serve")
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+REFERENCE = re.compile(r"(?<![\w/.-])setdlm(?:\.[A-Za-z_]\w*)+")
+FILE_SUFFIXES = {"py", "md", "json", "jsonl", "txt", "png", "safetensors"}
+
+
+def _import(name: str):
+    """The module ``name``; None when it needs an optional dependency that is not installed."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name and not e.name.startswith("setdlm"):
+            return None
+        raise
+
+
+def resolve(ref: str) -> bool:
+    """Whether ``setdlm.a.b.c`` is a module or an attribute chain below the longest module prefix."""
+    parts = ref.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError as e:
+            if e.name and not e.name.startswith("setdlm"):
+                pytest.skip(f"{ref} needs {e.name}")
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_public_name_imports(package):
+    mod = _import(package)
+    if mod is None:
+        pytest.skip(f"{package} needs an optional dependency")
+    assert mod.__all__ and len(set(mod.__all__)) == len(mod.__all__)
+    missing = [n for n in mod.__all__ if not hasattr(mod, n)]
+    assert not missing, f"{package}.__all__ names what it does not define: {missing}"
+    ns: dict = {}
+    exec(f"from {package} import *", ns)
+    assert set(mod.__all__) <= set(ns)
+
+
+def test_deprecated_model_config_is_transformer_config():
+    from setdlm.model import ModelConfig
+
+    assert ModelConfig is setdlm.TransformerConfig and "ModelConfig" not in setdlm.__all__
+
+
+def test_resolver_finds_what_is_missing():
+    assert resolve("setdlm.bench.evaluate_checkpoint") and resolve("setdlm.decoding.generate")
+    assert not resolve("setdlm.schedules.identity_order") and not resolve("setdlm.nothing_here")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_docs_references_resolve(doc):
+    refs = sorted({r for r in REFERENCE.findall(doc.read_text(encoding="utf-8"))
+                   if r.rsplit(".", 1)[-1] not in FILE_SUFFIXES})
+    broken = [r for r in refs if not resolve(r)]
+    assert not broken, f"{doc.name} names what does not exist: {broken}"
