@@ -1,6 +1,6 @@
 """setdlm: set diffusion language models (SetDLM) and their special cases AR, MDLM and BD3LM."""
 
-from .checkpoint import load
+from .loading import load
 from .family import FAMILIES, FamilyConfig
 from .lm import Model
 from .model import KVCache, ModelConfig, Transformer

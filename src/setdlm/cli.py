@@ -245,7 +245,8 @@ def _check_task_flags(args) -> None:
 
 def _training_args(path: str) -> dict:
     """The training arguments a checkpoint recorded ({} for one that has none, e.g. the authors' layout)."""
-    from .checkpoint import is_checkpoint, locate, read_config
+    from .checkpoint import is_checkpoint, read_config
+    from .loading import locate
 
     folder = locate(path)
     return (read_config(folder).get("training") or {}) if is_checkpoint(folder) else {}
@@ -253,7 +254,7 @@ def _training_args(path: str) -> dict:
 
 def _eval(args) -> int:
     """Evaluate a checkpoint: likelihood bound, reasoning accuracy or infilling ROUGE (JSON on stdout)."""
-    from .checkpoint import load
+    from .loading import load
     from .outputs import check_file
 
     _check_task_flags(args)
@@ -351,7 +352,7 @@ def _labels(paths: list[str]) -> list[str]:
 def _bench(args) -> int:
     """Sweep decoding settings over checkpoints: Markdown table, Pareto plot (PNG) and raw numbers (JSON)."""
     from . import bench
-    from .checkpoint import load
+    from .loading import load
     from .outputs import check_folder
 
     _check_task_flags(args)
@@ -516,7 +517,7 @@ def _check_output(args) -> None:
 
 def _generate(args) -> int:
     """Decode continuations of prompts (arguments, a file or stdin) with the family's decoder."""
-    from .checkpoint import load
+    from .loading import load
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
@@ -625,7 +626,7 @@ def _read_infill(args) -> list[tuple[str, str, int]]:
 
 def _infill(args) -> int:
     """Fill LENGTH tokens between a prefix and a suffix (SetDLM, BD3LM, MDLM; AR sees the prefix only)."""
-    from .checkpoint import load
+    from .loading import load
 
     _check_ranges(args)
     _check_output(args)
