@@ -7,6 +7,8 @@ push a checkpoint folder, write its model card (DESIGN.md §3; the checkpoint la
   a Hub id needs network access or a local path.
 * :func:`push_folder` — upload a checkpoint folder (``setdlm.checkpoint.save(..., push_to_hub="user/repo")``
   and ``Model.save(..., push_to_hub=...)`` call it).
+* :func:`hub_reachable`, :func:`is_connection_failure`, :class:`HubUnreachableError` — the network checks
+  every Hub access shares (here, :func:`snapshot`, :func:`setdlm.hf.load_pretrained`, the authors' base models).
 * :func:`model_card` — the ``README.md`` every checkpoint carries: family, schedule, architecture,
   tokenizer, training data and arguments, and a results table when given.
 
