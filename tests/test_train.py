@@ -105,6 +105,26 @@ def test_out_folder_guards(corpus, tmp_path):
     assert res.resumed_from == 2 and res.step == 4
 
 
+
+def test_resume_reads_each_checkpoint_file_once(corpus, tmp_path, monkeypatch):
+    """Resuming reads config.json, the weights, the training state and the optimizer once each (the checkpoint
+    is read once and passed on: checks, tokenizer and backbone all come from that one read)."""
+    from collections import Counter
+
+    from setdlm import checkpoint as ckpt
+
+    run = tmp_path / "r"
+    train(TrainConfig(out=str(run), data=corpus, steps=2, **TINY))
+    reads = Counter()
+    for name in ("read_json", "read_tensors"):
+        real = getattr(ckpt, name)
+        monkeypatch.setattr(ckpt, name, lambda path, *a, _real=real, **k: reads.update([Path(path).name]) or
+                            _real(path, *a, **k))
+    res = train(TrainConfig(out=str(run), data=corpus, steps=3, resume=True, **TINY))
+    assert res.resumed_from == 2 and res.step == 3
+    assert reads == Counter({"config.json": 1, "model.safetensors": 1, "training_state.json": 1,
+                             "optimizer.safetensors": 1}), reads
+
 # -- SIGKILL, then resume ----------------------------------------------------------------------------------
 
 

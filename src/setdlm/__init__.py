@@ -7,7 +7,7 @@ and ``setdlm.serve``, plus the documented functions of the modules the docs name
 """
 
 from .backbone import Backbone
-from .checkpoint import load
+from .loading import load
 from .family import FAMILIES, FamilyConfig
 from .lm import Model
 from .model import KVCache, ModelConfig, Transformer, TransformerConfig

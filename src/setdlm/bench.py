@@ -342,7 +342,8 @@ def task_examples(task: str, models: Sequence[Model], *, data: str | None = None
 
 def training_args(checkpoint: str | Path) -> dict:
     """The training arguments a checkpoint recorded ({} for one that has none, e.g. the authors' layout)."""
-    from .checkpoint import is_checkpoint, locate, read_config
+    from .checkpoint import is_checkpoint, read_config
+    from .loading import locate
 
     folder = locate(checkpoint)
     return (read_config(folder).get("training") or {}) if is_checkpoint(folder) else {}
@@ -422,7 +423,7 @@ def evaluate_checkpoint(checkpoint: str | Path, task: str = "likelihood", *, dat
     each example's prediction written to ``predictions`` (JSONL) when given. Bad values are ``ValueError``s
     raised before any decoding."""
     from . import evaluate
-    from .checkpoint import load
+    from .loading import load
     from .outputs import check_file
 
     if task not in TASKS:
@@ -478,7 +479,7 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: str, out: str | P
     at most a quarter of the examples), the other decoding knobs ``decode`` fixed; likelihood: one bound per
     checkpoint (:func:`checkpoint_likelihood` on ``data`` or each run's held-out rows). Every setting is
     checked before any model is loaded."""
-    from .checkpoint import load
+    from .loading import load
     from .outputs import check_folder, write_text
 
     if task not in TASKS:

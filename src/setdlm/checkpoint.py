@@ -18,8 +18,8 @@ Hugging Face causal LM behind :class:`setdlm.hf.HFBackbone` (``"backbone": "hf"`
 A folder is first written under a temporary name next to its destination and then renamed, so a crash
 (even SIGKILL) leaves either the previous checkpoint or the new one, never half of one. A training run keeps
 its checkpoints as ``RUN/checkpoints/step-NNNNNNNN`` and a ``RUN/latest`` pointer (replaced atomically);
-:func:`load` accepts the run folder too, a Hugging Face Hub id (:mod:`setdlm.hub`), and a folder or Hub id
-in the paper authors' layout (converted on the fly by :mod:`setdlm.convert`).
+:func:`resolve` accepts the run folder too. This module knows only this format; resolving a name (a shipped
+model, a Hub id, the authors' layout, a GGUF file) is :func:`setdlm.loading.load` (docs/pretrained.md).
 
 Every loading error is a ``ValueError`` naming the file and the problem: a missing file, invalid JSON, a
 truncated or corrupt safetensors file, tensors that do not match the config, a tokenizer whose vocabulary
@@ -438,27 +438,6 @@ def load_checkpoint_tokenizer(folder: Path, cfg: dict, vocab_size: int, fam: Fam
     return tok
 
 
-def locate(path: str | Path, *, revision: str | None = None, ema: bool = False) -> Path:
-    """A local checkpoint folder (or run folder), or a Hugging Face Hub id downloaded into the HF cache
-    (the files loading needs; ``ema``: the EMA weights too)."""
-    from .hub import is_hub_id, snapshot_checkpoint
-
-    p = Path(path).expanduser()
-    if not p.exists():
-        from . import pretrained
-
-        if str(path) in pretrained.available():  # a shipped model, by name
-            return pretrained.path(str(path))
-    from .gguf import resolve as gguf_checkpoint
-
-    converted = gguf_checkpoint(path)  # a GGUF file or a packaged GGUF model's name: its converted folder
-    if converted is not None:
-        return converted
-    if not p.exists() and is_hub_id(str(path)):
-        return snapshot_checkpoint(str(path), revision=revision, ema=ema)
-    return resolve(p)
-
-
 def build_backbone(cfg: dict, arch: ModelConfig | dict, dtype: torch.dtype | None = None) -> torch.nn.Module:
     """An untrained backbone of the checkpoint's architecture (weights to be loaded)."""
     if cfg.get("backbone", "dit") == "hf":
@@ -468,42 +447,17 @@ def build_backbone(cfg: dict, arch: ModelConfig | dict, dtype: torch.dtype | Non
     return Transformer(arch).to(dtype) if dtype is not None else Transformer(arch)
 
 
-def load(path: str | Path, *, ema: bool = False, family: str | None = None, device=None,
-         dtype: torch.dtype | None = None, revision: str | None = None, **reference) -> Model:
-    """A ready :class:`~setdlm.lm.Model` (backbone, family, tokenizer) in eval mode.
+def read(folder: str | Path, *, ema: bool = False, family: str | None = None, device=None,
+         dtype: torch.dtype | None = None, config: dict | None = None) -> Model:
+    """The :class:`~setdlm.lm.Model` stored in checkpoint ``folder`` (this module's format), in eval mode.
 
-    ``path``: a checkpoint folder, a training run folder (its latest checkpoint), the name of a shipped model
-    (:mod:`setdlm.pretrained`), a GGUF file or packaged GGUF model such as ``"smollm2-135m"`` (converted once
-    into the user's cache, :mod:`setdlm.gguf`), or a Hugging Face Hub id
-    ``"user/repo"`` (downloaded into the HF cache; needs ``huggingface_hub`` and network, unless already
-    cached). A folder or Hub id in the paper authors' layout is detected and converted on the fly
-    (:func:`setdlm.convert.load_reference_model`; ``reference`` keywords such as ``tokenizer=``, ``D=``,
-    ``base=`` go there). ``ema=True`` loads the EMA weights. ``family``: the family you expect (an error
-    otherwise). ``dtype``: cast the weights (weights stored in bf16/fp16 load as float32 unless given).
-    ``revision``: a Hub branch, tag or commit.
+    ``ema=True``: the EMA weights. ``family``: the family you expect (an error otherwise). ``dtype``: cast the
+    weights (weights stored in bf16/fp16 load as float32 unless given). ``config``: the folder's
+    ``config.json`` when the caller has already read it (:func:`read_config`), so it is read once.
+    Names (shipped models, Hub ids, the authors' layout, GGUF) are resolved by :func:`setdlm.loading.load`.
     """
-    if device is not None:
-        from .resources import resolve_device
-
-        device = resolve_device(device)
-    if not isinstance(path, (str, Path)) or not str(path).strip():
-        raise TypeError(f"path must be a checkpoint folder, a shipped model's name or a Hub id, got {path!r}")
-    folder = locate(path, revision=revision, ema=ema)
-    if not is_checkpoint(folder):
-        from .convert import is_reference_folder, load_reference_model
-
-        if is_reference_folder(folder):
-            if ema:
-                raise ValueError(f"{path}: the authors' checkpoints hold one set of weights (EMA already applied "
-                                 "where the paper used it); drop ema=True")
-            model = load_reference_model(folder, name=str(path), dtype=dtype, **reference)
-            if family is not None and model.family.family != family:
-                raise ValueError(f"{path}: a {model.family.family!r} model, but a {family!r} model was expected")
-            model.backbone.to(device=device)
-            return model.eval()
-    if reference:
-        raise ValueError(f"{path}: is a setdlm checkpoint; {sorted(reference)} apply only to the authors' layout")
-    cfg = read_config(folder)
+    folder = Path(folder)
+    cfg = read_config(folder) if config is None else config
     arch, fam = parse_configs(folder, cfg, family)
     vocab = arch.vocab_size if isinstance(arch, ModelConfig) else arch["vocab_size"]
     tok = load_checkpoint_tokenizer(folder, cfg, vocab, fam)

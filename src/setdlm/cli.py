@@ -404,7 +404,7 @@ def _check_output(args) -> None:
 
 def _generate(args) -> int:
     """Decode continuations of prompts (arguments, a file or stdin) with the family's decoder."""
-    from .checkpoint import load
+    from .loading import load
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
@@ -509,7 +509,7 @@ def _read_infill(args) -> list[tuple[str, str, int]]:
 
 def _infill(args) -> int:
     """Fill LENGTH tokens between a prefix and a suffix (SetDLM, BD3LM, MDLM; AR sees the prefix only)."""
-    from .checkpoint import load
+    from .loading import load
 
     _check_ranges(args)
     _check_output(args)

@@ -321,8 +321,7 @@ def _base_config(base: str):
     """The transformers config of the base model: a local folder, or a Hub id (config.json only)."""
     from transformers import AutoConfig
 
-    from .hf import HubUnreachableError
-    from .hub import is_hub_id, snapshot
+    from .hub import HubUnreachableError, is_hub_id, snapshot
 
     path = Path(base).expanduser()
     if path.is_dir():
@@ -503,11 +502,16 @@ def convert_reference(src: str | Path, out: str | Path, *, tokenizer=None, D: in
                       revision: str | None = None) -> Path:
     """Write the authors' checkpoint ``src`` (a folder or Hub id) as a setdlm checkpoint at ``out``.
     Keywords: as :func:`load_reference_model`. A tokenizer is required (a checkpoint always carries one)."""
-    from .checkpoint import is_checkpoint, locate, save
-    from .hub import is_hub_id
+    from .checkpoint import is_checkpoint, resolve, save
+    from .hub import is_hub_id, snapshot_checkpoint
 
     local = Path(src).expanduser()
-    folder = locate(src, revision=revision) if (local.exists() or is_hub_id(str(src))) else local
+    if local.exists():
+        folder = resolve(local)
+    elif is_hub_id(str(src)):
+        folder = snapshot_checkpoint(str(src), revision=revision)
+    else:
+        folder = local
     if not folder.is_dir():
         raise ValueError(f"reference checkpoint {str(src)!r} does not exist")
     if is_checkpoint(folder) or not is_reference_folder(folder):

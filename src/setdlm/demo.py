@@ -22,7 +22,7 @@ REASON = ("arith-ar", "arith-bd3lm-s4", "arith-setdlm-smax8")
 
 
 def _loader(models: str | Path | None):
-    from .checkpoint import load
+    from .loading import load
 
     if models is not None:  # a local folder, checked here: never taken for a Hub id
         if not Path(models).is_dir():

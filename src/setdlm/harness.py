@@ -43,11 +43,11 @@ from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
 from .batch import Batch
-from .checkpoint import load
 from .data.prompt import start_ids
 from .decoding import generate
 from .decoding.settings import DecodeSettings
 from .evaluate import bound_generator
+from .loading import load
 from .objectives import compute_loss, log_probs
 
 PAPER_INSTRUCTION = "Please reason step by step, and put your final answer within $\\boxed{}$. "

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from contextlib import nullcontext
-from urllib.parse import urlsplit
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .hub import HubUnreachableError, hub_reachable, is_connection_failure
 from .model import KVCache, apply_rope, attention, begin_step, end_step
 
 LLAMA_LIKE = ("llama", "qwen2", "qwen3")
@@ -306,11 +305,6 @@ def backbone_from_config(config: dict | object, dtype: torch.dtype | None = None
     return HFBackbone(model.eval())
 
 
-class HubUnreachableError(ConnectionError, ValueError):
-    """A Hub id was given but the Hugging Face Hub cannot be reached (and the files are not cached). A
-    ValueError too: the input cannot be used as given (the CLI reports it in one line)."""
-
-
 def load_pretrained(name_or_path: str, *, dtype: torch.dtype | None = None, device=None,
                     mask_token: str = DEFAULT_MASK_TOKEN, revision: str | None = None,
                     cache_dir: str | None = None) -> tuple[HFBackbone, HFTokenizer, int]:
@@ -326,13 +320,13 @@ def load_pretrained(name_or_path: str, *, dtype: torch.dtype | None = None, devi
     if not local and (name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1):
         raise ValueError(f"no model folder at {name_or_path!r}")
     path = os.path.expanduser(name_or_path) if local else name_or_path
-    offline = not local and not _hub_reachable()
+    offline = not local and not hub_reachable()
     kw = dict(revision=revision, cache_dir=cache_dir, local_files_only=local or offline)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **kw)
         model = AutoModelForCausalLM.from_pretrained(path, **kw)
     except OSError as e:
-        if not local and (offline or _is_connection_failure(e)):
+        if not local and (offline or is_connection_failure(e)):
             raise HubUnreachableError(
                 f"{name_or_path!r} is not a local folder and the Hugging Face Hub cannot be reached: loading a Hub "
                 f"id needs network access; otherwise pass the path of a local folder holding the model (e.g. made "
@@ -341,32 +335,3 @@ def load_pretrained(name_or_path: str, *, dtype: torch.dtype | None = None, devi
     model = model.to(device=device, dtype=dtype).eval()
     backbone, mask_id = adapt(model, tokenizer, mask_token)
     return backbone, HFTokenizer(tokenizer), mask_id
-
-
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """False in offline mode (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``) or when a TCP connection to the
-    Hub endpoint fails; True when it succeeds or a proxy is configured (then transformers finds out itself)."""
-    from huggingface_hub import constants
-
-    flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"))
-    if constants.HF_HUB_OFFLINE or any(f and f.upper() in ("1", "ON", "YES", "TRUE") for f in flags):
-        return False
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
-        return True
-    url = urlsplit(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname, port), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def _is_connection_failure(e: BaseException) -> bool:
-    """Does the exception chain say that the Hub could not be reached (as opposed to, e.g., no such repo)?"""
-    while e is not None:
-        if isinstance(e, (ConnectionError, TimeoutError, socket.gaierror)) or type(e).__name__ in (
-                "LocalEntryNotFoundError", "ConnectError", "ConnectTimeout", "OfflineModeIsEnabled"):
-            return True
-        e = e.__cause__ or e.__context__
-    return False

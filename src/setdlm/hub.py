@@ -3,10 +3,12 @@ push a checkpoint folder, write its model card (DESIGN.md §3; the checkpoint la
 
 * :func:`snapshot` — a Hub id → a local folder in the Hugging Face cache. With network it downloads (only
   what loading needs: no optimizer state, no code); offline (``HF_HUB_OFFLINE=1`` or the Hub unreachable)
-  a repo already in the cache still resolves, otherwise :class:`~setdlm.hf.HubUnreachableError` says that
+  a repo already in the cache still resolves, otherwise :class:`HubUnreachableError` says that
   a Hub id needs network access or a local path.
 * :func:`push_folder` — upload a checkpoint folder (``setdlm.checkpoint.save(..., push_to_hub="user/repo")``
   and ``Model.save(..., push_to_hub=...)`` call it).
+* :func:`hub_reachable`, :func:`is_connection_failure`, :class:`HubUnreachableError` — the network checks
+  every Hub access shares (here, :func:`snapshot`, :func:`setdlm.hf.load_pretrained`, the authors' base models).
 * :func:`model_card` — the ``README.md`` every checkpoint carries: family, schedule, architecture,
   tokenizer, training data and arguments, and a results table when given.
 
@@ -16,9 +18,12 @@ push a checkpoint folder, write its model card (DESIGN.md §3; the checkpoint la
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 # files a checkpoint needs to load: not the optimizer state, not the authors' Python sources
@@ -28,6 +33,45 @@ _TOKENIZER = ["tokenizer*", "special_tokens_map.json", "added_tokens.json", "voc
 _SETDLM = ["config.json", "model.safetensors", "README.md", *_TOKENIZER]
 _REFERENCE = ["config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin",
               "pytorch_model.bin.index.json", *_TOKENIZER]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# network: is the Hub reachable, and did a failure come from the network
+# ---------------------------------------------------------------------------------------------------------
+
+
+class HubUnreachableError(ConnectionError, ValueError):
+    """A Hub id was given but the Hugging Face Hub cannot be reached (and the files are not cached). A
+    ValueError too: the input cannot be used as given (the CLI reports it in one line)."""
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """False in offline mode (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``) or when a TCP connection to the
+    Hub endpoint fails; True when it succeeds or a proxy is configured (then transformers finds out itself)."""
+    from huggingface_hub import constants
+
+    flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"))
+    if constants.HF_HUB_OFFLINE or any(f and f.upper() in ("1", "ON", "YES", "TRUE") for f in flags):
+        return False
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+        return True
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def is_connection_failure(e: BaseException) -> bool:
+    """Does the exception chain say that the Hub could not be reached (as opposed to, e.g., no such repo)?"""
+    while e is not None:
+        if isinstance(e, (ConnectionError, TimeoutError, socket.gaierror)) or type(e).__name__ in (
+                "LocalEntryNotFoundError", "ConnectError", "ConnectTimeout", "OfflineModeIsEnabled"):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def is_hub_id(name: str) -> bool:
@@ -46,16 +90,14 @@ def _hub():
 def snapshot(repo_id: str, *, revision: str | None = None, cache_dir: str | None = None,
              allow_patterns: Sequence[str] | None = None) -> Path:
     """The local folder of Hub repo ``repo_id`` (downloaded into the HF cache when the Hub is reachable)."""
-    from .hf import HubUnreachableError, _hub_reachable, _is_connection_failure
-
     hub = _hub()
-    offline = not _hub_reachable()
+    offline = not hub_reachable()
     try:
         folder = hub.snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=offline,
                                        allow_patterns=list(allow_patterns) if allow_patterns else None,
                                        ignore_patterns=None if allow_patterns else _IGNORE)
     except Exception as e:  # huggingface_hub raises its own error types
-        if offline or _is_connection_failure(e):
+        if offline or is_connection_failure(e):
             raise HubUnreachableError(
                 f"{repo_id!r} is not a local folder and the Hugging Face Hub cannot be reached: loading a Hub id "
                 f"needs network access; otherwise pass the path of a local folder (e.g. made elsewhere with "
@@ -88,12 +130,10 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
                 commit_message: str | None = None) -> str:
     """Upload checkpoint ``folder`` to Hub repo ``repo_id`` (created if missing); returns the commit URL.
     The optimizer state and training state are left out (they only serve resuming)."""
-    from .hf import HubUnreachableError, _hub_reachable
-
     if not is_hub_id(repo_id):
         raise ValueError(f"push_to_hub needs a Hub repo id 'user/name', got {repo_id!r}")
     hub = _hub()
-    if not _hub_reachable():
+    if not hub_reachable():
         raise HubUnreachableError(f"pushing to {repo_id!r} needs network access to the Hugging Face Hub; the "
                                   f"checkpoint is saved locally at {str(folder)!r} (upload it later with "
                                   f"`hf upload {repo_id} {folder}`)")

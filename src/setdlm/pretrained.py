@@ -42,7 +42,7 @@ def path(name: str = DEFAULT) -> Path:
 
 
 def load(name: str = DEFAULT, **kwargs):
-    """``setdlm.load`` of a shipped model (keyword arguments as ``setdlm.load``)."""
-    from .checkpoint import load as load_checkpoint
+    """A shipped model (keyword arguments as :func:`setdlm.checkpoint.read`: they are in our format)."""
+    from .checkpoint import read
 
-    return load_checkpoint(path(name), **kwargs)
+    return read(path(name), **kwargs)

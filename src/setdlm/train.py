@@ -42,6 +42,7 @@ from .data import TokenDataset, Tokenizer, build_dataset, build_tokenizer, heldo
 from .evaluate import likelihood as likelihood_bound
 from .family import FAMILIES, FamilyConfig
 from .lm import Model
+from .loading import load, locate
 from .model import TransformerConfig, Transformer
 from .objectives import compute_loss
 from .presets import preset as preset_values
@@ -334,9 +335,9 @@ def load_init(name_or_path: str) -> tuple[nn.Module, Tokenizer]:
     p = Path(name_or_path).expanduser()
     if not p.exists() and not is_hub_id(name_or_path) and name_or_path not in PACKAGED:
         raise ValueError(f"--init-from {name_or_path!r}: no such folder (and not a Hub id)")
-    folder = ckpt.locate(name_or_path)
+    folder = locate(name_or_path)
     if ckpt.is_checkpoint(folder) or is_reference_folder(folder):
-        model = ckpt.load(folder, dtype=torch.float32)
+        model = load(folder, dtype=torch.float32)
         if not isinstance(model.tokenizer, Tokenizer):
             raise ValueError(f"--init-from {name_or_path!r}: no tokenizer found with the weights")
         return model.backbone.train(), model.tokenizer
@@ -503,11 +504,11 @@ class _Run:
 
     def __init__(self, cfg: TrainConfig, dist: Dist, setup: Setup, resume_from: Path | None,
                  init: nn.Module | None = None):
+        """``init``: the starting backbone (``--init-from``, or the checkpoint ``resume_from`` read once by
+        :func:`_train`), else a fresh DiT; ``resume_from`` also restores the optimizer, step and EMA."""
         self.cfg, self.dist, self.setup = cfg, dist, setup
         self.out = Path(cfg.out)
         torch.manual_seed(cfg.seed)  # identical initial weights in every process
-        if resume_from is not None:  # the architecture and weights of the checkpoint (DiT or HF backbone)
-            init = ckpt.load(resume_from).backbone
         backbone = init if init is not None else Transformer(cfg.model_config(setup.tokenizer.vocab_size))
         self.backbone = backbone.to(dist.device).train()
         self.backbone.grad_checkpointing = cfg.grad_checkpointing  # same gradients, less activation memory
@@ -687,9 +688,10 @@ def _train(cfg: TrainConfig, dist: Dist, lock: RunLock) -> TrainResult:
         print(f"{cfg.out}: no checkpoint to resume from yet; starting from scratch", file=sys.stderr)
     tokenizer, setup, init = None, None, None
     if resume_from is not None:
-        saved = ckpt.read_config(resume_from).get("training") or {}
-        _check_resumable(saved, cfg, resume_from)
-        tokenizer = ckpt.load(resume_from).tokenizer
+        config = ckpt.read_config(resume_from)  # read once: checked here, then the weights and tokenizer
+        _check_resumable(config.get("training") or {}, cfg, resume_from)
+        resumed = ckpt.read(resume_from, config=config)
+        tokenizer, init = resumed.tokenizer, resumed.backbone  # the checkpoint's architecture (DiT or HF)
     elif cfg.init_from:  # every process loads the same weights and tokenizer
         init, tokenizer = load_init(cfg.init_from)
         cfg = _with_init_architecture(cfg, init)

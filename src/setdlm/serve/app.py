@@ -166,7 +166,7 @@ def serve(model_path: str, *, host: str = "127.0.0.1", port: int = 8000, max_bat
         import uvicorn
     except ImportError:
         raise ValueError("serving needs the optional extra: pip install 'setdlm[serve]'") from None
-    from ..checkpoint import load
+    from ..loading import load
 
     model = load(model_path, device=device)
     app = create_app(model, name or _model_name(model_path), max_batch=max_batch, max_queue=max_queue,

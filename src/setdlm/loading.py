@@ -1,0 +1,75 @@
+"""One front door for loading: resolve a name to a folder, then pick the reader for its layout
+(docs/pretrained.md, "Where setdlm.load looks").
+
+``setdlm.load(name)`` tries, in this order:
+
+1. a shipped model's name (:mod:`setdlm.pretrained`), unless a path of that name exists;
+2. a GGUF file, or a packaged GGUF model's name such as ``"smollm2-135m"`` (:mod:`setdlm.gguf` converts it
+   once into the user's cache; the result is a folder in our format);
+3. a Hugging Face Hub id ``"user/repo"`` that is not a local path (:func:`setdlm.hub.snapshot_checkpoint`
+   downloads the files loading needs);
+4. a local folder: a checkpoint, or a training run folder whose ``latest`` names one
+   (:func:`setdlm.checkpoint.resolve`).
+
+The folder found is read by :func:`setdlm.checkpoint.read` when it is in our format (``config.json`` with
+``"format": "setdlm"``), else by :func:`setdlm.convert.load_reference_model` when it is in the paper authors'
+layout (their ``backbone_config`` / ``noise_config``), else the checkpoint reader names what is missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from . import checkpoint, convert, gguf, hub, pretrained
+from .lm import Model
+from .resources import resolve_device
+
+
+def locate(path: str | Path, *, revision: str | None = None, ema: bool = False) -> Path:
+    """The local folder ``path`` names (steps 1-4 of this module's order): a shipped model, a converted GGUF
+    file, a Hub repo in the HF cache (the files loading needs; ``ema``: the EMA weights too), or a local
+    checkpoint / run folder."""
+    p = Path(path).expanduser()
+    if not p.exists() and str(path) in pretrained.available():
+        return pretrained.path(str(path))
+    converted = gguf.resolve(path)  # a GGUF file or a packaged GGUF model's name: its converted folder
+    if converted is not None:
+        return converted
+    if not p.exists() and hub.is_hub_id(str(path)):
+        return hub.snapshot_checkpoint(str(path), revision=revision, ema=ema)
+    return checkpoint.resolve(p)
+
+
+def load(path: str | Path, *, ema: bool = False, family: str | None = None, device=None,
+         dtype: torch.dtype | None = None, revision: str | None = None, **reference) -> Model:
+    """A ready :class:`~setdlm.lm.Model` (backbone, family, tokenizer) in eval mode.
+
+    ``path``: a checkpoint folder, a training run folder (its latest checkpoint), the name of a shipped model
+    (:mod:`setdlm.pretrained`), a GGUF file or packaged GGUF model such as ``"smollm2-135m"`` (converted once
+    into the user's cache, :mod:`setdlm.gguf`), or a Hugging Face Hub id
+    ``"user/repo"`` (downloaded into the HF cache; needs ``huggingface_hub`` and network, unless already
+    cached). A folder or Hub id in the paper authors' layout is detected and converted on the fly
+    (:func:`setdlm.convert.load_reference_model`; ``reference`` keywords such as ``tokenizer=``, ``D=``,
+    ``base=`` go there). ``ema=True`` loads the EMA weights. ``family``: the family you expect (an error
+    otherwise). ``dtype``: cast the weights (weights stored in bf16/fp16 load as float32 unless given).
+    ``revision``: a Hub branch, tag or commit.
+    """
+    if device is not None:
+        device = resolve_device(device)
+    if not isinstance(path, (str, Path)) or not str(path).strip():
+        raise TypeError(f"path must be a checkpoint folder, a shipped model's name or a Hub id, got {path!r}")
+    folder = locate(path, revision=revision, ema=ema)
+    if not checkpoint.is_checkpoint(folder) and convert.is_reference_folder(folder):
+        if ema:
+            raise ValueError(f"{path}: the authors' checkpoints hold one set of weights (EMA already applied "
+                             "where the paper used it); drop ema=True")
+        model = convert.load_reference_model(folder, name=str(path), dtype=dtype, **reference)
+        if family is not None and model.family.family != family:
+            raise ValueError(f"{path}: a {model.family.family!r} model, but a {family!r} model was expected")
+        model.backbone.to(device=device)
+        return model.eval()
+    if reference:
+        raise ValueError(f"{path}: is a setdlm checkpoint; {sorted(reference)} apply only to the authors' layout")
+    return checkpoint.read(folder, ema=ema, family=family, device=device, dtype=dtype)
