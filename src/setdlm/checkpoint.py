@@ -2,7 +2,7 @@
 
 A checkpoint folder holds::
 
-    config.json            architecture (ModelConfig), family (FamilyConfig), tokenizer info, training args
+    config.json            architecture (TransformerConfig), family (FamilyConfig), tokenizer info, training args
     model.safetensors      the weights
     ema.safetensors        EMA weights (when training kept them)
     tokenizer.json         the tokenizer (+ tokenizer_config.json naming its special tokens)
@@ -11,7 +11,7 @@ A checkpoint folder holds::
 
     README.md              a model card: family, schedule, training data, results (Hugging Face Hub ready)
 
-The backbone is the setdlm DiT (``"backbone": "dit"``, ``architecture`` = :class:`ModelConfig`) or a
+The backbone is the setdlm DiT (``"backbone": "dit"``, ``architecture`` = :class:`TransformerConfig`) or a
 Hugging Face causal LM behind :class:`setdlm.hf.HFBackbone` (``"backbone": "hf"``, ``architecture`` = its
 ``transformers`` config; weights under the backbone's own names, tied embeddings stored once).
 
@@ -42,7 +42,7 @@ from torch import Tensor
 
 from .family import FamilyConfig
 from .lm import Model
-from .model import ModelConfig, Transformer
+from .model import TransformerConfig, Transformer
 
 CONFIG, WEIGHTS, EMA_WEIGHTS, CARD = "config.json", "model.safetensors", "ema.safetensors", "README.md"
 STATE, OPTIMIZER, LATEST = "training_state.json", "optimizer.safetensors", "latest"
@@ -326,18 +326,18 @@ def check_fields(path: Path, section: str, d: dict, cls) -> None:
             raise ValueError(f"{path}: {section}.{f.name} must be {want}, got {json.dumps(v)}")
 
 
-def parse_configs(folder: Path, cfg: dict, family: str | None = None) -> tuple[ModelConfig | dict, FamilyConfig]:
-    """(architecture, family) of a config: a :class:`ModelConfig` for the DiT, the ``transformers`` config
+def parse_configs(folder: Path, cfg: dict, family: str | None = None) -> tuple[TransformerConfig | dict, FamilyConfig]:
+    """(architecture, family) of a config: a :class:`TransformerConfig` for the DiT, the ``transformers`` config
     dict for an HF backbone."""
     path = folder / CONFIG
     kind = cfg.get("backbone", "dit")
     if kind not in ("dit", "hf"):
         raise ValueError(f"{path}: unknown backbone {kind!r} (expected 'dit' or 'hf')")
     if kind == "dit":
-        check_fields(path, "architecture", cfg["architecture"], ModelConfig)
+        check_fields(path, "architecture", cfg["architecture"], TransformerConfig)
     check_fields(path, "family", cfg["family"], FamilyConfig)
     try:
-        arch = ModelConfig.from_dict(cfg["architecture"]) if kind == "dit" else dict(cfg["architecture"])
+        arch = TransformerConfig.from_dict(cfg["architecture"]) if kind == "dit" else dict(cfg["architecture"])
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: bad architecture: {e}") from None
     vocab = arch.vocab_size if kind == "dit" else arch.get("vocab_size")
@@ -438,7 +438,7 @@ def load_checkpoint_tokenizer(folder: Path, cfg: dict, vocab_size: int, fam: Fam
     return tok
 
 
-def build_backbone(cfg: dict, arch: ModelConfig | dict, dtype: torch.dtype | None = None) -> torch.nn.Module:
+def build_backbone(cfg: dict, arch: TransformerConfig | dict, dtype: torch.dtype | None = None) -> torch.nn.Module:
     """An untrained backbone of the checkpoint's architecture (weights to be loaded)."""
     if cfg.get("backbone", "dit") == "hf":
         from .hf import backbone_from_config
@@ -459,7 +459,7 @@ def read(folder: str | Path, *, ema: bool = False, family: str | None = None, de
     folder = Path(folder)
     cfg = read_config(folder) if config is None else config
     arch, fam = parse_configs(folder, cfg, family)
-    vocab = arch.vocab_size if isinstance(arch, ModelConfig) else arch["vocab_size"]
+    vocab = arch.vocab_size if isinstance(arch, TransformerConfig) else arch["vocab_size"]
     tok = load_checkpoint_tokenizer(folder, cfg, vocab, fam)
     backbone = build_backbone(cfg, arch)
     file = folder / (EMA_WEIGHTS if ema else WEIGHTS)

@@ -49,7 +49,7 @@ from torch import nn
 from .checkpoint import refuse_pickle
 from .family import FamilyConfig
 from .lm import Model
-from .model import ModelConfig, Transformer
+from .model import TransformerConfig, Transformer
 
 _BLOCK_PARAMS = ("norm1.weight", "attn_qkv.weight", "attn_out.weight", "norm2.weight",
                  "mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias")
@@ -72,7 +72,7 @@ def is_reference_state_dict(sd: dict) -> bool:
     return "backbone.vocab_embed.embedding" in sd
 
 
-def convert_reference_state_dict(sd: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+def convert_reference_state_dict(sd: dict[str, Tensor], config: TransformerConfig) -> dict[str, Tensor]:
     """Map an official state dict onto ours. Raises ``ValueError`` naming the first missing key, unknown
     key or wrong shape; legacy adaLN (time-conditioned) DiTs are refused with a clear message."""
     ada = [k for k in sd if "adaLN" in k]
@@ -292,13 +292,13 @@ def reference_family(cfg: dict, name: str = "", *, mask_token_id: int, D: int | 
 
 
 def reference_configs(cfg: dict, name: str = "", *, D: int | None = None,
-                      M: int | None = None) -> tuple[ModelConfig, FamilyConfig]:
-    """Our (ModelConfig, FamilyConfig) of a DiT checkpoint from its config dict (the authors' HF config with
+                      M: int | None = None) -> tuple[TransformerConfig, FamilyConfig]:
+    """Our (TransformerConfig, FamilyConfig) of a DiT checkpoint from its config dict (the authors' HF config with
     ``backbone_config`` / ``noise_config``, the fixture's layout, or a flat config with the same names)."""
     bb = _backbone_cfg(cfg)
     if _pick(bb, "adaln", default=False):
         raise ValueError("config has adaln=true: legacy time-conditioned DiTs are not supported")
-    mc = ModelConfig(vocab_size=int(_pick(bb, "vocab_size", default=cfg.get("vocab_size"))),
+    mc = TransformerConfig(vocab_size=int(_pick(bb, "vocab_size", default=cfg.get("vocab_size"))),
                      hidden_size=int(_pick(bb, "hidden_size", "hidden_dim")),
                      n_heads=int(_pick(bb, "n_heads", "num_attention_heads")),
                      n_layers=int(_pick(bb, "num_layers", "n_blocks", "num_hidden_layers")),
