@@ -20,7 +20,7 @@ def init(backbone, st: DecodeState) -> None:
     """Cache every token before the last one preceding the first MASK, causally."""
     if bool((st.first_masked < 1).any()):
         raise ValueError("AR decoding needs at least one token before the first MASK position")
-    st.cache = backbone.new_cache(st.batch, capacity=min(st.S, st.cfg.context_length) + 1)
+    st.cache = backbone.new_cache(st.batch, capacity=min(st.canvas, st.cfg.context_length) + 1)
     end = st.first_masked - 1  # (B,) cache everything before the last clean token
     prefill_positions(backbone, st, st.pos < end[:, None])
     st.extra["cache_end"] = end
@@ -33,7 +33,7 @@ def step(backbone, st: DecodeState) -> None:
     T, ls = torch.stack([n.max(), n.min() - 1]).tolist()
     slot = torch.arange(T, device=st.device)
     valid = slot < n[:, None]  # (B, T)
-    slot_pos = torch.where(valid, ce[:, None] + slot, st.S)  # (B, T)
+    slot_pos = torch.where(valid, ce[:, None] + slot, st.canvas)  # (B, T)
     new = decode_causal_mask(valid)  # (B, T, T)
     logits = forward(backbone, st, slot_pos, new, keep=n, logits_start=ls, n_new=n)  # (B, T − ls, V)
     last = (n - 1 - ls)[:, None, None].expand(-1, 1, logits.shape[-1])  # (B, 1, V)

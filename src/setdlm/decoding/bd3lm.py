@@ -24,7 +24,7 @@ from .state import DecodeState, forward, prefill as prefill_positions
 def init(backbone, st: DecodeState) -> None:
     """Cache the full blocks before the first block holding a MASK, block-causally."""
     S_b = st.cfg.block_size
-    st.cache = backbone.new_cache(st.batch, capacity=min(st.S, st.cfg.context_length) + 2 * S_b)
+    st.cache = backbone.new_cache(st.batch, capacity=min(st.canvas, st.cfg.context_length) + 2 * S_b)
     end = st.first_masked // S_b * S_b  # (B,) start of the first block with a MASK
     prefill_positions(backbone, st, st.pos < end[:, None], block_size=S_b)
     st.extra["cache_end"] = end
@@ -39,7 +39,7 @@ def step(backbone, st: DecodeState) -> None:
     T, ls = torch.stack([n.max(), c.min()]).tolist()
     slot = torch.arange(T, device=st.device)
     valid = slot < n[:, None]  # (B, T)
-    slot_pos = torch.where(valid, ce[:, None] + slot, st.S)  # (B, T) contiguous positions [ce, end)
+    slot_pos = torch.where(valid, ce[:, None] + slot, st.canvas)  # (B, T) contiguous positions [ce, end)
     new = decode_block_mask(slot_pos // S_b, valid)  # (B, T, T) block-causal; the current block sees everything
     logits = forward(backbone, st, slot_pos, new, keep=c, logits_start=ls, n_new=n)  # (B, T − ls, V)
     qpos = slot_pos[:, ls:]

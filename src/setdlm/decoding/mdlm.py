@@ -22,21 +22,21 @@ def init(backbone, st: DecodeState) -> None:
     if int(st.length.max()) > st.cfg.context_length:
         raise ValueError(f"MDLM has no cache to slide: prompt + new tokens ({int(st.length.max())}) must be "
                          f"<= L={st.cfg.context_length}")
-    rank = st.target.long().cumsum(-1) - 1  # (B, S+1) rank of each target position
+    rank = st.target.long().cumsum(-1) - 1  # (B, N+1) rank of each target position
     st.extra["sub_block"] = torch.where(st.target, rank // st.cfg.block_size, -1)
 
 
 def step(backbone, st: DecodeState) -> None:
     """One bidirectional forward over the whole canvas; commit in the current sub-block."""
-    S, sub = st.S, st.extra["sub_block"]
+    N, sub = st.canvas, st.extra["sub_block"]
     cur = sub.gather(1, st.first_masked[:, None])  # (B, 1)
-    inb = st.masked & (sub == cur)  # (B, S+1) queries: the masks of the current sub-block
+    inb = st.masked & (sub == cur)  # (B, N+1) queries: the masks of the current sub-block
     q = int(inb.sum(-1).max())
-    key = torch.where(inb, st.pos + (S + 1), st.pos)[:, :S]  # (B, S): current sub-block last
-    slot_pos = key.argsort(-1)  # (B, S)
+    key = torch.where(inb, st.pos + (N + 1), st.pos)[:, :N]  # (B, N): current sub-block last
+    slot_pos = key.argsort(-1)  # (B, N)
     valid = slot_pos < st.length[:, None]
-    slot_pos = torch.where(valid, slot_pos, S)
-    new = decode_full_mask(valid)  # (B, S, S) bidirectional
-    logits = forward(backbone, st, slot_pos, new, keep=None, logits_start=S - q, n_new=valid.sum(-1))
-    qpos = slot_pos[:, S - q:]
+    slot_pos = torch.where(valid, slot_pos, N)
+    new = decode_full_mask(valid)  # (B, N, N) bidirectional
+    logits = forward(backbone, st, slot_pos, new, keep=None, logits_start=N - q, n_new=valid.sum(-1))
+    qpos = slot_pos[:, N - q:]
     st.commit(logits, qpos, inb.gather(1, qpos), slot_pos, valid)

@@ -32,13 +32,13 @@ from .state import DecodeState, forward, prefill as prefill_positions
 
 def init(backbone, st: DecodeState) -> None:
     """Cache every non-MASK token (prompt, or infilling context) in ascending position, causally."""
-    st.cache = backbone.new_cache(st.batch, capacity=min(st.S, st.cfg.context_length) + 2 * st.cfg.window)
-    st.extra["pending"] = torch.zeros_like(st.masked)  # (B, S+1) committed last step, not yet cached
+    st.cache = backbone.new_cache(st.batch, capacity=min(st.canvas, st.cfg.context_length) + 2 * st.cfg.window)
+    st.extra["pending"] = torch.zeros_like(st.masked)  # (B, N+1) committed last step, not yet cached
     # sort keys of the step input: clean tokens by pend_key (position, or reveal rank), then the window's
     # masks by position, then everything else
-    st.extra["pend_key"] = st.pos.expand(st.batch, -1).clone()  # (B, S+1)
-    st.shared["win_key"] = st.pos + (st.S + 1)  # (S+1,)
-    st.shared["rest_key"] = st.pos + 2 * (st.S + 1)
+    st.extra["pend_key"] = st.pos.expand(st.batch, -1).clone()  # (B, N+1)
+    st.shared["win_key"] = st.pos + (st.canvas + 1)  # (N+1,)
+    st.shared["rest_key"] = st.pos + 2 * (st.canvas + 1)
     w = st.cfg.window
     if w <= 32:  # the input mask for every count of clean tokens, precomputed: (w+1, 2w, 2w)
         st.shared["mask_table"] = setdlm_step_mask(torch.arange(w + 1, device=st.device), 2 * w)
@@ -51,30 +51,30 @@ def reveal_rank(st: DecodeState, schedule, times: list[torch.Tensor] | None = No
     n = st.target.sum(-1).tolist()
     if times is None and max(n) > schedule.L:
         raise ValueError(f"cache_order='reveal' needs max_new_tokens <= L={schedule.L}, got {max(n)}")
-    key = torch.zeros(st.batch, st.S + 1, dtype=torch.float64, device=st.device)
+    key = torch.zeros(st.batch, st.canvas + 1, dtype=torch.float64, device=st.device)
     for b in range(st.batch):
         t = (times[b].to(st.device) if times is not None
              else schedule.sample_reveal_times(1, n[b], generator=st.generators[b], device=st.device)[0])  # (n_b,)
         key[b, st.target[b]] = -t  # ascending key = decreasing reveal time
-    st.extra["pend_key"] = key.argsort(dim=-1, stable=True).argsort(dim=-1)  # (B, S+1) integer ranks
+    st.extra["pend_key"] = key.argsort(dim=-1, stable=True).argsort(dim=-1)  # (B, N+1) integer ranks
 
 
 def step(backbone, st: DecodeState) -> None:
     """One forward: cache last step's tokens, predict the window's masks, commit (SPEC §4.2 loop 1–6)."""
-    w, S = st.cfg.window, st.S
+    w, N = st.cfg.window, st.canvas
     pending, pos = st.extra["pending"], st.pos
-    win = st.masked & (pos < (st.first_masked + w)[:, None])  # (B, S+1) masks in [f, f + w)
+    win = st.masked & (pos < (st.first_masked + w)[:, None])  # (B, N+1) masks in [f, f + w)
     c = pending.sum(-1)  # (B,) clean inputs
     n = c + win.sum(-1)  # (B,) all inputs
     T, ls = torch.stack([n.max(), c.min()]).tolist()
     key = torch.where(pending, st.extra["pend_key"], torch.where(win, st.shared["win_key"], st.shared["rest_key"]))
     slot = torch.arange(T, device=st.device)  # (T,)
     valid = slot < n[:, None]  # (B, T)
-    slot_pos = torch.where(valid, key.topk(T, dim=-1, largest=False, sorted=True).indices, S)  # (B, T)
+    slot_pos = torch.where(valid, key.topk(T, dim=-1, largest=False, sorted=True).indices, N)  # (B, T)
     table = st.shared.get("mask_table")
     new = table[c, :T, :T] if table is not None else setdlm_step_mask(c, T)  # (B, T, T)
     logits = forward(backbone, st, slot_pos, new, keep=c, logits_start=ls, n_new=n)  # (B, T − ls, V)
     qvalid = (valid & (slot >= c[:, None]))[:, ls:]  # (B, T − ls) the mask slots
     write = st.commit(logits, slot_pos[:, ls:], qvalid, slot_pos, valid)
     st.extra["pending"] = torch.zeros_like(pending).scatter_(1, write, True)
-    st.extra["pending"][:, S] = False
+    st.extra["pending"][:, N] = False

@@ -1,9 +1,10 @@
 """Batched per-row decoding state shared by every decoder (SPEC.md §4.2, §4.5, §4.6, §4.9).
 
 Every decoder works on a *canvas*: one row per sequence holding its tokens at their absolute positions,
-MASK where a token is still to be decoded. ``generate`` builds ``[prompt, MASK × N]``; infilling builds
+MASK where a token is still to be decoded. ``generate`` builds ``[prompt, MASK × max_new_tokens]``; infilling builds
 ``[prefix, MASK × m, suffix]`` (or any sequence with MASK tokens at arbitrary positions). Rows are
-ragged: row ``b`` owns positions ``0..length[b]-1``; column ``S`` (one past the widest row) is a trash
+ragged: row ``b`` owns positions ``0..length[b]-1``. ``N`` (``DecodeState.canvas``) is the canvas width, the
+widest row (not the BD3LM block size ``S``); column ``N`` (one past the widest row) is a trash
 column where writes of padded or uncommitted slots land, so that no scatter ever collides.
 
 A decoder step builds its backbone input as a list of canvas positions per row (``slot_pos``, padded with
@@ -56,36 +57,36 @@ class DecodeState:
     def __init__(self, sequences: list[list[int]], targets: list[list[bool]], cfg: DecodeConfig, *,
                  index: list[int], generators: list[torch.Generator] | None, device, width: int | None = None):
         B = len(sequences)
-        S = max(len(s) for s in sequences)
+        N = max(len(s) for s in sequences)
         if width is not None:  # a fixed canvas, so that states built apart can be joined (:meth:`extend`)
-            if width < S:
-                raise ValueError(f"canvas width {width} is narrower than the longest row ({S})")
-            S = width
+            if width < N:
+                raise ValueError(f"canvas width {width} is narrower than the longest row ({N})")
+            N = width
         mask_id = cfg.sampling.mask_token_id
         self.cfg = cfg
-        self.S = S
+        self.canvas = N
         self.device = device
-        self.tokens = torch.full((B, S + 1), mask_id, dtype=torch.long, device=device)  # (B, S+1)
-        self.target = torch.zeros(B, S + 1, dtype=torch.bool, device=device)  # positions to decode
+        self.tokens = torch.full((B, N + 1), mask_id, dtype=torch.long, device=device)  # (B, N+1)
+        self.target = torch.zeros(B, N + 1, dtype=torch.bool, device=device)  # positions to decode
         for b, (seq, tgt) in enumerate(zip(sequences, targets)):
             self.tokens[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
             self.target[b, : len(tgt)] = torch.tensor(tgt, dtype=torch.bool)
-        self.masked = self.target.clone()  # (B, S+1) still MASK
+        self.masked = self.target.clone()  # (B, N+1) still MASK
         self.length = torch.tensor([len(s) for s in sequences], dtype=torch.long, device=device)  # (B,)
         self.gen_start = torch.tensor([t.index(True) if any(t) else len(t) for t in targets], device=device)
         self.index = torch.tensor(index, dtype=torch.long)  # (B,) rows of the caller's batch (CPU)
         self.generators = generators
-        self.pos = torch.arange(S + 1, device=device)  # (S+1,)
-        self.first_masked = self._first_masked()  # (B,) f, or S when nothing is masked
-        self.eos_pos = torch.full((B,), S, dtype=torch.long, device=device)  # first committed EOS
+        self.pos = torch.arange(N + 1, device=device)  # (N+1,)
+        self.first_masked = self._first_masked()  # (B,) f, or N when nothing is masked
+        self.eos_pos = torch.full((B,), N, dtype=torch.long, device=device)  # first committed EOS
         self.stop_checked = self.gen_start.clone()  # resolved prefix already searched for stop strings
-        self.stop_end = torch.full((B,), S, dtype=torch.long, device=device)  # end of a found stop string
+        self.stop_end = torch.full((B,), N, dtype=torch.long, device=device)  # end of a found stop string
         self.seen: Tensor | None = None  # (B, V) counts for the repetition penalty, built on first use
         self.extra: dict[str, Tensor] = {}  # decoder-specific per-row tensors, first dim = rows
         self.shared: dict[str, Tensor] = {}  # decoder-specific tensors shared by all rows
         self.cache = None
         self.forwards = 0  # steps so far (every row still here took part in all of them)
-        self.may_overflow = S > cfg.context_length  # cache + new tokens <= S distinct positions otherwise
+        self.may_overflow = N > cfg.context_length  # cache + new tokens <= N distinct positions otherwise
         self.traces: list[list[StepTrace]] | None = [[] for _ in range(B)] if cfg.trace else None
         self.results: dict[int, RowResult] = {}
 
@@ -96,7 +97,7 @@ class DecodeState:
         return self.length.shape[0]
 
     def _first_masked(self) -> Tensor:
-        return torch.where(self.masked, self.pos, self.S).min(-1).values  # (B,)
+        return torch.where(self.masked, self.pos, self.canvas).min(-1).values  # (B,)
 
     def select(self, rows: Tensor) -> None:
         """Keep only ``rows`` (a (B',) index), e.g. after some rows finished."""
@@ -119,7 +120,7 @@ class DecodeState:
         """Append the rows of ``other`` (same config and canvas width, its decoder already initialised) to
         this state, between two steps: continuous batching (docs/serve.md). Every per-row tensor, the
         cache, the generators and the traces are concatenated; each row keeps decoding exactly as alone."""
-        if other.S != self.S or other.cfg != self.cfg:
+        if other.canvas != self.canvas or other.cfg != self.cfg:
             raise ValueError("only states with the same decoding config and canvas width can be joined")
         for name in ("tokens", "target", "masked", "length", "gen_start", "first_masked", "eos_pos",
                      "stop_checked", "stop_end"):
@@ -148,25 +149,25 @@ class DecodeState:
     def commit(self, logits: Tensor, qpos: Tensor, qvalid: Tensor, slot_pos: Tensor, slot_valid: Tensor) -> Tensor:
         """Apply the commit rule to query logits (B, Q, V) at canvas positions ``qpos`` (B, Q) with
         ``qvalid`` (B, Q); write the committed tokens. ``slot_pos``/``slot_valid`` (B, T): the step's input
-        (for the trace). Returns the write index (B, Q): the committed position, or the trash column ``S``
+        (for the trace). Returns the write index (B, Q): the committed position, or the trash column ``N``
         where nothing was committed."""
         s = self.cfg.sampling
         gen_len = None
         if s.length_penalty is not None:
-            done = self.target & ~self.masked  # (B, S+1) generated tokens already visible
+            done = self.target & ~self.masked  # (B, N+1) generated tokens already visible
             gen_len = done.cumsum(-1).gather(1, qpos)  # queries are masked: the count is exclusive
         if s.repetition_penalty != 1.0 and self.seen is None:
             self.seen = self._initial_seen(logits.shape[-1])
         tok, conf = propose(logits, qvalid, s, self.generators, self.seen, gen_len)  # (B, Q) each
         commit = commit_rule(conf, qvalid, s.threshold)  # (B, Q)
-        write = torch.where(commit, qpos, self.S)  # (B, Q)
+        write = torch.where(commit, qpos, self.canvas)  # (B, Q)
         self.tokens.scatter_(1, write, tok)
         self.masked.scatter_(1, write, False)
         if self.seen is not None:
             self.seen.scatter_add_(1, tok, commit.long())
         if s.eos_token_ids and self.cfg.stop_on_eos and self.cfg.mode == "generate":
             is_eos = commit & torch.isin(tok, torch.tensor(s.eos_token_ids, device=tok.device))
-            self.eos_pos = torch.minimum(self.eos_pos, torch.where(is_eos, qpos, self.S).min(-1).values)
+            self.eos_pos = torch.minimum(self.eos_pos, torch.where(is_eos, qpos, self.canvas).min(-1).values)
         self.forwards += 1
         self.first_masked = self._first_masked()
         if self.traces is not None:
@@ -178,8 +179,8 @@ class DecodeState:
         the generated span, SPEC §4.3), every visible context token when infilling."""
         seen = torch.zeros(self.batch, V, dtype=torch.long, device=self.device)
         if self.cfg.mode == "fill":
-            ctx = (~self.target & (self.pos < self.length[:, None]))[:, : self.S]  # (B, S)
-            seen.scatter_add_(1, self.tokens[:, : self.S], ctx.long())
+            ctx = (~self.target & (self.pos < self.length[:, None]))[:, : self.canvas]  # (B, N)
+            seen.scatter_add_(1, self.tokens[:, : self.canvas], ctx.long())
         return seen
 
     def _trace(self, qpos, qvalid, tok, conf, commit, slot_pos, slot_valid) -> None:
@@ -204,12 +205,12 @@ class DecodeState:
         A row is finished when no MASK is left, or (``generate``) when an EOS has been committed with
         every position before it resolved, or a stop string appears in the resolved generated text."""
         f = self.first_masked
-        done = f >= self.S
+        done = f >= self.canvas
         if self.cfg.mode == "generate":
             done = done | (self.eos_pos < f)
             if self.cfg.stop:
                 self._search_stop_strings()
-                done = done | (self.stop_end < self.S)
+                done = done | (self.stop_end < self.canvas)
         if not bool(done.any()):
             return self.batch
         for b in torch.nonzero(done).flatten().tolist():
@@ -221,7 +222,7 @@ class DecodeState:
         """Search the newly resolved generated text of each row for the stop strings (Python, per row)."""
         tok = self.cfg.tokenizer
         resolved = torch.minimum(self.first_masked, self.eos_pos)  # (B,) the text before any EOS
-        grew = torch.nonzero((resolved > self.stop_checked) & (self.stop_end >= self.S)).flatten().tolist()
+        grew = torch.nonzero((resolved > self.stop_checked) & (self.stop_end >= self.canvas)).flatten().tolist()
         for b in grew:
             start, end = int(self.gen_start[b]), int(resolved[b])
             ids = self.tokens[b, start:end].tolist()
@@ -238,11 +239,11 @@ class DecodeState:
         self.stop_checked = torch.maximum(self.stop_checked, resolved)
 
     def _record(self, b: int) -> None:
-        f, S = int(self.first_masked[b]), self.S
+        f, N = int(self.first_masked[b]), self.canvas
         eos, stop, length = int(self.eos_pos[b]), int(self.stop_end[b]), int(self.length[b])
         if self.cfg.mode == "fill":
             reason, end = "done", length
-        elif stop < S:  # found in the text before the EOS, so it ends first
+        elif stop < N:  # found in the text before the EOS, so it ends first
             reason, end = "stop", stop
         elif eos < f:
             reason, end = "eos", eos + 1
@@ -313,15 +314,15 @@ def forward(backbone, st: DecodeState, slot_pos: Tensor, new_mask: Tensor, *, ke
 
 
 def prefill(backbone, st: DecodeState, take: Tensor, block_size: int | None = None) -> None:
-    """Cache the canvas positions ``take`` (B, S+1) of each row in ascending order, with the clean-stream
+    """Cache the canvas positions ``take`` (B, N+1) of each row in ascending order, with the clean-stream
     mask: causal (``block_size`` None) or block-causal (BD3LM). Not counted as an NFE."""
     counts = take.sum(-1)  # (B,)
     T = int(counts.max())
     if T == 0:
         return
-    key = torch.where(take, st.pos, st.pos + st.S + 1)  # (B, S+1): taken positions first, ascending
+    key = torch.where(take, st.pos, st.pos + st.canvas + 1)  # (B, N+1): taken positions first, ascending
     slot_pos = key.topk(T, dim=-1, largest=False, sorted=True).indices  # (B, T)
     valid = torch.arange(T, device=st.device) < counts[:, None]  # (B, T)
-    slot_pos = torch.where(valid, slot_pos, st.S)
+    slot_pos = torch.where(valid, slot_pos, st.canvas)
     new = decode_block_mask(slot_pos if block_size is None else slot_pos // block_size, valid)  # (B, T, T)
     forward(backbone, st, slot_pos, new, keep=counts, logits_start=T, n_new=counts)
