@@ -42,6 +42,7 @@ from .data.tasks import InfillExample, ReasoningExample, encode_infill
 from .lm import Model
 from .metrics import LikelihoodSummary, ThroughputStats, extract_answer, rouge, throughput_stats
 from .objectives import compute_loss
+from .seeds import derive_seed
 
 
 def _as_batch(b) -> Batch:
@@ -57,8 +58,6 @@ def bound_generator(seed: int, sample: int, index: int, device=None) -> torch.Ge
     """The generator of batch ``index`` in pass ``sample`` of :func:`likelihood`: seeded by ``(seed, index)``
     in the first pass (the trainer's held-out seeds) and by ``(seed, sample, index)`` in later ones, so that
     a batch's orders and masks depend neither on the batches before it nor on the number of processes."""
-    from .train import derive_seed
-
     parts = (seed, "eval", index) if sample == 0 else (seed, "eval", sample, index)
     return torch.Generator(device=device).manual_seed(derive_seed(*parts))
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -43,6 +42,7 @@ from .evaluate import likelihood as likelihood_bound
 from .family import FAMILIES, FamilyConfig
 from .lm import Model
 from .loading import load, locate
+from .seeds import derive_seed
 from .model import TransformerConfig, Transformer
 from .objectives import compute_loss
 from .presets import preset as preset_values
@@ -186,11 +186,6 @@ def config_fields() -> tuple[dataclasses.Field, ...]:
 # ---------------------------------------------------------------------------------------------------------
 # seeds, learning rate, data order
 # ---------------------------------------------------------------------------------------------------------
-
-
-def derive_seed(*parts) -> int:
-    """A 63-bit seed from any tuple of ints/strings, identical in every process."""
-    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & (2**63 - 1)
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
