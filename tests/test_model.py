@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from conftest import make_model
 from setdlm.masks import causal_mask
 from setdlm.model import ModelConfig, Transformer, apply_rope, rope_cos_sin
+
+from support import make_model
 
 
 def test_config_roundtrip_and_validation():
