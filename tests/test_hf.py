@@ -10,18 +10,16 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_model import (test_bad_mask_width_and_batch as contract_bad_input,  # noqa: E402 (not collected here)
-                        test_cache_exactness_ragged_append_crop as contract_ragged_cache,
-                        test_cache_storage_order_does_not_matter as contract_storage_order,
-                        test_select_rows_and_keep_zero as contract_select_rows)
 from setdlm.family import FamilyConfig  # noqa: E402
 from setdlm.hf import HFBackbone, HubUnreachableError, adapt, load_pretrained  # noqa: E402
 from setdlm.masks import causal_mask  # noqa: E402
 from setdlm.objectives import Batch, compute_loss, setdlm_inputs  # noqa: E402
 from setdlm.schedules import StaggeredSchedule  # noqa: E402
 from support import tiny_hf, tiny_tokenizer  # noqa: E402
+from support.backbone_contract import (bad_mask_width_and_batch, cache_exact_ragged_append_crop,  # noqa: E402
+                                      cache_storage_order_irrelevant, select_rows_and_keep_zero)
 
-V = 100  # vocabulary of the tiny models; test_model's contract tests use ids < 32
+V = 100  # vocabulary of the tiny models; the backbone contract (support.backbone_contract) uses ids < 32
 FAMILIES = ("llama", "qwen2", "qwen3", "gpt2")
 # Llama/Qwen RMSNorm computes in float32 even in a float64 model (transformers' choice, kept as is), so two
 # float64 paths agree to ~1e-15 unless a float32 rounding flips (~1e-8). A wrong mask or cache is ~1e-1.
@@ -148,13 +146,14 @@ def test_two_stream_matches_transformers_eager_route(kind):
 
 @pytest.mark.parametrize("kind", ("llama", "qwen3", "gpt2"))
 def test_generic_cache_contract(kind):
-    """The DiT's own cache tests (tests/test_model.py) pass unchanged on the adapter: ragged append/crop
-    with capacity growth, storage order, select_rows and keep=0, bad input."""
+    """The backbone contract the DiT passes (support.backbone_contract, run in tests/test_model.py) passes
+    unchanged on the adapter: ragged append/crop with capacity growth, storage order, select_rows and keep=0,
+    bad input."""
     bb = HFBackbone(tiny_hf(kind))
-    contract_ragged_cache(bb)
-    contract_storage_order(bb)
-    contract_select_rows(bb)
-    contract_bad_input(bb)
+    cache_exact_ragged_append_crop(bb)
+    cache_storage_order_irrelevant(bb)
+    select_rows_and_keep_zero(bb)
+    bad_mask_width_and_batch(bb)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ fixtures built on these.
 * ``cli``               — ``run`` (``setdlm ARGS`` in-process), ``assert_one_line_error``, ``subprocess_env``,
   ``write_hamlet``, ``png_size``;
 * ``serving``           — a real server on a free loopback port;
+* ``backbone_contract`` — the cache contract every backbone passes (our DiT and the Hugging Face adapter),
+  imported as ``support.backbone_contract``;
 * ``reference_sources`` — the authors' reference fixture reached every way a user reaches it (imported as
   ``support.reference_sources``: it needs ``safetensors`` and ``tokenizers``).
 
