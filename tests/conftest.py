@@ -1,24 +1,21 @@
-"""Shared fixtures: tiny random models on CPU (float64 where exactness is asserted)."""
+"""Shared fixtures, built on the helpers in ``support`` (tiny random models on CPU, float64 where exactness is
+asserted). Helpers are imported from ``support``, never from this file."""
 
 import pytest
 import torch
 
-from setdlm.model import TransformerConfig, Transformer
+from support import make_model
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest and steadiest
 
 
-def make_model(vocab=32, hidden=32, heads=2, layers=2, seed=0, dtype=torch.float64) -> Transformer:
-    """A tiny backbone with every weight random (head too), in eval mode."""
-    torch.manual_seed(seed)
-    m = Transformer(TransformerConfig(vocab_size=vocab, hidden_size=hidden, n_heads=heads, n_layers=layers))
-    m.init_weights(zero_head=False, generator=torch.Generator().manual_seed(seed))
-    with torch.no_grad():  # make layer norms non-trivial so that they are exercised
-        g = torch.Generator().manual_seed(seed + 1)
-        for p in m.parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn(p.shape, generator=g))
-    return m.to(dtype).eval()
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from a second thread, and lose a lot when other work shares the cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ the same call without one, and AR greedy decoding through ``setdlm.generate`` pi
 import pytest
 import torch
 
-from conftest import make_model
+from support import make_model
 from setdlm import Backbone, FamilyConfig, Model
 from setdlm.decoding import generate
 from setdlm.masks import causal_mask
@@ -40,7 +40,7 @@ def test_our_transformer_is_a_backbone():
 def test_the_hugging_face_adapter_is_a_backbone():
     pytest.importorskip("transformers")
     from setdlm.hf import HFBackbone
-    from test_hf import tiny_hf
+    from support import tiny_hf
 
     _honours_the_contract(HFBackbone(tiny_hf("llama", vocab=32)))
     _honours_the_contract(HFBackbone(tiny_hf("gpt2", vocab=32)))

@@ -3,30 +3,19 @@ table, the JSON of raw numbers and a PNG that opens; the CLI reports what the li
 bad arguments are one-line errors (exit 2). Also the built-in reasoning sources and Shakespeare infilling."""
 
 import json
-import struct
 import time
 
 import pytest
 
 import setdlm
-from eval_support import task_tokenizer, tiny
 from setdlm import bench, evaluate
 from setdlm.data import read_source, shakespeare_works
 from setdlm.data.sources import infill_from_source
 from setdlm.data.tasks import infill_examples, reasoning_split, split_of
-from test_cli import assert_one_line_error, run
-from train_helpers import one_thread  # noqa: F401 (fixture)
+
+from support import assert_one_line_error, png_size, run, task_tokenizer, tiny
 
 TOK = task_tokenizer()
-
-
-def png_size(path) -> tuple[int, int]:
-    """(width, height) from a PNG's signature and IHDR chunk; fails on anything that is not a PNG."""
-    data = open(path, "rb").read()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG signature"
-    assert data[12:16] == b"IHDR"
-    assert data[-8:-4] == b"IEND"
-    return struct.unpack(">II", data[16:24])
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from setdlm.family import FamilyConfig
 from setdlm.lm import Model
 from setdlm.masks import causal_mask
 
-from conftest import make_model
+from support import make_model
 
 
 def tiny_model(family="setdlm", dtype=torch.float64, seed=0) -> Model:

@@ -6,15 +6,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
-from setdlm.cli import main
-from setdlm.data import char_tokenizer
-from setdlm.family import FamilyConfig
-from setdlm.lm import Model
-
-from conftest import make_model
-from train_helpers import one_thread, subprocess_env, write_hamlet  # noqa: F401 (fixture)
+from support import assert_one_line_error, run, save_tiny, subprocess_env, write_hamlet
 
 SMALL = ["--length", "32", "--hidden-size", "32", "--batch-size", "8", "--eval-fraction", "0.1", "--eval-max", "16",
          "--eval-every", "0", "--save-every", "0", "--log-every", "2"]
@@ -23,25 +16,6 @@ SMALL = ["--length", "32", "--hidden-size", "32", "--batch-size", "8", "--eval-f
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return write_hamlet(tmp_path_factory.mktemp("data") / "hamlet.txt", 8000)
-
-
-def run(args, capsys) -> tuple[int, str, str]:
-    """``setdlm ARGS`` in-process: (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        code = main(args)
-    except SystemExit as e:  # argparse usage errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code, err, *needles):
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("setdlm") and "error:" in lines[0], err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
 
 
 def test_help_lists_commands():
@@ -113,14 +87,6 @@ def test_train_bad_inputs(args, needles, corpus, tmp_path, capsys):
 
 
 # -- generate / infill input checks (no decoding needed) ------------------------------------------------------
-
-
-def save_tiny(path, family="setdlm"):
-    tok = char_tokenizer(["abcdefghijklmnopqrstuvwxyz ."])
-    kw = {"setdlm": dict(D=2), "bd3lm": dict(block_size=4), "mdlm": {}, "ar": {}}[family]
-    Model(make_model(vocab=tok.vocab_size, dtype=torch.float32), FamilyConfig(family, length=16,
-          mask_token_id=tok.mask_token_id, **kw), tok).save(path)
-    return str(path)
 
 
 @pytest.fixture(scope="module")

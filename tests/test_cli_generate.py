@@ -12,8 +12,7 @@ import pytest
 import setdlm
 from setdlm.cli import main
 
-from test_cli import run, save_tiny
-from train_helpers import one_thread, subprocess_env  # noqa: F401 (fixture)
+from support import run, save_tiny, subprocess_env
 
 decoding = pytest.importorskip("setdlm.decoding")
 

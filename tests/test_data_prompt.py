@@ -3,11 +3,12 @@ the training layout of a prompt/completion pair, ``generate`` / ``infill`` on st
 
 import pytest
 
-from conftest import make_model
 from setdlm import FamilyConfig, Model
 from setdlm.data import Corpus, Tokenizer, build_dataset, char_tokenizer, encode_prompt, start_ids
 from setdlm.data.tasks import reasoning_split
 from setdlm.evaluate import prompt_ids
+
+from support import make_model
 
 TEXT = "to be or not to be, that is the question 0123456789\n"
 

@@ -3,8 +3,9 @@ ragged prompts, rows finishing at different steps (EOS, threshold) and leaving t
 
 import pytest
 
-from decoding_support import PROMPTS, recorded, tiny_model
 from setdlm.decoding import applicable_knobs, generate
+
+from support import PROMPTS, recorded, tiny_model
 
 FAMILIES = ["ar", "mdlm", "bd3lm", "setdlm"]
 SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=20, repetition_penalty=1.3, length_penalty=(4, 1.5))

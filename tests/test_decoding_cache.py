@@ -8,7 +8,7 @@ smallest positions."""
 import pytest
 import torch
 
-from decoding_support import (MASK, PROMPTS, active_rows, assert_cache_clean, recorded, setdlm_training_logits,
+from support import (MASK, PROMPTS, active_rows, assert_cache_clean, recorded, setdlm_training_logits,
                               step_logits, tiny_model)
 from setdlm.decoding import fill, generate
 from setdlm.masks import bd3lm_two_stream_mask, bidirectional_mask, causal_mask

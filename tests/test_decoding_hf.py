@@ -7,12 +7,13 @@ mask or a MASK state left in the cache is off by ~1e-1."""
 
 import pytest
 
-from decoding_support import PROMPTS, assert_setdlm_steps_exact, recorded
 from setdlm import FamilyConfig, Model
 from setdlm.decoding import applicable_knobs, generate
 
+from support import PROMPTS, assert_setdlm_steps_exact, recorded, tiny_hf
+
 hf = pytest.importorskip("setdlm.hf")
-tiny_hf = pytest.importorskip("test_hf").tiny_hf
+pytest.importorskip("transformers")
 
 TOL = 1e-6
 MASK = 99  # the tiny HF models have 100 ids

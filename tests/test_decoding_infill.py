@@ -4,9 +4,10 @@ AR conditions on the prefix only; several gaps at arbitrary positions; strings t
 
 import pytest
 
-from decoding_support import MASK, CharTokenizer, recorded, tiny_model
 from setdlm import Model
 from setdlm.decoding import applicable_knobs, fill, generate, infill
+
+from support import MASK, CharTokenizer, recorded, tiny_model
 
 PREFIXES = [[1, 5, 7], [1, 9, 4, 11, 3], [1, 30]]
 SUFFIXES = [[6, 20, 2], [8, 2], [12, 40, 33, 21, 2]]

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from decoding_support import recorded
-from reference_sources import SOURCES, reference_model
 from setdlm import Model
 from setdlm.decoding import generate
+
+from support import recorded
+from support.reference_sources import SOURCES, reference_model
 
 FIX = Path(__file__).parent / "fixtures" / "reference-dit-tiny"
 CASE = json.loads((FIX / "expected.json").read_text())["setdlm_generate_w2_tau_off"]

@@ -5,8 +5,9 @@ the tokens it committed in order of decreasing reveal time, and the result does 
 import pytest
 import torch
 
-from decoding_support import PROMPTS, assert_cache_clean, recorded, tiny_model
 from setdlm.decoding import generate, infill
+
+from support import PROMPTS, assert_cache_clean, recorded, tiny_model
 
 N = 12
 

@@ -6,8 +6,9 @@ import math
 import pytest
 import torch
 
-from decoding_support import EOS, MASK, PROMPTS, tiny_model
 from setdlm.decoding import Sampling, commit_rule, fill, generate, process_logits, propose
+
+from support import EOS, MASK, PROMPTS, tiny_model
 
 
 def _logits(*rows):

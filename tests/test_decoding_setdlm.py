@@ -5,9 +5,10 @@ decoding of the two-stream model, and the reveal-time cache order."""
 import pytest
 import torch
 
-from decoding_support import MASK, PROMPTS, tiny_model
 from setdlm.decoding import generate
 from setdlm.objectives import Batch, log_probs, setdlm_inputs
+
+from support import MASK, PROMPTS, tiny_model
 
 N = 12
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from decoding_support import EOS, MASK, PROMPTS, tiny_model
+from support import EOS, MASK, PROMPTS, tiny_model
 from setdlm.cli import build_parser
 from setdlm.decoding import fill, generate, infill
 from setdlm.decoding.settings import FAMILIES, GENERATE_ONLY, DecodeSettings, applicable

@@ -3,9 +3,10 @@ through a tokenizer, and clear errors for bad arguments."""
 
 import pytest
 
-from decoding_support import BOS, EOS, MASK, PROMPTS, CharTokenizer, tiny_model
 from setdlm import Model
 from setdlm.decoding import applicable_knobs, generate
+
+from support import BOS, EOS, MASK, PROMPTS, CharTokenizer, tiny_model
 
 FAMILIES = ["ar", "mdlm", "bd3lm", "setdlm"]
 

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from test_cli import run
-from train_helpers import SRC, one_thread  # noqa: F401 (fixture)
+from support import SRC, run
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -6,12 +6,13 @@ import math
 import pytest
 import torch
 
-from conftest import make_model
 from setdlm.evaluate import bound_generator, likelihood
 from setdlm.family import FamilyConfig
 from setdlm.lm import Model
 from setdlm.masks import causal_mask
 from setdlm.objectives import Batch, compute_loss, log_probs
+
+from support import make_model
 
 V, MASK, L = 32, 31, 12
 

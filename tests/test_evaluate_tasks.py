@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-from eval_support import Counting, SlowStart, scripted, task_tokenizer, tiny
 from setdlm import Model
 from setdlm.data.tasks import InfillExample, ReasoningExample, reasoning_split
 from setdlm.decoding import applicable_knobs, generate
@@ -16,6 +15,8 @@ from setdlm.decoding import infill as decode_infill
 from setdlm.evaluate import (fits, infill, infill_row, infill_steps, interleave, prompt_ids, reasoning,
                              reasoning_steps, throughput)
 from setdlm.metrics import exact_match, rouge
+
+from support import Counting, SlowStart, scripted, task_tokenizer, tiny
 
 FAMILIES = ["ar", "setdlm", "bd3lm", "mdlm"]
 TOK = task_tokenizer()

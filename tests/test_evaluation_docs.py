@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from setdlm.cli import main
-from test_bench import png_size
-from train_helpers import one_thread  # noqa: F401 (fixture)
+from support import png_size
 
 DOC = Path(__file__).parent.parent / "docs" / "evaluation.md"
 SHORTER = {"--steps": "2", "--n": "3", "--warmup": "1"}

@@ -7,12 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_model
 from setdlm import FamilyConfig
 from setdlm.objectives import Batch, compute_loss
 from setdlm.train import TrainConfig, train
 
-from train_helpers import one_thread, write_hamlet  # noqa: F401 (fixture)
+from support import make_model, tiny_hf, write_hamlet
 
 
 def _grads_and_layer_calls(backbone, layers, on: bool):
@@ -50,7 +49,7 @@ def test_dit_with_dropout():
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_hf_backbones(kind):
     hf = pytest.importorskip("setdlm.hf")
-    tiny_hf = pytest.importorskip("test_hf").tiny_hf
+    pytest.importorskip("transformers")
     backbone = hf.HFBackbone(tiny_hf(kind, vocab=48))
     first = backbone.hf.model.layers[0].input_layernorm if kind == "llama" else backbone.hf.transformer.h[0].ln_1
     _assert_same_gradients_and_recomputed(backbone, [first])

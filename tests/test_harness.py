@@ -12,13 +12,14 @@ lm_eval = pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.api.registry import get_model  # noqa: E402
 
-from conftest import make_model  # noqa: E402
 from setdlm import FamilyConfig, Model  # noqa: E402
 from setdlm.data import char_tokenizer  # noqa: E402
 from setdlm.decoding import generate  # noqa: E402
 from setdlm.evaluate import bound_generator  # noqa: E402
 from setdlm.harness import PAPER_INSTRUCTION, SetDLMLM, boxed_to_hashes, paper_user_turn  # noqa: E402
 from setdlm.objectives import Batch, compute_loss, log_probs, setdlm_inputs  # noqa: E402
+
+from support import make_model  # noqa: E402
 
 TEXT = "the cat sat on the mat. a dog ran to the cat.\n0123456789 +-=?"
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -196,7 +197,7 @@ def test_module_runs_lm_evals_command_line(checkpoints, tmp_path):
     import subprocess
     import sys
 
-    from train_helpers import subprocess_env
+    from support import subprocess_env
 
     (tmp_path / "data.jsonl").write_text(json.dumps({"question": "the cat", "choices": [" sat", " dog"], "label": 0}))
     (tmp_path / "mc.yaml").write_text(

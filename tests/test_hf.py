@@ -10,54 +10,20 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_model import (test_bad_mask_width_and_batch as contract_bad_input,  # noqa: E402 (not collected here)
-                        test_cache_exactness_ragged_append_crop as contract_ragged_cache,
-                        test_cache_storage_order_does_not_matter as contract_storage_order,
-                        test_select_rows_and_keep_zero as contract_select_rows)
 from setdlm.family import FamilyConfig  # noqa: E402
 from setdlm.hf import HFBackbone, HubUnreachableError, adapt, load_pretrained  # noqa: E402
 from setdlm.masks import causal_mask  # noqa: E402
 from setdlm.objectives import Batch, compute_loss, setdlm_inputs  # noqa: E402
 from setdlm.schedules import StaggeredSchedule  # noqa: E402
+from support import tiny_hf, tiny_tokenizer  # noqa: E402
+from support.backbone_contract import (bad_mask_width_and_batch, cache_exact_ragged_append_crop,  # noqa: E402
+                                      cache_storage_order_irrelevant, select_rows_and_keep_zero)
 
-V = 100  # vocabulary of the tiny models; test_model's contract tests use ids < 32
+V = 100  # vocabulary of the tiny models; the backbone contract (support.backbone_contract) uses ids < 32
 FAMILIES = ("llama", "qwen2", "qwen3", "gpt2")
 # Llama/Qwen RMSNorm computes in float32 even in a float64 model (transformers' choice, kept as is), so two
 # float64 paths agree to ~1e-15 unless a float32 rounding flips (~1e-8). A wrong mask or cache is ~1e-1.
 ATOL = 1e-9
-
-
-def tiny_hf(kind: str, seed: int = 0, vocab: int = V, dtype=torch.float64):
-    """A tiny random transformers causal LM (GQA: 4 query heads over 2 KV heads for the Llama family)."""
-    torch.manual_seed(seed)
-    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    if kind == "llama":
-        m = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
-    elif kind == "qwen2":
-        m = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
-    elif kind == "qwen3":
-        m = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=16))
-    else:
-        m = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4,
-                                                                 n_positions=128, bos_token_id=0, eos_token_id=0))
-    with torch.no_grad():  # non-trivial norms, so that their weights are exercised
-        g = torch.Generator().manual_seed(seed + 1)
-        for name, p in m.named_parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn(p.shape, generator=g))
-    return m.to(dtype).eval()
-
-
-def tiny_tokenizer(n_words: int = 60):
-    """A word-level fast tokenizer without a MASK token: <unk>, <s>, </s>, w0..w{n-1}."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(n_words)]
-    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>",
-                                                eos_token="</s>")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -180,13 +146,14 @@ def test_two_stream_matches_transformers_eager_route(kind):
 
 @pytest.mark.parametrize("kind", ("llama", "qwen3", "gpt2"))
 def test_generic_cache_contract(kind):
-    """The DiT's own cache tests (tests/test_model.py) pass unchanged on the adapter: ragged append/crop
-    with capacity growth, storage order, select_rows and keep=0, bad input."""
+    """The backbone contract the DiT passes (support.backbone_contract, run in tests/test_model.py) passes
+    unchanged on the adapter: ragged append/crop with capacity growth, storage order, select_rows and keep=0,
+    bad input."""
     bb = HFBackbone(tiny_hf(kind))
-    contract_ragged_cache(bb)
-    contract_storage_order(bb)
-    contract_select_rows(bb)
-    contract_bad_input(bb)
+    cache_exact_ragged_append_crop(bb)
+    cache_storage_order_irrelevant(bb)
+    select_rows_and_keep_zero(bb)
+    bad_mask_width_and_batch(bb)
 
 
 # ---------------------------------------------------------------------------------------------------------

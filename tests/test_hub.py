@@ -19,7 +19,7 @@ from setdlm.hf import HFBackbone, HubUnreachableError, adapt, setdlm_tokenizer  
 from setdlm.hub import bench_table, is_hub_id, model_card  # noqa: E402
 from setdlm.masks import causal_mask  # noqa: E402
 from setdlm.objectives import Batch, compute_loss  # noqa: E402
-from test_hf import tiny_hf, tiny_tokenizer  # noqa: E402
+from support import tiny_hf, tiny_tokenizer  # noqa: E402
 
 
 def hf_model(kind: str, family: str = "setdlm", tie: bool | None = None) -> Model:

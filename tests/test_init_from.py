@@ -10,10 +10,9 @@ import torch
 import setdlm
 from setdlm.cli import main as cli
 from setdlm.train import TrainConfig, train
-from train_helpers import one_thread, write_hamlet  # noqa: F401 (fixture)
+from support import tiny_hf, tiny_tokenizer, write_hamlet
 
 transformers = pytest.importorskip("transformers")
-from test_hf import tiny_hf, tiny_tokenizer  # noqa: E402
 
 RUN = ["--length", "16", "--batch-size", "4", "--eval-every", "0", "--save-every", "0", "--log-every", "1",
        "--eval-max", "8", "--eval-batch-size", "4"]

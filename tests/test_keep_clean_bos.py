@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 
-from conftest import make_model
-from reference_sources import FIX
 from setdlm.convert import load_reference, reference_family
 from setdlm.family import FamilyConfig
 from setdlm.masks import causal_mask
 from setdlm.objectives import Batch, clean_bos, compute_loss, log_probs, setdlm_loss
 from setdlm.train import TrainConfig
+
+from support.reference_sources import FIX
 
 V, MASK, BOS = 32, 31, 1
 

@@ -7,13 +7,14 @@ import json
 import pytest
 import torch
 
-from conftest import make_model
 from setdlm import FamilyConfig, Model
 from setdlm import load as load_checkpoint
 from setdlm.cli import main as cli
 from setdlm.data import build_dataset, char_tokenizer, read_source
 from setdlm.evaluate import likelihood
 from setdlm.train import likelihood as train_likelihood
+
+from support import make_model
 
 TEXT = "the cat sat on the mat. a dog ran to the cat.\n" * 6
 L, BATCH, SEED = 32, 3, 11

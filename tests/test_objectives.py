@@ -4,12 +4,13 @@ MASK never predicted, padding and context invisible to the loss (SPEC §2.5, §2
 import pytest
 import torch
 
-from conftest import make_model
 from setdlm.family import FamilyConfig
 from setdlm.masks import causal_mask
 from setdlm.objectives import (Batch, ar_loss, compute_loss, log_probs, masked_diffusion_loss,
                                setdlm_loss)
 from setdlm.schedules import LinearSchedule, StaggeredSchedule
+
+from support import make_model
 
 V, MASK = 32, 31
 

@@ -14,10 +14,11 @@ import torch
 from safetensors.torch import load_file
 
 import setdlm
-from reference_sources import SOURCES, copy_fixture, reference_model, tokenizer_folder
 from setdlm.convert import convert_reference_state_dict, infer_D, reference_configs
 from setdlm.masks import describe
 from setdlm.objectives import Batch, log_probs, setdlm_inputs, setdlm_loss
+
+from support.reference_sources import SOURCES, copy_fixture, reference_model, tokenizer_folder
 
 FIX = Path(__file__).parent / "fixtures" / "reference-dit-tiny"
 EXP = json.loads((FIX / "expected.json").read_text())

@@ -21,7 +21,7 @@ from setdlm.decoding import generate  # noqa: E402
 from setdlm.hf import HFBackbone, HubUnreachableError  # noqa: E402
 from setdlm.objectives import Batch, setdlm_inputs  # noqa: E402
 from setdlm.schedules import StaggeredSchedule  # noqa: E402
-from test_hf import tiny_tokenizer  # noqa: E402
+from support import tiny_tokenizer  # noqa: E402
 
 MASK = "<|fim_middle|>"  # Qwen3's existing token that the authors use as MASK
 

@@ -9,8 +9,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import setdlm
-from reference_sources import FIX, copy_fixture, tokenizer_folder
 from setdlm.convert import read_reference_weights
+
+from support.reference_sources import FIX, copy_fixture, tokenizer_folder
 
 
 def _shard(folder, suffix: str) -> dict:

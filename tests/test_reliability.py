@@ -26,9 +26,7 @@ from setdlm.family import FamilyConfig
 from setdlm.lm import Model
 from setdlm.train import TrainConfig
 
-from conftest import make_model
-from test_cli import run
-from train_helpers import one_thread, subprocess_env, write_hamlet  # noqa: F401 (fixture)
+from support import make_model, run, subprocess_env, write_hamlet
 
 TINY = ["--length", "32", "--hidden-size", "32", "--n-layers", "1", "--batch-size", "4", "--eval-fraction", "0.1",
         "--eval-max", "8", "--eval-every", "0", "--log-every", "1", "--tokenizer", "char"]

@@ -16,9 +16,9 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from decoding_support import CharTokenizer, tiny_model  # noqa: E402
-from serve_support import running  # noqa: E402
 from setdlm.decoding import generate  # noqa: E402
+
+from support import CharTokenizer, running, tiny_model  # noqa: E402
 
 TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }} {% endfor %}assistant:"
 

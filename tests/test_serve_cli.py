@@ -10,9 +10,10 @@ import urllib.request
 
 import pytest
 
-from serve_support import free_port
 from setdlm.cli import main
 from setdlm.pretrained import load
+
+from support import free_port
 
 
 def test_show_order_marks_every_token_with_its_step_and_trace_file_holds_the_sets(tmp_path, capsys):

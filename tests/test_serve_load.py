@@ -14,9 +14,9 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from decoding_support import CharTokenizer, tiny_model  # noqa: E402
-from serve_support import running  # noqa: E402
 from setdlm.decoding import generate  # noqa: E402
+
+from support import CharTokenizer, running, tiny_model  # noqa: E402
 
 
 def _rss_mb() -> float:

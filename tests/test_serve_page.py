@@ -13,9 +13,9 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 webdriver = pytest.importorskip("selenium.webdriver")
 
-from decoding_support import CharTokenizer, tiny_model  # noqa: E402
-from serve_support import running  # noqa: E402
 from setdlm.decoding import generate  # noqa: E402
+
+from support import CharTokenizer, running, tiny_model  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")

@@ -4,9 +4,10 @@ steps next to rows of other lengths and settings, gives what ``generate`` gives 
 import pytest
 import torch
 
-from decoding_support import BOS, CharTokenizer, tiny_model
 from setdlm.decoding import applicable_knobs, generate
 from setdlm.decoding.session import Session
+
+from support import BOS, CharTokenizer, tiny_model
 
 FAMILIES = ["ar", "mdlm", "bd3lm", "setdlm"]
 SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=20, repetition_penalty=1.3)

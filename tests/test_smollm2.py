@@ -17,11 +17,12 @@ import importlib.util
 import pytest
 import torch
 
-from decoding_support import active_rows, assert_cache_clean, assert_setdlm_steps_exact, recorded, step_logits
 from setdlm import FamilyConfig, Model, load
 from setdlm.decoding import generate
 from setdlm.masks import bd3lm_two_stream_mask, causal_mask
 from setdlm.objectives import Batch, setdlm_inputs
+
+from support import active_rows, assert_cache_clean, assert_setdlm_steps_exact, recorded, step_logits
 
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")

@@ -12,7 +12,7 @@ import pytest
 
 from setdlm import decoding, evaluate
 from setdlm.data.tasks import reasoning_split, write_jsonl
-from train_helpers import subprocess_env
+from support import subprocess_env
 
 STUDY = Path(__file__).resolve().parents[1] / "benchmarks" / "study"
 

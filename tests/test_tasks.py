@@ -10,6 +10,7 @@ import pytest
 from setdlm.data.tasks import (PRESETS, SPLITS, InfillExample, ReasoningConfig, encode_infill,
                                gsm_symbolic, infill_examples, infill_from_file, load_gsm8k_jsonl, make_infill,
                                reasoning_split, split_of, split_sentences, write_jsonl)
+from setdlm.data.tokenizers import char_tokenizer
 from setdlm.metrics import extract_answer
 
 # ---------------------------------------------------------------------------------------------------------
@@ -240,15 +241,9 @@ def test_infill_limits_and_errors(tmp_path):
         infill_from_file(path, "test")
 
 
-class CharTokenizer:
-    """A real (minimal) character tokenizer: one id per character, no special tokens."""
-
-    def encode(self, text):
-        return [ord(c) for c in text]
-
-
 def test_encode_infill_parts_and_oracle_length():
     ex = infill_examples(_corpus(), "test", 1)[0]
-    p, m, s = encode_infill(ex, CharTokenizer())
-    assert p + m + s == CharTokenizer().encode(ex.text)
+    tok = char_tokenizer([ex.text])  # one id per character
+    p, m, s = encode_infill(ex, tok)
+    assert p + m + s == tok.encode(ex.text)
     assert len(m) == len(ex.middle)

@@ -16,7 +16,7 @@ import setdlm
 from setdlm.cli import main as cli
 from setdlm.train import DataOrder, TrainConfig, lr_at, train
 
-from train_helpers import one_thread, subprocess_env, write_hamlet  # noqa: F401 (fixture)
+from support import subprocess_env, write_hamlet
 
 TINY = dict(length=32, hidden_size=32, n_layers=2, n_heads=2, batch_size=8, lr=3e-3, warmup=5, eval_fraction=0.1,
             eval_max=32, eval_batch_size=8, log_every=5)

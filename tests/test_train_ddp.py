@@ -11,7 +11,7 @@ import setdlm
 from setdlm import checkpoint as ckpt
 from setdlm.train import heldout_of, likelihood
 
-from train_helpers import subprocess_env, write_hamlet
+from support import subprocess_env, write_hamlet
 
 
 def test_torchrun_two_processes(tmp_path):

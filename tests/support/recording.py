@@ -1,32 +1,60 @@
-"""Helpers for the task-evaluation and benchmark tests: a real character tokenizer for the task texts, tiny
-random models, and the real backbone wrapped to script its predictions, count its forwards or slow down its
-first forwards."""
+"""The real backbone wrapped for tests (not mocks: each wrapper runs the model it wraps): recording every call
+(inputs, logits, cache after the call), scripting its predictions, counting its forwards, or slowing down its
+first forwards (a cold start)."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from conftest import make_model
-from setdlm import FamilyConfig, Model
-from setdlm.data.tasks import reasoning_split
-from setdlm.data.tokenizers import char_tokenizer
-
-FAMILY_KW = {"ar": {}, "setdlm": dict(D=2), "bd3lm": dict(block_size=4), "mdlm": dict(block_size=8)}
+from setdlm import Model
+from setdlm.model import KVCache
 
 
-def task_tokenizer():
-    """Characters of the reasoning problems plus plain English text."""
-    texts = [e.prompt + e.completion for e in reasoning_split("train", 300, level="easy")]
-    return char_tokenizer(texts + ["abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ .,;:'!?-"])
+@dataclass
+class Call:
+    ids: torch.Tensor  # (B, T)
+    pos: torch.Tensor  # (B, T)
+    mask: torch.Tensor  # (B, 1, T, C + T)
+    logits: torch.Tensor  # (B, T − logits_start, V)
+    logits_start: int
+    keep: object
+    cache: KVCache | None  # a clone of the cache right after the call
+
+    @property
+    def lengths(self):
+        return self.cache.lengths
+
+    @property
+    def cache_pos(self):
+        return self.cache.positions()
 
 
-def tiny(family: str, tok, L: int = 128, dtype=torch.float64, seed: int = 0) -> Model:
-    """A tiny random model (random head) of ``family`` with the tokenizer ``tok``."""
-    backbone = make_model(vocab=tok.vocab_size, seed=seed, dtype=dtype)
-    return Model(backbone, FamilyConfig(family, length=L, mask_token_id=tok.mask_token_id, **FAMILY_KW[family]), tok)
+class Recorder(nn.Module):
+    """The real backbone with every call recorded (not a mock: it runs the wrapped model)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.calls: list[Call] = []
+        self.train(inner.training)  # same mode as the wrapped model (generate restores the wrapper's mode)
+
+    def forward(self, ids, pos, mask, cache=None, *, keep=None, logits_start=0):
+        out = self.inner(ids, pos, mask, cache, keep=keep, logits_start=logits_start)
+        self.calls.append(Call(ids.clone(), pos.clone(), mask.clone(), out.clone(), logits_start, keep,
+                               cache.clone() if cache is not None else None))
+        return out
+
+    def new_cache(self, batch, capacity=64):
+        return self.inner.new_cache(batch, capacity)
+
+
+def recorded(model: Model) -> tuple[Model, Recorder]:
+    rec = Recorder(model.backbone)
+    return Model(rec, model.family, model.tokenizer), rec
 
 
 class Scripted(nn.Module):

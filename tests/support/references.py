@@ -1,97 +1,20 @@
-"""Helpers for the decoding tests: tiny models per family, a real character tokenizer, the real backbone
-instrumented to record every call (inputs, logits, cache after the call), and from-scratch references."""
+"""From-scratch references for the decoding tests: a traced decode's logits and cache, step by step, against
+the two-stream training forward and a clean prefill (docs/concepts.md, "Two-stream training and the set-causal
+mask"; paper Sec. 3)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-from torch import nn
 
-from conftest import make_model
-from setdlm import FamilyConfig, Model
-from setdlm.model import KVCache
 from setdlm.objectives import Batch, setdlm_inputs
 
-V = 48
-MASK = V - 1
-PAD, BOS, EOS = 0, 1, 2
-PROMPTS = [[BOS, 5, 7], [BOS, 9, 4, 11, 3, 6, 20], [BOS, 30, 8, 12, 40]]  # ragged on purpose
-
-
-def tiny_model(family: str, L: int = 48, seed: int = 1, dtype=torch.float64, **fam) -> Model:
-    """A float64 random model whose outputs are not all one token (larger embeddings and head)."""
-    m = make_model(vocab=V, hidden=32, heads=2, layers=2, seed=seed, dtype=dtype)
-    with torch.no_grad():
-        m.head.weight.mul_(4)
-        m.embed.weight.mul_(4)
-    if family == "setdlm":
-        fam.setdefault("D", 2)
-    if family in ("bd3lm", "mdlm"):
-        fam.setdefault("block_size", 4)
-    return Model(m, FamilyConfig(family, L, MASK, **fam))
-
-
-class CharTokenizer:
-    """A character tokenizer: 0 PAD, 1 BOS, 2 EOS, 3 unused, letters and punctuation, MASK last."""
-
-    chars = "abcdefghijklmnopqrstuvwxyz .,;:!?'-0123456789"[: V - 5]
-    vocab_size, pad_token_id, bos_token_id, eos_token_id, mask_token_id = V, PAD, BOS, EOS, MASK
-
-    def encode(self, text: str) -> list[int]:
-        return [4 + self.chars.index(c) for c in text]
-
-    def decode(self, ids) -> str:
-        return "".join(self.chars[i - 4] for i in ids if 4 <= i < 4 + len(self.chars))
-
-
-@dataclass
-class Call:
-    ids: torch.Tensor  # (B, T)
-    pos: torch.Tensor  # (B, T)
-    mask: torch.Tensor  # (B, 1, T, C + T)
-    logits: torch.Tensor  # (B, T − logits_start, V)
-    logits_start: int
-    keep: object
-    cache: KVCache | None  # a clone of the cache right after the call
-
-    @property
-    def lengths(self):
-        return self.cache.lengths
-
-    @property
-    def cache_pos(self):
-        return self.cache.positions()
-
-
-class Recorder(nn.Module):
-    """The real backbone with every call recorded (not a mock: it runs the wrapped model)."""
-
-    def __init__(self, inner: nn.Module):
-        super().__init__()
-        self.inner = inner
-        self.calls: list[Call] = []
-        self.train(inner.training)  # same mode as the wrapped model (generate restores the wrapper's mode)
-
-    def forward(self, ids, pos, mask, cache=None, *, keep=None, logits_start=0):
-        out = self.inner(ids, pos, mask, cache, keep=keep, logits_start=logits_start)
-        self.calls.append(Call(ids.clone(), pos.clone(), mask.clone(), out.clone(), logits_start, keep,
-                               cache.clone() if cache is not None else None))
-        return out
-
-    def new_cache(self, batch, capacity=64):
-        return self.inner.new_cache(batch, capacity)
-
-
-def recorded(model: Model) -> tuple[Model, Recorder]:
-    rec = Recorder(model.backbone)
-    return Model(rec, model.family, model.tokenizer), rec
+from .recording import Recorder
+from .tokenizers import MASK
 
 
 def active_rows(row_nfe: list[int], step: int) -> list[int]:
     """Original rows present in the batch at decoding step ``step``: finished rows leave in order."""
     return [r for r, n in enumerate(row_nfe) if n > step]
-
 
 
 def step_logits(call, b: int, q: int):
@@ -138,7 +61,7 @@ def assert_setdlm_steps_exact(bb, rec: Recorder, out, prompt_len: int, r: int, *
 
 def setdlm_training_logits(backbone, seq, visible, q, mask_id=MASK):
     """Logits of the query at position ``q`` ranked right after ``visible`` (positions in reveal order) in
-    the two-stream training input (SPEC §2.3–2.4); every other position is padding."""
+    the two-stream training input (docs/concepts.md); every other position is padding."""
     n_pos = max(visible + [q]) + 1
     ids = torch.zeros(1, n_pos, dtype=torch.long)
     ids[0, visible] = torch.tensor([seq[p] for p in visible])

@@ -25,7 +25,7 @@ from setdlm.cli import main as cli
 from setdlm.convert import load_reference
 from setdlm.data.tokenizers import Tokenizer
 
-FIX = Path(__file__).parent / "fixtures" / "reference-dit-tiny"
+FIX = Path(__file__).parents[1] / "fixtures" / "reference-dit-tiny"
 SOURCES = ("fixture", "detected", "converted", "hf-layout")
 
 
