@@ -1,4 +1,4 @@
-"""Decoding speed of every decoder on one randomly initialised backbone, side by side (SPEC.md §4.10).
+"""Decoding speed of every decoder on one randomly initialised backbone, side by side (docs/method.md §4.10).
 
     PYTHONPATH=src python benchmarks/decode_speed.py                      # the RESULTS.md table
     PYTHONPATH=src python benchmarks/decode_speed.py --device cuda --dtype bfloat16
@@ -18,7 +18,7 @@ CUDA from wall time.
 
 With random weights the confidences are low and nearly flat, so a threshold τ = 0.9 almost never commits
 more than the top-1: tokens/step stays ≈ 1 and τ changes little here. Trained models are needed to see
-the parallelism τ buys (SPEC §6.1).
+the parallelism τ buys (docs/method.md §6.1).
 """
 
 from __future__ import annotations

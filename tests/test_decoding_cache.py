@@ -2,7 +2,7 @@
 every row of a ragged batch (rows leave as they finish), the query logits equal a from-scratch forward
 over the same visible tokens with the training-time mask, and every cached K/V equals the clean-stream
 K/V recomputed from scratch in insertion order (so no cached entry depends on a MASK input). MDLM's
-reordered input gives the logits of a plain natural-order forward. Overflow (SPEC §4.5) evicts the
+reordered input gives the logits of a plain natural-order forward. Overflow (docs/method.md §4.5) evicts the
 smallest positions."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Infilling (SPEC §4.6): prefix and suffix untouched, exactly the requested number of positions filled,
+"""Infilling (docs/method.md §4.6): prefix and suffix untouched, exactly the requested number of positions filled,
 for every family; SetDLM caches prefix and suffix up front and slides its window over the masked middle;
 AR conditions on the prefix only; several gaps at arbitrary positions; strings through a tokenizer."""
 

@@ -1,5 +1,5 @@
 """SetDLM decoding parity with the authors' code (case ``setdlm_generate_w2_tau_off`` of the tiny reference
-DiT fixture): greedy, window 2, threshold off, 8 new tokens. Pins down SPEC §4.2 exactly: the positional
+DiT fixture): greedy, window 2, threshold off, 8 new tokens. Pins down docs/method.md §4.2 exactly: the positional
 window [f, f + w), clean-first-then-masks input order, the tokens of step i cached inside the forward of
 step i + 1 with the masks' K/V dropped, and one token per NFE. Runs on each way of reaching the weights (``reference_sources.SOURCES``)."""
 

@@ -1,4 +1,4 @@
-"""Logits processors, sampling and the commit rule (SPEC §4.3, §5.3): each processor against its formula,
+"""Logits processors, sampling and the commit rule (docs/method.md §4.3, §5.3): each processor against its formula,
 samples against their distribution, the commit rule, and the penalties' effect on decoding."""
 
 import math

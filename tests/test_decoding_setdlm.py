@@ -1,4 +1,4 @@
-"""SetDLM decoder semantics (SPEC §4.2–4.5, pitfalls 9–11): one token per NFE with the threshold off, the
+"""SetDLM decoder semantics (docs/method.md §4.2–4.5, §7.9–7.11): one token per NFE with the threshold off, the
 threshold only adds parallelism, the positional window [f, f + w), the D = M = w = 1 reduction to AR
 decoding of the two-stream model, and the reveal-time cache order."""
 

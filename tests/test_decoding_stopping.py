@@ -1,4 +1,4 @@
-"""Stopping and I/O (SPEC §4.4): EOS, stop strings and max_new_tokens as documented, strings in and out
+"""Stopping and I/O (docs/method.md §4.4): EOS, stop strings and max_new_tokens as documented, strings in and out
 through a tokenizer, and clear errors for bad arguments."""
 
 import pytest

@@ -1,5 +1,5 @@
 """Likelihood evaluation: the bound over a split is the mean of the per-token NLLs over the whole split
-(token-weighted across batches, padding and context excluded), with k order samples as an option (SPEC §5.1)."""
+(token-weighted across batches, padding and context excluded), with k order samples as an option (docs/method.md §5.1)."""
 
 import math
 

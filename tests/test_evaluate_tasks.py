@@ -1,4 +1,4 @@
-"""Reasoning accuracy, infilling ROUGE and throughput through the real decoders (SPEC §4.10, §5.2, §5.4):
+"""Reasoning accuracy, infilling ROUGE and throughput through the real decoders (docs/method.md §4.10, §5.2, §5.4):
 scores equal a direct decode scored by hand, batching changes nothing, completions are cut at EOS, AR
 infills from the prefix only, throughput excludes the warm-up and counts only generated tokens, and NFE and
 tokens/step are the decoders' own counts."""

@@ -122,7 +122,7 @@ def test_two_stream_equals_cached_decode(kind):
 
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_two_stream_matches_transformers_eager_route(kind):
-    """An independent reference: the authors' route (SPEC §3.2, pitfall 18), plain transformers with eager
+    """An independent reference: the authors' route (docs/method.md §3.2, §7.18), plain transformers with eager
     attention, the two-stream mask as a dense additive float mask and the permuted position ids. Eager
     softmax runs in float32 for the Llama family, hence the tolerance."""
     if kind == "gpt2" and int(transformers.__version__.split(".")[0]) < 5:

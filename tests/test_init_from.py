@@ -1,5 +1,5 @@
 """`setdlm train --init-from`: start any family from a Hugging Face causal LM (local folder; a Hub id needs
-network) or from a setdlm checkpoint, e.g. our own AR model adapted into a SetDLM (SPEC §2.9)."""
+network) or from a setdlm checkpoint, e.g. our own AR model adapted into a SetDLM (docs/method.md §2.9)."""
 
 import json
 import random

@@ -1,4 +1,4 @@
-"""Attention masks checked entry by entry (SPEC §2.4, §2.8)."""
+"""Attention masks checked entry by entry (docs/method.md §2.4, §2.8)."""
 
 import json
 from pathlib import Path
@@ -12,7 +12,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "reference-dit-tiny" / "expected.
 
 
 def _expected_setdlm(n, valid):
-    """The SPEC §2.4 table written out literally, slot by slot."""
+    """The docs/method.md §2.4 table written out literally, slot by slot."""
     m = torch.zeros(2 * n, 2 * n, dtype=torch.bool)
     for q in range(2 * n):
         for kv in range(2 * n):

@@ -1,5 +1,5 @@
 """Metrics: GSM8K exact match, ROUGE against rouge-score and hand-checked values, likelihood summaries,
-throughput statistics (SPEC §4.10, §5.1, §5.2, §5.4)."""
+throughput statistics (docs/method.md §4.10, §5.1, §5.2, §5.4)."""
 
 import math
 

@@ -1,5 +1,5 @@
 """Objectives: loss identities against explicit per-order forward passes (float64, 1e-9 relative),
-MASK never predicted, padding and context invisible to the loss (SPEC §2.5, §2.8)."""
+MASK never predicted, padding and context invisible to the loss (docs/method.md §2.5, §2.8)."""
 
 import pytest
 import torch
@@ -31,7 +31,7 @@ def _batch(B=2, L=10, seed=0, pad=None, ctx=None):
 
 def test_setdlm_loss_equals_separate_forwards(model64):
     """For a fixed order, the two-stream loss is the sum of L separate passes where each query sees only
-    the tokens earlier in the order (SPEC §8.5)."""
+    the tokens earlier in the order (docs/method.md §8.5)."""
     batch = _batch(B=2, L=10, pad={1: 3}, ctx={0: 2})
     sch = StaggeredSchedule.from_dm(10, 2, 4)
     order = sch.sample_order(batch.targets, generator=torch.Generator().manual_seed(3))

@@ -1,4 +1,4 @@
-"""Numerical parity with the authors' implementation on the reference-dit-tiny fixture (SPEC §3.1, §2.3–2.5).
+"""Numerical parity with the authors' implementation on the reference-dit-tiny fixture (docs/method.md §3.1, §2.3–2.5).
 
 Reference values were computed by the authors' code in float32 on CPU; NLLs, losses and logits must agree
 within 1e-4 absolute, inputs and masks exactly. Every check runs on each way of reaching the weights

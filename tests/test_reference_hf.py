@@ -1,5 +1,5 @@
 """The authors' Qwen3-based checkpoints (GSM8K: pretrained Qwen3-1.7B-Base; CNN/DM: the Qwen3-0.6B
-architecture re-initialised with overrides) through the Hugging Face adapter (SPEC §3.2, §5.7).
+architecture re-initialised with overrides) through the Hugging Face adapter (docs/method.md §3.2, §5.7).
 
 Their ``AutoModelFromPreTrained`` backbone holds a ``Qwen3ForCausalLM`` as ``backbone.model``, so the saved
 keys are ``backbone.model.<transformers key>``; the config names the base model and the overrides only.

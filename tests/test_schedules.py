@@ -1,4 +1,4 @@
-"""Ordering policies: SPEC §1.2 test vectors, reveal-time law, order structure (SPEC §1.3, §2.2)."""
+"""Ordering policies: docs/method.md §1.2 test vectors, reveal-time law, order structure (docs/method.md §1.3, §2.2)."""
 
 import math
 

@@ -1,5 +1,5 @@
 """Task data: deterministic generators, disjoint fixed splits, arithmetically correct reasoning problems,
-infill examples that reassemble to their source text, GSM8K JSONL loading (SPEC §5.2, §5.4)."""
+infill examples that reassemble to their source text, GSM8K JSONL loading (docs/method.md §5.2, §5.4)."""
 
 import json
 import random

@@ -4,15 +4,15 @@ Every measurement is one JSON line in ``benchmarks/study/results/raw.jsonl`` key
 setting); a measurement already there is skipped, so the script resumes where it stopped.
 
 * (a) ``lm``: held-out likelihood bound (``setdlm eval RUN``: the trainer's fixed held-out rows, one order
-  or mask sample per row, SPEC §5.1) and decoding speed: 64 new tokens after 16-token held-out prompts,
-  batch 1, greedy, threshold off, the first ``WARMUP`` prompts excluded (SPEC §4.10).
+  or mask sample per row, docs/method.md §5.1) and decoding speed: 64 new tokens after 16-token held-out prompts,
+  batch 1, greedy, threshold off, the first ``WARMUP`` prompts excluded (docs/method.md §4.10).
 * (b) ``reason``: held-out bound of the completions; exact-match accuracy on ``N_REASON`` test problems
   (decoded in batches) and batch-1 speed on the first ``N_SPEED`` of them, for the confidence thresholds
-  ``TAUS`` (off, .99, .95, ..., .6: SPEC §5.2's ten); SetDLM decodes with w = D and
+  ``TAUS`` (off, .99, .95, ..., .6: docs/method.md §5.2's ten); SetDLM decodes with w = D and
   reveal-time cache order, BD3LM with its S,
   MDLM with sub-blocks of 32; AR once.
 * (c) ``infill``: the LM models fill the middle sentence of 5-sentence held-out Shakespeare windows with
-  the oracle length (greedy, threshold off, repetition penalty 1.2, SPEC §5.4); SetDLM with w = M;
+  the oracle length (greedy, threshold off, repetition penalty 1.2, docs/method.md §5.4); SetDLM with w = M;
   AR sees only the prefix. ROUGE-1/2/L over all windows; batch-1 speed on the first ``N_INFILL_SPEED``.
 
 Speed is the CPU time of this process with one torch thread (``clock="cpu"``), so that the evaluation can
@@ -44,7 +44,7 @@ RUNS = Path("runs/study")
 OUT = Path(__file__).parent / "results"
 N_REASON, N_SPEED, WARMUP = 300, 40, 5
 N_INFILL_SPEED = 50  # the first examples, timed one at a time after the warm-up
-# the threshold sweep: SPEC §5.2's (off, .99, .95, ..., .6)
+# the threshold sweep: docs/method.md §5.2's (off, .99, .95, ..., .6)
 TAUS = (None, 0.99, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)
 CLOCK = "cpu"
 LM_PROMPT, LM_NEW, LM_PROMPTS = 16, 64, 50

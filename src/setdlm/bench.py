@@ -1,5 +1,5 @@
 """Speed/quality sweeps of decoding settings: a Markdown table, a Pareto plot and the raw numbers
-(SPEC.md §4.10, §5.2, §5.4, §6.1).
+(docs/method.md §4.10, §5.2, §5.4, §6.1).
 
 For each model and each setting that applies to its family (confidence threshold τ for SetDLM, BD3LM and
 MDLM, AR committing exactly one token per step; window ``w`` for SetDLM; batch size for all), one timed
@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from .decoding.settings import FAMILIES, DecodeSettings
 from .lm import Model
 
-THRESHOLDS = (None, 0.99, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)  # SPEC §5.2: None = off (τ = 1e6)
+THRESHOLDS = (None, 0.99, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)  # docs/method.md §5.2: None = off (τ = 1e6)
 TASKS = ("reasoning", "infill", "likelihood")
 QUALITY = {"reasoning": "accuracy", "infill": "rougeL", "likelihood": "nats_per_token"}
 

@@ -1,4 +1,4 @@
-"""Checkpoints in a Hugging Face-style folder, written atomically and never pickled (DESIGN.md §3, §5).
+"""Checkpoints in a Hugging Face-style folder, written atomically and never pickled (docs/method.md §9.3, §9.5).
 
 A checkpoint folder holds::
 

@@ -1,4 +1,4 @@
-"""Load and convert the authors' checkpoints (``kuleshov-group/setdlms``) into setdlm (SPEC.md §3.1, §3.2, §5.7).
+"""Load and convert the authors' checkpoints (``kuleshov-group/setdlms``) into setdlm (docs/method.md §3.1, §3.2, §5.7).
 
 A folder (or Hub repo) in the authors' layout holds ``config.json`` (their ``backbone_config`` /
 ``noise_config`` dicts, or the flat layout of ``tests/fixtures/reference-dit-tiny``), the weights
@@ -27,7 +27,7 @@ DiT key map (official → ours)::
     static_attention_mask, backbone.rotary_emb.inv_freq   (buffers, not weights: checked, dropped)
 
 The family comes from the config's ``architectures`` or the name (SetDLM, BD3LM ``-s{N}``, MDLM, AR). The
-SetDLM schedule is rebuilt the way their loader does (SPEC §5.7, pitfall 9): ``D`` from the config's
+SetDLM schedule is rebuilt the way their loader does (docs/method.md §5.7, §7.9): ``D`` from the config's
 ``desired_block_size`` or from ``d{N}`` / ``tgt{N}`` / ``smax{2N}`` in the name, ``M = min(2D, L)`` (the
 exported configs may carry ``max_block_size = L``). Tokenizers: the checkpoint's own files, else
 ``tokenizer=`` (a folder or Hub name), else the config's ``tokenizer_name`` or the base model, else the
@@ -406,7 +406,7 @@ _DATASET_TOKENIZERS = (("owt", "gpt2"), ("openwebtext", "gpt2"), ("lm1b", "bert-
 
 
 def default_tokenizer_name(name: str) -> str | None:
-    """The tokenizer the paper used for the dataset in a checkpoint's name (SPEC §2.9), or None."""
+    """The tokenizer the paper used for the dataset in a checkpoint's name (docs/method.md §2.9), or None."""
     base = name.rstrip("/").split("/")[-1].lower()
     for key, tok in _DATASET_TOKENIZERS:
         if re.search(rf"(?:^|[-_]){key}(?:$|[-_])", base):

@@ -1,22 +1,22 @@
-"""Evaluation of a model on data (SPEC.md §4.10, §5).
+"""Evaluation of a model on data (docs/method.md §4.10, §5).
 
-``likelihood`` — the family's likelihood bound over a split (SPEC §5.1): the model in eval mode, the
+``likelihood`` — the family's likelihood bound over a split (docs/method.md §5.1): the model in eval mode, the
 training-time inputs (for SetDLM every target masked, one reveal order sampled per sequence), per-token NLLs
 summed over the whole split and divided by the number of scored tokens (``Σ nll / Σ tokens``, not a mean of
 batch means). AR gives its exact NLL; MDLM and BD3LM their 1/t-weighted NELBO; SetDLM the any-order NLL in
 the sampled order, an upper bound on the NLL. ``samples = k`` passes over the data k times with fresh orders
 (the reference's ``num_importance_samples``): the estimate's variance falls, its expectation does not move.
 
-``reasoning`` — exact-match accuracy on GSM8K-shaped problems (SPEC §5.2): each prompt is
+``reasoning`` — exact-match accuracy on GSM8K-shaped problems (docs/method.md §5.2): each prompt is
 ``[BOS] question "\n"``, the layout ``setdlm train`` gives prompt/completion pairs, decoded by the family's
 decoder (greedy by default) in batches of ``batch_size`` rows until EOS or ``max_new_tokens``; the completion
 is cut at its first EOS and scored by the integer after its first ``####``.
 
-``infill`` — ROUGE-1/2/L F-measure of the filled middle (SPEC §5.4): ``[BOS] prefix [MASK]×m suffix`` with the
+``infill`` — ROUGE-1/2/L F-measure of the filled middle (docs/method.md §5.4): ``[BOS] prefix [MASK]×m suffix`` with the
 oracle length ``m`` (the hidden middle's token count), the three parts tokenized separately; AR models get
 the prefix only, as the paper's AR baseline.
 
-``throughput`` — decoding speed the paper's way (SPEC §4.10, pitfall 20): one example per call at batch 1,
+``throughput`` — decoding speed the paper's way (docs/method.md §4.10, §7.20): one example per call at batch 1,
 the first ``warmup`` calls excluded, mean ± std of per-call generated tokens / second (prompt tokens never
 count; the latency includes the prefill), plus the aggregate rate, the number to compare at batch > 1.
 
@@ -143,7 +143,7 @@ def prompt_ids(model: Model, example: ReasoningExample) -> list[int]:
 
 def infill_row(model: Model, example: InfillExample, *, eos: bool = False) -> tuple[list[int], int, list[int]]:
     """``(prefix ids, oracle length, suffix ids)`` of an infilling example: ``[BOS] + prefix``, the token count
-    of the hidden middle, ``suffix (+ [EOS] with eos=True)``, each part tokenized on its own (SPEC §5.4). The
+    of the hidden middle, ``suffix (+ [EOS] with eos=True)``, each part tokenized on its own (docs/method.md §5.4). The
     suffix is empty for AR models, which condition on the prefix only."""
     tok = _tokenizer(model)
     pre, mid, suf = encode_infill(example, tok)

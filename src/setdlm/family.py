@@ -1,4 +1,4 @@
-"""Which member of the family a model is, and its ordering policy (DESIGN.md §1).
+"""Which member of the family a model is, and its ordering policy (docs/method.md §9.1).
 
 =========  =====================================  ==========================================
 family     fields used                            schedule

@@ -1,5 +1,5 @@
 """lm-evaluation-harness model adapter: ``lm_eval --model setdlm --model_args pretrained=PATH,...``
-(SPEC.md §5.1, §5.2, §5.6).
+(docs/method.md §5.1, §5.2, §5.6).
 
 Registration. Importing this module registers the model name ``setdlm`` in lm-eval's registry
 (``lm_eval.api.registry.register_model``). setdlm's package metadata also declares it as an
@@ -15,7 +15,7 @@ Requests:
   step), BD3LM/MDLM ``block_size``; the request's ``until`` strings and EOS stop a row; ``max_gen_toks``
   (capped so that prompt + output fit the context length); ``do_sample``/``temperature``/``top_p``/``top_k``.
 * ``loglikelihood(context, continuation)`` — the family's likelihood bound of the continuation given the
-  context (the context is clean and first in every order, SPEC §2.2): AR exact; SetDLM the any-order NLL
+  context (the context is clean and first in every order, docs/method.md §2.2): AR exact; SetDLM the any-order NLL
   under a sampled reveal order; MDLM/BD3LM their NELBO. ``samples=k`` averages the bound over k sampled
   orders / masks (the reference's ``num_importance_samples``). ``is_greedy`` is exact for AR and, for
   SetDLM, says whether every continuation token is its query's argmax under the sampled order; MDLM and
@@ -24,7 +24,7 @@ Requests:
   reports for the same rows, seed and batch size.
 * ``loglikelihood_rolling(text)`` — the bound of the whole text in disjoint windows of the context length.
 
-Paper GSM8K protocol (SPEC §5.2): ``gsm8k_paper=true`` with ``--apply_chat_template`` rebuilds the user
+Paper GSM8K protocol (docs/method.md §5.2): ``gsm8k_paper=true`` with ``--apply_chat_template`` rebuilds the user
 turn as the paper's instruction + the bare question, renders the model's chat template with
 ``enable_thinking=True``, and rewrites a ``\\boxed{x}`` answer as ``... #### x`` for the task's extractors
 (``boxed=true`` alone does only the rewriting).

@@ -1,4 +1,4 @@
-"""Hugging Face causal LMs as setdlm backbones (SPEC.md §3.2, §3.3, §7 pitfall 18).
+"""Hugging Face causal LMs as setdlm backbones (docs/method.md §3.2, §3.3, §7.18).
 
 The paper's GSM8K models are a pretrained ``Qwen3ForCausalLM`` fine-tuned into set diffusion (§2.9). This
 module makes any ``transformers`` causal LM of the Llama, Qwen2/Qwen3 or GPT-2 families honour the backbone
@@ -10,7 +10,7 @@ contract of :mod:`setdlm.model`::
 How: :class:`HFBackbone` runs the model's **own submodules** (token/position embeddings, norms, q/k/v/o
 projections, Qwen3's per-head q/k norms, rotary embedding, MLPs, final norm, ``lm_head``) in a forward
 written against that contract, instead of calling the HF decoder layers. HF's layers build their own
-masks and caches, and their SDPA/flash paths drop or reinterpret a custom dense mask (pitfall 18); here the
+masks and caches, and their SDPA/flash paths drop or reinterpret a custom dense mask (docs/method.md §7.18); here the
 boolean mask goes to :func:`setdlm.model.attention` unchanged, and the cache bookkeeping is the same code
 the DiT uses (:func:`~setdlm.model.begin_step`, :meth:`~setdlm.model.KVCache.update`,
 :func:`~setdlm.model.end_step`): per-row lengths, append at each row's offset, ``keep=`` crop. The cache

@@ -1,5 +1,5 @@
 """The Hugging Face Hub as an optional extra (``pip install 'setdlm[hf]'``): load a checkpoint by repo id,
-push a checkpoint folder, write its model card (DESIGN.md §3; the checkpoint layout of :mod:`setdlm.checkpoint`).
+push a checkpoint folder, write its model card (docs/method.md §9.3; the checkpoint layout of :mod:`setdlm.checkpoint`).
 
 * :func:`snapshot` — a Hub id → a local folder in the Hugging Face cache. With network it downloads (only
   what loading needs: no optimizer state, no code); offline (``HF_HUB_OFFLINE=1`` or the Hub unreachable)

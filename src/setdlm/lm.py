@@ -1,4 +1,4 @@
-"""A ready-to-use model: a backbone, the family it was trained as, and its tokenizer (DESIGN.md §4).
+"""A ready-to-use model: a backbone, the family it was trained as, and its tokenizer (docs/method.md §9.4).
 
 ``Model`` is a plain container; the work is done by free functions (``setdlm.decoding.generate``,
 ``setdlm.decoding.infill``, ``setdlm.objectives.compute_loss``) that accept it. Any backbone honouring the

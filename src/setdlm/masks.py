@@ -1,8 +1,8 @@
-"""Boolean attention masks (SPEC.md §2.4, §2.8). ``True`` = may attend.
+"""Boolean attention masks (docs/method.md §2.4, §2.8). ``True`` = may attend.
 
 All masks here are built in the coordinates of the tensor they are applied to: two-stream masks are
 built in **permuted** (reveal-order) coordinates, padding included, never by multiplying a permuted mask
-with an original-order padding mask (SPEC pitfall 8).
+with an original-order padding mask (docs/method.md §7.8).
 
 The two-stream layout is ``[x0 slots (n) | xt slots (n)]``. With a *set id* per slot (nondecreasing along
 the reveal order) the general set-causal rule is:
@@ -16,8 +16,8 @@ xt            xt          ``set_kv == set_q`` (own set)
 x0            xt          never
 ============  ==========  =====================================
 
-Singleton sets (``set = rank``) give the SetDLM mask of SPEC §2.4; blocks in natural order
-(``set = position // S``) give the BD3LM mask of SPEC §2.8.
+Singleton sets (``set = rank``) give the SetDLM mask of docs/method.md §2.4; blocks in natural order
+(``set = position // S``) give the BD3LM mask of docs/method.md §2.8.
 
 Decoding masks (docs/method.md §4) are built here too, next to the training masks they must agree with.
 They are the mask among the ``T`` *new* tokens of one decoder forward, (B, T, T), in slot order; every
@@ -61,7 +61,7 @@ def two_stream_set_mask(set_ids: Tensor, valid: Tensor) -> Tensor:
 
 
 def setdlm_two_stream_mask(valid_perm: Tensor) -> Tensor:
-    """SetDLM mask (SPEC §2.4): singleton sets, one per reveal rank. ``valid_perm``: (B, n) bool in permuted
+    """SetDLM mask (docs/method.md §2.4): singleton sets, one per reveal rank. ``valid_perm``: (B, n) bool in permuted
     order (False = padding) → (B, 1, 2n, 2n)."""
     B, n = valid_perm.shape
     ranks = torch.arange(n, device=valid_perm.device).expand(B, n)
@@ -69,7 +69,7 @@ def setdlm_two_stream_mask(valid_perm: Tensor) -> Tensor:
 
 
 def bd3lm_two_stream_mask(valid: Tensor, block_size: int) -> Tensor:
-    """BD3LM mask (SPEC §2.8) in natural order: block-causal x0→x0, strictly-earlier-block xt→x0,
+    """BD3LM mask (docs/method.md §2.8) in natural order: block-causal x0→x0, strictly-earlier-block xt→x0,
     block-diagonal xt→xt. ``valid``: (B, n) bool → (B, 1, 2n, 2n)."""
     B, n = valid.shape
     blocks = (torch.arange(n, device=valid.device) // block_size).expand(B, n)

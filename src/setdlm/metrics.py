@@ -1,13 +1,13 @@
-"""Scores and summaries used by evaluation and benchmarks (SPEC.md §4.10, §5.1, §5.2, §5.4).
+"""Scores and summaries used by evaluation and benchmarks (docs/method.md §4.10, §5.1, §5.2, §5.4).
 
 * ``extract_answer`` / ``exact_match`` — GSM8K-style scoring: the integer after the first ``####`` in a
-  completion must equal the reference (SPEC §5.2; lm-eval's strict match reads the same line).
+  completion must equal the reference (docs/method.md §5.2; lm-eval's strict match reads the same line).
 * ``rouge`` — ROUGE-1/2/L F-measure of predictions against references through the ``rouge-score`` package
   (optional extra ``eval``), as HF ``evaluate``'s ``rouge`` metric does for the paper's infilling table
-  (SPEC §5.4), but averaged exactly instead of by bootstrap.
-* ``LikelihoodSummary`` — nats/token, perplexity and bits/token from summed nats and token counts (SPEC §5.1:
+  (docs/method.md §5.4), but averaged exactly instead of by bootstrap.
+* ``LikelihoodSummary`` — nats/token, perplexity and bits/token from summed nats and token counts (docs/method.md §5.1:
   ``nll = Σ nll / Σ tokens`` over the whole split, never a mean of per-batch means).
-* ``throughput_stats`` — decoding speed the paper's way (SPEC §4.10, pitfall 20): tokens/s of each call after
+* ``throughput_stats`` — decoding speed the paper's way (docs/method.md §4.10, §7.20): tokens/s of each call after
   the warm-up calls, their mean and standard deviation, plus the aggregate tokens/s; only *generated*
   tokens count (the prompt does not), while the latency includes the prompt prefill.
 """
@@ -106,7 +106,7 @@ def rouge(predictions: Sequence[str], references: Sequence[str], *, use_stemmer:
 
 @dataclass(frozen=True)
 class LikelihoodSummary:
-    """A likelihood bound over a split: ``nats`` summed over its ``tokens`` scored tokens (SPEC §5.1)."""
+    """A likelihood bound over a split: ``nats`` summed over its ``tokens`` scored tokens (docs/method.md §5.1)."""
 
     nats: float  # summed NLL of the split (averaged over the samples when there are several)
     tokens: int  # scored tokens in the split

@@ -1,4 +1,4 @@
-"""The transformer backbone and its KV cache (SPEC.md §3.1, §3.3; DESIGN.md §3).
+"""The transformer backbone and its KV cache (docs/method.md §3.1, §3.3, §9.3).
 
 The default architecture is the authors' DiT exactly, so their checkpoints convert weight for weight:
 pre-LayerNorm without bias (computed in at least float32), fused QKV without bias, RoPE (rotate-half,
@@ -83,7 +83,7 @@ ModelConfig = TransformerConfig  # deprecated: the old name (it configures Trans
 
 
 # ---------------------------------------------------------------------------------------------------------
-# KV cache (SPEC §3.3)
+# KV cache (docs/method.md §3.3)
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -189,7 +189,7 @@ class KVCache:
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm with a weight and no bias, computed in at least float32, cast back (SPEC §3.1)."""
+    """LayerNorm with a weight and no bias, computed in at least float32, cast back (docs/method.md §3.1)."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -257,7 +257,7 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The DiT backbone of SPEC §3.1 (no time conditioning)."""
+    """The DiT backbone of docs/method.md §3.1 (no time conditioning)."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()

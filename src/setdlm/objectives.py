@@ -1,4 +1,4 @@
-"""Training objectives and likelihood bounds of the four families (SPEC.md §2.3–2.5, §2.8).
+"""Training objectives and likelihood bounds of the four families (docs/method.md §2.3–2.5, §2.8).
 
 Every objective returns a :class:`LossOutput`: the scalar training loss (with the family's own
 reduction) and, for evaluation, per-token NLLs in nats at **original** positions with the mask of the
@@ -11,11 +11,11 @@ tokens they count, so that a bound over a dataset is ``Σ nll / Σ mask``:
 * ``bd3lm``  — two-stream ``[x0, xt]`` with the block mask, ``t`` per block, ≥1 mask per block in training
   (not in the bound, whose masks must follow ``q(x_t | x_0)``); same weights.
 * ``setdlm`` — two-stream in reveal order, every target masked in the query stream, plain CE (no
-  ``α'/(1−α)`` weight, SPEC §2.5, pitfall 1); loss = per-sequence mean, then mean over sequences.
+  ``α'/(1−α)`` weight, docs/method.md §2.5, §7.1); loss = per-sequence mean, then mean over sequences.
   ``keep_clean_bos`` (the paper's LM1B/OWT training, docs/concepts.md "Conventions"): the row's leading
   BOS is revealed first, is a MASK query and is scored in training; the bound drops it (the first rank).
 
-The MASK logit is never predicted (−∞ before the softmax, SPEC pitfall 16). Context tokens
+The MASK logit is never predicted (−∞ before the softmax, docs/method.md §7.16). Context tokens
 (``context_mask``) are never masked and never in a loss; padding (``attention_mask`` False) is invisible.
 """
 
@@ -88,7 +88,7 @@ def masked_diffusion_loss(model: Backbone, batch: Batch, mask_token_id: int, sch
                           two_stream: bool, train: bool = True, t: Tensor | None = None,
                           masked: Tensor | None = None, generator: torch.Generator | None = None,
                           eps: float = 1e-3, antithetic: bool = False) -> LossOutput:
-    """MDLM (``two_stream=False``, ``block_size = L``) and BD3LM (``two_stream=True``), SPEC §2.8.
+    """MDLM (``two_stream=False``, ``block_size = L``) and BD3LM (``two_stream=True``), docs/method.md §2.8.
 
     ``t`` (B, n_blocks) and ``masked`` (B, L) may be given explicitly (tests); otherwise sampled.
     """
@@ -97,7 +97,7 @@ def masked_diffusion_loss(model: Backbone, batch: Batch, mask_token_id: int, sch
     if t is None:
         t = schedule.sample_t(B, eps=eps, antithetic=antithetic, generator=generator, device=x.device)
     if masked is None:
-        # BD3LM forces >= 1 mask per block in training only (SPEC §2.8): at evaluation x_t must follow
+        # BD3LM forces >= 1 mask per block in training only (docs/method.md §2.8): at evaluation x_t must follow
         # q(x_t | x_0), else a forced mask at small t gets the weight 1/t and the "bound" is inflated
         masked = schedule.sample_masked(targets, t, generator=generator, at_least_one=two_stream and train)
     masked = masked & targets
@@ -120,7 +120,7 @@ def masked_diffusion_loss(model: Backbone, batch: Batch, mask_token_id: int, sch
 
 @dataclass
 class TwoStreamInputs:
-    """The SetDLM backbone input (SPEC §2.3–2.4), everything in reveal order."""
+    """The SetDLM backbone input (docs/method.md §2.3–2.4), everything in reveal order."""
 
     input_ids: Tensor  # (B, 2L): [x0 in reveal order | same with every target replaced by MASK]
     position_ids: Tensor  # (B, 2L): original positions, repeated for both streams
@@ -157,7 +157,7 @@ def setdlm_inputs(batch: Batch, order: Tensor, mask_token_id: int, set_ids: Tens
 def setdlm_loss(model: Backbone, batch: Batch, mask_token_id: int, schedule: StaggeredSchedule | None = None, *,
                 order: Tensor | None = None, set_ids: Tensor | None = None,
                 generator: torch.Generator | None = None, keep_clean_bos: bool = False) -> LossOutput:
-    """Two-stream any-order NLL in one sampled reveal order (SPEC §2.3–2.5).
+    """Two-stream any-order NLL in one sampled reveal order (docs/method.md §2.3–2.5).
 
     ``order`` (B, L): explicit permutation (tests, parity); otherwise sampled from ``schedule``.
     ``set_ids`` (B, L): optional set id per reveal rank (nondecreasing) to train with sets larger than one

@@ -1,4 +1,4 @@
-"""Training presets by name (SPEC.md §2.9 for the paper's sizes).
+"""Training presets by name (docs/method.md §2.9 for the paper's sizes).
 
 A preset is a set of :class:`setdlm.train.TrainConfig` values; anything given on the command line (or as a
 keyword to ``TrainConfig.from_preset``) overrides it.
@@ -14,7 +14,7 @@ keyword to ``TrainConfig.from_preset``) overrides it.
             (M=16), BD3LM S=8
 ==========  ======================================================================================
 
-The paper's CNN/DM and GSM8K runs use Qwen3 backbones (SPEC §2.9); those go through the Hugging Face
+The paper's CNN/DM and GSM8K runs use Qwen3 backbones (docs/method.md §2.9); those go through the Hugging Face
 adapter, not these presets. ``lm1b``/``owt`` fetch their tokenizer from the Hub (``hf:NAME``): pass
 ``--tokenizer FOLDER`` to use a local copy instead.
 """

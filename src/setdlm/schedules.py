@@ -1,13 +1,13 @@
-"""Ordering policies: which positions are revealed when (SPEC.md §1, §2.1, §2.2).
+"""Ordering policies: which positions are revealed when (docs/method.md §1, §2.1, §2.2).
 
 Every family is a transformer plus one of these policies:
 
-* ``StaggeredSchedule`` — the position-offset ("staggered") schedule of SetDLM (SPEC §1.1–1.3). Each
+* ``StaggeredSchedule`` — the position-offset ("staggered") schedule of SetDLM (docs/method.md §1.1–1.3). Each
   position ``i`` has survival ``α_i(t) = (1 − x)^k`` inside a time interval of width ``b`` starting at offset
   ``loc_i = (1 − b)(L − 1 − i)/(L − 1)``, ``x = (t − loc_i)/b``. Reveal times ``T_i`` are sampled by inverse
   CDF; the order is ``argsort(T)`` descending with context first and padding last. D = 1 gives AR,
   D = M = L gives a uniformly random order (MDLM / AO-ARM).
-* ``LinearSchedule`` — ``α = 1 − t`` with one ``t`` per block of ``block_size`` tokens: BD3LM (SPEC §2.8);
+* ``LinearSchedule`` — ``α = 1 − t`` with one ``t`` per block of ``block_size`` tokens: BD3LM (docs/method.md §2.8);
   ``block_size = L`` is MDLM (one ``t`` per sequence).
 * AR needs no policy: its order is the identity (left to right).
 
@@ -26,7 +26,7 @@ _EPS64 = torch.finfo(torch.float64).eps
 
 
 # ---------------------------------------------------------------------------------------------------------
-# time sampling (SPEC §2.1)
+# time sampling (docs/method.md §2.1)
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -43,7 +43,7 @@ def sample_t(
 ) -> Tensor:
     """Diffusion times ``t = (1 − eps)·u + eps``, ``u ~ U[0, 1)``, one per (example, block): ``(B, n_blocks)``.
 
-    With ``antithetic=True`` the draws are stratified over the (global) batch as in SPEC §2.1:
+    With ``antithetic=True`` the draws are stratified over the (global) batch as in docs/method.md §2.1:
     ``u ← (u/G + idx/G) mod 1`` where ``G`` is the global batch size and ``idx`` the global example index
     (``global_offset + row``), so that each example covers its own 1/G slice of [0, 1).
     """
@@ -79,7 +79,7 @@ def leading_and_trailing(targets: Tensor) -> tuple[Tensor, Tensor]:
 
 def order_from_times(times: Tensor, targets: Tensor) -> Tensor:
     """Stable argsort of reveal times, descending, with the leading context first (``+∞``) and trailing
-    padding last (``−∞``) in their original order (SPEC §2.2). ``times``: (B, L) float64 → (B, L) long."""
+    padding last (``−∞``) in their original order (docs/method.md §2.2). ``times``: (B, L) float64 → (B, L) long."""
     is_beginning, is_end = leading_and_trailing(targets)
     t = times.masked_fill(is_beginning, math.inf).masked_fill(is_end, -math.inf)
     return torch.sort(t, dim=-1, descending=True, stable=True).indices
@@ -93,17 +93,17 @@ def invert_order(order: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the position-offset schedule (SPEC §1)
+# the position-offset schedule (docs/method.md §1)
 # ---------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class StaggeredSchedule:
-    """Position-offset schedule with width ``b`` and shape ``k`` over ``L`` positions (SPEC §1.1).
+    """Position-offset schedule with width ``b`` and shape ``k`` over ``L`` positions (docs/method.md §1.1).
 
     ``b`` is a float in (0, 1]: the width, in time, of the interval in which a position is masked (not the
     decoding ``window``, an integer count of positions, docs/method.md §4.2). Build it with :meth:`from_dm`
-    (target parallelism ``D``, max set size ``M``, branch logic of SPEC §1.2) or directly as
+    (target parallelism ``D``, max set size ``M``, branch logic of docs/method.md §1.2) or directly as
     ``StaggeredSchedule(L=, b=, k=)``.
     """
 
@@ -112,7 +112,7 @@ class StaggeredSchedule:
     k: float
     D: int | None = None
     M: int | None = None
-    binary: bool = False  # D == 1: masking probabilities snapped to {0, 1} (SPEC §1.1, AR special case)
+    binary: bool = False  # D == 1: masking probabilities snapped to {0, 1} (docs/method.md §1.1, AR special case)
     loc: Tensor = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -132,7 +132,7 @@ class StaggeredSchedule:
     @classmethod
     def from_dm(cls, L: int, D: int, M: int | None = None, *, k: float | None = None,
                 b: float | None = None) -> "StaggeredSchedule":
-        """SPEC §1.2: ``A = D/(2L)``; k given → ``b = A(k+1)/k``; else b given → ``k = A/(b − A)``;
+        """docs/method.md §1.2: ``A = D/(2L)``; k given → ``b = A(k+1)/k``; else b given → ``k = A/(b − A)``;
         else ``D ∉ {1, M}`` → ``b = M/(L + M − 1)``, ``k = A/(b − A)``; else ``k = 1``, ``b = D/L``."""
         M = 2 * D if M is None else M
         for name, v in (("L", L), ("D", D), ("M", M)):
@@ -202,7 +202,7 @@ class StaggeredSchedule:
 
     def sample_reveal_times(self, batch: int, length: int | None = None, *,
                             generator: torch.Generator | None = None, device=None) -> Tensor:
-        """First-hitting times ``T_i = loc_i + b(1 − e^{−E/k})``, ``E ~ Exp(1)`` (SPEC §1.3), float64.
+        """First-hitting times ``T_i = loc_i + b(1 − e^{−E/k})``, ``E ~ Exp(1)`` (docs/method.md §1.3), float64.
 
         ``length < L`` uses the last ``length`` offsets. Returns (B, length).
         """
@@ -215,7 +215,7 @@ class StaggeredSchedule:
 
     def sample_order(self, targets: Tensor, *, generator: torch.Generator | None = None,
                      return_times: bool = False):
-        """Reveal order for a batch (SPEC §2.2). ``targets``: (B, L) bool, True where the token is to be
+        """Reveal order for a batch (docs/method.md §2.2). ``targets``: (B, L) bool, True where the token is to be
         generated. Offsets are indexed by absolute position (the row length must be ``L``; shorter rows use
         the last offsets). Returns the permutation (B, L) long (and the sorted times if asked)."""
         B, n = targets.shape
@@ -227,7 +227,7 @@ class StaggeredSchedule:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# block-linear schedule: BD3LM (block S) and MDLM (block L)  (SPEC §1.5, §2.8)
+# block-linear schedule: BD3LM (block S) and MDLM (block L)  (docs/method.md §1.5, §2.8)
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -274,7 +274,7 @@ class LinearSchedule:
                       at_least_one: bool = False) -> Tensor:
         """Which targets are MASK in ``x_t``: each independently with probability ``t`` of its block.
 
-        ``at_least_one`` (BD3LM, SPEC §2.8): a block that has targets but drew no mask gets one target,
+        ``at_least_one`` (BD3LM, docs/method.md §2.8): a block that has targets but drew no mask gets one target,
         chosen uniformly, masked. ``targets`` (B, L) bool → (B, L) bool.
         """
         B, L = targets.shape
@@ -294,7 +294,7 @@ class LinearSchedule:
         return masked
 
     def sample_order(self, targets: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
-        """Blocks left to right, uniform order inside each block (SPEC §1.4, ``LinearNoise``): (B, L)."""
+        """Blocks left to right, uniform order inside each block (docs/method.md §1.4, ``LinearNoise``): (B, L)."""
         B, L = targets.shape
         u = torch.rand(B, L, generator=generator, dtype=torch.float64, device=targets.device)
         times = (self.n_blocks - self.block_ids(targets.device)).to(torch.float64) - u  # (B, L) decreasing by block

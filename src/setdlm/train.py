@@ -1,10 +1,10 @@
-"""The training loop (SPEC.md §2.1, §2.9, §5.1; DESIGN.md §6): ``setdlm train`` / ``python -m setdlm.train``.
+"""The training loop (docs/method.md §2.1, §2.9, §5.1, §9.6): ``setdlm train`` / ``python -m setdlm.train``.
 
 AdamW with linear warm-up then a constant or cosine learning rate, gradient clipping, EMA weights,
 gradient accumulation, opt-in bf16 autocast and ``torch.compile``, periodic evaluation of the held-out
 bound (:func:`likelihood`), tqdm progress and a JSONL metrics log, checkpoints (:mod:`setdlm.checkpoint`)
 and ``--resume``. ``--init-from`` starts from existing weights instead of a random DiT (:func:`load_init`):
-a setdlm checkpoint of any family (e.g. AR → SetDLM adaptation) or a Hugging Face causal LM (SPEC §2.9). Started by ``torchrun --nproc_per_node=N`` the same command trains data-parallel (DDP;
+a setdlm checkpoint of any family (e.g. AR → SetDLM adaptation) or a Hugging Face causal LM (docs/method.md §2.9). Started by ``torchrun --nproc_per_node=N`` the same command trains data-parallel (DDP;
 gloo on CPU, nccl on GPU); ``batch_size`` is always the *global* batch.
 
 Reproducibility and exact resume: nothing random is carried from step to step. The data order of epoch
@@ -95,7 +95,7 @@ class TrainConfig:
     eval_fraction: float = _f("share of rows held out", default=0.05)
     eval_max: int = _f("at most this many held-out rows", default=256)
     eval_batch_size: int = _f("rows per evaluation batch", default=16)
-    eval_seed: int = _f("seed of the evaluation's random orders/masks (SPEC §5.1 uses 1)", default=1)
+    eval_seed: int = _f("seed of the evaluation's random orders/masks (docs/method.md §5.1 uses 1)", default=1)
     split_seed: int = _f("seed of the fixed held-out split", default=0)
     save_every: int = _f("checkpoint every N steps (0 = only at the end)", default=100)
     keep: int = _f("checkpoints kept", default=2)
@@ -277,7 +277,7 @@ def replica_divergence(model: nn.Module, dist: Dist) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# evaluation of the held-out bound (SPEC §5.1)
+# evaluation of the held-out bound (docs/method.md §5.1)
 # ---------------------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Data: tokenizers, text sources, packing and prompt/completion datasets, built-in corpora (DESIGN.md §5).
+"""Data: tokenizers, text sources, packing and prompt/completion datasets, built-in corpora (docs/method.md §9.5).
 
 Typical use::
 

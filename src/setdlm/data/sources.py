@@ -1,4 +1,4 @@
-"""Where text comes from: files, folders, JSONL, built-in corpora and Hugging Face datasets (DESIGN.md §5).
+"""Where text comes from: files, folders, JSONL, built-in corpora and Hugging Face datasets (docs/method.md §9.5).
 
 A source spec is one string:
 
@@ -9,7 +9,7 @@ A source spec is one string:
 * ``hf:NAME[:CONFIG][@SPLIT]``: a Hugging Face dataset (optional extra ``datasets``; downloads).
 
 :func:`read_source` returns a :class:`~setdlm.data.corpus.Corpus`: either documents (language modelling) or
-prompt/completion pairs (the prompt becomes context, SPEC §2.1–2.2). Files must be UTF-8; errors name the
+prompt/completion pairs (the prompt becomes context, docs/method.md §2.1–2.2). Files must be UTF-8; errors name the
 file, the line and the problem. :func:`infill_from_source` draws sentence-infilling examples
 (:mod:`setdlm.data.tasks`) from a source's running text.
 """

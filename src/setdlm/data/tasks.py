@@ -1,4 +1,4 @@
-"""Offline evaluation tasks: GSM8K-shaped arithmetic word problems and sentence infilling (SPEC.md §5.2, §5.4).
+"""Offline evaluation tasks: GSM8K-shaped arithmetic word problems and sentence infilling (docs/method.md §5.2, §5.4).
 
 Reasoning (``reasoning_split``): a question about one running amount, changed by a chain of operations, a
 worked solution of one line per operation and a final ``#### <integer>`` line, the shape of GSM8K::
@@ -14,7 +14,7 @@ the largest intermediate result; presets ``easy``, ``medium``, ``hard``. Every a
 (``question`` / ``answer``) and ``gsm_symbolic`` wraps the GSM-Symbolic generator of ``reasoning-gym``.
 
 Infilling (``infill_examples``): windows of ``sentences`` consecutive sentences from any text, with the middle
-``hidden`` sentences removed (ROCStories: 1 of 5 or 3 of 5, SPEC §5.4) so that
+``hidden`` sentences removed (ROCStories: 1 of 5 or 3 of 5, docs/method.md §5.4) so that
 ``prefix + middle + suffix`` is the window text exactly; ``encode_infill`` tokenizes the three parts
 separately, as the paper does, and the middle's token count is the oracle length.
 :func:`setdlm.data.sources.infill_from_source` draws them from any ``setdlm train`` text source, e.g. the
@@ -420,7 +420,7 @@ def without_heldout_windows(text: str, *, sentences: int = 5, max_chars: int | N
 
 
 def encode_infill(example: InfillExample, tokenizer) -> tuple[list[int], list[int], list[int]]:
-    """Token ids of prefix, middle and suffix, each encoded on its own (SPEC §5.4); ``len(middle)`` is the
+    """Token ids of prefix, middle and suffix, each encoded on its own (docs/method.md §5.4); ``len(middle)`` is the
     oracle length of the gap. ``tokenizer.encode`` must not add special tokens."""
     return tokenizer.encode(example.prefix), tokenizer.encode(example.middle), tokenizer.encode(example.suffix)
 

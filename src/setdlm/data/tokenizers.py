@@ -1,4 +1,4 @@
-"""Tokenizers: byte-level BPE trained on your corpus, characters, or any Hugging Face tokenizer (DESIGN.md §5).
+"""Tokenizers: byte-level BPE trained on your corpus, characters, or any Hugging Face tokenizer (docs/method.md §9.5).
 
 All three are one class, :class:`Tokenizer`, a thin wrapper over a ``tokenizers.Tokenizer`` that records the
 special tokens explicitly:

@@ -1,4 +1,4 @@
-"""Decoders for every family (SPEC.md §4): ``generate``, ``infill`` and ``fill`` dispatch on
+"""Decoders for every family (docs/method.md §4): ``generate``, ``infill`` and ``fill`` dispatch on
 ``model.family`` to the AR, MDLM, BD3LM or SetDLM decoder; see ``docs/decoding.md``."""
 
 from .api import applicable_knobs, fill, generate, infill

@@ -1,4 +1,4 @@
-"""One entry point for every family: ``generate``, ``infill`` and ``fill`` (SPEC.md §4, DESIGN.md §4).
+"""One entry point for every family: ``generate``, ``infill`` and ``fill`` (docs/method.md §4, §9.4).
 
 The family of ``model.family`` picks the decoder: ``ar`` (KV-cached next token), ``mdlm`` (no cache,
 semi-AR sub-blocks), ``bd3lm`` (block by block, fused cache write), ``setdlm`` (sliding window, cache
@@ -49,7 +49,7 @@ def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: in
     (0, 1], commit every masked token at least this confident in addition to the top-1; None = off
     (exactly one token per step). ``block_size``: BD3LM/MDLM block (default ``family.block_size``).
     ``temperature`` 0 = greedy; ``top_p``, ``top_k``, ``repetition_penalty`` (on the generated tokens),
-    ``length_penalty=(start, factor)`` (EOS boost, SPEC §5.3).
+    ``length_penalty=(start, factor)`` (EOS boost, docs/method.md §5.3).
     Stopping: a row ends at its first EOS (``eos_token_id``, default the tokenizer's; ``ignore_eos`` turns
     it off) once every position before it is decoded, at a stop string (needs a tokenizer; the text ends
     before it), or after ``max_new_tokens``. ``seed``: one int for every row or one per row.
@@ -80,7 +80,7 @@ def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: in
 
 
 def infill(model, prefixes, suffixes, lengths: int | Sequence[int], **kwargs) -> GenerationOutput:
-    """Fill ``lengths`` tokens between each prefix and suffix (SPEC §4.6): the row is
+    """Fill ``lengths`` tokens between each prefix and suffix (docs/method.md §4.6): the row is
     ``prefix + [MASK] × length + suffix`` and is decoded by :func:`fill`. ``out.tokens`` are the filled
     middles, ``out.sequences`` the whole rows, ``out.texts`` the decoded middles. Add BOS/EOS to the
     prefix/suffix yourself if your model was trained with them; a string prefix gets the tokenizer's BOS
@@ -114,7 +114,7 @@ def fill(model, sequences, settings: DecodeSettings | None = None, *, seed: int 
     SetDLM caches it all up front and slides its window over the masks; MDLM sees it all every step;
     BD3LM sees the blocks before the current one; AR sees what lies before each gap. A row ends when no
     MASK is left (``finish_reason`` "done"); no EOS or stop strings apply. The repetition penalty counts
-    the visible context too (SPEC §4.3). ``eos_token_id`` only serves the length penalty.
+    the visible context too (docs/method.md §4.3). ``eos_token_id`` only serves the length penalty.
     SetDLM caches newly committed tokens in ascending position, or, given ``reveal_times`` (per row one
     number per MASK, left to right), by decreasing reveal time as :func:`generate` does.
     ``out.tokens`` lists the filled tokens left to right. Settings: as :func:`generate` (``settings=`` or

@@ -1,10 +1,10 @@
-"""Autoregressive decoding with a KV cache, one token per forward (SPEC.md §4.9).
+"""Autoregressive decoding with a KV cache, one token per forward (docs/method.md §4.9).
 
 Prefill caches the tokens before the last one preceding the first MASK, so that every generated token costs
 exactly one forward: step ``i`` feeds the not-yet-cached clean tokens up to the first masked position
 ``f`` (usually just the token at ``f − 1``), causally, keeps them all in the cache and predicts ``f`` from the
 last one. With several gaps (infilling) the clean tokens between gaps are fed, and cached, the same way;
-a suffix after the last gap is never seen (AR infilling conditions on the prefix only, SPEC §4.6).
+a suffix after the last gap is never seen (AR infilling conditions on the prefix only, docs/method.md §4.6).
 The threshold and window do not apply: one token per step.
 """
 

@@ -1,4 +1,4 @@
-"""BD3LM block-by-block decoding with a KV cache (SPEC.md §4.9).
+"""BD3LM block-by-block decoding with a KV cache (docs/method.md §4.9).
 
 Blocks are aligned to absolute positions ``[kS, (k+1)S)``, as in training. Prefill caches the full blocks
 before the first block holding a MASK (the prompt truncated to a multiple of ``S``), with the clean-stream
@@ -10,7 +10,7 @@ one above the threshold, so at most ``S`` steps per block.
 The cache write of a completed block is fused into the first forward of the next block: the input is
 ``[completed, uncached blocks (clean, block-causal) | the new block]``, the new block sees all of them, and
 ``keep`` persists only the clean part. With several gaps the clean blocks between them travel the same way.
-On overflow the cache entries with the smallest positions are evicted (SPEC §4.5).
+On overflow the cache entries with the smallest positions are evicted (docs/method.md §4.5).
 """
 
 from __future__ import annotations

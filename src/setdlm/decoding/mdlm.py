@@ -1,4 +1,4 @@
-"""MDLM decoding: no cache, semi-autoregressive sub-blocks (SPEC.md §4.9).
+"""MDLM decoding: no cache, semi-autoregressive sub-blocks (docs/method.md §4.9).
 
 Every step is one forward over the whole canvas (prompt or context, committed tokens and every remaining
 MASK), bidirectional. The masked positions are split, left to right, into sub-blocks of ``block_size``

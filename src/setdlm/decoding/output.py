@@ -1,4 +1,4 @@
-"""What a decoding call returns: tokens, texts and the figures people benchmark (SPEC.md §4.10).
+"""What a decoding call returns: tokens, texts and the figures people benchmark (docs/method.md §4.10).
 
 NFE counts backbone forwards; the prefill forward that caches the prompt (or the infilling context) is
 not counted, as in the paper. ``tokens_per_step`` is the parallelism factor: tokens committed per forward

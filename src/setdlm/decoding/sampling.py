@@ -1,4 +1,4 @@
-"""Logits processors, candidate selection and the shared commit rule (SPEC.md §4.3, §5.3).
+"""Logits processors, candidate selection and the shared commit rule (docs/method.md §4.3, §5.3).
 
 Every decoder predicts a set of masked *query* positions per row and calls :func:`propose` and
 :func:`commit_rule` on their logits:
@@ -7,7 +7,7 @@ Every decoder predicts a set of masked *query* positions per row and calls :func
    logit is divided by the penalty, a negative one multiplied), the EOS-boosting exponential length
    penalty (HF's ``ExponentialDecayLengthPenalty``: after ``start`` generated tokens the EOS logit grows by
    ``|logit|·(factor^(n − start) − 1)``, ``n`` = generated tokens visible before the query's position),
-   MASK → −∞ (it is never predicted, pitfall 16), temperature, top-k, top-p (keep the most probable
+   MASK → −∞ (it is never predicted, docs/method.md §7.16), temperature, top-k, top-p (keep the most probable
    tokens up to and including the one whose cumulative probability crosses ``p``, renormalise);
 2. candidate ``x̂`` = argmax (``temperature = 0``) or a sample; confidence ``c = p(x̂)`` under the processed
    distribution;

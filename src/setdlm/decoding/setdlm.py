@@ -1,4 +1,4 @@
-"""SetDLM sliding-window decoding with a KV cache updated after every step (SPEC.md §4.2, §4.3, §4.5, §4.6).
+"""SetDLM sliding-window decoding with a KV cache updated after every step (docs/method.md §4.2, §4.3, §4.5, §4.6).
 
 Per row: ``f`` = first still-masked position; the window holds the masked positions in ``[f, f + w)``
 (positional, so never more than ``w`` masks). One forward per step, with input
@@ -9,7 +9,7 @@ at their own position ids. Clean tokens see the whole cache and the clean tokens
 each mask sees the cache, every new clean token and itself; no clean token sees a mask. This is the
 training mask with cache + new clean tokens as the x0 stream and the masks as queries ranked after them.
 ``keep = #clean`` persists the clean tokens' K/V and drops the masks', so the tokens committed at step
-``i`` enter the cache inside the forward of step ``i + 1``, with no extra forward (pitfall 10). Step 0 has
+``i`` enter the cache inside the forward of step ``i + 1``, with no extra forward (docs/method.md §7.10). Step 0 has
 no clean tokens and persists nothing. The commit rule is :func:`setdlm.decoding.sampling.commit_rule`.
 
 Newly cached tokens go in ascending position (``cache_order="position"``, the paper's default and the
@@ -19,7 +19,7 @@ explicit reveal times (``reveal_times=``, to replay a given decode).
 
 Prefill caches every non-MASK token in ascending position, causally (the prompt; for infilling the prefix
 and the suffix: ``cache_full_infill_context``). On overflow (cache + new tokens > L) the entries with the
-smallest positions are evicted (SPEC §4.5); remaining cached tokens stay visible to every query.
+smallest positions are evicted (docs/method.md §4.5); remaining cached tokens stay visible to every query.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def reveal_rank(st: DecodeState, schedule, times: list[torch.Tensor] | None = No
 
 
 def step(backbone, st: DecodeState) -> None:
-    """One forward: cache last step's tokens, predict the window's masks, commit (SPEC §4.2 loop 1–6)."""
+    """One forward: cache last step's tokens, predict the window's masks, commit (docs/method.md §4.2, steps 1–4)."""
     w, N = st.cfg.window, st.canvas
     pending, pos = st.extra["pending"], st.pos
     win = st.masked & (pos < (st.first_masked + w)[:, None])  # (B, N+1) masks in [f, f + w)

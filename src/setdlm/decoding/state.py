@@ -1,4 +1,4 @@
-"""Batched per-row decoding state shared by every decoder (SPEC.md §4.2, §4.5, §4.6, §4.9).
+"""Batched per-row decoding state shared by every decoder (docs/method.md §4.2, §4.5, §4.6, §4.9).
 
 Every decoder works on a *canvas*: one row per sequence holding its tokens at their absolute positions,
 MASK where a token is still to be decoded. ``generate`` builds ``[prompt, MASK × max_new_tokens]``; infilling builds
@@ -30,7 +30,7 @@ class DecodeConfig:
     """Everything a decoder needs besides the backbone and the rows."""
 
     sampling: Sampling
-    context_length: int  # L: the cache never holds more than L − (new tokens) entries (SPEC §4.5)
+    context_length: int  # L: the cache never holds more than L − (new tokens) entries (docs/method.md §4.5)
     mode: str = "generate"  # "generate" (stop on EOS / stop strings) or "fill" (stop when no MASK is left)
     stop_on_eos: bool = True  # generate: a row ends at its first EOS (sampling.eos_token_ids)
     window: int = 1  # SetDLM positional window w
@@ -176,7 +176,7 @@ class DecodeState:
 
     def _initial_seen(self, V: int) -> Tensor:
         """Token counts the repetition penalty starts from: nothing when generating (the penalty covers
-        the generated span, SPEC §4.3), every visible context token when infilling."""
+        the generated span, docs/method.md §4.3), every visible context token when infilling."""
         seen = torch.zeros(self.batch, V, dtype=torch.long, device=self.device)
         if self.cfg.mode == "fill":
             ctx = (~self.target & (self.pos < self.length[:, None]))[:, : self.canvas]  # (B, N)
@@ -197,7 +197,7 @@ class DecodeState:
                 committed_positions=cpos[corder].tolist(), committed_tokens=ctok[corder].tolist(),
                 cache_length=cache_len[b]))
 
-    # -- stopping (SPEC §4.4) ------------------------------------------------------------------------------
+    # -- stopping (docs/method.md §4.4) ------------------------------------------------------------------------------
 
     def finish(self) -> int:
         """Record and drop every finished row; returns how many rows remain.
@@ -284,7 +284,7 @@ def cat_cache_rows(cache, other) -> None:
 
 
 def evict_overflow(cache, n_new: Tensor, limit: int) -> None:
-    """SPEC §4.5: where a row's cache plus its ``n_new`` (B,) new tokens would exceed ``limit`` (= L),
+    """docs/method.md §4.5: where a row's cache plus its ``n_new`` (B,) new tokens would exceed ``limit`` (= L),
     evict the cache entries with the smallest positions (the position ledger's rule), keeping the rest in
     insertion order. Queries keep seeing every remaining entry."""
     over = cache.lengths + n_new - limit  # (B,)
