@@ -286,6 +286,24 @@ def test_truncated_weights_of_an_init_from_hf_folder(tmp_path, corpus, capsys):
     one_line(code, err, "model.safetensors: corrupt or truncated safetensors file")
 
 
+def test_truncated_weights_of_an_init_from_hub_id_in_the_cache(tmp_path, corpus, capsys, no_network):
+    """A Hub id whose cached snapshot holds a truncated file: one line naming it, as for a local folder."""
+    transformers = pytest.importorskip("transformers")
+    m = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2))
+    commit = "1" * 40
+    snap = no_network / "models--someone--tiny-llama" / "snapshots" / commit
+    m.save_pretrained(snap)
+    (no_network / "models--someone--tiny-llama" / "refs").mkdir()
+    (no_network / "models--someone--tiny-llama" / "refs" / "main").write_text(commit)
+    w = snap / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    code, _, err = run(["train", "--init-from", "someone/tiny-llama", "--out", str(tmp_path / "r"), "--data",
+                        corpus, *TINY], capsys)
+    one_line(code, err, "model.safetensors: corrupt or truncated safetensors file")
+
+
 @pytest.mark.parametrize("args, needles", [
     (["--hidden-size", "1000000", "--n-heads", "2"], ["parameters", "needs at least", "--hidden-size"]),
     (["--batch-size", "100000000"], ["micro-batches of 100000000 rows", "needs at least", "--batch-size"]),

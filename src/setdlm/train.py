@@ -336,7 +336,7 @@ def load_init(name_or_path: str) -> tuple[nn.Module, Tokenizer]:
         if not isinstance(model.tokenizer, Tokenizer):
             raise ValueError(f"--init-from {name_or_path!r}: no tokenizer found with the weights")
         return model.backbone.train(), model.tokenizer
-    if p.is_dir():  # check the weights before transformers reads them: no pickle, nothing truncated
+    if folder.is_dir():  # a local folder or a Hub snapshot: check the weights before transformers reads them
         weights = sorted(folder.glob("*.safetensors"))
         pickles = [f for f in folder.iterdir() if f.suffix in ckpt.PICKLE_SUFFIXES]
         if not weights and pickles:
