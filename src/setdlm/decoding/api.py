@@ -138,7 +138,8 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
          trace) -> GenerationOutput:
     fam, backbone = model.family, model.backbone
     settings.check_for(fam.family, mode)
-    times = _reveal_times(reveal_times, [sum(t) for t in targets])
+    n_targets = [sum(t) for t in targets]  # positions to decode per row
+    times = _reveal_times(reveal_times, n_targets)
     cache_order = _cache_order(settings.cache_order, times)
     stops = _stops(model, settings.stop)
     sampling = settings.sampling(fam.mask_token_id, _eos_ids(model, settings.eos_token_id))
@@ -156,7 +157,6 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
     device = _device(backbone)
     bs = batch_size or B
     results, forwards, st = {}, 0, None
-    n_targets = [sum(t) for t in targets]
     bar = tqdm(total=sum(n_targets), disable=None if progress else True, desc=f"{fam.family} decoding",
                unit="tok")  # shown on a terminal only
     was_training = backbone.training

@@ -102,8 +102,8 @@ def _settings(body: dict, max_tokens: int) -> DecodeSettings:
             raise APIError(400, f"threshold must be a number in (0, 1], got {th!r}", "threshold")
         s["threshold"] = float(th)
     rp = body.get("repetition_penalty")
-    if rp is not None:
-        if not _is_number(rp) or not rp > 0:
+    if rp is not None:  # its range is DecodeSettings' own check
+        if not _is_number(rp):
             raise APIError(400, f"repetition_penalty must be a number > 0, got {rp!r}", "repetition_penalty")
         s["repetition_penalty"] = float(rp)
     for name, lo in (("window", 1), ("block_size", 1), ("top_k", 0)):
@@ -112,11 +112,8 @@ def _settings(body: dict, max_tokens: int) -> DecodeSettings:
             if not _is_int(v) or v < lo:
                 raise APIError(400, f"{name} must be an integer >= {lo}, got {v!r}", name)
             s[name] = v
-    order = body.get("cache_order")
-    if order is not None:
-        if order not in ("position", "reveal"):
-            raise APIError(400, f"cache_order must be 'position' or 'reveal', got {order!r}", "cache_order")
-        s["cache_order"] = order
+    if body.get("cache_order") is not None:  # its values are DecodeSettings' own check
+        s["cache_order"] = body["cache_order"]
     stop = body.get("stop")
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
