@@ -7,10 +7,9 @@ the accepted way to break a cycle). Cycles count only through module-level impor
 ``from .data.tasks import X``) an edge to that submodule.
 
 Run ``pytest -q tests/test_imports.py`` to check; a failure prints the cycle (``a -> b -> a``). Lazy imports
-close one loop, and only that one (``test_the_one_lazy_loop``): ``Model.save`` (``lm``) calling
-``checkpoint.save``, while ``checkpoint`` builds ``Model`` objects. Nothing imports ``cli`` (not even lazily): the CLI sits on top. Inside
-``setdlm.data``, and among the loading modules (``setdlm.loading`` and the readers it picks, docs/pretrained.md),
-not even a lazy import may close one.
+may not close a loop either (``test_no_loop_even_through_lazy_imports``): e.g. ``Model.save`` (``lm``) writes
+through ``checkpoint.save``, so ``checkpoint`` returns a checkpoint's parts and ``loading`` builds the
+``Model``. Nothing imports ``cli`` (not even lazily): the CLI sits on top.
 """
 
 from __future__ import annotations
@@ -226,23 +225,16 @@ def test_nothing_imports_the_cli(imports):
     assert not back, f"modules importing setdlm.cli: {back}"
 
 
-def test_data_layer_is_acyclic_with_lazy_imports_too(imports):
-    """Inside ``setdlm.data`` not even a function-level import may close a cycle."""
-    graph = {m: {t for t, _, _ in found["module"] + found["function"] if t.startswith("setdlm.data") and t != m}
-             for m, found in imports.items() if m.startswith("setdlm.data")}
-    assert not cycles(graph), cycles(graph)
-
-
-
 LOADING = {"setdlm.loading", "setdlm.checkpoint", "setdlm.convert", "setdlm.pretrained", "setdlm.hub", "setdlm.hf",
            "setdlm.gguf"}
 
 
-def test_the_one_lazy_loop(imports):
-    """Counting function-level imports too, the only loop left is ``Model.save`` -> ``checkpoint.save``."""
+def test_no_loop_even_through_lazy_imports(imports):
+    """Counting function-level imports too, the package has no loop (a lazy import only defers a module's
+    cost, e.g. torch-heavy or optional dependencies; it is not a way around the layering)."""
     graph = {m: {t for t, _, _ in found["module"] + found["function"] if t != m} for m, found in imports.items()}
-    assert "setdlm.checkpoint" in graph["setdlm.lm"]  # the accepted lazy edge is still there
-    assert not cycles(without(graph, {("setdlm.lm", "setdlm.checkpoint")})), cycles(graph)
+    assert "setdlm.checkpoint" in graph["setdlm.lm"]  # Model.save writes through checkpoint.save ...
+    assert not cycles(graph), cycles(graph)  # ... and checkpoint does not build Model objects
 
 
 def test_loading_modules_are_acyclic_with_lazy_imports_too(imports):

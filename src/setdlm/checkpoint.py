@@ -41,7 +41,6 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from .family import FamilyConfig
-from .lm import Model
 from .model import TransformerConfig, Transformer
 
 CONFIG, WEIGHTS, EMA_WEIGHTS, CARD = "config.json", "model.safetensors", "ema.safetensors", "README.md"
@@ -147,7 +146,7 @@ def load_weights(module: torch.nn.Module, sd: dict[str, Tensor]) -> None:
         raise ValueError(f"weights left unset: {sorted(set(result.missing_keys) - aliases)[:3]}")
 
 
-def model_config_dict(model: Model, training_args: dict | None = None, source: dict | None = None) -> dict:
+def model_config_dict(model, training_args: dict | None = None, source: dict | None = None) -> dict:
     backbone = model.backbone
     if isinstance(backbone, Transformer):
         kind, arch = "dit", backbone.config.to_dict()
@@ -169,12 +168,13 @@ def model_config_dict(model: Model, training_args: dict | None = None, source: d
     return cfg
 
 
-def save(path: str | Path, model: Model, *, ema: dict[str, Tensor] | None = None,
+def save(path: str | Path, model, *, ema: dict[str, Tensor] | None = None,
          training_args: dict | None = None, training_state: dict | None = None,
          optimizer_state: dict | None = None, source: dict | None = None, bench=None,
          push_to_hub: str | None = None, private: bool | None = None, token: str | None = None,
          commit_message: str | None = None) -> Path:
-    """Write a checkpoint folder at ``path`` atomically (see the module docstring), with a model card
+    """Write ``model`` (a :class:`setdlm.lm.Model`: its ``backbone``, ``family`` and ``tokenizer``) as a
+    checkpoint folder at ``path`` atomically (see the module docstring), with a model card
     (``README.md``; ``bench``: a results table, see :func:`setdlm.hub.model_card`). Returns ``path``.
 
     ``push_to_hub="user/repo"`` then uploads the folder to the Hugging Face Hub (needs ``huggingface_hub``,
@@ -447,14 +447,24 @@ def build_backbone(cfg: dict, arch: TransformerConfig | dict, dtype: torch.dtype
     return Transformer(arch).to(dtype) if dtype is not None else Transformer(arch)
 
 
+class Stored(typing.NamedTuple):
+    """What a checkpoint folder holds for decoding; ``setdlm.lm.Model(*stored)`` is the ready model (this
+    module stays below :mod:`setdlm.lm`, whose ``Model.save`` writes through :func:`save`)."""
+
+    backbone: torch.nn.Module  # in eval mode
+    family: FamilyConfig
+    tokenizer: object | None
+
+
 def read(folder: str | Path, *, ema: bool = False, family: str | None = None, device=None,
-         dtype: torch.dtype | None = None, config: dict | None = None) -> Model:
-    """The :class:`~setdlm.lm.Model` stored in checkpoint ``folder`` (this module's format), in eval mode.
+         dtype: torch.dtype | None = None, config: dict | None = None) -> Stored:
+    """The backbone (eval mode), family and tokenizer stored in checkpoint ``folder`` (this module's format).
 
     ``ema=True``: the EMA weights. ``family``: the family you expect (an error otherwise). ``dtype``: cast the
     weights (weights stored in bf16/fp16 load as float32 unless given). ``config``: the folder's
     ``config.json`` when the caller has already read it (:func:`read_config`), so it is read once.
-    Names (shipped models, Hub ids, the authors' layout, GGUF) are resolved by :func:`setdlm.loading.load`.
+    Names (shipped models, Hub ids, the authors' layout, GGUF) are resolved, and the
+    :class:`~setdlm.lm.Model` built, by :func:`setdlm.loading.load`.
     """
     folder = Path(folder)
     cfg = read_config(folder) if config is None else config
@@ -470,7 +480,7 @@ def read(folder: str | Path, *, ema: bool = False, family: str | None = None, de
     if dtype is None and saved in (torch.bfloat16, torch.float16):
         dtype = torch.float32  # half-precision storage is for size (the shipped models): compute in float32
     backbone.to(device=device, dtype=dtype)
-    return Model(backbone, fam, tok).eval()
+    return Stored(backbone.eval(), fam, tok)
 
 
 def load_training_state(folder: str | Path) -> tuple[dict, dict | None]:

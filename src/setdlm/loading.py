@@ -11,8 +11,8 @@
 4. a local folder: a checkpoint, or a training run folder whose ``latest`` names one
    (:func:`setdlm.checkpoint.resolve`).
 
-The folder found is read by :func:`setdlm.checkpoint.read` when it is in our format (``config.json`` with
-``"format": "setdlm"``), else by :func:`setdlm.convert.load_reference_model` when it is in the paper authors'
+The folder found is read by :func:`setdlm.checkpoint.read` (whose parts become a :class:`~setdlm.lm.Model`
+here) when it is in our format (``config.json`` with ``"format": "setdlm"``), else by :func:`setdlm.convert.load_reference_model` when it is in the paper authors'
 layout (their ``backbone_config`` / ``noise_config``), else the checkpoint reader names what is missing.
 """
 
@@ -72,4 +72,4 @@ def load(path: str | Path, *, ema: bool = False, family: str | None = None, devi
         return model.eval()
     if reference:
         raise ValueError(f"{path}: is a setdlm checkpoint; {sorted(reference)} apply only to the authors' layout")
-    return checkpoint.read(folder, ema=ema, family=family, device=device, dtype=dtype)
+    return Model(*checkpoint.read(folder, ema=ema, family=family, device=device, dtype=dtype))

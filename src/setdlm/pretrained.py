@@ -44,5 +44,6 @@ def path(name: str = DEFAULT) -> Path:
 def load(name: str = DEFAULT, **kwargs):
     """A shipped model (keyword arguments as :func:`setdlm.checkpoint.read`: they are in our format)."""
     from .checkpoint import read
+    from .lm import Model
 
-    return read(path(name), **kwargs)
+    return Model(*read(path(name), **kwargs))
