@@ -12,6 +12,7 @@ from setdlm import bench, evaluate
 from setdlm.data import read_source, shakespeare_works
 from setdlm.data.sources import infill_from_source
 from setdlm.data.tasks import infill_examples, reasoning_split, split_of
+from setdlm.decoding import DecodeSettings
 
 from support import assert_one_line_error, png_size, run, task_tokenizer, tiny
 
@@ -87,14 +88,14 @@ def test_bench_points_match_the_library(ckpts):
 def test_settings_pareto_and_table():
     tok = TOK
     ar, sd, bd = tiny("ar", tok), tiny("setdlm", tok), tiny("bd3lm", tok)
-    assert bench.settings(ar, bench.THRESHOLDS, [None, 3], [1, 4]) == [bench.Setting(None, None, 1),
-                                                                      bench.Setting(None, None, 4)]
-    assert len(bench.settings(bd, bench.THRESHOLDS)) == 10
-    assert bench.settings(sd, [None, 0.9], [None, 2]) == [bench.Setting(None, 2), bench.Setting(0.9, 2)]  # D = 2
+    assert bench.sweep_settings(ar, bench.THRESHOLDS, [None, 3], [1, 4]) == [bench.Setting(None, None, 1),
+                                                                            bench.Setting(None, None, 4)]
+    assert len(bench.sweep_settings(bd, bench.THRESHOLDS)) == 10
+    assert bench.sweep_settings(sd, [None, 0.9], [None, 2]) == [bench.Setting(None, 2), bench.Setting(0.9, 2)]  # D = 2
     with pytest.raises(ValueError, match=r"thresholds must lie in \(0, 1\]"):
-        bench.settings(sd, [1.5])
+        bench.sweep_settings(sd, [1.5])
     with pytest.raises(ValueError, match="windows must be positive integers"):
-        bench.settings(sd, [None], [0])
+        bench.sweep_settings(sd, [None], [0])
 
     def pt(q, v):
         return bench.BenchPoint("m", "setdlm", "reasoning", bench.Setting(), q, v, None, 1.0, 1.0, {})
@@ -154,6 +155,47 @@ def test_python_entry_points_are_what_the_cli_runs(ckpts, tmp_path, capsys):
             call()
     assert not (tmp_path / "x").exists()
     assert bench.labels(["a/run", "b/run", "c/run/checkpoints/step-1"]) == ["run#1", "run#2", "run#3"]
+
+
+def test_one_settings_object_through_evaluate_and_bench(ckpts, tmp_path):
+    """evaluate.reasoning / infill / throughput, bench.sweep, evaluate_checkpoint and bench_checkpoints take one
+    DecodeSettings (or its fields as keywords, not both); the budget and the swept fields come from it."""
+    model = setdlm.load(ckpts["setdlm"])
+    examples = reasoning_split("test", 3, level="easy")
+    s = DecodeSettings(threshold=0.5, max_new_tokens=7, cache_order="reveal")
+    a = evaluate.reasoning(model, examples, s, batch_size=1, seed=1, progress=False)
+    b = evaluate.reasoning(model, examples, threshold=0.5, max_new_tokens=7, cache_order="reveal", batch_size=1,
+                           seed=1, progress=False)
+    assert a.max_new_tokens == 7 and a.predictions == b.predictions and a.run.nfe == b.run.nfe
+    longest = max(len(evaluate.prompt_ids(model, e)) for e in examples)
+    assert evaluate.reasoning(model, examples, progress=False).max_new_tokens == model.family.length - longest
+    with pytest.raises(ValueError, match="give settings= or the keyword settings"):
+        evaluate.reasoning(model, examples, s, threshold=0.9, progress=False)
+    stories = infill_from_source(ckpts["text"], "train", 2, sentences=5, hidden=1)
+    with pytest.raises(ValueError, match="max_new_tokens applies to generate only"):
+        evaluate.infill(model, stories, DecodeSettings(max_new_tokens=4), progress=False)
+    stats = evaluate.throughput(model, examples, DecodeSettings(max_new_tokens=5, ignore_eos=True), warmup=1,
+                                progress=False)
+    assert stats.tokens == 2 * 5  # two timed calls of one example, 5 tokens each
+
+    pts = bench.sweep([("m", model)], "reasoning", examples, DecodeSettings(max_new_tokens=7, cache_order="reveal"),
+                      thresholds=[0.5], warmup=1, seed=1, progress=False)
+    (p,) = pts
+    assert p.result["max_new_tokens"] == 7 and {k: p.result[k] for k in DETERMINISTIC} == {
+        k: a.to_dict()[k] for k in DETERMINISTIC}
+    with pytest.raises(ValueError, match=r"the sweep sets threshold: give it as thresholds=\[...\]"):
+        bench.sweep([("m", model)], "reasoning", examples, s, thresholds=[0.5], progress=False)
+    res = bench.evaluate_checkpoint(ckpts["setdlm"], "reasoning", DecodeSettings(threshold=0.5, max_new_tokens=7),
+                                    level="easy", n=3)
+    kw = bench.evaluate_checkpoint(ckpts["setdlm"], "reasoning", level="easy", n=3, threshold=0.5, max_new_tokens=7)
+    untimed = [k for k in res if k not in ("seconds", "speed")]
+    assert {k: res[k] for k in untimed} == {k: kw[k] for k in untimed} and set(res) == set(kw)
+    assert res["decode"] == {"threshold": 0.5, "max_new_tokens": 7}
+    with pytest.raises(ValueError, match="decoding settings apply to the reasoning and infill tasks"):
+        bench.bench_checkpoints([ckpts["ar"]], "likelihood", tmp_path / "x", DecodeSettings(temperature=0.5))
+    with pytest.raises(ValueError, match="the sweep sets window"):  # before any model is loaded
+        bench.bench_checkpoints(["no-such-checkpoint"], "reasoning", tmp_path / "x", window=2)
+    assert not (tmp_path / "x").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -222,6 +264,10 @@ def test_eval_infill_matches_the_library(ckpts, tmp_path, capsys):
     ("eval", ["--task", "infill", "--data", "MISSING"], ["neither an existing file or folder nor a built-in"]),
     ("eval", ["--task", "infill", "--n", "1000"], ["of 149 infill examples fit the context length L=128; ask for n"]),
     ("eval", ["--task", "reasoning", "--block-size", "4"], ["block_size applies to bd3lm/mdlm", "'setdlm'"]),
+    ("eval", ["--task", "infill", "--stop", "x"], ["--stop applies to --task reasoning, not infill"]),
+    ("eval", ["--task", "reasoning", "--max-new-tokens", "0"], ["--max-new-tokens must be a positive integer, got 0"]),
+    ("bench", ["--task", "infill", "--max-new-tokens", "4", "--out", "OUT"],
+     ["--max-new-tokens applies to --task reasoning, not infill"]),
     ("eval", ["--task", "reasoning", "--n", "0"], ["--n: must be a positive integer, got '0'"]),
     ("eval", ["--task", "bogus"], ["--task: invalid choice: 'bogus'"]),
     ("eval", ["--task", "infill", "--hidden", "2"], ["--hidden: invalid choice: 2"]),

@@ -84,7 +84,7 @@ def test_check_for_follows_the_one_table(family):
             with pytest.raises(ValueError, match=f"{name} applies to {'/'.join(families)} models, not to this"):
                 s.check_for(family)
     assert set(applicable(family, **values)) == {n for n, f in FAMILIES.items() if family in f}
-    for name, value in (("stop", "x"), ("ignore_eos", True), ("cache_order", "reveal")):
+    for name, value in (("stop", "x"), ("ignore_eos", True), ("cache_order", "reveal"), ("max_new_tokens", 5)):
         DecodeSettings(**{name: value}).check_for(family)  # generate takes them
         with pytest.raises(ValueError, match=f"{name} applies to generate only"):
             DecodeSettings(**{name: value}).check_for(family, "fill")
@@ -94,10 +94,11 @@ def test_check_for_follows_the_one_table(family):
 def test_cli_flags_are_the_dataclass_fields():
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    dests = {name: {a.dest for a in sub.choices[name]._actions} for name in ("generate", "infill")}
+    dests = {name: {a.dest for a in sub.choices[name]._actions} for name in ("generate", "infill", "eval", "bench")}
     names = {f.name for f in dataclasses.fields(DecodeSettings)}
-    assert names <= dests["generate"]
-    assert dests["infill"] & names == names - set(GENERATE_ONLY) - {"max_new_tokens"}
+    assert names <= dests["generate"] and names <= dests["eval"]
+    assert dests["infill"] & names == names - set(GENERATE_ONLY)
+    assert dests["bench"] & names == names - {"threshold", "window"}  # bench sweeps these two (--thresholds, --windows)
     args = parser.parse_args(["generate", "--prompt", "a", "--stop", "x", "--stop", "y", "--length-penalty", "3",
                               "1.5", "--eos-token-id", "2", "--ignore-eos", "--cache-order", "reveal"])
     assert (args.stop, args.length_penalty, args.eos_token_id, args.ignore_eos, args.cache_order, args.max_new_tokens,

@@ -14,7 +14,7 @@ from lm_eval.api.registry import get_model  # noqa: E402
 
 from setdlm import FamilyConfig, Model  # noqa: E402
 from setdlm.data import char_tokenizer  # noqa: E402
-from setdlm.decoding import generate  # noqa: E402
+from setdlm.decoding import DecodeSettings, generate  # noqa: E402
 from setdlm.evaluate import bound_generator  # noqa: E402
 from setdlm.harness import PAPER_INSTRUCTION, SetDLMLM, boxed_to_hashes, paper_user_turn  # noqa: E402
 from setdlm.objectives import Batch, compute_loss, log_probs, setdlm_inputs  # noqa: E402
@@ -59,6 +59,11 @@ def test_registry_and_model_args(checkpoints):
     assert isinstance(model, SetDLMLM) and get_model("setdlm") is SetDLMLM
     assert model.decode_kw == {"window": 2, "threshold": 0.9, "block_size": None, "cache_order": "reveal"}
     assert model.samples == 3 and model.L == 32 and model.batch_size == 1
+    direct = SetDLMLM(checkpoints["setdlm"], settings=DecodeSettings(window=2, threshold=0.9, cache_order="reveal",
+                                                                     max_new_tokens=7), device="cpu")
+    assert direct.decode_kw == model.decode_kw and direct.max_new_tokens == 7 and model.max_new_tokens == 256
+    with pytest.raises(ValueError, match="give settings= or the keyword settings"):
+        SetDLMLM(checkpoints["setdlm"], settings=DecodeSettings(window=2), threshold=0.9, device="cpu")
     with pytest.raises(ValueError, match="unknown setdlm model_args: windw"):
         lm(checkpoints["setdlm"], windw=2)
     with pytest.raises(ValueError, match="samples must be a positive integer"):

@@ -65,12 +65,12 @@ def test_respeed_interleaves_configurations_example_by_example(study, monkeypatc
     real = decoding.generate
     problems = reasoning_split("test", 14, level="medium", seed=0)
 
-    def spy(model, prompts, **kw):
+    def spy(model, prompts, settings, **kw):
         run = "reason-ar" if model.family.family == "ar" else "reason-setdlm-smax4"
         assert len(prompts) == 1  # batch 1
         prompt = next(e.prompt for e in problems if evaluate.prompt_ids(model, e) == list(prompts[0]))
-        calls.append((run, kw.get("threshold"), prompt))
-        return real(model, prompts, **kw)
+        calls.append((run, settings.threshold, prompt))
+        return real(model, prompts, settings, **kw)
 
     monkeypatch.setattr(decoding, "generate", spy)
     mod.respeed(quick=True)

@@ -39,6 +39,7 @@ import setdlm  # noqa: E402
 from setdlm import evaluate  # noqa: E402
 from setdlm.data.sources import infill_from_source  # noqa: E402
 from setdlm.data.tasks import reasoning_split  # noqa: E402
+from setdlm.decoding import DecodeSettings  # noqa: E402
 
 RUNS = Path("runs/study")
 OUT = Path(__file__).parent / "results"
@@ -71,7 +72,8 @@ def bound(run: str) -> dict:
     return json.loads(out)
 
 
-def decode_kwargs(model, task: str, tau) -> dict:
+def decode_settings(model, task: str, tau, **more) -> DecodeSettings:
+    """The study's decoding settings of ``model`` on ``task`` at threshold ``tau``, plus ``more``."""
     fam = model.family
     kw = {} if tau is None else {"threshold": tau}
     if fam.family == "mdlm":
@@ -80,7 +82,7 @@ def decode_kwargs(model, task: str, tau) -> dict:
         kw["window"] = fam.M if task == "infill" else fam.D
         if task == "reason":
             kw["cache_order"] = "reveal"
-    return kw
+    return DecodeSettings(**kw, **more)
 
 
 def speed_row(stats) -> dict:
@@ -106,20 +108,21 @@ def speed_pass(task: str, run: str, model, tau, quick: bool, infill_pool=None):
     with :func:`speed`, or several side by side with ``evaluate.interleave``): (a) 64 tokens after each of
     the first ``LM_PROMPTS`` held-out prompts, (b) the first ``N_SPEED`` test problems, (c) the first
     ``WARMUP + N_INFILL_SPEED`` examples of ``infill_pool``; the first ``WARMUP`` calls untimed."""
-    kw = decode_kwargs(model, task, tau)
+    more = {}
     if task == "lm":
         from setdlm.checkpoint import read_config
         from setdlm.train import heldout_of
 
         rows = heldout_of(read_config(RUNS / run)["training"], model.tokenizer)
         items = [ids[:LM_PROMPT] for ids in rows.input_ids[: 12 if quick else LM_PROMPTS].tolist()]
-        kw.update(max_new_tokens=LM_NEW, ignore_eos=True)
+        more = {"max_new_tokens": LM_NEW, "ignore_eos": True}
     elif task == "reason":
         items = reasoning_split("test", 14 if quick else N_SPEED, level="medium", seed=0)
     else:
         items = infill_pool[: (12 if quick else WARMUP + N_INFILL_SPEED)]
-        kw.update(repetition_penalty=1.2)
-    return evaluate.throughput_steps(model, items, warmup=2 if quick else WARMUP, progress=False, clock=CLOCK, **kw)
+        more = {"repetition_penalty": 1.2}
+    return evaluate.throughput_steps(model, items, decode_settings(model, task, tau, **more),
+                                     warmup=2 if quick else WARMUP, progress=False, clock=CLOCK)
 
 
 def speed(steps) -> dict:
@@ -139,8 +142,8 @@ def eval_reason(run: str, done: set, quick: bool) -> None:
         setting = "off" if tau is None else f"tau={tau}"
         if ("reason", run, setting) in done:
             continue
-        kw = decode_kwargs(model, "reason", tau)
-        acc = evaluate.reasoning(model, problems, batch_size=50, progress=False, **kw)
+        acc = evaluate.reasoning(model, problems, decode_settings(model, "reason", tau), batch_size=50,
+                                 progress=False)
         record({"task": "reason", "run": run, "setting": setting, "family": model.family.family,
                 "threshold": tau, "accuracy": acc.accuracy, "n": len(problems),
                 "tokens_per_step_acc": acc.run.tokens_per_step,
@@ -162,8 +165,8 @@ def eval_infill(runs: list[str], done: set, quick: bool) -> None:
     for run, model in models.items():
         if ("infill", run, "off") in done:
             continue
-        kw = decode_kwargs(model, "infill", None)
-        res = evaluate.infill(model, examples, batch_size=16, repetition_penalty=1.2, progress=False, **kw)
+        res = evaluate.infill(model, examples, decode_settings(model, "infill", None, repetition_penalty=1.2),
+                              batch_size=16, progress=False)
         record({"task": "infill", "run": run, "setting": "off", "family": model.family.family,
                 "rouge1": res.rouge1, "rouge2": res.rouge2, "rougeL": res.rougeL, "n": len(examples),
                 **speed(speed_pass("infill", run, model, None, quick, examples))})

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import platform
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -48,9 +48,10 @@ class Setting:
     window: int | None = None  # SetDLM window w (the effective one: the default is D)
     batch_size: int = 1
 
-    def decode_kwargs(self) -> dict:
-        """The :class:`~setdlm.decoding.settings.DecodeSettings` fields this setting fixes."""
-        return {k: v for k, v in (("threshold", self.threshold), ("window", self.window)) if v is not None}
+    def apply(self, base: DecodeSettings) -> DecodeSettings:
+        """``base`` with this setting's threshold and window (the sweep owns those two: ``base`` leaves them
+        unset, :func:`sweep` checks)."""
+        return replace(base, threshold=self.threshold, window=self.window)
 
 
 def check_settings(thresholds: Sequence[float | None], windows: Sequence[int | None], batch_sizes: Sequence[int],
@@ -73,8 +74,9 @@ def check_settings(thresholds: Sequence[float | None], windows: Sequence[int | N
         raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
 
 
-def settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS, windows: Sequence[int | None] = (None,),
-             batch_sizes: Sequence[int] = (1,)) -> list[Setting]:
+def sweep_settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS,
+                   windows: Sequence[int | None] = (None,),
+                   batch_sizes: Sequence[int] = (1,)) -> list[Setting]:
     """The settings that apply to ``model``'s family: τ only for SetDLM/BD3LM/MDLM, w only for SetDLM (None
     = D); each distinct setting once, in sweep order."""
     fam = model.family
@@ -120,32 +122,37 @@ def _point(label: str, model: Model, task: str, setting: Setting, result) -> Ben
 # ---------------------------------------------------------------------------------------------------------
 
 
-def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, *,
-          thresholds: Sequence[float | None] = THRESHOLDS, windows: Sequence[int | None] = (None,),
-          batch_sizes: Sequence[int] = (1,), warmup: int = 50, progress: bool = True,
-          **task_kwargs) -> list[BenchPoint]:
+def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, settings: DecodeSettings | None = None,
+          *, thresholds: Sequence[float | None] = THRESHOLDS, windows: Sequence[int | None] = (None,),
+          batch_sizes: Sequence[int] = (1,), warmup: int = 50, eos: bool = False, clock: str = "wall",
+          seed: int | None = None, progress: bool = True, **knobs) -> list[BenchPoint]:
     """Evaluate every ``(label, model)`` on ``examples`` (reasoning problems or infilling examples) at every
     applicable setting. Speed skips the first ``warmup`` examples (rounded up to whole calls at batch > 1); quality
     counts every example. The settings run side by side (:func:`setdlm.evaluate.interleave`): one decoding
-    call of each in turn, so that a drift of the machine's speed does not favour the settings timed first. ``task_kwargs`` go to
-    :func:`setdlm.evaluate.reasoning` / :func:`~setdlm.evaluate.infill` (``max_new_tokens``, ``eos``,
-    ``temperature``, ``cache_order``, ``repetition_penalty``, ...), the same for every setting."""
+    call of each in turn, so that a drift of the machine's speed does not favour the settings timed first.
+    ``settings`` (a :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields as keywords:
+    ``max_new_tokens``, ``temperature``, ``cache_order``, ``repetition_penalty``, ...) are the same for every
+    point, bar the swept ``threshold`` and ``window``; ``eos`` (infill), ``clock`` and ``seed`` go to
+    :func:`setdlm.evaluate.reasoning` / :func:`~setdlm.evaluate.infill`."""
     from . import evaluate
 
     if task not in ("reasoning", "infill"):
         raise ValueError(f"sweep task must be reasoning or infill, got {task!r} (likelihood: likelihood_point)")
     if not models:
         raise ValueError("no models to benchmark")
+    base = _fixed_settings(settings, knobs, [m for _, m in models], task)
     steps = evaluate.reasoning_steps if task == "reasoning" else evaluate.infill_steps
-    plan = [(label, model, s) for label, model in models for s in settings(model, thresholds, windows, batch_sizes)]
+    plan = [(label, model, s) for label, model in models
+            for s in sweep_settings(model, thresholds, windows, batch_sizes)]
     if not (isinstance(warmup, int) and warmup >= 0):
         raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
     n = len(examples)
     for b in batch_sizes:  # fail before the sweep starts, not in its middle
         if -(-warmup // b) >= -(-n // b):
             raise ValueError(f"warmup={warmup} examples leave none of the {n} examples to time at batch size {b}")
-    passes = [steps(model, examples, batch_size=s.batch_size, warmup=-(-warmup // s.batch_size), progress=False,
-                    **s.decode_kwargs(), **task_kwargs) for _, model, s in plan]
+    task_args = {"eos": eos} if task == "infill" else {}
+    passes = [steps(model, examples, s.apply(base), batch_size=s.batch_size, warmup=-(-warmup // s.batch_size),
+                    clock=clock, seed=seed, progress=False, **task_args) for _, model, s in plan]
     calls = sum(-(-n // s.batch_size) for _, _, s in plan)
     with tqdm(total=calls, desc=f"bench {task} ({len(plan)} settings side by side)", unit="call",
               disable=None if progress else True) as bar:
@@ -374,14 +381,6 @@ def _source_name(task: str, data: str | None, level: str | None) -> str:
     return data or ("shakespeare" if task == "infill" else f"generated:{level or 'medium'}")
 
 
-def _task_kwargs(task: str, *, eos: bool, max_new_tokens: int | None, cache_order: str | None, clock: str | None,
-                 seed: int | None) -> dict:
-    """Keyword arguments of setdlm.evaluate.reasoning / infill besides the decoding knobs (unset ones left out)."""
-    kw = {"eos": eos} if task == "infill" else {"max_new_tokens": max_new_tokens}
-    kw.update({k: v for k, v in (("cache_order", cache_order), ("clock", clock), ("seed", seed)) if v is not None})
-    return kw
-
-
 def write_predictions(path: str | Path, examples: Sequence, result) -> Path:
     """One JSONL row per example: the question, answer, prediction and correctness (reasoning), or the
     prefix, suffix, reference middle and prediction (infilling)."""
@@ -399,50 +398,74 @@ def write_predictions(path: str | Path, examples: Sequence, result) -> Path:
     return write_text(path, "".join(json.dumps(r) + "\n" for r in rows), "--predictions")
 
 
-def _check_knobs_of(models: Sequence[Model], decode: dict) -> None:
-    """The fixed decoding settings apply to every model's family (the table of setdlm.decoding.settings)."""
-    from .decoding.settings import FAMILIES, DecodeSettings
-
-    settings = DecodeSettings(**{k: v for k, v in decode.items() if k in FAMILIES})
+def _fixed_settings(settings: DecodeSettings | None, knobs: dict, models: Sequence[Model], task: str,
+                    what: str = "sweep") -> DecodeSettings:
+    """The decoding settings fixed for every model of a reasoning/infill evaluation, checked for each model's
+    family (the table of :mod:`setdlm.decoding.settings`; infilling takes fill's settings) before any
+    decoding."""
+    settings = DecodeSettings.of(settings, knobs, what)
+    if what == "sweep":
+        _check_unswept(settings)
     for m in models:
-        settings.check_for(m.family.family)
+        settings.check_for(m.family.family, "fill" if task == "infill" else "generate")
+    return settings
 
 
-def evaluate_checkpoint(checkpoint: str | Path, task: str = "likelihood", *, data: str | None = None,
-                        level: str | None = None, split: str | None = None, n: int | None = None,
-                        hidden: int | None = None, eos: bool = False, max_new_tokens: int | None = None,
-                        cache_order: str | None = None, clock: str | None = None, batch_size: int | None = None,
-                        seed: int | None = None, bf16: bool = False, ema: bool = False, device: str = "cpu",
-                        predictions: str | Path | None = None, **decode) -> dict:
+def _check_unswept(settings: DecodeSettings) -> None:
+    """A sweep's fixed settings leave the two it sweeps unset."""
+    swept = [name for name in ("threshold", "window") if getattr(settings, name) is not None]
+    if swept:
+        raise ValueError(f"the sweep sets {swept[0]}: give it as {swept[0]}s=[...], not in the fixed settings")
+
+
+def _decode_record(settings: DecodeSettings, **task) -> dict:
+    """The settings that differ from the defaults, and the task's own decoding arguments that were given
+    (recorded as ``"decode"`` in the JSON results)."""
+    changed = {f.name: getattr(settings, f.name) for f in fields(DecodeSettings)
+               if getattr(settings, f.name) != f.default}
+    return {**changed, **{k: v for k, v in task.items() if v is not None}}
+
+
+def evaluate_checkpoint(checkpoint: str | Path, task: str = "likelihood", settings: DecodeSettings | None = None, *,
+                        data: str | None = None, level: str | None = None, split: str | None = None,
+                        n: int | None = None, hidden: int | None = None, eos: bool = False, clock: str | None = None,
+                        batch_size: int | None = None, seed: int | None = None, bf16: bool = False,
+                        ema: bool = False, device: str = "cpu", predictions: str | Path | None = None,
+                        **knobs) -> dict:
     """Evaluate a checkpoint (folder, run folder or shipped name) on ``task`` and return the JSON-ready result
     that ``setdlm eval`` prints.
 
     likelihood: :func:`checkpoint_likelihood` (``data``, ``batch_size``, ``seed``, ``bf16``). reasoning /
     infill: the examples of :func:`task_examples` decoded by :func:`setdlm.evaluate.reasoning` /
-    :func:`~setdlm.evaluate.infill` with the decoding knobs ``decode`` (``threshold=``, ``window=``, ...),
-    each example's prediction written to ``predictions`` (JSONL) when given. Bad values are ``ValueError``s
-    raised before any decoding."""
+    :func:`~setdlm.evaluate.infill` with ``settings`` (a :class:`~setdlm.decoding.settings.DecodeSettings`,
+    or its fields as keywords: ``threshold=``, ``window=``, ``max_new_tokens=``, ...), each example's
+    prediction written to ``predictions`` (JSONL) when given. Bad values are ``ValueError``s raised before
+    any decoding."""
     from . import evaluate
     from .loading import load
     from .outputs import check_file
 
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    settings = DecodeSettings.of(settings, knobs, "evaluate_checkpoint")
+    if task == "likelihood" and settings != DecodeSettings():
+        raise ValueError("decoding settings apply to the reasoning and infill tasks, not to likelihood")
     if predictions is not None:
         check_file(predictions, "--predictions")
     model = load(checkpoint, ema=ema, device=device)
     if task == "likelihood":
         return checkpoint_likelihood(model, training_args(checkpoint), data=data, batch_size=batch_size, seed=seed,
                                      bf16=bf16, where=str(checkpoint))
-    _check_knobs_of([model], decode)
+    settings = _fixed_settings(settings, {}, [model], task, "evaluate_checkpoint")
     examples, skipped = task_examples(task, [model], data=data, level=level or "medium", split=split or "test", n=n,
                                       seed=seed or 0, hidden=hidden or 1, eos=eos)
-    decode = {**decode, **_task_kwargs(task, eos=eos, max_new_tokens=max_new_tokens, cache_order=cache_order,
-                                       clock=clock, seed=seed)}
+    task_args = {"eos": eos} if task == "infill" else {}
     fn = evaluate.reasoning if task == "reasoning" else evaluate.infill
-    result = fn(model, examples, batch_size=batch_size or 32, **decode)
+    result = fn(model, examples, settings, batch_size=batch_size or 32, clock=clock or "wall", seed=seed,
+                **task_args)
     if predictions is not None:
         write_predictions(predictions, examples, result)
+    decode = _decode_record(settings, clock=clock, seed=seed, **task_args)
     return {"task": task, "family": model.family.family, "data": _source_name(task, data, level),
             "split": split or "test", "skipped_too_long": skipped, "decode": decode, **result.to_dict()}
 
@@ -466,17 +489,18 @@ class BenchRun:
     files: tuple[Path, Path, Path]  # bench.md, bench.json, bench.png
 
 
-def bench_checkpoints(checkpoints: Sequence[str | Path], task: str, out: str | Path, *, title: str | None = None,
+def bench_checkpoints(checkpoints: Sequence[str | Path], task: str, out: str | Path,
+                      settings: DecodeSettings | None = None, *, title: str | None = None,
                       thresholds: Sequence[float | None] | None = None, windows: Sequence[int | None] | None = None,
                       batch_sizes: Sequence[int] | None = None, warmup: int | None = None, data: str | None = None,
                       level: str | None = None, split: str | None = None, n: int | None = None,
-                      hidden: int | None = None, eos: bool = False, max_new_tokens: int | None = None,
-                      cache_order: str | None = None, clock: str | None = None, seed: int | None = None,
-                      ema: bool = False, device: str = "cpu", **decode) -> BenchRun:
+                      hidden: int | None = None, eos: bool = False, clock: str | None = None,
+                      seed: int | None = None, ema: bool = False, device: str = "cpu", **knobs) -> BenchRun:
     """Benchmark checkpoints on ``task`` and write ``out``/bench.md, bench.json and bench.png (what ``setdlm
     bench`` runs). reasoning/infill: :func:`sweep` over ``thresholds`` (default :data:`THRESHOLDS`),
     ``windows`` (None = D) and ``batch_sizes`` (default 1), the first ``warmup`` examples untimed (default 50,
-    at most a quarter of the examples), the other decoding knobs ``decode`` fixed; likelihood: one bound per
+    at most a quarter of the examples), the other decoding settings fixed (``settings``, a
+    :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields as keywords); likelihood: one bound per
     checkpoint (:func:`checkpoint_likelihood` on ``data`` or each run's held-out rows). Every setting is
     checked before any model is loaded."""
     from .loading import load
@@ -484,11 +508,15 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: str, out: str | P
 
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    settings = DecodeSettings.of(settings, knobs, "bench_checkpoints")
     if task == "likelihood" and (thresholds or windows or batch_sizes or warmup is not None):
         raise ValueError("--thresholds/--windows/--batch-sizes/--warmup apply to --task reasoning/infill")
+    if task == "likelihood" and settings != DecodeSettings():
+        raise ValueError("decoding settings apply to the reasoning and infill tasks, not to likelihood")
     folder = check_folder(out)
     if task != "likelihood":
         check_settings(thresholds or THRESHOLDS, windows or [None], batch_sizes or [1], 50 if warmup is None else warmup)
+        _check_unswept(settings)
     names = labels(checkpoints)
     models = [load(c, ema=ema, device=device) for c in checkpoints]
     meta = {"task": task, "checkpoints": dict(zip(names, map(str, checkpoints))),
@@ -498,15 +526,15 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: str, out: str | P
                   for c, lab, m in zip(checkpoints, names, models)]
         meta["data"] = data or "each run's held-out rows"
     else:
-        _check_knobs_of(models, decode)
+        settings = _fixed_settings(settings, {}, models, task)
         examples, skipped = task_examples(task, models, data=data, level=level or "medium", split=split or "test",
                                           n=n, seed=seed or 0, hidden=hidden or 1, eos=eos)
         warmup = min(50, len(examples) // 4) if warmup is None else warmup
         thresholds, windows, batch_sizes = list(thresholds or THRESHOLDS), list(windows or [None]), list(batch_sizes or [1])
-        fixed = {**decode, **_task_kwargs(task, eos=eos, max_new_tokens=max_new_tokens, cache_order=cache_order,
-                                          clock=clock, seed=seed)}
-        points = sweep(list(zip(names, models)), task, examples, thresholds=thresholds, windows=windows,
-                       batch_sizes=batch_sizes, warmup=warmup, **fixed)
+        task_args = {"eos": eos} if task == "infill" else {}
+        points = sweep(list(zip(names, models)), task, examples, settings, thresholds=thresholds, windows=windows,
+                       batch_sizes=batch_sizes, warmup=warmup, clock=clock or "wall", seed=seed, **task_args)
+        fixed = _decode_record(settings, clock=clock, seed=seed, **task_args)
         meta.update(data=_source_name(task, data, level), split=split or "test", examples=len(examples),
                     skipped_too_long=skipped, warmup=warmup, thresholds=thresholds, windows=windows,
                     batch_sizes=batch_sizes, decode=fixed)

@@ -31,8 +31,7 @@ from pathlib import Path
 from .command import Parser, run
 from .data.prompt import encode_prompt
 from .data.sources import iter_jsonl
-from .decoding.api import KNOB_FAMILIES
-from .decoding.settings import GENERATE_ONLY
+from .decoding.settings import FAMILIES, GENERATE_ONLY, DecodeSettings
 
 
 def _positive_int(s: str) -> int:
@@ -103,22 +102,113 @@ def _add_train(sub) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# decoding settings: one flag per field of DecodeSettings (generate, infill, eval, bench)
+# ---------------------------------------------------------------------------------------------------------
+
+SETTINGS = tuple(f.name for f in dataclasses.fields(DecodeSettings))
+
+
+def _accepts(name: str):
+    """The check of a decoding flag: does :class:`DecodeSettings` take this value (its ranges, one place)?"""
+    def ok(v) -> bool:
+        try:
+            DecodeSettings(**{name: v})
+        except (ValueError, TypeError):
+            return False
+        return True
+    return ok
+
+
+# flag -> (families it applies to or None for all, check, what the check demands, in the CLI's words)
+_DECODE_FLAGS = {
+    "window": (FAMILIES["window"], _accepts("window"), "a positive integer"),
+    "block_size": (FAMILIES["block_size"], _accepts("block_size"), "a positive integer"),
+    "threshold": (FAMILIES["threshold"], _accepts("threshold"), "in (0, 1]"),
+    "temperature": (None, _accepts("temperature"), ">= 0"),
+    "top_p": (None, _accepts("top_p"), "in (0, 1]"),
+    "top_k": (None, _accepts("top_k"), ">= 0"),
+    "repetition_penalty": (None, _accepts("repetition_penalty"), "> 0"),
+}
+
+
+def _add_settings_flags(p, names, *, defaults: dict | None = None, notes: dict | None = None) -> None:
+    """One flag per field of :class:`DecodeSettings` in ``names``, derived from the dataclass (type, help,
+    choices) as ``train``'s flags are from ``TrainConfig``; a flag not given is None. ``defaults``: flag
+    defaults of this command; ``notes``: a prefix for a flag's help (e.g. the tasks it applies to)."""
+    hints = typing.get_type_hints(DecodeSettings)
+    for f in dataclasses.fields(DecodeSettings):
+        if f.name not in names:
+            continue
+        flag, meta = "--" + f.name.replace("_", "-"), f.metadata
+        kind = hints[f.name]
+        union = typing.get_origin(kind) in (typing.Union, types.UnionType)  # X | None, int | tuple[int, ...]
+        kinds = [a for a in typing.get_args(kind) if a is not type(None)] if union else [kind]
+        default = (defaults or {}).get(f.name)
+        help_ = (notes or {}).get(f.name, "") + meta["help"]
+        help_ += f" (default {default})" if default is not None else ""
+        if kinds[0] is bool:
+            p.add_argument(flag, action="store_true", default=None, help=help_)
+        elif "nargs" in meta:  # length_penalty START FACTOR
+            p.add_argument(flag, nargs=meta["nargs"], default=None, metavar=("START", "FACTOR"), help=help_)
+        elif typing.get_origin(kinds[-1]) is tuple:  # stop, eos_token_id: repeatable
+            p.add_argument(flag, action="append", type=typing.get_args(kinds[-1])[0], default=None, help=help_)
+        else:
+            p.add_argument(flag, type=kinds[0], choices=meta.get("choices"), default=default, help=help_)
+
+
+def _decode_settings(args, family: str | None = None) -> DecodeSettings:
+    """The :class:`DecodeSettings` of the decoding flags given; with ``family`` (generate, infill), a flag of
+    another family is an error naming the flag, else (eval, bench) the library checks each model."""
+    kw = {}
+    for name in SETTINGS:
+        v = getattr(args, name, None)
+        if v is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        families, ok, demand = _DECODE_FLAGS.get(name, (None, None, None))
+        if ok is not None and not ok(v):
+            raise ValueError(f"{flag} must be {demand}, got {v}")
+        if family is not None and families is not None and family not in families:
+            raise ValueError(f"{flag} applies to {'/'.join(families)} models; this checkpoint is {family!r}")
+        if name == "length_penalty":
+            try:
+                v = (int(v[0]), float(v[1]))
+            except ValueError:
+                raise ValueError("--length-penalty takes START FACTOR (an integer and a number), got "
+                                 f"{' '.join(v)}") from None
+        kw[name] = v
+    try:
+        return DecodeSettings(**kw)
+    except (ValueError, TypeError) as e:  # the library's message, naming the flag instead of the field
+        field, _, rest = str(e).partition(" ")
+        raise ValueError(f"--{field.replace('_', '-')} {rest}" if field in SETTINGS else str(e)) from None
+
+
+def _check_ranges(args) -> None:
+    """Range checks that need no model, so that they fail before a checkpoint is read."""
+    for name, (_, ok, demand) in _DECODE_FLAGS.items():
+        v = getattr(args, name, None)
+        if v is not None and not ok(v):
+            raise ValueError(f"--{name.replace('_', '-')} must be {demand}, got {v}")
+
+
+# ---------------------------------------------------------------------------------------------------------
 # eval
 # ---------------------------------------------------------------------------------------------------------
 
 
 TASKS = ("likelihood", "reasoning", "infill")
-# flag -> the tasks it applies to (flags left at their default apply anywhere)
+# flag -> the tasks it applies to (flags left at their default apply anywhere); the decoding settings apply
+# to reasoning and infill, those of generate only (the budget, EOS stop, stop strings, cache order) to reasoning
 _TASK_FLAGS = {"level": ("reasoning",), "split": ("reasoning", "infill"), "n": ("reasoning", "infill"),
-               "hidden": ("infill",), "eos": ("infill",), "max_new_tokens": ("reasoning",),
-               "cache_order": ("reasoning",), "predictions": ("reasoning", "infill"), "bf16": ("likelihood",),
-               "clock": ("reasoning", "infill")}
+               "hidden": ("infill",), "eos": ("infill",), "predictions": ("reasoning", "infill"),
+               "bf16": ("likelihood",), "clock": ("reasoning", "infill"),
+               **{name: ("reasoning",) if name in GENERATE_ONLY else ("reasoning", "infill") for name in SETTINGS}}
 
 
 def _check_task_flags(args) -> None:
     """Flags given for another task, or contradicting each other: one-line errors before any loading."""
-    decoding = {name: ("reasoning", "infill") for name in _DECODE_FLAGS}
-    for name, tasks in {**_TASK_FLAGS, **decoding}.items():
+    for name, tasks in _TASK_FLAGS.items():
         if getattr(args, name, None) not in (None, False) and args.task not in tasks:
             raise ValueError(f"--{name.replace('_', '-')} applies to --task {'/'.join(tasks)}, not {args.task}")
     _check_ranges(args)
@@ -134,8 +224,8 @@ def _eval(args) -> int:
 
     _check_task_flags(args)
     _check_output(args)
-    result = evaluate_checkpoint(args.checkpoint, args.task, **_task_args(args), batch_size=args.batch_size,
-                                 bf16=args.bf16, predictions=args.predictions, **_given_knobs(args))
+    result = evaluate_checkpoint(args.checkpoint, args.task, _decode_settings(args), **_task_args(args),
+                                 batch_size=args.batch_size, bf16=args.bf16, predictions=args.predictions)
     line = json.dumps(result)
     if args.output:
         _write_atomic(args.output, line + "\n")
@@ -146,16 +236,12 @@ def _eval(args) -> int:
 def _task_args(args) -> dict:
     """The task flags shared by ``eval`` and ``bench``, as keywords of setdlm.bench.evaluate_checkpoint /
     bench_checkpoints."""
-    return {k: getattr(args, k) for k in ("data", "level", "split", "n", "hidden", "eos", "max_new_tokens",
-                                          "cache_order", "clock", "seed", "ema", "device")}
+    return {k: getattr(args, k) for k in ("data", "level", "split", "n", "hidden", "eos", "clock", "seed", "ema",
+                                          "device")}
 
 
-def _given_knobs(args) -> dict:
-    return {k: getattr(args, k) for k in _DECODE_FLAGS if getattr(args, k) is not None}
-
-
-def _add_task_flags(p, *, knobs, task_default: str | None) -> None:
-    """Flags that pick the task's examples, and the decoding ``knobs`` (names of _DECODE_FLAGS) offered."""
+def _add_task_flags(p, *, settings: tuple[str, ...], task_default: str | None) -> None:
+    """Flags that pick the task's examples, and the decoding ``settings`` (fields of DecodeSettings) offered."""
     from .data.tasks import PRESETS, SPLITS
 
     p.add_argument("--task", choices=TASKS, default=task_default, required=task_default is None,
@@ -171,26 +257,19 @@ def _add_task_flags(p, *, knobs, task_default: str | None) -> None:
     p.add_argument("--hidden", type=int, choices=(1, 3), default=None, help="infill: hidden sentences of 5 "
                    "(default 1)")
     p.add_argument("--eos", action="store_true", help="infill: EOS after the suffix (each window a whole document)")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=None, help="reasoning: generation budget "
-                   "(default: what the longest prompt leaves of L)")
-    p.add_argument("--cache-order", choices=("position", "reveal"), default=None, help="reasoning, setdlm: "
-                   "order of newly cached tokens (the paper's GSM8K runs: reveal)")
     p.add_argument("--clock", choices=("wall", "cpu"), default=None, help="reasoning/infill: time decoding by "
                    "wall clock (default, the paper's) or by CPU time (steady on a shared CPU)")
-    helps = {"window": "setdlm: window w (default D)", "block_size": "bd3lm/mdlm: block size",
-             "threshold": "confidence threshold tau (default off)", "temperature": "0 = greedy (default)",
-             "top_p": "nucleus sampling", "top_k": "top-k sampling (0 = off)",
-             "repetition_penalty": "> 1 discourages repeats (the paper's infilling: 1.2)"}
-    for name in knobs:
-        kind = int if name in ("window", "block_size", "top_k") else float
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=helps[name])
-    p.set_defaults(**{name: None for name in _DECODE_FLAGS if name not in knobs})
+    notes = {name: "/".join(_TASK_FLAGS[name]) + ": " for name in settings}
+    notes["max_new_tokens"] = "reasoning (default: what the longest prompt leaves of L): "
+    notes["cache_order"] = "reasoning (the paper's GSM8K runs: reveal): "
+    _add_settings_flags(p, settings, notes=notes)
+    p.set_defaults(**{name: None for name in SETTINGS if name not in settings})
 
 
 def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help=_eval.__doc__.splitlines()[0])
     p.add_argument("checkpoint", help="checkpoint folder or training run folder")
-    _add_task_flags(p, knobs=tuple(_DECODE_FLAGS), task_default="likelihood")
+    _add_task_flags(p, settings=SETTINGS, task_default="likelihood")
     p.add_argument("--batch-size", type=_positive_int, default=None, help="rows per batch (likelihood default: "
                    "the run's; decoding default 32)")
     p.add_argument("--seed", type=int, default=None, help="likelihood: seed of the random orders/masks (default: "
@@ -228,9 +307,9 @@ def _bench(args) -> int:
     from .bench import bench_checkpoints
 
     _check_task_flags(args)
-    run = bench_checkpoints(args.checkpoints, args.task, args.out, title=args.title, thresholds=args.thresholds,
-                            windows=args.windows, batch_sizes=args.batch_sizes, warmup=args.warmup,
-                            **_task_args(args), **_given_knobs(args))
+    run = bench_checkpoints(args.checkpoints, args.task, args.out, _decode_settings(args), title=args.title,
+                            thresholds=args.thresholds, windows=args.windows, batch_sizes=args.batch_sizes,
+                            warmup=args.warmup, **_task_args(args))
     print(run.table, end="")
     print(f"wrote {', '.join(map(str, run.files))}", file=sys.stderr)
     return 0
@@ -239,7 +318,7 @@ def _bench(args) -> int:
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help=_bench.__doc__.splitlines()[0], description=_bench.__doc__)
     p.add_argument("checkpoints", nargs="+", help="checkpoint or training run folders (one curve each)")
-    _add_task_flags(p, knobs=tuple(k for k, (families, _, _) in _DECODE_FLAGS.items() if families is None),
+    _add_task_flags(p, settings=tuple(k for k in SETTINGS if k not in ("threshold", "window")),  # swept
                     task_default=None)
     p.add_argument("--out", required=True, help="folder for bench.md, bench.json and bench.png")
     p.add_argument("--title", default=None, help="title of the plot (default: the task)")
@@ -261,103 +340,16 @@ def _add_bench(sub) -> None:
 # generate / infill
 # ---------------------------------------------------------------------------------------------------------
 
-def _accepts(name: str):
-    """The check of a decoding flag: does :class:`DecodeSettings` take this value (its ranges, one place)?"""
-    from .decoding.settings import DecodeSettings
-
-    def ok(v) -> bool:
-        try:
-            DecodeSettings(**{name: v})
-        except (ValueError, TypeError):
-            return False
-        return True
-    return ok
-
-
-# flag -> (families it applies to or None for all, check, what the check demands, in the CLI's words)
-_DECODE_FLAGS = {
-    "window": (KNOB_FAMILIES["window"], _accepts("window"), "a positive integer"),
-    "block_size": (KNOB_FAMILIES["block_size"], _accepts("block_size"), "a positive integer"),
-    "threshold": (KNOB_FAMILIES["threshold"], _accepts("threshold"), "in (0, 1]"),
-    "temperature": (None, _accepts("temperature"), ">= 0"),
-    "top_p": (None, _accepts("top_p"), "in (0, 1]"),
-    "top_k": (None, _accepts("top_k"), ">= 0"),
-    "repetition_penalty": (None, _accepts("repetition_penalty"), "> 0"),
-}
-
-
 def _add_decoding_flags(p, exclude: tuple[str, ...] = (), defaults: dict | None = None) -> None:
-    """The checkpoint, the call's flags, and one flag per field of :class:`DecodeSettings` (bar ``exclude``),
-    derived from the dataclass as ``train``'s flags are from ``TrainConfig``; a flag not given is None."""
-    from .decoding.settings import DecodeSettings
-
+    """The checkpoint, one flag per decoding setting (bar ``exclude``) and the call's own flags."""
     p.add_argument("checkpoint", nargs="?", default=None,
                    help="checkpoint folder, training run folder or shipped model name "
                         "(default: the shipped shakespeare-setdlm-smax8)")
-    hints = typing.get_type_hints(DecodeSettings)
-    for f in dataclasses.fields(DecodeSettings):
-        if f.name in exclude:
-            continue
-        flag, meta = "--" + f.name.replace("_", "-"), f.metadata
-        kind = hints[f.name]
-        union = typing.get_origin(kind) in (typing.Union, types.UnionType)  # X | None, int | tuple[int, ...]
-        kinds = [a for a in typing.get_args(kind) if a is not type(None)] if union else [kind]
-        default = (defaults or {}).get(f.name)
-        help_ = meta["help"] + (f" (default {default})" if default is not None else "")
-        if kinds[0] is bool:
-            p.add_argument(flag, action="store_true", default=None, help=help_)
-        elif "nargs" in meta:  # length_penalty START FACTOR
-            p.add_argument(flag, nargs=meta["nargs"], default=None, metavar=("START", "FACTOR"), help=help_)
-        elif typing.get_origin(kinds[-1]) is tuple:  # stop, eos_token_id: repeatable
-            p.add_argument(flag, action="append", type=typing.get_args(kinds[-1])[0], default=None, help=help_)
-        else:
-            p.add_argument(flag, type=kinds[0], choices=meta.get("choices"), default=default, help=help_)
+    _add_settings_flags(p, tuple(n for n in SETTINGS if n not in exclude), defaults=defaults)
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--ema", action="store_true", help="decode with the EMA weights")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     p.add_argument("--output", default=None, help="write JSONL results here instead of printing texts")
-
-
-def _decoding_kwargs(args, family: str) -> dict:
-    """The decoding flags the user gave, checked for range and for the model's family."""
-    kw = {}
-    for name, (families, ok, demand) in _DECODE_FLAGS.items():
-        v = getattr(args, name)
-        if v is None:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if not ok(v):
-            raise ValueError(f"{flag} must be {demand}, got {v}")
-        if families is not None and family not in families:
-            raise ValueError(f"{flag} applies to {'/'.join(families)} models; this checkpoint is {family!r}")
-        kw[name] = v
-    return kw
-
-
-def _decode_settings(args, family: str):
-    """The :class:`DecodeSettings` of the flags given (generate, infill); the library checks the rest."""
-    from .decoding.settings import DecodeSettings
-
-    kw = _decoding_kwargs(args, family)
-    for f in dataclasses.fields(DecodeSettings):
-        v = getattr(args, f.name, None)
-        if v is None or f.name in kw:
-            continue
-        if f.name == "length_penalty":
-            try:
-                v = (int(v[0]), float(v[1]))
-            except ValueError:
-                raise ValueError(f"--length-penalty takes START FACTOR (an integer and a number), got {' '.join(v)}") from None
-        kw[f.name] = v
-    return DecodeSettings(**kw)
-
-
-def _check_ranges(args) -> None:
-    """Range checks that need no model, so that they fail before a checkpoint is read."""
-    for name, (_, ok, demand) in _DECODE_FLAGS.items():
-        v = getattr(args, name)
-        if v is not None and not ok(v):
-            raise ValueError(f"--{name.replace('_', '-')} must be {demand}, got {v}")
 
 
 def _n_tokens(tok, text: str) -> int:

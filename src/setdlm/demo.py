@@ -48,8 +48,8 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
     from . import bench, evaluate
     from .data.sources import infill_from_source
     from .data.tasks import reasoning_split
+    from .decoding import DecodeSettings
     from .metrics import extract_answer
-
     from .outputs import check_folder
 
     if not (isinstance(n, int) and n >= 3):
@@ -74,7 +74,8 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
                if evaluate.fits(lm, e)), None)
     if ex is None:
         raise ValueError(f"no held-out Shakespeare window fits the model's context L={lm.family.length}")
-    r = evaluate.infill(lm, [ex], batch_size=1, window=lm.family.M, repetition_penalty=1.2, progress=False)
+    r = evaluate.infill(lm, [ex], DecodeSettings(window=lm.family.M, repetition_penalty=1.2), batch_size=1,
+                        progress=False)
     print(f"{ex.prefix.strip()}\n  >>> {r.predictions[0].strip()} <<<\n{ex.suffix.strip()}")
     print(f"[original line: {ex.middle.strip()!r}; ROUGE-L {100 * r.rougeL:.1f}]")
     result["infill"] = r.predictions[0]
@@ -82,7 +83,7 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
     _rule("3. An arithmetic word problem, solved by SetDLM S<=8")
     problems = reasoning_split("test", n, level="medium", seed=0)
     solver = get(REASON[-1])
-    r = evaluate.reasoning(solver, problems, batch_size=n, progress=False, cache_order="reveal")
+    r = evaluate.reasoning(solver, problems, DecodeSettings(cache_order="reveal"), batch_size=n, progress=False)
     ok = [extract_answer(p) == e.answer for p, e in zip(r.predictions, problems)]
     exact = [p.strip() == e.solution.strip() for p, e in zip(r.predictions, problems)]
     # the first problem it solves step by step, else the first it answers right, else the first
@@ -94,8 +95,8 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
 
     _rule(f"4. Live: the same {n} problems, batch 1, on this machine")
     reasoners = [(name, get(name)) for name in REASON]
-    points = bench.sweep(reasoners, "reasoning", problems, thresholds=(None, 0.9, 0.7), warmup=2,
-                         progress=progress, cache_order="reveal")
+    points = bench.sweep(reasoners, "reasoning", problems, DecodeSettings(cache_order="reveal"),
+                         thresholds=(None, 0.9, 0.7), warmup=2, progress=progress)
     print(bench.markdown_table(points))
     result["table"] = [p.to_dict() for p in points]
     out = Path(out)

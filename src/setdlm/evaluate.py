@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from tqdm.auto import tqdm
@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 from .batch import Batch
 from .data.prompt import encode_prompt, start_ids
 from .data.tasks import InfillExample, ReasoningExample, encode_infill
+from .decoding.settings import DecodeSettings
 from .lm import Model
 from .metrics import LikelihoodSummary, ThroughputStats, extract_answer, rouge, throughput_stats
 from .objectives import compute_loss
@@ -184,11 +185,7 @@ def _budget(model: Model, prompts: list[list[int]], max_new_tokens: int | None) 
     if len(prompts[i]) >= L:
         raise ValueError(f"prompt {i} is {len(prompts[i])} tokens long, which leaves no room in the context "
                          f"length L={L}")
-    if max_new_tokens is None:
-        return L - len(prompts[i])
-    if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    return max_new_tokens
+    return L - len(prompts[i]) if max_new_tokens is None else max_new_tokens  # checked by DecodeSettings
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -269,19 +266,27 @@ def _check_clock(model: Model, clock: str) -> None:
         raise ValueError(f"clock='cpu' times CPU work, but the model runs on {device}; use clock='wall'")
 
 
-def _generate_steps(model: Model, prompts: list[list[int]], *, max_new_tokens: int | None, kwargs: dict, **opts):
+def _generate_steps(model: Model, prompts: list[list[int]], settings: DecodeSettings, *, seed: int | None, **opts):
+    """Decode ``prompts`` with ``settings``; every row's budget is ``settings.max_new_tokens`` or, when that is
+    None, what the longest prompt leaves of the context (:func:`_budget`)."""
     from .decoding import generate
 
+    settings.check_for(model.family.family)
     _check_clock(model, opts["clock"])
-    budget = _budget(model, prompts, max_new_tokens)
+    budget = _budget(model, prompts, settings.max_new_tokens)
+    settings = replace(settings, max_new_tokens=budget)
     outs, run = yield from _decode_steps(len(prompts), lambda lo, hi: generate(
-        model, prompts[lo:hi], max_new_tokens=budget, **kwargs), **opts)
+        model, prompts[lo:hi], settings, seed=seed), **opts)
     return outs, run, budget
 
 
-def _infill_steps(model: Model, examples: list[InfillExample], *, eos: bool, kwargs: dict, **opts):
+def _infill_steps(model: Model, examples: list[InfillExample], settings: DecodeSettings, *, seed: int | None,
+                  eos: bool, **opts):
+    """Fill each example's middle at its oracle length with ``settings`` (fill's: no budget, EOS stop or
+    cache order)."""
     from .decoding import infill as decode_infill
 
+    settings.check_for(model.family.family, mode="fill")
     _check_clock(model, opts["clock"])
     rows = [infill_row(model, e, eos=eos) for e in examples]
     L = model.family.length
@@ -291,7 +296,7 @@ def _infill_steps(model: Model, examples: list[InfillExample], *, eos: bool, kwa
                              f"length L={L} (select examples with setdlm.evaluate.fits)")
     pre, lens, suf = zip(*rows)
     return (yield from _decode_steps(len(rows), lambda lo, hi: decode_infill(
-        model, list(pre[lo:hi]), list(suf[lo:hi]), list(lens[lo:hi]), **kwargs), **opts))
+        model, list(pre[lo:hi]), list(suf[lo:hi]), list(lens[lo:hi]), settings=settings, seed=seed), **opts))
 
 
 def _texts(outs: list, tok, eos_ids: Sequence[int]) -> list[str]:
@@ -340,36 +345,37 @@ class InfillResult:
         return {"rouge1": self.rouge1, "rouge2": self.rouge2, "rougeL": self.rougeL, **self.run.to_dict()}
 
 
-def reasoning(model: Model, examples: Sequence[ReasoningExample], *, batch_size: int = 32,
-              max_new_tokens: int | None = None, warmup: int = 0, clock: str = "wall", progress: bool = True,
-              **decode_kwargs) -> ReasoningResult:
+def reasoning(model: Model, examples: Sequence[ReasoningExample], settings: DecodeSettings | None = None, *,
+              batch_size: int = 32, warmup: int = 0, clock: str = "wall", seed: int | None = None,
+              progress: bool = True, **knobs) -> ReasoningResult:
     """Exact-match accuracy of ``model`` on reasoning problems (``setdlm.data.tasks``), decoded in batches.
 
-    Each prompt is ``[BOS] question "\\n"``; every row gets ``max_new_tokens`` (default: what the longest
-    prompt leaves of the context L). ``decode_kwargs`` go to :func:`setdlm.decoding.generate` (``window``,
-    ``threshold``, ``block_size``, ``temperature``, ``cache_order``, ``stop``, ...). A completion is cut at
-    its first EOS and is correct when the integer after its first ``####`` equals the answer. Speed
+    Each prompt is ``[BOS] question "\\n"``, decoded by :func:`setdlm.decoding.generate` with ``settings`` (a
+    :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields as keywords: ``window``,
+    ``threshold``, ``block_size``, ``temperature``, ``cache_order``, ``stop``, ...) and ``seed``. Every row
+    gets ``max_new_tokens`` (default: what the longest prompt leaves of the context L). A completion is cut
+    at its first EOS and is correct when the integer after its first ``####`` equals the answer. Speed
     statistics (``result.run.speed``) skip the first ``warmup`` calls; accuracy counts every example.
     ``clock``: time calls by wall clock (``"wall"``, the paper's) or by this process's CPU time (``"cpu"``:
     steady on a CPU shared with other jobs; with several torch threads it adds up their time).
     """
-    return _drain(reasoning_steps(model, examples, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                                  warmup=warmup, clock=clock, progress=progress, **decode_kwargs))
+    return _drain(reasoning_steps(model, examples, settings, batch_size=batch_size, warmup=warmup, clock=clock,
+                                  seed=seed, progress=progress, **knobs))
 
 
-def reasoning_steps(model: Model, examples: Sequence[ReasoningExample], *, batch_size: int = 32,
-                    max_new_tokens: int | None = None, warmup: int = 0, clock: str = "wall", progress: bool = True,
-                    **decode_kwargs) -> Generator[None, None, ReasoningResult]:
+def reasoning_steps(model: Model, examples: Sequence[ReasoningExample], settings: DecodeSettings | None = None, *,
+                    batch_size: int = 32, warmup: int = 0, clock: str = "wall", seed: int | None = None,
+                    progress: bool = True, **knobs) -> Generator[None, None, ReasoningResult]:
     """:func:`reasoning` as a generator that yields after every decoding call and returns the result, so
     that several evaluations can be alternated call by call (:func:`interleave`)."""
+    settings = DecodeSettings.of(settings, knobs, "reasoning")
     examples = _check_examples(examples, ReasoningExample)
     tok = _tokenizer(model)
     prompts = [prompt_ids(model, e) for e in examples]
-    outs, run, budget = yield from _generate_steps(model, prompts, max_new_tokens=max_new_tokens,
-                                                   kwargs=decode_kwargs, batch_size=batch_size, warmup=warmup,
-                                                   progress=progress, clock=clock,
+    outs, run, budget = yield from _generate_steps(model, prompts, settings, seed=seed, batch_size=batch_size,
+                                                   warmup=warmup, progress=progress, clock=clock,
                                                    desc=f"{model.family.family} reasoning")
-    eos = decode_kwargs.get("eos_token_id")
+    eos = settings.eos_token_id
     eos_ids = _eos(tok) if eos is None else [eos] if isinstance(eos, int) else list(eos)
     predictions = _texts(outs, tok, eos_ids)
     correct = sum(extract_answer(p) == e.answer for p, e in zip(predictions, examples))
@@ -377,28 +383,31 @@ def reasoning_steps(model: Model, examples: Sequence[ReasoningExample], *, batch
                            predictions=tuple(predictions))
 
 
-def infill(model: Model, examples: Sequence[InfillExample], *, batch_size: int = 32, eos: bool = False,
-           warmup: int = 0, clock: str = "wall", progress: bool = True, **decode_kwargs) -> InfillResult:
+def infill(model: Model, examples: Sequence[InfillExample], settings: DecodeSettings | None = None, *,
+           batch_size: int = 32, eos: bool = False, warmup: int = 0, clock: str = "wall", seed: int | None = None,
+           progress: bool = True, **knobs) -> InfillResult:
     """ROUGE-1/2/L of ``model``'s infilling of the hidden middles (``setdlm.data.tasks.infill_examples``).
 
     Rows are ``[BOS] prefix [MASK]×m suffix`` with ``m`` the middle's token count (the oracle length), the
     parts tokenized separately; ``eos=True`` appends EOS after the suffix, right when every window is a
     whole document (ROCStories), wrong for windows cut out of a longer text. AR models see the prefix
-    only. ``decode_kwargs`` go to :func:`setdlm.decoding.infill` (``window``, ``threshold``,
-    ``block_size``, ``repetition_penalty``, ...). ``warmup`` and ``clock`` as in :func:`reasoning`. Needs
-    the ``rouge-score`` package (extra ``eval``).
+    only. Decoded by :func:`setdlm.decoding.infill` with ``settings`` (or its fields as keywords:
+    ``window``, ``threshold``, ``block_size``, ``repetition_penalty``, ...; the generate-only ones are a
+    ``ValueError``) and ``seed``. ``warmup`` and ``clock`` as in :func:`reasoning`. Needs the
+    ``rouge-score`` package (extra ``eval``).
     """
-    return _drain(infill_steps(model, examples, batch_size=batch_size, eos=eos, warmup=warmup, clock=clock,
-                               progress=progress, **decode_kwargs))
+    return _drain(infill_steps(model, examples, settings, batch_size=batch_size, eos=eos, warmup=warmup,
+                               clock=clock, seed=seed, progress=progress, **knobs))
 
 
-def infill_steps(model: Model, examples: Sequence[InfillExample], *, batch_size: int = 32, eos: bool = False,
-                 warmup: int = 0, clock: str = "wall", progress: bool = True,
-                 **decode_kwargs) -> Generator[None, None, InfillResult]:
+def infill_steps(model: Model, examples: Sequence[InfillExample], settings: DecodeSettings | None = None, *,
+                 batch_size: int = 32, eos: bool = False, warmup: int = 0, clock: str = "wall",
+                 seed: int | None = None, progress: bool = True, **knobs) -> Generator[None, None, InfillResult]:
     """:func:`infill` as a generator that yields after every decoding call and returns the result
     (:func:`interleave`)."""
+    settings = DecodeSettings.of(settings, knobs, "infill")
     examples = _check_examples(examples, InfillExample)
-    outs, run = yield from _infill_steps(model, examples, eos=eos, kwargs=decode_kwargs, batch_size=batch_size,
+    outs, run = yield from _infill_steps(model, examples, settings, seed=seed, eos=eos, batch_size=batch_size,
                                          warmup=warmup, progress=progress, clock=clock,
                                          desc=f"{model.family.family} infill")
     predictions = [t for o in outs for t in o.texts]
@@ -431,9 +440,9 @@ def interleave(passes: Sequence[Generator], *, progress: Callable[[], None] | No
     return results
 
 
-def throughput(model: Model, items: Sequence, *, warmup: int = 50, batch_size: int = 1,
-               max_new_tokens: int | None = None, eos: bool = False, clock: str = "wall", progress: bool = True,
-               **decode_kwargs) -> ThroughputStats:
+def throughput(model: Model, items: Sequence, settings: DecodeSettings | None = None, *, warmup: int = 50,
+               batch_size: int = 1, eos: bool = False, clock: str = "wall", seed: int | None = None,
+               progress: bool = True, **knobs) -> ThroughputStats:
     """Decoding speed the paper's way: ``batch_size`` items per call (1 for the paper's numbers), the first
     ``warmup`` calls excluded; ``mean ± std`` of per-call tokens/s and the ``aggregate`` rate (compare that
     one at batch > 1). Only generated tokens count (an EOS that ends a row included, the prompt never);
@@ -441,33 +450,35 @@ def throughput(model: Model, items: Sequence, *, warmup: int = 50, batch_size: i
 
     ``items``: reasoning problems (decoded as :func:`reasoning` does), infilling examples (as
     :func:`infill`), or prompts: strings (encoded as ``[BOS] + text``) or token-id lists (as given).
-    ``decode_kwargs`` go to the decoder (``ignore_eos=True`` makes every row generate ``max_new_tokens``).
-    ``clock="cpu"`` times by CPU time instead of wall time (see :func:`reasoning`).
+    ``settings`` (or its fields as keywords) go to the decoder (``ignore_eos=True`` makes every row generate
+    ``max_new_tokens``; default what the longest prompt leaves of the context). ``clock="cpu"`` times by CPU
+    time instead of wall time (see :func:`reasoning`).
     """
-    return _drain(throughput_steps(model, items, warmup=warmup, batch_size=batch_size,
-                                   max_new_tokens=max_new_tokens, eos=eos, clock=clock, progress=progress,
-                                   **decode_kwargs))
+    return _drain(throughput_steps(model, items, settings, warmup=warmup, batch_size=batch_size, eos=eos,
+                                   clock=clock, seed=seed, progress=progress, **knobs))
 
 
-def throughput_steps(model: Model, items: Sequence, *, warmup: int = 50, batch_size: int = 1,
-                     max_new_tokens: int | None = None, eos: bool = False, clock: str = "wall",
-                     progress: bool = True, **decode_kwargs) -> Generator[None, None, ThroughputStats]:
+def throughput_steps(model: Model, items: Sequence, settings: DecodeSettings | None = None, *, warmup: int = 50,
+                     batch_size: int = 1, eos: bool = False, clock: str = "wall", seed: int | None = None,
+                     progress: bool = True, **knobs) -> Generator[None, None, ThroughputStats]:
     """:func:`throughput` as a generator that yields after every decoding call and returns the statistics
     (:func:`interleave`)."""
+    settings = DecodeSettings.of(settings, knobs, "throughput")
     items = list(items)
     if not items:
         raise ValueError("no prompts or examples to time")
-    opts = dict(batch_size=batch_size, warmup=warmup, progress=progress, clock=clock, kwargs=decode_kwargs,
+    opts = dict(seed=seed, batch_size=batch_size, warmup=warmup, progress=progress, clock=clock,
                 desc=f"{model.family.family} throughput")
     if isinstance(items[0], InfillExample):
-        if max_new_tokens is not None:
+        if settings.max_new_tokens is not None:
             raise ValueError("max_new_tokens does not apply to infilling: the oracle length of each middle is used")
-        return (yield from _infill_steps(model, _check_examples(items, InfillExample), eos=eos, **opts))[1].speed
+        examples = _check_examples(items, InfillExample)
+        return (yield from _infill_steps(model, examples, settings, eos=eos, **opts))[1].speed
     if isinstance(items[0], ReasoningExample):
         prompts = [prompt_ids(model, e) for e in _check_examples(items, ReasoningExample)]
     else:
         prompts = [_prompt(model, p, i) for i, p in enumerate(items)]
-    return (yield from _generate_steps(model, prompts, max_new_tokens=max_new_tokens, **opts))[1].speed
+    return (yield from _generate_steps(model, prompts, settings, **opts))[1].speed
 
 
 def _prompt(model: Model, p, i: int) -> list[int]:

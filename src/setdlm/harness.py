@@ -73,12 +73,15 @@ def paper_user_turn(content: str) -> str:
 @register_model("setdlm")
 class SetDLMLM(LM):
     """A setdlm model (any family) for lm-eval. ``pretrained``: a checkpoint or run folder, a Hub id, or a
-    folder / Hub id in the paper authors' layout. See the module docstring and docs/pretrained.md for the
-    requests and arguments. ``batch_size="auto"`` means 1; ``max_batch_size`` is accepted (lm-eval passes
+    folder / Hub id in the paper authors' layout. The decoding settings: ``settings`` (a
+    :class:`~setdlm.decoding.settings.DecodeSettings`, from Python) or the model_args ``window``,
+    ``threshold``, ``block_size``, ``cache_order``, ``max_new_tokens`` (default 256), not both. See the module
+    docstring and docs/pretrained.md for the requests and arguments. ``batch_size="auto"`` means 1; ``max_batch_size`` is accepted (lm-eval passes
     it) and unused."""
 
-    def __init__(self, pretrained: str, *, window: int | None = None, threshold: float | None = None,
-                 block_size: int | None = None, cache_order: str = "position", max_new_tokens: int = 256,
+    def __init__(self, pretrained: str, *, settings: DecodeSettings | None = None, window: int | None = None,
+                 threshold: float | None = None, block_size: int | None = None, cache_order: str | None = None,
+                 max_new_tokens: int | None = None,
                  samples: int = 1, seed: int = 1234, batch_size: int | str = 1, max_batch_size: int | None = None,
                  device: str | None = None, dtype: str | None = None, ema: bool = False, add_bos: bool = True,
                  boxed: bool = False, gsm8k_paper: bool = False, enable_thinking: bool = True,
@@ -98,10 +101,13 @@ class SetDLMLM(LM):
         self.name = str(pretrained)
         self._device = torch.device(device)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1  # "auto" → 1
-        self.settings = DecodeSettings(window=window, threshold=threshold, block_size=block_size,
-                                       cache_order=cache_order)  # per request: + max_gen_toks, until, sampling
+        given = {k: v for k, v in (("window", window), ("threshold", threshold), ("block_size", block_size),
+                                   ("cache_order", cache_order), ("max_new_tokens", max_new_tokens)) if v is not None}
+        # a DecodeSettings from Python, or its fields as model_args; per request: + max_gen_toks, until, sampling
+        self.settings = DecodeSettings.of(settings, given, "SetDLMLM")
         self.settings.check_for(self.model.family.family)
-        self.max_new_tokens, self.samples, self.seed, self.add_bos = max_new_tokens, samples, seed, add_bos
+        self.max_new_tokens = self.settings.max_new_tokens or 256  # when a request gives no max_gen_toks
+        self.samples, self.seed, self.add_bos = samples, seed, add_bos
         self.boxed, self.paper, self.enable_thinking = boxed or gsm8k_paper, gsm8k_paper, enable_thinking
         from tokenizers import Tokenizer as Backend
 

@@ -28,18 +28,17 @@ from ..data.prompt import encode_prompt, start_ids
 from ..resources import check_fits
 from . import ar, bd3lm, mdlm, setdlm
 from .output import GenerationOutput
-from .settings import FAMILIES, DecodeSettings, applicable
+from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings, applicable
 from .state import DecodeConfig, DecodeState, stop_index
 
 DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}
-KNOB_FAMILIES = FAMILIES  # setting -> the families it applies to (the table in decoding/settings.py)
 applicable_knobs = applicable
 
 
 def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: int | Sequence[int] | None = None,
              batch_size: int | None = None, reveal_times=None, progress: bool = False, trace: bool = False,
              **knobs) -> GenerationOutput:
-    """Continue each prompt by up to ``max_new_tokens`` tokens.
+    """Continue each prompt by up to ``max_new_tokens`` tokens (default 64).
 
     ``prompts``: token-id lists or strings (strings need ``model.tokenizer``); one prompt alone is accepted
     too. A string prompt is encoded as ``[BOS] + encode(text)`` when the tokenizer has a BOS, the way the
@@ -64,7 +63,7 @@ def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: in
     ``trace`` belong to the call.
     """
     settings = DecodeSettings.of(settings, knobs, "generate")
-    max_new_tokens = settings.max_new_tokens
+    max_new_tokens = settings.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
     ids = _encode_all(model, prompts, "prompt", add_bos=True)
     # a lower bound of the canvas's memory (the token lists, the canvas and its masks: >= 34 bytes a position)
     check_fits(f"decoding {len(ids)} rows of up to {max_new_tokens:,} new tokens",
@@ -118,8 +117,7 @@ def fill(model, sequences, settings: DecodeSettings | None = None, *, seed: int 
     SetDLM caches newly committed tokens in ascending position, or, given ``reveal_times`` (per row one
     number per MASK, left to right), by decreasing reveal time as :func:`generate` does.
     ``out.tokens`` lists the filled tokens left to right. Settings: as :func:`generate` (``settings=`` or
-    keywords); ``max_new_tokens`` is unused, and ``stop``, ``ignore_eos`` and ``cache_order`` are a
-    ``ValueError`` here."""
+    keywords); ``max_new_tokens``, ``stop``, ``ignore_eos`` and ``cache_order`` are a ``ValueError`` here."""
     settings = DecodeSettings.of(settings, knobs, "fill")
     ids = _encode_all(model, sequences, "sequence")
     mask_id = model.family.mask_token_id

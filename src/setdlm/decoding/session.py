@@ -26,7 +26,7 @@ import torch
 from . import setdlm
 from .api import DECODERS, _device, _encode_all, _eos_ids, _seeds, _stops, _text, decode_config
 from .output import StepTrace
-from .settings import DecodeSettings
+from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings
 from .state import DecodeConfig, DecodeState
 
 
@@ -183,7 +183,7 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
     settings.check_for(model.family.family)
     width = width if width is not None else model.family.length
     fam = model.family
-    max_new_tokens, cache_order = settings.max_new_tokens, settings.cache_order or "position"
+    max_new_tokens, cache_order = settings.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, settings.cache_order or "position"
     (ids,) = _encode_all(model, [prompt], "prompt", add_bos=True)
     if fam.mask_token_id in ids:
         raise ValueError(f"the prompt contains the MASK id {fam.mask_token_id}")

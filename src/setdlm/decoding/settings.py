@@ -17,16 +17,18 @@ setting                families            meaning
 ``top_p``, ``top_k``   all                 nucleus (1.0 = off), top-k (0 = off)
 ``repetition_penalty`` all                 HF's multiplicative rule (1.0 = off)
 ``length_penalty``     all                 ``(start, factor)``: EOS boost (docs/method.md §5.3)
-``max_new_tokens``     all (generate)      new tokens per row; ``fill``/``infill`` take the gaps instead
+``max_new_tokens``     all (generate)      new tokens per row (None: the caller's default, 64 for ``generate``,
+                                           what the prompt leaves of the context for ``evaluate.reasoning``);
+                                           ``fill``/``infill`` decode the gaps they are given instead
 ``eos_token_id``       all                 default the tokenizer's; generate stops at it, fill uses it only
                                            for the length penalty
 ``ignore_eos``         all (generate)      do not stop at EOS
 ``stop``               all (generate)      stop strings (needs a tokenizer)
 =====================  ==================  ====================================================================
 
-Setting ``window``, ``threshold`` or ``block_size`` for a family it does not apply to is a ``ValueError``
-(:meth:`~DecodeSettings.check_for`); :func:`applicable` keeps those that apply, to sweep one setting over
-every family.
+Setting ``window``, ``threshold`` or ``block_size`` for a family it does not apply to, or a generate-only
+setting for ``fill``/``infill``, is a ``ValueError`` (:meth:`~DecodeSettings.check_for`); :func:`applicable`
+keeps those that apply, to sweep one setting over every family.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ from .sampling import Sampling
 
 # setting -> the families it applies to (the others are a ValueError when set)
 FAMILIES = {"window": ("setdlm",), "block_size": ("bd3lm", "mdlm"), "threshold": ("setdlm", "bd3lm", "mdlm")}
-GENERATE_ONLY = ("ignore_eos", "stop", "cache_order")  # fill and infill have no EOS stop or cache order
+# fill and infill decode the gaps they are given: no budget, EOS stop or cache order
+GENERATE_ONLY = ("max_new_tokens", "ignore_eos", "stop", "cache_order")
+DEFAULT_MAX_NEW_TOKENS = 64  # generate's budget when max_new_tokens is None
 
 
 def _positive_int(v) -> bool:
@@ -59,10 +63,11 @@ class DecodeSettings:
     temperature: float = field(default=0.0, metadata={"help": "0 = greedy (default)"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling (1 = off)"})
     top_k: int = field(default=0, metadata={"help": "top-k sampling (0 = off)"})
-    repetition_penalty: float = field(default=1.0, metadata={"help": "> 1 discourages repeats"})
+    repetition_penalty: float = field(default=1.0, metadata={"help": "> 1 discourages repeats (the paper's "
+                                                                      "infilling: 1.2)"})
     length_penalty: tuple[int, float] | None = field(default=None, metadata={
         "help": "START FACTOR: boost EOS after START generated tokens", "nargs": 2})
-    max_new_tokens: int = field(default=64, metadata={"help": "tokens to generate per prompt"})
+    max_new_tokens: int | None = field(default=None, metadata={"help": "tokens to generate per prompt"})
     eos_token_id: int | tuple[int, ...] | None = field(default=None, metadata={
         "help": "EOS token id (repeatable; default the tokenizer's)"})
     ignore_eos: bool = field(default=False, metadata={"help": "do not stop at EOS: always max-new-tokens"})
@@ -94,7 +99,7 @@ class DecodeSettings:
             object.__setattr__(self, "length_penalty", tuple(lp))
         if isinstance(self.max_new_tokens, bool):
             raise TypeError("max_new_tokens must be an int, got bool")
-        if not _positive_int(self.max_new_tokens):
+        if self.max_new_tokens is not None and not _positive_int(self.max_new_tokens):
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         e = self.eos_token_id
         if e is not None and not isinstance(e, (int, list, tuple)):
