@@ -184,14 +184,6 @@ def _decode_settings(args, family: str | None = None) -> DecodeSettings:
         raise ValueError(f"--{field.replace('_', '-')} {rest}" if field in SETTINGS else str(e)) from None
 
 
-def _check_ranges(args) -> None:
-    """Range checks that need no model, so that they fail before a checkpoint is read."""
-    for name, (_, ok, demand) in _DECODE_FLAGS.items():
-        v = getattr(args, name, None)
-        if v is not None and not ok(v):
-            raise ValueError(f"--{name.replace('_', '-')} must be {demand}, got {v}")
-
-
 # ---------------------------------------------------------------------------------------------------------
 # eval
 # ---------------------------------------------------------------------------------------------------------
@@ -211,7 +203,7 @@ def _check_task_flags(args) -> None:
     for name, tasks in _TASK_FLAGS.items():
         if getattr(args, name, None) not in (None, False) and args.task not in tasks:
             raise ValueError(f"--{name.replace('_', '-')} applies to --task {'/'.join(tasks)}, not {args.task}")
-    _check_ranges(args)
+    _decode_settings(args)  # every value's range
     if args.task == "reasoning" and args.data is not None:
         for name in ("level", "split"):
             if getattr(args, name) is not None:
@@ -352,10 +344,6 @@ def _add_decoding_flags(p, exclude: tuple[str, ...] = (), defaults: dict | None 
     p.add_argument("--output", default=None, help="write JSONL results here instead of printing texts")
 
 
-def _n_tokens(tok, text: str) -> int:
-    return len(encode_prompt(tok, text))
-
-
 def _read_prompts(args) -> list[str]:
     prompts = list(args.prompt or [])
     if args.input:
@@ -398,9 +386,7 @@ def _generate(args) -> int:
     """Decode continuations of prompts (arguments, a file or stdin) with the family's decoder."""
     from .loading import load
 
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
-    _check_ranges(args)
+    _decode_settings(args)  # every value checked before loading; the family's settings after
     _check_output(args)
     prompts = _read_prompts(args)
     model = load(args.checkpoint or pretrained_default(), ema=args.ema, device=args.device)
@@ -411,8 +397,8 @@ def _generate(args) -> int:
 
         prompts = [chat_prompt(model.tokenizer, p) for p in prompts]
     L = model.family.length
-    for i, p in enumerate(prompts):
-        n = len(p) if isinstance(p, list) else _n_tokens(model.tokenizer, p)
+    for i, p in enumerate(prompts):  # the command's rule: a prompt leaves room for one new token at least
+        n = len(p) if isinstance(p, list) else len(encode_prompt(model.tokenizer, p))
         if n >= L:
             raise ValueError(f"prompt {i} is {n} tokens long, which leaves no room in the context length L={L}")
     from .decoding import generate
@@ -503,17 +489,11 @@ def _infill(args) -> int:
     """Fill LENGTH tokens between a prefix and a suffix (SetDLM, BD3LM, MDLM; AR sees the prefix only)."""
     from .loading import load
 
-    _check_ranges(args)
+    _decode_settings(args)  # every value checked before loading; the family's settings after
     _check_output(args)
     rows = _read_infill(args)
     model = load(args.checkpoint or pretrained_default(), ema=args.ema, device=args.device)
     settings = _decode_settings(args, model.family.family)
-    L = model.family.length
-    for i, (pre, suf, n) in enumerate(rows):
-        total = _n_tokens(model.tokenizer, pre) + n + len(model.tokenizer.encode(suf))
-        if total > L:
-            raise ValueError(f"row {i}: prefix + {n} infilled tokens + suffix = {total} tokens, more than the "
-                             f"context length L={L}")
     from .decoding import infill
 
     out = infill(model, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], settings=settings,

@@ -101,6 +101,11 @@ def infill(model, prefixes, suffixes, lengths: int | Sequence[int], **kwargs) ->
             raise TypeError(f"lengths[{i}] must be an int, got {type(m).__name__} {m!r}")
         if m < 1:
             raise ValueError(f"lengths[{i}] must be a positive integer (tokens to fill), got {m}")
+    L = model.family.length
+    for i, (p, m, s) in enumerate(zip(pre, lens, suf)):
+        if len(p) + m + len(s) > L:
+            raise ValueError(f"row {i}: prefix + {m} infilled tokens + suffix = {len(p) + m + len(s)} tokens, more "
+                             f"than the context length L={L}")
     mask_id = model.family.mask_token_id
     return fill(model, [p + [mask_id] * m + s for p, m, s in zip(pre, lens, suf)], **kwargs)
 
