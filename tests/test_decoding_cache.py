@@ -8,10 +8,10 @@ smallest positions."""
 import pytest
 import torch
 
-from support import (MASK, PROMPTS, active_rows, assert_cache_clean, recorded, setdlm_training_logits,
-                              step_logits, tiny_model)
+from support import (MASK, PROMPTS, active_rows, assert_bd3lm_steps_exact, assert_cache_clean, recorded,
+                     setdlm_training_logits, step_logits, tiny_model)
 from setdlm.decoding import fill, generate
-from setdlm.masks import bd3lm_two_stream_mask, bidirectional_mask, causal_mask
+from setdlm.masks import bidirectional_mask, causal_mask
 
 TOL = 1e-9
 
@@ -71,20 +71,7 @@ def test_bd3lm_steps_equal_training_forward(case, threshold):
         full = row.index(MASK) // S * S
         if prefilled:
             assert_cache_clean(bb, rec.calls[0], r, seq[:full], list(range(full)), block_size=S)
-        for k, step in enumerate(out.trace[r]):
-            call, b = rec.calls[k + prefilled], active_rows(out.row_nfe, k).index(r)
-            start = step.query_positions[0] // S * S
-            assert all(start <= q < start + S for q in step.query_positions)  # one block at a time
-            end = min(start + S, len(seq))
-            x = torch.tensor([seq[:end]])
-            xt = torch.tensor([[t if p in resolved else MASK for p, t in enumerate(seq[:end])]])
-            pos = torch.arange(end)[None]
-            ref = bb(torch.cat([x, xt], 1), torch.cat([pos, pos], 1),
-                     bd3lm_two_stream_mask(torch.ones(1, end, dtype=torch.bool), S), logits_start=end)[0]
-            for q in step.query_positions:
-                assert torch.allclose(step_logits(call, b, q), ref[q], atol=TOL, rtol=0), (r, k, q)
-            assert_cache_clean(bb, call, b, seq[:start], list(range(start)), block_size=S)
-            resolved |= set(step.committed_positions)
+        assert_bd3lm_steps_exact(bb, rec, out, r, resolved, block_size=S, prefilled=prefilled, tol=TOL)
 
 
 def test_ar_steps_equal_full_causal_forward():

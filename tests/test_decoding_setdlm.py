@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from setdlm.decoding import generate
-from setdlm.objectives import Batch, log_probs, setdlm_inputs
 
-from support import MASK, PROMPTS, tiny_model
+from support import PROMPTS, left_to_right_setdlm, tiny_model
 
 N = 12
 
@@ -58,17 +57,8 @@ def test_d1_setdlm_equals_ar_decoding_of_the_two_stream_model():
     model = tiny_model("setdlm", D=1, M=1)
     out = generate(model, PROMPTS, max_new_tokens=N, ignore_eos=True)
     assert out.row_nfe == [N] * 3
-    bb = model.backbone
     for r, prompt in enumerate(PROMPTS):
-        seq = list(prompt)
-        for _ in range(N):
-            n = len(seq)
-            batch = Batch(torch.tensor([seq + [0]]), torch.ones(1, n + 1, dtype=torch.bool),
-                          torch.tensor([[True] * n + [False]]))
-            inp = setdlm_inputs(batch, torch.arange(n + 1)[None], MASK)
-            logits = bb(inp.input_ids, inp.position_ids, inp.attn_mask, logits_start=n + 1)[0, n]
-            seq.append(int(log_probs(logits, MASK).argmax()))
-        assert out.tokens[r] == seq[len(prompt):]
+        assert out.tokens[r] == left_to_right_setdlm(model.backbone, prompt, N)
 
 
 def test_reveal_cache_order_follows_sampled_reveal_times():

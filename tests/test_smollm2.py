@@ -19,10 +19,9 @@ import torch
 
 from setdlm import FamilyConfig, Model, load
 from setdlm.decoding import generate
-from setdlm.masks import bd3lm_two_stream_mask, causal_mask
-from setdlm.objectives import Batch, setdlm_inputs
+from setdlm.masks import causal_mask
 
-from support import active_rows, assert_cache_clean, assert_setdlm_steps_exact, recorded, step_logits
+from support import assert_bd3lm_steps_exact, assert_setdlm_steps_exact, left_to_right_setdlm, recorded
 
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
@@ -96,17 +95,7 @@ def test_setdlm_d1_equals_left_to_right_decoding(smol, prompts):
     n, mask_id = 3, smol.family.mask_token_id
     out = generate(model, prompts[1:2], max_new_tokens=n, ignore_eos=True)
     for r, prompt in enumerate(prompts[1:2]):
-        seq = list(prompt)
-        for _ in range(n):
-            k = len(seq)
-            batch = Batch(torch.tensor([seq + [0]]), torch.ones(1, k + 1, dtype=torch.bool),
-                          torch.tensor([[True] * k + [False]]))
-            inp = setdlm_inputs(batch, torch.arange(k + 1)[None], mask_id)
-            with torch.no_grad():
-                logits = smol.backbone(inp.input_ids, inp.position_ids, inp.attn_mask, logits_start=k + 1)[0, k]
-            logits[mask_id] = -torch.inf
-            seq.append(int(logits.argmax()))
-        assert out.tokens[r] == seq[len(prompt):]
+        assert out.tokens[r] == left_to_right_setdlm(smol.backbone, prompt, n, mask_id)
 
 
 def test_setdlm_cache_is_exact(smol, prompts):
@@ -129,23 +118,9 @@ def test_bd3lm_cache_is_exact(smol, prompts):
     rows = prompts[1:]
     with torch.no_grad():
         out = generate(model, rows, max_new_tokens=4, ignore_eos=True, trace=True)
-        bb = model.backbone.inner
-        prefilled = len(rec.calls) - out.nfe
-        r = 0  # decoded in a ragged batch; the first row's first three steps are checked
-        seq, resolved = out.sequences[r], set(range(len(rows[r])))
-        for k, step in enumerate(out.trace[r][:3]):
-            call, b = rec.calls[k + prefilled], active_rows(out.row_nfe, k).index(r)
-            start = step.query_positions[0] // S * S
-            end = min(start + S, len(seq))
-            x = torch.tensor([seq[:end]])
-            xt = torch.tensor([[t if p in resolved else mask_id for p, t in enumerate(seq[:end])]])
-            pos = torch.arange(end)[None]
-            ref = bb(torch.cat([x, xt], 1), torch.cat([pos, pos], 1),
-                     bd3lm_two_stream_mask(torch.ones(1, end, dtype=torch.bool), S), logits_start=end)[0]
-            for q in step.query_positions:
-                assert torch.allclose(step_logits(call, b, q), ref[q], atol=TOL, rtol=0), (r, k, q)
-            assert_cache_clean(bb, call, b, seq[:start], list(range(start)), block_size=S, tol=TOL)
-            resolved |= set(step.committed_positions)
+        # decoded in a ragged batch; the first row's first three steps are checked
+        assert_bd3lm_steps_exact(model.backbone.inner, rec, out, 0, range(len(rows[0])), block_size=S,
+                                 prefilled=len(rec.calls) - out.nfe, tol=TOL, mask_id=mask_id, steps=3)
 
 
 def test_converted_once_into_the_cache(smol):

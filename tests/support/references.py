@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from setdlm.objectives import Batch, setdlm_inputs
+from setdlm.masks import bd3lm_two_stream_mask
+from setdlm.objectives import Batch, log_probs, setdlm_inputs
 
 from .recording import Recorder
 from .tokenizers import MASK
@@ -57,6 +58,44 @@ def assert_setdlm_steps_exact(bb, rec: Recorder, out, prompt_len: int, r: int, *
             assert torch.allclose(step_logits(call, b, q), ref, atol=tol, rtol=0), (r, k, q)
         cached += clean
         assert_cache_clean(bb, call, b, [seq[p] for p in cached], cached, tol=tol)
+
+
+def assert_bd3lm_steps_exact(bb, rec: Recorder, out, r: int, resolved, *, block_size: int, prefilled: int,
+                             tol: float, mask_id: int = MASK, steps: int | None = None):
+    """Row ``r`` of a traced BD3LM decode (``resolved``: its positions visible before decoding; ``prefilled``:
+    the recorded calls before the first step): each step (the first ``steps``) queries one block, its logits
+    equal the two-stream forward over the sequence so far, and the cache holds the clean blocks before the
+    current one, block-causally."""
+    S, seq, resolved = block_size, out.sequences[r], set(resolved)
+    for k, step in enumerate(out.trace[r][:steps]):
+        call, b = rec.calls[k + prefilled], active_rows(out.row_nfe, k).index(r)
+        start = step.query_positions[0] // S * S
+        assert all(start <= q < start + S for q in step.query_positions)  # one block at a time
+        end = min(start + S, len(seq))
+        x = torch.tensor([seq[:end]])
+        xt = torch.tensor([[t if p in resolved else mask_id for p, t in enumerate(seq[:end])]])
+        pos = torch.arange(end)[None]
+        ref = bb(torch.cat([x, xt], 1), torch.cat([pos, pos], 1),
+                 bd3lm_two_stream_mask(torch.ones(1, end, dtype=torch.bool), S), logits_start=end)[0]
+        for q in step.query_positions:
+            assert torch.allclose(step_logits(call, b, q), ref[q], atol=tol, rtol=0), (r, k, q)
+        assert_cache_clean(bb, call, b, seq[:start], list(range(start)), block_size=S, tol=tol)
+        resolved |= set(step.committed_positions)
+
+
+@torch.no_grad()
+def left_to_right_setdlm(backbone, prompt: list[int], n: int, mask_id: int = MASK) -> list[int]:
+    """``n`` greedy tokens after ``prompt``, each from a full two-stream training forward in the identity order
+    (the reference of SetDLM with D = M = w = 1)."""
+    seq = list(prompt)
+    for _ in range(n):
+        k = len(seq)
+        batch = Batch(torch.tensor([seq + [0]]), torch.ones(1, k + 1, dtype=torch.bool),
+                      torch.tensor([[True] * k + [False]]))
+        inp = setdlm_inputs(batch, torch.arange(k + 1)[None], mask_id)
+        logits = backbone(inp.input_ids, inp.position_ids, inp.attn_mask, logits_start=k + 1)[0, k]
+        seq.append(int(log_probs(logits, mask_id).argmax()))
+    return seq[len(prompt):]
 
 
 def setdlm_training_logits(backbone, seq, visible, q, mask_id=MASK):
