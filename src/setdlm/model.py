@@ -147,6 +147,18 @@ class KVCache:
         self.pos = self.pos[rows]
         self.lengths = self.lengths[rows]
 
+    def cat_rows(self, other: "KVCache") -> None:
+        """Append the rows of ``other`` (capacities padded to the larger one), e.g. rows joining a batch."""
+        cap = max(self.capacity, other.capacity)
+
+        def pad(t: Tensor, dim: int) -> Tensor:  # garbage columns past a row's length are never read
+            return torch.nn.functional.pad(t, (0, 0) * (t.dim() - 1 - dim) + (0, cap - t.shape[dim]))
+
+        self.k = [torch.cat([pad(a, 2), pad(b, 2)]) for a, b in zip(self.k, other.k)]  # (B + B', H, cap, hd)
+        self.v = [torch.cat([pad(a, 2), pad(b, 2)]) for a, b in zip(self.v, other.v)]
+        self.pos = torch.cat([pad(self.pos, 1), pad(other.pos, 1)])  # (B + B', cap)
+        self.lengths = torch.cat([self.lengths, other.lengths])
+
     def keep_entries(self, index: Tensor, lengths: Tensor) -> None:
         """Rebuild each row from the entries ``index[b, :lengths[b]]`` (in that order), e.g. to evict the
         oldest entries or those with the smallest positions on overflow. ``index``: (B, n) long."""

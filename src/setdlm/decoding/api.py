@@ -143,20 +143,16 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
     settings.check_for(fam.family, mode)
     n_targets = [sum(t) for t in targets]  # positions to decode per row
     times = _reveal_times(reveal_times, n_targets)
-    cache_order = _cache_order(settings.cache_order, times)
-    stops = _stops(model, settings.stop)
-    sampling = settings.sampling(fam.mask_token_id, _eos_ids(model, settings.eos_token_id))
-    cfg = decode_config(fam, settings, sampling, mode=mode, cache_order=cache_order, stops=stops,
-                        tokenizer=model.tokenizer, trace=trace)
+    cfg = decode_config(model, settings, mode=mode, cache_order=_cache_order(settings.cache_order, times),
+                        trace=trace)
+    stops = cfg.stop
     B = len(sequences)
     if batch_size is not None and not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    for i, (s, t) in enumerate(zip(sequences, targets)):
-        n_ctx = len(s) - sum(t) if mode == "generate" else len(s)
-        if n_ctx > fam.length:
-            raise ValueError(f"prompt {i} has {n_ctx} tokens, longer than the context length L={fam.length}")
-    reveal = fam.family == "setdlm" and cache_order == "reveal"
-    seeds = _seeds(seed, B) if (not sampling.greedy or (reveal and times is None)) else None
+    for i, (s, n) in enumerate(zip(sequences, n_targets)):  # fill checked its rows' lengths already
+        if mode == "generate" and len(s) - n > fam.length:
+            raise ValueError(f"prompt {i} has {len(s) - n} tokens, longer than the context length L={fam.length}")
+    seeds = _seeds(seed, B) if needs_seed(fam, cfg, times) else None
     device = _device(backbone)
     bs = batch_size or B
     results, forwards, st = {}, 0, None
@@ -172,7 +168,7 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
                 gens = None if seeds is None else [torch.Generator(device=device).manual_seed(seeds[i]) for i in rows]
                 st = DecodeState([sequences[i] for i in rows], [targets[i] for i in rows], cfg, index=rows,
                                  generators=gens, device=device)
-                _decode_chunk(backbone, st, fam, reveal, times, bar if progress else None, n_targets)
+                _decode_chunk(backbone, st, fam, times, bar if progress else None, n_targets)
                 results.update(st.results)
                 forwards += st.forwards
     except KeyboardInterrupt:  # Ctrl-C: keep the rows that had finished
@@ -203,15 +199,13 @@ class DecodingInterrupted(KeyboardInterrupt):
         self.tokens, self.texts, self.total = tokens, texts, total
 
 
-def _decode_chunk(backbone, st: DecodeState, fam, reveal: bool, times, bar, n_targets: list[int]) -> None:
+def _decode_chunk(backbone, st: DecodeState, fam, times, bar, n_targets: list[int]) -> None:
     """Decode every row of ``st`` to the end: prefill, then one step per forward until all rows finished.
-    ``times``: explicit reveal times of every row of the call (or None: sampled, when ``reveal``)."""
+    ``times``: explicit reveal times of every row of the call (or None: sampled, for the reveal cache order)."""
     decoder = DECODERS[fam.family]
     base = bar.n if bar is not None else 0
     if st.finish():  # rows with nothing to decode leave before any forward
-        decoder.init(backbone, st)
-        if reveal:
-            setdlm.reveal_rank(st, fam.schedule(), None if times is None else [times[i] for i in st.index.tolist()])
+        start(backbone, st, fam, None if times is None else [times[i] for i in st.index.tolist()])
     while st.batch:
         decoder.step(backbone, st)
         st.finish()
@@ -276,15 +270,36 @@ def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: boo
     return out
 
 
-def decode_config(fam, settings: DecodeSettings, sampling, *, mode: str, cache_order: str, stops: tuple[str, ...],
-                  tokenizer, trace: bool) -> DecodeConfig:
-    """The decoders' per-state configuration: ``settings`` with the family's defaults filled in (``window``
-    = ``D`` for SetDLM, ``block_size`` = ``family.block_size`` for BD3LM/MDLM, 1 where unused)."""
+def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: str, trace: bool) -> DecodeConfig:
+    """The decoders' per-state configuration: ``settings`` checked against the model (stop strings need its
+    tokenizer, EOS ids its vocabulary) with the family's defaults filled in (``window`` = ``D`` for SetDLM,
+    ``block_size`` = ``family.block_size`` for BD3LM/MDLM, 1 where unused)."""
+    fam = model.family
+    stops = _stops(model, settings.stop)
+    sampling = settings.sampling(fam.mask_token_id, _eos_ids(model, settings.eos_token_id))
     window = (settings.window or fam.D) if fam.family == "setdlm" else 1
     block_size = (settings.block_size or fam.block_size) if fam.family in ("bd3lm", "mdlm") else 1
     return DecodeConfig(sampling, fam.length, mode=mode, stop_on_eos=mode == "generate" and not settings.ignore_eos,
                         window=window, block_size=block_size, cache_order=cache_order, stop=stops,
-                        tokenizer=tokenizer, trace=trace)
+                        tokenizer=model.tokenizer, trace=trace)
+
+
+def _reveal_order(fam, cfg: DecodeConfig) -> bool:
+    """Does this SetDLM state cache new tokens in reveal order (the other families ignore the cache order)?"""
+    return fam.family == "setdlm" and cfg.cache_order == "reveal"
+
+
+def needs_seed(fam, cfg: DecodeConfig, times=None) -> bool:
+    """Rows need a seed when they sample, or when their reveal order is sampled (no explicit ``times``)."""
+    return not cfg.sampling.greedy or (_reveal_order(fam, cfg) and times is None)
+
+
+def start(backbone, st: DecodeState, fam, times=None) -> None:
+    """Prefill the rows of ``st`` and, for the reveal cache order, rank their positions by reveal time
+    (``times``: explicit per-row reveal times, else sampled from each row's generator)."""
+    DECODERS[fam.family].init(backbone, st)
+    if _reveal_order(fam, st.cfg):
+        setdlm.reveal_rank(st, fam.schedule(), times)
 
 
 def _cache_order(cache_order, times) -> str:

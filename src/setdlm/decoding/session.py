@@ -23,8 +23,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from . import setdlm
-from .api import DECODERS, _device, _encode_all, _eos_ids, _seeds, _stops, _text, decode_config
+from .api import DECODERS, _device, _encode_all, _seeds, _text, decode_config, needs_seed, start
 from .output import StepTrace
 from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings
 from .state import DecodeConfig, DecodeState
@@ -100,10 +99,6 @@ class Session:
         self.pending.append(rid)
         return rid
 
-    def seed_of(self, row: int) -> int | None:
-        """The seed a row samples with (drawn at :meth:`add` when none was given; None when greedy)."""
-        return self.rows[row].seed
-
     def cancel(self, row: int) -> None:
         """Drop a row (pending or running), e.g. when its client went away. Unknown ids are ignored."""
         r = self.rows.pop(row, None)
@@ -162,9 +157,7 @@ class Session:
                 targets = [[i >= r.prompt_length for i in range(len(r.sequence))] for r in rs]
                 new = DecodeState([r.sequence for r in rs], targets, rs[0].config, index=rows, generators=gens,
                                   device=self.device, width=self.width)
-                DECODERS[fam.family].init(self.model.backbone, new)
-                if fam.family == "setdlm" and rs[0].config.cache_order == "reveal":
-                    setdlm.reveal_rank(new, fam.schedule())
+                start(self.model.backbone, new, fam)
                 for r, tr in zip(rs, new.traces):
                     r.trace = tr
                 if key in self.groups:
@@ -192,15 +185,11 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
                          f"length {width}")
     if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool)):
         raise ValueError(f"seed must be an integer, got {seed!r}")
-    sampling = settings.sampling(fam.mask_token_id, _eos_ids(model, settings.eos_token_id))
-    cfg = decode_config(fam, settings, sampling, mode="generate", cache_order=cache_order,
-                        stops=_stops(model, settings.stop), tokenizer=model.tokenizer, trace=True)
+    cfg = decode_config(model, settings, mode="generate", cache_order=cache_order, trace=True)
     if fam.family == "setdlm" and cache_order == "reveal" and max_new_tokens > fam.length:
         raise ValueError(f"cache_order='reveal' needs max_new_tokens <= L={fam.length}, got {max_new_tokens}")
-    needs_seed = not sampling.greedy or (fam.family == "setdlm" and cache_order == "reveal")
-    if needs_seed:
-        seed = _seeds(seed, 1)[0]
-    return Row(ids + [fam.mask_token_id] * max_new_tokens, cfg, seed if needs_seed else None, len(ids))
+    seeded = needs_seed(fam, cfg)
+    return Row(ids + [fam.mask_token_id] * max_new_tokens, cfg, _seeds(seed, 1)[0] if seeded else None, len(ids))
 
 
 def _key(cfg: DecodeConfig) -> tuple:

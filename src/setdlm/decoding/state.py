@@ -54,6 +54,10 @@ class RowResult:
 class DecodeState:
     """The rows still being decoded, with their canvas, cache and bookkeeping (first dim = rows)."""
 
+    # the per-row tensors every row has (first dim = rows), selected and joined together
+    ROW_TENSORS = ("tokens", "target", "masked", "length", "gen_start", "first_masked", "eos_pos", "stop_checked",
+                   "stop_end")
+
     def __init__(self, sequences: list[list[int]], targets: list[list[bool]], cfg: DecodeConfig, *,
                  index: list[int], generators: list[torch.Generator] | None, device, width: int | None = None):
         B = len(sequences)
@@ -83,12 +87,15 @@ class DecodeState:
         self.stop_end = torch.full((B,), N, dtype=torch.long, device=device)  # end of a found stop string
         self.seen: Tensor | None = None  # (B, V) counts for the repetition penalty, built on first use
         self.extra: dict[str, Tensor] = {}  # decoder-specific per-row tensors, first dim = rows
-        self.shared: dict[str, Tensor] = {}  # decoder-specific tensors shared by all rows
+        self.shared: dict[str, Tensor] = {}  # tensors shared by all rows (the decoders add their own)
         self.cache = None
         self.forwards = 0  # steps so far (every row still here took part in all of them)
         self.may_overflow = N > cfg.context_length  # cache + new tokens <= N distinct positions otherwise
         self.traces: list[list[StepTrace]] | None = [[] for _ in range(B)] if cfg.trace else None
         self.results: dict[int, RowResult] = {}
+        ends = cfg.stop_on_eos and cfg.mode == "generate"  # the EOS ids that end a row, made once
+        self.shared["stop_ids"] = torch.tensor(cfg.sampling.eos_token_ids if ends else (), dtype=torch.long,
+                                               device=device)
 
     # -- bookkeeping -----------------------------------------------------------------------------------------
 
@@ -101,8 +108,7 @@ class DecodeState:
 
     def select(self, rows: Tensor) -> None:
         """Keep only ``rows`` (a (B',) index), e.g. after some rows finished."""
-        for name in ("tokens", "target", "masked", "length", "gen_start", "first_masked", "eos_pos",
-                     "stop_checked", "stop_end"):
+        for name in self.ROW_TENSORS:
             setattr(self, name, getattr(self, name)[rows])
         if self.seen is not None:
             self.seen = self.seen[rows]
@@ -122,8 +128,7 @@ class DecodeState:
         cache, the generators and the traces are concatenated; each row keeps decoding exactly as alone."""
         if other.canvas != self.canvas or other.cfg != self.cfg:
             raise ValueError("only states with the same decoding config and canvas width can be joined")
-        for name in ("tokens", "target", "masked", "length", "gen_start", "first_masked", "eos_pos",
-                     "stop_checked", "stop_end"):
+        for name in self.ROW_TENSORS:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
         if (self.seen is None) != (other.seen is None):  # one side has not committed yet: start its counts
             V = (self.seen if self.seen is not None else other.seen).shape[-1]
@@ -141,7 +146,7 @@ class DecodeState:
         if self.traces is not None:
             self.traces = self.traces + other.traces
         if self.cache is not None:
-            cat_cache_rows(self.cache, other.cache)
+            self.cache.cat_rows(other.cache)
         self.results.update(other.results)
 
     # -- one step's commit ---------------------------------------------------------------------------------
@@ -165,8 +170,8 @@ class DecodeState:
         self.masked.scatter_(1, write, False)
         if self.seen is not None:
             self.seen.scatter_add_(1, tok, commit.long())
-        if s.eos_token_ids and self.cfg.stop_on_eos and self.cfg.mode == "generate":
-            is_eos = commit & torch.isin(tok, torch.tensor(s.eos_token_ids, device=tok.device))
+        if self.shared["stop_ids"].numel():
+            is_eos = commit & torch.isin(tok, self.shared["stop_ids"])
             self.eos_pos = torch.minimum(self.eos_pos, torch.where(is_eos, qpos, self.canvas).min(-1).values)
         self.forwards += 1
         self.first_masked = self._first_masked()
@@ -268,19 +273,6 @@ def stop_index(text: str, stops: tuple[str, ...]) -> int | None:
 # ---------------------------------------------------------------------------------------------------------
 # forwards
 # ---------------------------------------------------------------------------------------------------------
-
-
-def cat_cache_rows(cache, other) -> None:
-    """Append the rows of the KV cache ``other`` to ``cache`` (capacities padded to the larger one)."""
-    cap = max(cache.capacity, other.capacity)
-
-    def pad(t: Tensor, dim: int) -> Tensor:  # garbage columns past a row's length are never read
-        return torch.nn.functional.pad(t, (0, 0) * (t.dim() - 1 - dim) + (0, cap - t.shape[dim]))
-
-    cache.k = [torch.cat([pad(a, 2), pad(b, 2)]) for a, b in zip(cache.k, other.k)]  # (B + B', H, cap, hd)
-    cache.v = [torch.cat([pad(a, 2), pad(b, 2)]) for a, b in zip(cache.v, other.v)]
-    cache.pos = torch.cat([pad(cache.pos, 1), pad(other.pos, 1)])  # (B + B', cap)
-    cache.lengths = torch.cat([cache.lengths, other.lengths])
 
 
 def evict_overflow(cache, n_new: Tensor, limit: int) -> None:
