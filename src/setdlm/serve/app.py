@@ -13,9 +13,10 @@ import json
 import time
 from importlib import resources
 
+from ..decoding.output import step_record
 from ..decoding.session import prepare
 from .batching import Batcher, Job, QueueFull
-from .responses import FINISH, TextStream, chunk, completion, new_id, step_event, summary, usage
+from .responses import FINISH, TextStream, chunk, completion, new_id, summary, usage
 from .schemas import APIError, parse_request
 
 
@@ -51,7 +52,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
         except ValueError as e:
             raise APIError(400, str(e).splitlines()[0]) from None
         loop = asyncio.get_running_loop()
-        job = Job(row, loop, asyncio.Queue(), deadline=time.monotonic() + timeout)
+        job = Job(row, loop, asyncio.Queue(), deadline=time.monotonic() + timeout, stream=req.stream)
         try:
             batcher.submit(job)
         except QueueFull as e:
@@ -81,7 +82,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
                     raise APIError(499, "the client closed the request")
             if kind == "error":
                 job.finished = True
-                raise APIError(item[0], item[1], type="server_error" if item[0] >= 500 else "timeout")
+                raise APIError(item[0], item[1], type="server_error")  # the batcher's errors: 500, 504
             if kind == "step" and item.done is not None:
                 job.finished = True
                 return item
@@ -97,7 +98,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
                     job.finished = True
                     yield _sse(APIError(item[0], item[1], type="server_error").body())
                     break
-                step = step_event(item, job.row, model.tokenizer)
+                step = step_record(item.trace, item.step, job.row.prompt_length, model.tokenizer)
                 delta = text.update(item.trace)
                 done = item.done
                 if done is None:
@@ -105,7 +106,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
                     continue
                 job.finished = True
                 delta += text.finish(done.text)
-                last = chunk(req.chat, rid, name, delta, finish=_finish(done), step=step | summary(
+                last = chunk(req.chat, rid, name, delta, finish=FINISH[done.finish_reason], step=step | summary(
                     done, _seconds(job), job.row.seed))
                 last["usage"] = usage(len(req.prompt_ids), done)
                 yield _sse(last)
@@ -146,12 +147,9 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
     return app
 
 
-def _finish(done) -> str:
-    return FINISH[done.finish_reason]
-
-
 def _seconds(job: Job) -> float:
-    return time.monotonic() - (job.admitted if job.admitted is not None else job.submitted)
+    """Seconds since the job joined the batch (its events come only after that)."""
+    return time.monotonic() - job.admitted
 
 
 def _sse(body: dict) -> str:

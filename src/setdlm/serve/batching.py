@@ -13,7 +13,7 @@ import asyncio
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..decoding.session import Row, RowStep, Session
 
@@ -22,15 +22,16 @@ class QueueFull(Exception):
     pass
 
 
-@dataclass
+@dataclass(eq=False)  # jobs are compared by identity (the queue finds and removes them)
 class Job:
-    """One request in flight. Items put on ``queue``: ``("step", RowStep)``, ``("error", (status, message))``."""
+    """One request in flight. Items put on ``queue``: ``("step", RowStep)`` (every step when ``stream``, else
+    only the last), ``("error", (status, message))``."""
 
     row: Row
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     deadline: float  # time.monotonic() after which the request is dropped
-    submitted: float = field(default_factory=time.monotonic)
+    stream: bool = False  # the client reads every step (SSE), not only the finished row
     admitted: float | None = None  # when it joined the batch (its prefill started)
     id: int | None = None  # the session's row id
     cancelled: bool = False
@@ -46,10 +47,10 @@ class Job:
 class Batcher:
     """Runs ``model``'s decoding loop in a background thread; ``submit`` and ``cancel`` are thread-safe."""
 
-    def __init__(self, model, *, max_batch: int = 16, max_queue: int = 64, width: int | None = None):
+    def __init__(self, model, *, max_batch: int = 16, max_queue: int = 64):
         if not (isinstance(max_batch, int) and max_batch >= 1 and isinstance(max_queue, int) and max_queue >= 0):
             raise ValueError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch!r}, {max_queue!r}")
-        self.session = Session(model, width=width)
+        self.session = Session(model)
         self.max_batch, self.max_queue = max_batch, max_queue
         self._cv = threading.Condition()
         self._waiting: deque[Job] = deque()
@@ -57,7 +58,6 @@ class Batcher:
         self._jobs: dict[int, Job] = {}  # session row id → job
         self._stop = False
         self._thread: threading.Thread | None = None
-        self.steps = 0  # loop iterations that ran a step
         self.row_steps = 0  # rows advanced, summed over steps: row_steps / session.forwards = mean batch
         self.peak = 0  # most rows in the batch at once
 
@@ -136,12 +136,12 @@ class Batcher:
                     job.put("error", (500, f"decoding failed: {type(e).__name__}: {e}"))
                 self._jobs.clear()
                 continue
-            self.steps += 1
             self.row_steps += len(events)
             for ev in events:
                 job = self._jobs.get(ev.row)
                 if job is None:
                     continue
-                job.put("step", ev)
+                if job.stream or ev.done is not None:
+                    job.put("step", ev)
                 if ev.done is not None:
                     del self._jobs[ev.row]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 import uuid
 
-from ..decoding.output import step_record
 from ..decoding.session import Row, RowDone
 from ..decoding.state import stop_index
 
@@ -87,12 +86,12 @@ def new_id(chat: bool) -> str:
 def completion(chat: bool, rid: str, model: str, done: RowDone, prompt_tokens: int, seconds: float,
                seed: int | None) -> dict:
     """The non-streaming body."""
-    text = done.text or ""
+    text, finish = done.text or "", FINISH[done.finish_reason]
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "finish_reason": FINISH[done.finish_reason], "logprobs": None}
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+                  "logprobs": None}
     else:
-        choice = {"index": 0, "text": text, "finish_reason": FINISH[done.finish_reason], "logprobs": None}
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": model, "choices": [choice], "usage": usage(prompt_tokens, done),
             "setdlm": summary(done, seconds, seed)}
@@ -112,6 +111,3 @@ def chunk(chat: bool, rid: str, model: str, text: str, *, finish: str | None = N
         body["setdlm"] = step
     return body
 
-
-def step_event(ev, row: Row, tokenizer) -> dict:
-    return step_record(ev.trace, ev.step, row.prompt_length, tokenizer)

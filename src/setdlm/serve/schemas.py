@@ -31,12 +31,11 @@ class APIError(Exception):
 
 @dataclass
 class CompletionRequest:
-    """A validated request: prompt token ids, budget, streaming, the decoding settings (``max_tokens``
+    """A validated request: prompt token ids, streaming, the decoding settings (the request's ``max_tokens``
     is their ``max_new_tokens``) and the row's seed, for :func:`setdlm.decoding.session.prepare`."""
 
     chat: bool
     prompt_ids: list[int]
-    max_tokens: int
     stream: bool
     settings: DecodeSettings = field(default_factory=DecodeSettings)
     seed: int | None = None
@@ -83,7 +82,7 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
         raise APIError(400, f"seed must be an integer, got {seed!r}", "seed")
-    return CompletionRequest(chat, ids, max_tokens, stream, _settings(body, max_tokens), seed)
+    return CompletionRequest(chat, ids, stream, _settings(body, max_tokens), seed)
 
 
 def _settings(body: dict, max_tokens: int) -> DecodeSettings:
