@@ -141,11 +141,10 @@ def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, se
     if not models:
         raise ValueError("no models to benchmark")
     base = _fixed_settings(settings, knobs, [m for _, m in models], task)
+    check_settings(thresholds, windows, batch_sizes, warmup)
     steps = evaluate.reasoning_steps if task == "reasoning" else evaluate.infill_steps
     plan = [(label, model, s) for label, model in models
             for s in sweep_settings(model, thresholds, windows, batch_sizes)]
-    if not (isinstance(warmup, int) and warmup >= 0):
-        raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
     n = len(examples)
     for b in batch_sizes:  # fail before the sweep starts, not in its middle
         if -(-warmup // b) >= -(-n // b):
@@ -273,12 +272,11 @@ def write_json(points: Sequence[BenchPoint], path: str | Path, **meta) -> Path:
 
     from . import __version__
 
+    from .outputs import write_text
+
     doc = {**meta, "versions": {"setdlm": __version__, "torch": torch.__version__, "python": platform.python_version()},
            "points": [p.to_dict() for p in points]}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    return path
+    return write_text(path, json.dumps(doc, indent=2) + "\n", "--out")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from .command import Parser, run
 from .data.prompt import encode_prompt
 from .data.sources import iter_jsonl
 from .decoding.settings import FAMILIES, GENERATE_ONLY, DecodeSettings
+from .outputs import write_text
 
 
 def _positive_int(s: str) -> int:
@@ -57,12 +58,6 @@ def _read_utf8(path: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{name}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
-
-
-def _write_atomic(path: str, text: str, flag: str = "--output") -> None:
-    from .outputs import write_text
-
-    write_text(path, text, flag)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -108,27 +103,8 @@ def _add_train(sub) -> None:
 SETTINGS = tuple(f.name for f in dataclasses.fields(DecodeSettings))
 
 
-def _accepts(name: str):
-    """The check of a decoding flag: does :class:`DecodeSettings` take this value (its ranges, one place)?"""
-    def ok(v) -> bool:
-        try:
-            DecodeSettings(**{name: v})
-        except (ValueError, TypeError):
-            return False
-        return True
-    return ok
-
-
-# flag -> (families it applies to or None for all, check, what the check demands, in the CLI's words)
-_DECODE_FLAGS = {
-    "window": (FAMILIES["window"], _accepts("window"), "a positive integer"),
-    "block_size": (FAMILIES["block_size"], _accepts("block_size"), "a positive integer"),
-    "threshold": (FAMILIES["threshold"], _accepts("threshold"), "in (0, 1]"),
-    "temperature": (None, _accepts("temperature"), ">= 0"),
-    "top_p": (None, _accepts("top_p"), "in (0, 1]"),
-    "top_k": (None, _accepts("top_k"), ">= 0"),
-    "repetition_penalty": (None, _accepts("repetition_penalty"), "> 0"),
-}
+# the CLI's own words for these ranges; for the other settings the library's message, naming the flag
+_RANGES = {"threshold": "in (0, 1]", "temperature": ">= 0", "top_p": "in (0, 1]", "top_k": ">= 0"}
 
 
 def _add_settings_flags(p, names, *, defaults: dict | None = None, notes: dict | None = None) -> None:
@@ -157,31 +133,31 @@ def _add_settings_flags(p, names, *, defaults: dict | None = None, notes: dict |
 
 
 def _decode_settings(args, family: str | None = None) -> DecodeSettings:
-    """The :class:`DecodeSettings` of the decoding flags given; with ``family`` (generate, infill), a flag of
-    another family is an error naming the flag, else (eval, bench) the library checks each model."""
+    """The :class:`DecodeSettings` of the decoding flags given, each value checked by the dataclass itself;
+    with ``family`` (generate, infill), a flag of another family is an error naming the flag, else (eval,
+    bench) the library checks each model."""
     kw = {}
     for name in SETTINGS:
         v = getattr(args, name, None)
         if v is None:
             continue
         flag = "--" + name.replace("_", "-")
-        families, ok, demand = _DECODE_FLAGS.get(name, (None, None, None))
-        if ok is not None and not ok(v):
-            raise ValueError(f"{flag} must be {demand}, got {v}")
-        if family is not None and families is not None and family not in families:
-            raise ValueError(f"{flag} applies to {'/'.join(families)} models; this checkpoint is {family!r}")
         if name == "length_penalty":
             try:
                 v = (int(v[0]), float(v[1]))
             except ValueError:
                 raise ValueError("--length-penalty takes START FACTOR (an integer and a number), got "
                                  f"{' '.join(v)}") from None
+        try:
+            DecodeSettings(**{name: v})
+        except (ValueError, TypeError) as e:  # the library's message names the field: name the flag
+            why = f"must be {_RANGES[name]}, got {v}" if name in _RANGES else str(e).partition(" ")[2]
+            raise ValueError(f"{flag} {why}") from None
+        families = FAMILIES.get(name)
+        if family is not None and families is not None and family not in families:
+            raise ValueError(f"{flag} applies to {'/'.join(families)} models; this checkpoint is {family!r}")
         kw[name] = v
-    try:
-        return DecodeSettings(**kw)
-    except (ValueError, TypeError) as e:  # the library's message, naming the flag instead of the field
-        field, _, rest = str(e).partition(" ")
-        raise ValueError(f"--{field.replace('_', '-')} {rest}" if field in SETTINGS else str(e)) from None
+    return DecodeSettings(**kw)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -198,29 +174,31 @@ _TASK_FLAGS = {"level": ("reasoning",), "split": ("reasoning", "infill"), "n": (
                **{name: ("reasoning",) if name in GENERATE_ONLY else ("reasoning", "infill") for name in SETTINGS}}
 
 
-def _check_task_flags(args) -> None:
-    """Flags given for another task, or contradicting each other: one-line errors before any loading."""
+def _check_task_flags(args) -> DecodeSettings:
+    """Flags given for another task, or contradicting each other: one-line errors before any loading.
+    Returns the decoding settings of the flags."""
     for name, tasks in _TASK_FLAGS.items():
         if getattr(args, name, None) not in (None, False) and args.task not in tasks:
             raise ValueError(f"--{name.replace('_', '-')} applies to --task {'/'.join(tasks)}, not {args.task}")
-    _decode_settings(args)  # every value's range
+    settings = _decode_settings(args)
     if args.task == "reasoning" and args.data is not None:
         for name in ("level", "split"):
             if getattr(args, name) is not None:
                 raise ValueError(f"--{name} applies to generated problems; --data {args.data} is a GSM8K file")
+    return settings
 
 
 def _eval(args) -> int:
     """Evaluate a checkpoint: likelihood bound, reasoning accuracy or infilling ROUGE (JSON on stdout)."""
     from .bench import evaluate_checkpoint
 
-    _check_task_flags(args)
+    settings = _check_task_flags(args)
     _check_output(args)
-    result = evaluate_checkpoint(args.checkpoint, args.task, _decode_settings(args), **_task_args(args),
+    result = evaluate_checkpoint(args.checkpoint, args.task, settings, **_task_args(args),
                                  batch_size=args.batch_size, bf16=args.bf16, predictions=args.predictions)
     line = json.dumps(result)
     if args.output:
-        _write_atomic(args.output, line + "\n")
+        write_text(args.output, line + "\n")
     print(line)
     return 0
 
@@ -298,8 +276,8 @@ def _bench(args) -> int:
     """Sweep decoding settings over checkpoints: Markdown table, Pareto plot (PNG) and raw numbers (JSON)."""
     from .bench import bench_checkpoints
 
-    _check_task_flags(args)
-    run = bench_checkpoints(args.checkpoints, args.task, args.out, _decode_settings(args), title=args.title,
+    settings = _check_task_flags(args)
+    run = bench_checkpoints(args.checkpoints, args.task, args.out, settings, title=args.title,
                             thresholds=args.thresholds, windows=args.windows, batch_sizes=args.batch_sizes,
                             warmup=args.warmup, **_task_args(args))
     print(run.table, end="")
@@ -366,7 +344,7 @@ def _report(out, rows: list[dict], args, shown: list[str] | None = None) -> int:
     if args.output:
         text = "".join(json.dumps(r) + "\n" for r in rows)
         try:
-            _write_atomic(args.output, text)
+            write_text(args.output, text)
         except ValueError:  # the write failed after decoding: the rows go to stdout, then the one-line error
             print(text, end="")
             raise
@@ -420,7 +398,7 @@ def _decode_order(model, out, rows: list[dict], args) -> list[str] | None:
         start = len(out.sequences[i]) - len(out.tokens[i])
         row["steps"] = [step_record(t, k, start, tok) for k, t in enumerate(out.trace[i])]
     if args.trace:
-        _write_atomic(args.trace, json.dumps(rows) + "\n")
+        write_text(args.trace, json.dumps(rows) + "\n")
     if not args.show_order:
         return None
     colour = sys.stdout.isatty()

@@ -104,7 +104,7 @@ def likelihood(model: Model, batches: Iterable, *, samples: int = 1, seed: int =
                     sums[s] += torch.stack([out.nll.double().sum(), out.mask.sum().double(), out.loss.double(),
                                             torch.ones((), dtype=torch.float64, device=device)])
                     bar.update(1)
-                    if sums[:, 1].sum() > 0:
+                    if not bar.disable and sums[:, 1].sum() > 0:  # reading the sums waits for the device
                         bar.set_postfix(nats_per_token=f"{float(sums[:, 0].sum() / sums[:, 1].sum()):.4f}")
     finally:
         model.backbone.train(was_training)
@@ -368,6 +368,8 @@ def reasoning_steps(model: Model, examples: Sequence[ReasoningExample], settings
                     progress: bool = True, **knobs) -> Generator[None, None, ReasoningResult]:
     """:func:`reasoning` as a generator that yields after every decoding call and returns the result, so
     that several evaluations can be alternated call by call (:func:`interleave`)."""
+    from .decoding.api import _eos_ids
+
     settings = DecodeSettings.of(settings, knobs, "reasoning")
     examples = _check_examples(examples, ReasoningExample)
     tok = _tokenizer(model)
@@ -375,9 +377,7 @@ def reasoning_steps(model: Model, examples: Sequence[ReasoningExample], settings
     outs, run, budget = yield from _generate_steps(model, prompts, settings, seed=seed, batch_size=batch_size,
                                                    warmup=warmup, progress=progress, clock=clock,
                                                    desc=f"{model.family.family} reasoning")
-    eos = settings.eos_token_id
-    eos_ids = _eos(tok) if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    predictions = _texts(outs, tok, eos_ids)
+    predictions = _texts(outs, tok, _eos_ids(model, settings.eos_token_id))
     correct = sum(extract_answer(p) == e.answer for p, e in zip(predictions, examples))
     return ReasoningResult(accuracy=correct / len(examples), correct=correct, max_new_tokens=budget, run=run,
                            predictions=tuple(predictions))

@@ -273,15 +273,15 @@ class SetDLMLM(LM):
         SetDLM, all False for MDLM/BD3LM)."""
         capture = _Capture(backbone)
         out = compute_loss(capture, fam, batch, train=False, generator=generator)
+        if fam.family not in ("ar", "setdlm"):
+            return out.nll, torch.zeros_like(batch.attention_mask)
         lp = log_probs(capture.logits, fam.mask_token_id)
         if fam.family == "ar":
             pred = torch.zeros_like(batch.input_ids)
             pred[:, 1:] = lp[:, :-1].argmax(-1)
             return out.nll, pred == batch.input_ids
-        if fam.family == "setdlm":
-            hit = lp.argmax(-1) == batch.input_ids.gather(1, out.order)  # (B, L) by rank
-            return out.nll, torch.zeros_like(hit).scatter(1, out.order, hit)
-        return out.nll, torch.zeros_like(batch.attention_mask)
+        hit = lp.argmax(-1) == batch.input_ids.gather(1, out.order)  # setdlm: (B, L) by rank
+        return out.nll, torch.zeros_like(hit).scatter(1, out.order, hit)
 
 
 class _Capture:
