@@ -193,7 +193,8 @@ def save(path: str | Path, model, *, ema: dict[str, Tensor] | None = None,
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.tmp-"))
     try:
-        tmp.chmod(0o777 & ~umask())  # an ordinary folder's permissions, not mkdtemp's 0700
+        mask = umask()
+        tmp.chmod(0o777 & ~mask)  # an ordinary folder's permissions, not mkdtemp's 0700
         save_file(_contiguous(weights), str(tmp / WEIGHTS), metadata={"format": "pt"})
         if ema is not None:
             save_file(_contiguous({k: ema[k] for k in weights}), str(tmp / EMA_WEIGHTS), metadata={"format": "pt"})
@@ -207,7 +208,7 @@ def save(path: str | Path, model, *, ema: dict[str, Tensor] | None = None,
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         (tmp / CARD).write_text(model_card(config, bench=bench, repo_id=push_to_hub), encoding="utf-8")
         for f in tmp.iterdir():  # safetensors writes 0600: an ordinary file's permissions instead
-            f.chmod(0o666 & ~umask())
+            f.chmod(0o666 & ~mask)
         _fsync_tree(tmp)
         _commit_dir(tmp, dst)
     except BaseException as e:

@@ -502,7 +502,7 @@ def convert_reference(src: str | Path, out: str | Path, *, tokenizer=None, D: in
                       revision: str | None = None) -> Path:
     """Write the authors' checkpoint ``src`` (a folder or Hub id) as a setdlm checkpoint at ``out``.
     Keywords: as :func:`load_reference_model`. A tokenizer is required (a checkpoint always carries one)."""
-    from .checkpoint import is_checkpoint, resolve, save
+    from .checkpoint import resolve, save
     from .hub import is_hub_id, snapshot_checkpoint
 
     local = Path(src).expanduser()
@@ -514,7 +514,7 @@ def convert_reference(src: str | Path, out: str | Path, *, tokenizer=None, D: in
         folder = local
     if not folder.is_dir():
         raise ValueError(f"reference checkpoint {str(src)!r} does not exist")
-    if is_checkpoint(folder) or not is_reference_folder(folder):
+    if not is_reference_folder(folder):  # a setdlm checkpoint is not one either
         raise ValueError(f"{src}: not a checkpoint in the authors' layout (config.json has no backbone_config / "
                          "noise_config)")
     model = load_reference_model(folder, name=str(src), tokenizer=tokenizer, D=D, M=M, base=base, dtype=dtype)

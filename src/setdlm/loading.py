@@ -61,7 +61,7 @@ def load(path: str | Path, *, ema: bool = False, family: str | None = None, devi
     if not isinstance(path, (str, Path)) or not str(path).strip():
         raise TypeError(f"path must be a checkpoint folder, a shipped model's name or a Hub id, got {path!r}")
     folder = locate(path, revision=revision, ema=ema)
-    if not checkpoint.is_checkpoint(folder) and convert.is_reference_folder(folder):
+    if convert.is_reference_folder(folder):  # never one of ours ("format": "setdlm")
         if ema:
             raise ValueError(f"{path}: the authors' checkpoints hold one set of weights (EMA already applied "
                              "where the paper used it); drop ema=True")

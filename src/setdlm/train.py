@@ -28,7 +28,6 @@ import sys
 import time
 import typing
 from contextlib import nullcontext
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -281,21 +280,6 @@ def replica_divergence(model: nn.Module, dist: Dist) -> float:
 # ---------------------------------------------------------------------------------------------------------
 
 
-class _RowBatches(Sequence):
-    """The rows of a :class:`TokenDataset` as consecutive batches of ``size`` rows, built on access."""
-
-    def __init__(self, data: TokenDataset, size: int):
-        self.data, self.size = data, size
-
-    def __len__(self) -> int:
-        return -(-len(self.data) // self.size)
-
-    def __getitem__(self, i: int):
-        if not 0 <= i < len(self):
-            raise IndexError(i)
-        return self.data.batch(torch.arange(i * self.size, min((i + 1) * self.size, len(self.data))))
-
-
 def likelihood(backbone: nn.Module, family: FamilyConfig, data: TokenDataset, *, batch_size: int = 16,
                seed: int = 1, bf16: bool = False, dist: Dist | None = None, progress: bool = False) -> dict:
     """The held-out bound the trainer logs and ``setdlm eval`` prints: :func:`setdlm.evaluate.likelihood`
@@ -305,7 +289,7 @@ def likelihood(backbone: nn.Module, family: FamilyConfig, data: TokenDataset, *,
     seeded by ``(seed, i)``, so the result does not depend on the number of processes (``dist``)."""
     if len(data) == 0:
         raise ValueError("no rows to evaluate")
-    res = likelihood_bound(Model(backbone, family), _RowBatches(data, batch_size), seed=seed, bf16=bf16,
+    res = likelihood_bound(Model(backbone, family), data.batches(batch_size), seed=seed, bf16=bf16,
                            dist=dist, progress=progress)
     nelbo = res.nats_per_token
     return {"nelbo": nelbo, "ppl": math.exp(min(nelbo, 700)), "bpd": nelbo / math.log(2), "tokens": res.tokens,
@@ -619,12 +603,14 @@ class _Run:
                 raise ValueError(f"{self.out / METRICS}: cannot write ({e.strerror or e})") from None
 
 
-def _read_log(path: Path) -> list[str]:
-    """The rows of a metrics log, each checked to be a JSON object with an integer ``step``."""
+def _read_log(path: Path) -> list[tuple[int, str]]:
+    """The ``(step, row)`` pairs of a metrics log, each row checked to be a JSON object with an integer
+    ``step``."""
     try:
         rows = [r for r in path.read_text(encoding="utf-8").splitlines() if r.strip()]
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not UTF-8 text; it is not a setdlm metrics log") from None
+    steps = []
     for n, r in enumerate(rows, 1):
         try:
             step = json.loads(r).get("step")
@@ -633,7 +619,8 @@ def _read_log(path: Path) -> list[str]:
         if not isinstance(step, int):
             raise ValueError(f"{path}:{n}: not a metrics row (a JSON object with an integer \"step\"); repair or "
                              "remove the file")
-    return rows
+        steps.append(step)
+    return list(zip(steps, rows))
 
 
 def _truncate_log(path: Path, step: int) -> None:
@@ -643,7 +630,7 @@ def _truncate_log(path: Path, step: int) -> None:
     if not path.is_file():
         return
     rows = _read_log(path)
-    keep = [r for r in rows if json.loads(r)["step"] <= step]
+    keep = [r for s, r in rows if s <= step]
     if len(keep) < len(rows):
         ckpt.write_text_atomic(path, "".join(r + "\n" for r in keep))
 
@@ -756,7 +743,7 @@ def _train(cfg: TrainConfig, dist: Dist, lock: RunLock) -> TrainResult:
 # command line: `setdlm train` and `python -m setdlm.train` share this parser (flags = TrainConfig's fields)
 # ---------------------------------------------------------------------------------------------------------
 
-_CHOICES = {"family": ("ar", "mdlm", "bd3lm", "setdlm"), "lr_schedule": ("constant", "cosine")}
+_CHOICES = {"family": FAMILIES, "lr_schedule": ("constant", "cosine")}
 _FAMILY_FLAGS = {"D": ("setdlm",), "M": ("setdlm",), "k": ("setdlm",), "block_size": ("bd3lm", "mdlm"),
                  "keep_clean_bos": ("setdlm",)}
 

@@ -16,6 +16,7 @@ and ``setdlm eval`` score exactly the same rows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,10 +57,25 @@ class TokenDataset:
         index = torch.as_tensor(index, dtype=torch.long)
         return Batch(self.input_ids[index], self.attention_mask[index], self.context_mask[index])
 
-    def batches(self, batch_size: int):
-        """Consecutive batches in order (the last may be smaller)."""
-        for s in range(0, len(self), batch_size):
-            yield self.batch(torch.arange(s, min(s + batch_size, len(self))))
+    def batches(self, batch_size: int) -> "Batches":
+        """Consecutive batches in order (the last may be smaller), built on access: a sequence, so that each
+        process of a distributed evaluation builds only its own."""
+        return Batches(self, batch_size)
+
+
+class Batches(Sequence):
+    """The rows of a :class:`TokenDataset` as consecutive batches of ``size`` rows (:meth:`TokenDataset.batches`)."""
+
+    def __init__(self, data: TokenDataset, size: int):
+        self.data, self.size = data, size
+
+    def __len__(self) -> int:
+        return -(-len(self.data) // self.size)
+
+    def __getitem__(self, i: int) -> Batch:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.data.batch(torch.arange(i * self.size, min((i + 1) * self.size, len(self.data))))
 
 
 def _filler(pad_id: int | None, eos_id: int | None, mask_id: int) -> int:
