@@ -58,28 +58,33 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
         except QueueFull as e:
             raise APIError(429, f"{e}; retry shortly", type="rate_limit_error", headers={"Retry-After": "1"}) from None
         rid = new_id(chat)
+        watch = asyncio.create_task(_watch_disconnect(request, job))
         if req.stream:
-            return StreamingResponse(_stream(job, req, rid), media_type="text/event-stream",
+            return StreamingResponse(_stream(job, req, rid, watch), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            ev = await _until_done(request, job)
+            ev = await _until_done(job)
         finally:
+            watch.cancel()
             if not job.finished:
                 batcher.cancel(job)
         return JSONResponse(completion(chat, rid, name, ev.done, len(req.prompt_ids), _seconds(job), row.seed))
 
-    async def _until_done(request: Request, job: Job):
-        """Wait for the job's last event; a client that goes away (checked twice a second) cancels it."""
-        checked = time.monotonic()
+    async def _watch_disconnect(request: Request, job: Job):
+        """Wait for the ASGI disconnect message (the body is read, so ``receive`` has nothing else to say):
+        a client that goes away, streaming or not, cancels its job, whose row leaves before the next step."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        if not job.finished:
+            batcher.cancel(job)
+            job.queue.put_nowait(("gone", None))
+
+    async def _until_done(job: Job):
+        """Wait for the job's last event."""
         while True:
-            try:
-                kind, item = await asyncio.wait_for(job.queue.get(), timeout=0.5)
-            except TimeoutError:
-                kind = item = None
-            if time.monotonic() - checked >= 0.5:
-                checked = time.monotonic()
-                if await request.is_disconnected():
-                    raise APIError(499, "the client closed the request")
+            kind, item = await job.queue.get()
+            if kind == "gone":
+                raise APIError(499, "the client closed the request")
             if kind == "error":
                 job.finished = True
                 raise APIError(item[0], item[1], type="server_error")  # the batcher's errors: 500, 504
@@ -87,13 +92,15 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
                 job.finished = True
                 return item
 
-    async def _stream(job: Job, req, rid: str):
+    async def _stream(job: Job, req, rid: str, watch: asyncio.Task):
         text = TextStream(model.tokenizer, job.row)
         try:
             if req.chat:
                 yield _sse(chunk(True, rid, name, "", role=True))
             while True:
                 kind, item = await job.queue.get()
+                if kind == "gone":
+                    return
                 if kind == "error":
                     job.finished = True
                     yield _sse(APIError(item[0], item[1], type="server_error").body())
@@ -113,6 +120,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
                 break
             yield "data: [DONE]\n\n"
         finally:  # also when the client disconnects mid-stream (the generator is closed)
+            watch.cancel()
             if not job.finished:
                 batcher.cancel(job)
 

@@ -60,6 +60,7 @@ class Batcher:
         self._thread: threading.Thread | None = None
         self.row_steps = 0  # rows advanced, summed over steps: row_steps / session.forwards = mean batch
         self.peak = 0  # most rows in the batch at once
+        self.cancelled = 0  # requests cancelled (their client went away)
 
     @property
     def width(self) -> int:
@@ -84,9 +85,12 @@ class Batcher:
             self._cv.notify()
 
     def cancel(self, job: Job) -> None:
-        """Free the job's row (or its place in the queue) before the next step."""
+        """Free the job's row (or its place in the queue) before the next step; a second call does nothing."""
         with self._cv:
+            if job.cancelled:
+                return
             job.cancelled = True
+            self.cancelled += 1
             if job in self._waiting:
                 self._waiting.remove(job)
             else:
@@ -97,7 +101,7 @@ class Batcher:
         with self._cv:
             return {"running": len(self._jobs), "waiting": len(self._waiting), "max_batch": self.max_batch,
                     "max_queue": self.max_queue, "forwards": self.session.forwards, "row_steps": self.row_steps,
-                    "peak": self.peak}
+                    "peak": self.peak, "cancelled": self.cancelled}
 
     def _loop(self) -> None:
         while True:
