@@ -18,7 +18,7 @@ openai = pytest.importorskip("openai")
 
 from setdlm.decoding import generate  # noqa: E402
 
-from support import CharTokenizer, gated, running, tiny_model  # noqa: E402
+from support import CharTokenizer, failing, gated, running, tiny_model  # noqa: E402
 
 TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }} {% endfor %}assistant:"
 
@@ -127,7 +127,12 @@ def test_concurrent_requests_each_get_their_own_result(server):
     ({"prompt": "hi", "max_tokens": "5"}, 400, "max_tokens", "positive integer"),
     ({"prompt": "hi", "threshold": 1.5}, 400, "threshold", "(0, 1]"),
     ({"prompt": "hi", "threshold": "high"}, 400, "threshold", "number"),
-    ({"prompt": "hi", "window": 0}, 400, "window", ">= 1"),
+    ({"prompt": "hi", "window": 0}, 400, "window", "[1, 48]"),
+    ({"prompt": "hi", "window": 10**30}, 400, "window", "[1, 48]"),  # these three once failed every row with a 500
+    ({"prompt": "hi", "block_size": 10**30}, 400, "block_size", "[1, 48]"),
+    ({"prompt": "hi", "seed": 2**64, "temperature": 0.5}, 400, "seed", "[-2**63, 2**64 - 1]"),
+    ({"prompt": "hi", "seed": True}, 400, "seed", "integer"),
+    ({"prompt": "hi", "top_k": 10**30}, 400, "top_k", "integer in"),
     ({"prompt": "hi", "temperature": -1}, 400, "temperature", "[0, 2]"),
     ({"prompt": "hi", "stream": "yes"}, 400, "stream", "bool"),
     ({"prompt": "hi", "stop": [""]}, 400, "stop", "non-empty"),
@@ -215,3 +220,34 @@ def _wait(condition, timeout: float = 60.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "the condition never became true"
         time.sleep(0.01)
+
+
+def test_a_request_whose_decode_fails_fails_alone():
+    """The backbone fails on any input holding "x". One good request holds the (gated) decoding loop; a
+    second good one and a poisoned one then join the batch together: their joint prefill fails, and only
+    the poisoned request gets the error (a 500 naming it); both good ones get their text alone."""
+    plain = _model()
+    poison = plain.tokenizer.encode("x")[0]
+    model, gate = gated(failing(plain, lambda call, ids: bool((ids == poison).any())))
+    prompts = ["to be", "not", "or x"]
+    results = [None] * 3
+    with running(model, "f", max_batch=4) as (url, app):
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, post(url, {
+            "prompt": prompts[i], "max_tokens": 10, "threshold": 0.3}))) for i in range(3)]
+        try:
+            threads[0].start()
+            gate.wait_held(0)  # the first request's prefill waits at the gate
+            for t in threads[1:]:
+                t.start()
+            _wait(lambda: app.state.batcher.stats()["waiting"] == 2)
+        finally:
+            gate.open()
+        for t in threads:
+            t.join(timeout=60)
+    for i in (0, 1):
+        status, body, _ = results[i]
+        alone = generate(plain, prompts[i], max_new_tokens=10, threshold=0.3)
+        assert poison not in alone.tokens[0]
+        assert status == 200 and body["choices"][0]["text"] == alone.texts[0]
+    status, body, _ = results[2]
+    assert status == 500 and "decoding failed: RuntimeError" in body["error"]["message"]

@@ -151,3 +151,22 @@ class Gated(Counting):
 def gated(model: Model) -> tuple[Model, Gated]:
     g = Gated(model.backbone)
     return Model(g, model.family, model.tokenizer), g
+
+
+class Failing(Counting):
+    """The backbone, raising ``RuntimeError`` in a forward for which ``when(call, ids)`` holds (``call``
+    counts from 1, ``ids`` (B, T) are its inputs): a decode that fails for some rows only."""
+
+    def __init__(self, inner: nn.Module, when):
+        super().__init__(inner)
+        self.when = when
+
+    def forward(self, ids, *args, **kwargs):
+        if self.when(self.calls + 1, ids):
+            self.calls += 1
+            raise RuntimeError(f"forward {self.calls} failed (as the test asked)")
+        return super().forward(ids, *args, **kwargs)
+
+
+def failing(model: Model, when) -> Model:
+    return Model(Failing(model.backbone, when), model.family, model.tokenizer)

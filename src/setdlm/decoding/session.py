@@ -46,8 +46,9 @@ class RowStep:
 
     row: int  # the id :meth:`Session.add` returned
     step: int  # the row's own step index, from 0
-    trace: StepTrace
+    trace: StepTrace | None  # None when the step failed
     done: RowDone | None = None
+    error: str | None = None  # the row's decode failed (one line); it left the session
 
 
 @dataclass
@@ -116,16 +117,21 @@ class Session:
 
     def step(self) -> list[RowStep]:
         """Admit the pending rows, then run one forward per group; returns one :class:`RowStep` per row that
-        took part (finished rows carry ``done`` and leave the session)."""
-        self._admit()
-        events = []
+        took part (finished rows carry ``done`` and leave the session). A forward that raises fails only the
+        rows it decodes (their events carry ``error`` and they leave); the other groups go on."""
+        events = self._admit()
         decoders = DECODERS[self.model.family.family]
         with torch.inference_mode():
             for key, st in list(self.groups.items()):
                 ids = st.index.tolist()
-                decoders.step(self.model.backbone, st)
+                try:
+                    decoders.step(self.model.backbone, st)
+                    st.finish()
+                except Exception as e:  # this group's state is spent: its rows fail, no other row does
+                    del self.groups[key]
+                    events += self._fail(ids, e)
+                    continue
                 self.forwards += 1
-                st.finish()
                 for row in ids:
                     r = self.rows[row]
                     ev = RowStep(row, len(r.trace) - 1, r.trace[-1])
@@ -139,31 +145,59 @@ class Session:
                     del self.groups[key]
         return events
 
-    def _admit(self) -> None:
-        """Prefill the pending rows, one state per config, and join each to its running group."""
+    def _fail(self, rows: list[int], e: Exception) -> list[RowStep]:
+        """Drop ``rows`` after a failure; one event each, carrying the error's first line."""
+        first = (str(e).splitlines() or [""])[0]
+        out = []
+        for row in rows:
+            r = self.rows.pop(row)
+            out.append(RowStep(row, len(r.trace or ()), None, error=f"decoding failed: {type(e).__name__}: {first}"))
+        return out
+
+    def _admit(self) -> list[RowStep]:
+        """Prefill the pending rows, one state per config, and join each to its running group. A prefill that
+        raises is retried row by row, so that only the rows that fail alone fail; returns their events."""
         if not self.pending:
-            return
+            return []
         by_key: dict[tuple, list[int]] = {}
         for row in self.pending:
             by_key.setdefault(_key(self.rows[row].config), []).append(row)
         self.pending = []
-        fam = self.model.family
+        failed = []
         with torch.inference_mode():
             for key, rows in by_key.items():
-                rs = [self.rows[i] for i in rows]
-                gens = None
-                if rs[0].seed is not None:
-                    gens = [torch.Generator(device=self.device).manual_seed(r.seed) for r in rs]
-                targets = [[i >= r.prompt_length for i in range(len(r.sequence))] for r in rs]
-                new = DecodeState([r.sequence for r in rs], targets, rs[0].config, index=rows, generators=gens,
-                                  device=self.device, width=self.width)
-                start(self.model.backbone, new, fam)
-                for r, tr in zip(rs, new.traces):
-                    r.trace = tr
-                if key in self.groups:
-                    self.groups[key].extend(new)
-                else:
-                    self.groups[key] = new
+                try:
+                    self._join(key, self._prefill(rows))
+                except Exception as e:
+                    if len(rows) == 1:
+                        failed += self._fail(rows, e)
+                        continue
+                    for row in rows:
+                        try:
+                            self._join(key, self._prefill([row]))
+                        except Exception as e1:
+                            failed += self._fail([row], e1)
+        return failed
+
+    def _prefill(self, rows: list[int]) -> DecodeState:
+        """A new state of ``rows`` (one config), prefilled; touches no session state until joined."""
+        rs = [self.rows[i] for i in rows]
+        gens = None
+        if rs[0].seed is not None:
+            gens = [torch.Generator(device=self.device).manual_seed(r.seed) for r in rs]
+        targets = [[i >= r.prompt_length for i in range(len(r.sequence))] for r in rs]
+        new = DecodeState([r.sequence for r in rs], targets, rs[0].config, index=rows, generators=gens,
+                          device=self.device, width=self.width)
+        start(self.model.backbone, new, self.model.family)
+        return new
+
+    def _join(self, key: tuple, new: DecodeState) -> None:
+        for row, tr in zip(new.index.tolist(), new.traces):
+            self.rows[row].trace = tr
+        if key in self.groups:
+            self.groups[key].extend(new)
+        else:
+            self.groups[key] = new
 
 
 def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int | None = None,
@@ -183,13 +217,11 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
     if len(ids) + max_new_tokens > width:
         raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceed the context "
                          f"length {width}")
-    if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool)):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
     cfg = decode_config(model, settings, mode="generate", cache_order=cache_order, trace=True)
     if fam.family == "setdlm" and cache_order == "reveal" and max_new_tokens > fam.length:
         raise ValueError(f"cache_order='reveal' needs max_new_tokens <= L={fam.length}, got {max_new_tokens}")
-    seeded = needs_seed(fam, cfg)
-    return Row(ids + [fam.mask_token_id] * max_new_tokens, cfg, _seeds(seed, 1)[0] if seeded else None, len(ids))
+    seeds = _seeds(seed, 1, needs_seed(fam, cfg))
+    return Row(ids + [fam.mask_token_id] * max_new_tokens, cfg, seeds[0] if seeds else None, len(ids))
 
 
 def _key(cfg: DecodeConfig) -> tuple:

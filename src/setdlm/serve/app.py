@@ -49,7 +49,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
         req = parse_request(await request.body(), chat=chat, model=model, model_name=name, width=batcher.width)
         try:
             row = prepare(model, req.prompt_ids, req.settings, width=batcher.width, seed=req.seed)
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             raise APIError(400, str(e).splitlines()[0]) from None
         loop = asyncio.get_running_loop()
         job = Job(row, loop, asyncio.Queue(), deadline=time.monotonic() + timeout, stream=req.stream)

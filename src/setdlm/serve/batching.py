@@ -134,7 +134,7 @@ class Batcher:
                 continue
             try:
                 events: list[RowStep] = self.session.step()
-            except Exception as e:  # a failing model must not hang every client: fail the batch, keep serving
+            except Exception as e:  # the session fails only a failing group's rows; anything else fails the batch
                 for rid, job in self._jobs.items():
                     self.session.cancel(rid)
                     job.put("error", (500, f"decoding failed: {type(e).__name__}: {e}"))
@@ -144,6 +144,10 @@ class Batcher:
             for ev in events:
                 job = self._jobs.get(ev.row)
                 if job is None:
+                    continue
+                if ev.error is not None:  # this row's decode failed; it left the session, the others go on
+                    del self._jobs[ev.row]
+                    job.put("error", (500, ev.error))
                     continue
                 if job.stream or ev.done is not None:
                     job.put("step", ev)

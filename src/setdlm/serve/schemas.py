@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from ..decoding.api import _encode_all
+from ..decoding.api import SEED_RANGE, _encode_all
 from ..decoding.settings import DecodeSettings
 
 
@@ -55,8 +55,8 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     name = body.get("model", model_name)
     if name is not None and name != model_name:
         if not isinstance(name, str):
-            raise APIError(400, f"model must be a string, got {name!r}", "model")
-        raise APIError(404, f"model {name!r} not found; this server serves {model_name!r}", "model",
+            raise APIError(400, f"model must be a string, got {_short(name)}", "model")
+        raise APIError(404, f"model {_short(name)} not found; this server serves {model_name!r}", "model",
                        code="model_not_found")
     ids = _messages_ids(body, model) if chat else _prompt_ids(body, model)
     if len(ids) >= width:
@@ -67,27 +67,28 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     if max_tokens is None:
         max_tokens = min(64, width - len(ids))
     elif not _is_int(max_tokens) or max_tokens < 1:
-        raise APIError(400, f"{key} must be a positive integer, got {max_tokens!r}", key)
+        raise APIError(400, f"{key} must be a positive integer, got {_short(max_tokens)}", key)
     elif len(ids) + max_tokens > width:
         raise APIError(400, f"{key}={max_tokens} is too large: the prompt has {len(ids)} tokens and the context "
                             f"length is {width}, so at most {width - len(ids)} new tokens fit", key)
     stream = _get(body, "stream", bool, False)
     opts = body.get("stream_options")  # the last chunk always carries usage, as include_usage asks
     if opts is not None and not isinstance(opts, dict):
-        raise APIError(400, f"stream_options must be an object, got {opts!r}", "stream_options")
+        raise APIError(400, f"stream_options must be an object, got {_short(opts)}", "stream_options")
     n = body.get("n", 1)
     if n is not None and n != 1:
-        raise APIError(400, f"n={n!r} is not supported: one choice per request (send several requests; they are "
+        raise APIError(400, f"n={_short(n)} is not supported: one choice per request (send several requests; they are "
                             "batched)", "n")
     seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise APIError(400, f"seed must be an integer, got {seed!r}", "seed")
-    return CompletionRequest(chat, ids, stream, _settings(body, max_tokens), seed)
+    if seed is not None and not (_is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
+        raise APIError(400, f"seed must be an integer in [-2**63, 2**64 - 1], got {_short(seed)}", "seed")
+    return CompletionRequest(chat, ids, stream, _settings(body, max_tokens, width), seed)
 
 
-def _settings(body: dict, max_tokens: int) -> DecodeSettings:
-    """The request's :class:`DecodeSettings`: the API's own bounds and JSON types here, every value's range
-    checked by ``DecodeSettings`` itself; an error names the API field."""
+def _settings(body: dict, max_tokens: int, width: int) -> DecodeSettings:
+    """The request's :class:`DecodeSettings`: the API's own bounds and JSON types here (a window or block
+    wider than the canvas ``width`` is refused: it cannot be decoded), every value's range checked by
+    ``DecodeSettings`` itself; an error names the API field."""
     s = {}
     t = _number(body, "temperature", 0.0, 2.0, low_open=False)
     if t is not None:
@@ -98,18 +99,18 @@ def _settings(body: dict, max_tokens: int) -> DecodeSettings:
     th = body.get("threshold")
     if th is not None:
         if not _is_number(th):
-            raise APIError(400, f"threshold must be a number in (0, 1], got {th!r}", "threshold")
+            raise APIError(400, f"threshold must be a number in (0, 1], got {_short(th)}", "threshold")
         s["threshold"] = float(th)
     rp = body.get("repetition_penalty")
     if rp is not None:  # its range is DecodeSettings' own check
         if not _is_number(rp):
-            raise APIError(400, f"repetition_penalty must be a number > 0, got {rp!r}", "repetition_penalty")
+            raise APIError(400, f"repetition_penalty must be a number > 0, got {_short(rp)}", "repetition_penalty")
         s["repetition_penalty"] = float(rp)
-    for name, lo in (("window", 1), ("block_size", 1), ("top_k", 0)):
+    for name, lo, hi in (("window", 1, width), ("block_size", 1, width), ("top_k", 0, 2**63 - 1)):
         v = body.get(name)
         if v is not None:
-            if not _is_int(v) or v < lo:
-                raise APIError(400, f"{name} must be an integer >= {lo}, got {v!r}", name)
+            if not _is_int(v) or not lo <= v <= hi:
+                raise APIError(400, f"{name} must be an integer in [{lo}, {hi}], got {_short(v)}", name)
             s[name] = v
     if body.get("cache_order") is not None:  # its values are DecodeSettings' own check
         s["cache_order"] = body["cache_order"]
@@ -117,7 +118,7 @@ def _settings(body: dict, max_tokens: int) -> DecodeSettings:
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
         if not (isinstance(stops, list) and 1 <= len(stops) <= 4 and all(isinstance(x, str) and x for x in stops)):
-            raise APIError(400, f"stop must be a non-empty string or a list of 1 to 4 of them, got {stop!r}", "stop")
+            raise APIError(400, f"stop must be a non-empty string or a list of 1 to 4 of them, got {_short(stop)}", "stop")
         s["stop"] = stops
     if _get(body, "ignore_eos", bool, False):
         s["ignore_eos"] = True
@@ -190,6 +191,12 @@ def render_chat(template: str, messages: list[dict], tokenizer) -> str:
                                             bos_token="", eos_token=tokens.get("eos") or "")
 
 
+def _short(v) -> str:
+    """A value for an error message, cut to 40 characters (a 4000-digit integer is not echoed)."""
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -204,7 +211,7 @@ def _number(body: dict, name: str, lo: float, hi: float, *, low_open: bool):
         return None
     if not _is_number(v) or not ((lo < v) if low_open else (lo <= v)) or v > hi:
         interval = f"{'(' if low_open else '['}{lo:g}, {hi:g}]"
-        raise APIError(400, f"{name} must be a number in {interval}, got {v!r}", name)
+        raise APIError(400, f"{name} must be a number in {interval}, got {_short(v)}", name)
     return v
 
 
@@ -213,5 +220,5 @@ def _get(body: dict, name: str, kind: type, default):
     if v is None:
         return default
     if not isinstance(v, kind):
-        raise APIError(400, f"{name} must be a {kind.__name__}, got {v!r}", name)
+        raise APIError(400, f"{name} must be a {kind.__name__}, got {_short(v)}", name)
     return v
