@@ -366,8 +366,10 @@ def _seeds(seed, B: int, needed: bool = True) -> list[int] | None:
     if seed is None:
         return torch.randint(0, 2**62, (B,)).tolist() if needed else None
     seeds = [seed] * B if isinstance(seed, int) else list(seed) if isinstance(seed, Sequence) else None
-    if seeds is None or len(seeds) != B or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+    if seeds is None or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise TypeError(f"seed must be an int or one int per row ({B}), got {seed!r}")
+    if len(seeds) != B:
+        raise ValueError(f"seed must be an int or one int per row ({B}), got {seed!r}")
     lo, hi = SEED_RANGE
     bad = next((s for s in seeds if not lo <= s <= hi), None)
     if bad is not None:
