@@ -169,10 +169,29 @@ def test_chat_without_template_and_other_routes():
         assert e.value.code == 404 and "error" in json.loads(e.value.read())
 
 
-def test_full_queue_answers_429_with_retry_after():
-    with running(_model(), "q", max_queue=0) as (url, _):
-        status, err, headers = post(url, {"prompt": "hi", "max_tokens": 4})
+@pytest.mark.parametrize("max_queue", [0, 1])
+def test_full_queue_answers_429_with_retry_after(max_queue):
+    """One row (held by the gate) fills max_batch=1, ``max_queue`` more wait, the next gets 429; with
+    --max-queue 0 nothing waits, a request is taken only when a row is free (the first one is)."""
+    model, gate = gated(_model())
+    body = {"prompt": "hi", "max_tokens": 4}
+    with running(model, "q", max_batch=1, max_queue=max_queue) as (url, app):
+        taken = []
+        threads = [threading.Thread(target=lambda: taken.append(post(url, body))) for _ in range(1 + max_queue)]
+        try:
+            for i, t in enumerate(threads):
+                t.start()
+                if i == 0:
+                    gate.wait_held(0)  # the first request holds the only row
+                else:
+                    _wait(lambda: app.state.batcher.stats()["waiting"] == i)
+            status, err, headers = post(url, body)
+        finally:
+            gate.open()
+        for t in threads:
+            t.join(timeout=60)
     assert status == 429 and headers["Retry-After"] == "1" and err["error"]["type"] == "rate_limit_error"
+    assert [s for s, _, _ in taken] == [200] * (1 + max_queue)
 
 
 def test_a_request_past_its_timeout_gets_504():

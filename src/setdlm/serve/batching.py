@@ -1,7 +1,9 @@
 """The decoding loop of the server: one thread per model drives one :class:`~setdlm.decoding.session.Session`
 (continuous batching, docs/serve.md).
 
-Requests wait in a bounded queue (full: :class:`QueueFull`, answered 429). Between two steps the loop
+Requests wait in a bounded queue: a request is taken while the batch has a free row or fewer than
+``max_queue`` requests wait beyond the free rows (else :class:`QueueFull`, answered 429); ``max_queue=0``
+means no waiting at all, only free rows. Between two steps the loop
 admits waiting requests while the batch has room (``max_batch`` rows), drops cancelled ones (a client that
 went away) and those past their deadline, then runs one step and hands every row's event to its
 request's asyncio queue. Finished rows leave the batch in the step that finished them.
@@ -79,8 +81,10 @@ class Batcher:
 
     def submit(self, job: Job) -> None:
         with self._cv:
-            if len(self._waiting) >= self.max_queue:
-                raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)")
+            free = max(self.max_batch - len(self._jobs), 0)  # rows the loop will fill at its next turn
+            if len(self._waiting) >= self.max_queue + free:
+                raise QueueFull(f"the batch is full and {self.max_queue} requests wait already" if self.max_queue
+                                else "the batch is full (and --max-queue 0: no request waits)")
             self._waiting.append(job)
             self._cv.notify()
 

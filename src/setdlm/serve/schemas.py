@@ -3,7 +3,9 @@
 Every problem becomes an :class:`APIError` carrying the OpenAI error shape
 ``{"error": {"message", "type", "param", "code"}}`` and its HTTP status: 400 naming the field, 404 for an
 unknown model, 429 when the queue is full. Fields the server does not use (``user``, ``logprobs`` ...) are
-ignored, as OpenAI-compatible servers do.
+ignored, as OpenAI-compatible servers do, except those that would change the answer: ``response_format``
+and ``suffix`` are refused with a 400 rather than ignored. A body that is not UTF-8 JSON, holds a lone
+surrogate, an integer of more than 4300 digits or objects nested deeper than ``MAX_DEPTH`` is a 400.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class CompletionRequest:
     stream: bool
     settings: DecodeSettings = field(default_factory=DecodeSettings)
     seed: int | None = None
+    echo: str | None = None  # the prompt's text, sent before the answer (completions' ``echo``)
 
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -48,10 +51,22 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     """Parse a ``/v1/completions`` (``chat=False``) or ``/v1/chat/completions`` body; raise APIError."""
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(400, f"malformed JSON body: {e}") from None
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"the body is not valid UTF-8: {e}") from None
+    except RecursionError:
+        raise APIError(400, f"the JSON body is nested too deeply (at most {MAX_DEPTH} levels)") from None
+    except ValueError as e:  # JSONDecodeError, or an integer literal of more than 4300 digits
+        raise APIError(400, f"malformed JSON body: {str(e).splitlines()[0][:200]}") from None
     if not isinstance(body, dict):
         raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}")
+    _check_values(body)
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise APIError(400, "response_format is not supported: this server has no constrained decoding; send "
+                            "no response_format (or {\"type\": \"text\"})", "response_format")
+    if not chat and body.get("suffix") not in (None, ""):
+        raise APIError(400, "suffix is not supported by this server; infill with setdlm.decoding.infill or "
+                            "`setdlm infill` (docs/decoding.md)", "suffix")
     name = body.get("model", model_name)
     if name is not None and name != model_name:
         if not isinstance(name, str):
@@ -82,7 +97,42 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     seed = body.get("seed")
     if seed is not None and not (_is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
         raise APIError(400, f"seed must be an integer in [-2**63, 2**64 - 1], got {_short(seed)}", "seed")
-    return CompletionRequest(chat, ids, stream, _settings(body, max_tokens, width), seed)
+    echo = None
+    if not chat and _get(body, "echo", bool, False):
+        if model.tokenizer is None:
+            raise APIError(400, "echo needs the model's tokenizer to turn the prompt into text", "echo")
+        echo = body["prompt"] if isinstance(body["prompt"], str) else model.tokenizer.decode(body["prompt"])
+    return CompletionRequest(chat, ids, stream, _settings(body, max_tokens, width), seed, echo)
+
+
+MAX_DEPTH = 32  # nesting levels of a request body
+
+
+def _check_values(body: dict) -> None:
+    """Every string of the body encodable (no lone surrogate), and no deeper than ``MAX_DEPTH``; an error
+    names the top-level field."""
+    todo = [(v, k, 1) for k, v in body.items()]
+    while todo:
+        v, field, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise APIError(400, f"{field} is nested too deeply (at most {MAX_DEPTH} levels)", field)
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise APIError(400, f"{field} holds a lone surrogate (\\u{ord(v[_surrogate(v)]):04x}), which is "
+                                    "not text", field) from None
+        elif isinstance(v, dict):
+            todo += [(x, field, depth + 1) for x in v.values()] + [(k, field, depth + 1) for k in v]
+        elif isinstance(v, list):
+            todo += [(x, field, depth + 1) for x in v]
+
+
+def _surrogate(text: str) -> int:
+    return next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
+
+
+TEMPERATURE_FLOOR = 1e-3
 
 
 def _settings(body: dict, max_tokens: int, width: int) -> DecodeSettings:
@@ -91,8 +141,8 @@ def _settings(body: dict, max_tokens: int, width: int) -> DecodeSettings:
     ``DecodeSettings`` itself; an error names the API field."""
     s = {}
     t = _number(body, "temperature", 0.0, 2.0, low_open=False)
-    if t is not None:
-        s["temperature"] = float(t)
+    if t is not None:  # below the floor: greedy (sampling is greedy there up to ties; 1e-300 would overflow)
+        s["temperature"] = float(t) if t >= TEMPERATURE_FLOOR else 0.0
     p = _number(body, "top_p", 0.0, 1.0, low_open=True)
     if p is not None:
         s["top_p"] = float(p)
