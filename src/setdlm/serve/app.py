@@ -16,7 +16,7 @@ from importlib import resources
 from ..decoding.output import step_record
 from ..decoding.session import prepare
 from .batching import Batcher, Job, QueueFull
-from .guard import DEFAULT_MAX_BODY, LOOPBACK_HOSTS, HostCheck, is_loopback, log, read_json_body
+from .guard import DEFAULT_MAX_BODY, LOOPBACK_HOSTS, Guard, is_loopback, log, read_json_body
 from .responses import FINISH, TextStream, chunk, completion, new_id, summary, usage
 from .schemas import APIError, parse_request
 
@@ -166,7 +166,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
     routes = [Route("/", index), Route("/health", health), Route("/v1/models", models),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat_completions, methods=["POST"])]
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(HostCheck, allowed=allowed_hosts)],
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, allowed=allowed_hosts)],
                     exception_handlers={APIError: api_error, 404: not_found, 405: not_found})
     app.state.batcher = batcher
     return app

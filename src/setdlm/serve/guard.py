@@ -1,11 +1,12 @@
 """What the server checks before a request reaches the model (docs/serve.md, "Limits"): the ``Host`` header
-(an allow-list when bound to loopback, against DNS rebinding), a JSON content type on every POST (so that a
+(an allow-list when bound to loopback, against DNS rebinding; :class:`Guard`), a JSON content type on every POST (so that a
 web page cannot send a CORS-simple form post), and the body size (413 beyond the limit, read in pieces so
 that an oversized body is never held whole).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 
@@ -34,13 +35,35 @@ def host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-class HostCheck:
-    """ASGI middleware answering 403 to a request whose ``Host`` is not in ``allowed`` (None: any host)."""
+class Guard:
+    """ASGI middleware: 403 to a request whose ``Host`` is not in ``allowed`` (None: any host); a request
+    cut by the end of the shutdown grace period (its task cancelled) is one log line, not a traceback."""
 
     def __init__(self, app, allowed: tuple[str, ...] | None):
         self.app, self.allowed = app, allowed
 
     async def __call__(self, scope, receive, send):
+        started = False
+
+        async def sending(message):
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self._call(scope, receive, sending)
+        except asyncio.CancelledError:
+            if scope["type"] != "http":
+                raise
+            log.warning("%s %s: cut off, the server shut down before it finished (setdlm serve --grace)",
+                        scope["method"], scope["path"])
+            if not started:
+                from starlette.responses import JSONResponse
+
+                err = APIError(503, "the server shut down before this request finished", type="server_error")
+                await JSONResponse(err.body(), status_code=503)(scope, receive, send)
+
+    async def _call(self, scope, receive, send):
         if scope["type"] == "http" and self.allowed is not None:
             header = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
             if host_name(header).lower() not in self.allowed:
