@@ -84,7 +84,9 @@ def get(url, path="/health", host=None):
     (b'{"prompt": "hi", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None, "nested too deeply"),
     (b'{"prompt": "hi", "user": ' + b"[" * 40 + b"]" * 40 + b"}", "user", "nested too deeply"),
     (b'{"prompt": "hi", "response_format": {"type": "json_object"}}', "response_format", "not supported"),
-    (b'{"prompt": "hi", "suffix": "end."}', "suffix", "infill"),
+    (b'{"prompt": "hi", "suffix": "end", "stop": "x"}', "stop", "does not apply with a suffix"),
+    (b'{"prompt": "hi", "suffix": 5}', "suffix", "must be a string"),
+    (b'{"prompt": "hi", "suffix": "' + b"a" * 46 + b'"}', "prompt", "prompt and suffix have 49 tokens"),
     (b'{"prompt": "hi", "echo": "yes"}', "echo", "bool"),
     (b'{"prompt": "hi", "seed": ' + str(2**64).encode() + b', "temperature": 0.5}', "seed", "2**64 - 1"),
 ])
@@ -115,6 +117,26 @@ def test_tiny_temperature_is_greedy_and_echo_is_honoured(server):
     raw = conn.getresponse().read().decode()
     chunks = [json.loads(x[6:]) for x in raw.split("\n\n") if x.startswith("data: {")]
     assert "".join(c["choices"][0]["text"] for c in chunks) == "to be" + greedy
+
+
+def test_suffix_infills_the_middle(server):
+    """A completion with a suffix is decoded as ``infill`` decodes prompt + [MASK] × max_tokens + suffix."""
+    from setdlm.decoding import infill
+
+    url, model, _ = server
+    for extra in ({}, {"temperature": 0.8, "seed": 3, "threshold": 0.4}):
+        want = infill(model, ["to be"], [" the end"], 8, **extra).texts[0]
+        body = json.dumps({"prompt": "to be", "suffix": " the end", "max_tokens": 8, **extra}).encode()
+        status, out = raw_post(url, body)
+        assert status == 200 and out["choices"][0]["text"] == want and out["choices"][0]["finish_reason"] == "stop"
+        assert out["usage"]["completion_tokens"] == 8
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps({**json.loads(body), "stream": True}),
+                     {"Content-Type": "application/json"})
+        raw = conn.getresponse().read().decode()
+        chunks = [json.loads(x[6:]) for x in raw.split("\n\n") if x.startswith("data: {")]
+        assert "".join(c["choices"][0]["text"] for c in chunks) == want
 
 
 def test_body_limit_content_type_and_host():

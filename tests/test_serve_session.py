@@ -85,6 +85,36 @@ def test_rows_joining_and_leaving_decode_as_alone(family):
     assert {"eos", "length"} <= reasons  # rows did leave the batch at different times
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_infilling_rows_decode_as_infill_alone(family):
+    """Rows with a suffix (prompt + MASK × n + suffix) next to generating rows: each infilled middle is what
+    ``infill`` gives for it alone."""
+    from setdlm.decoding import infill
+
+    model = _model(family)
+    s = Session(model)
+    reqs = [("to be", " the end", dict(max_new_tokens=6, threshold=0.3)),
+            ("a", "zz", applicable_knobs(family, max_new_tokens=9, seed=4, **SAMPLED)),
+            ("or not", None, dict(max_new_tokens=8, threshold=0.3)),
+            ("xy", ".", dict(max_new_tokens=5, threshold=0.3))]
+    rows = {s.add(p, suffix=suf, **applicable_knobs(family, **kw)): i for i, (p, suf, kw) in enumerate(reqs)}
+    done = {}
+    while len(s):
+        for ev in s.step():
+            assert ev.error is None
+            if ev.done is not None:
+                done[rows[ev.row]] = ev.done
+    for i, (p, suf, kw) in enumerate(reqs):
+        kw = applicable_knobs(family, **kw)
+        if suf is None:
+            assert done[i].tokens == generate(model, p, **kw).tokens[0]
+            continue
+        n = kw.pop("max_new_tokens")
+        alone = infill(model, [p], [suf], n, **kw)
+        assert done[i].tokens == alone.tokens[0] and done[i].text == alone.texts[0]
+        assert done[i].finish_reason == "done" and len(done[i].tokens) == n
+
+
 def test_rows_share_forwards_per_setting():
     """Rows of one setting decode in one batch: the session's forwards are far fewer than the rows' total."""
     model = _model("setdlm")

@@ -53,13 +53,20 @@ class RowStep:
 
 @dataclass
 class Row:
-    """One prepared row: its canvas (prompt, then MASK × max_new_tokens), config and seed."""
+    """One prepared row: its canvas (prompt, then MASK × max_new_tokens, then the suffix of an infilling
+    row), config and seed."""
 
     sequence: list[int]
     config: DecodeConfig
     seed: int | None
     prompt_length: int
     trace: list[StepTrace] | None = None  # the state's trace list of this row, once it joined
+    suffix_length: int = 0  # an infilling row: the middle lies between prompt and suffix
+
+    def targets(self) -> list[bool]:
+        """The positions it decodes: the MASKs after the prompt (and before the suffix)."""
+        end = len(self.sequence) - self.suffix_length
+        return [self.prompt_length <= i < end for i in range(len(self.sequence))]
 
 
 class Session:
@@ -185,8 +192,7 @@ class Session:
         gens = None
         if rs[0].seed is not None:
             gens = [torch.Generator(device=self.device).manual_seed(r.seed) for r in rs]
-        targets = [[i >= r.prompt_length for i in range(len(r.sequence))] for r in rs]
-        new = DecodeState([r.sequence for r in rs], targets, rs[0].config, index=rows, generators=gens,
+        new = DecodeState([r.sequence for r in rs], [r.targets() for r in rs], rs[0].config, index=rows, generators=gens,
                           device=self.device, width=self.width)
         start(self.model.backbone, new, self.model.family)
         return new
@@ -201,27 +207,35 @@ class Session:
 
 
 def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int | None = None,
-            seed: int | None = None, **knobs) -> Row:
+            seed: int | None = None, suffix=None, **knobs) -> Row:
     """Encode and validate one row for a session of canvas ``width`` (default ``L``), with the settings and
     defaults of :func:`~setdlm.decoding.generate` (``settings=`` or keywords); invalid settings raise
     ValueError. A sampled row without a seed gets one drawn here (from torch's global RNG, as ``generate``).
-    Touches no session state."""
+    With a ``suffix`` (text or token ids) the row infills: ``prompt + [MASK] × max_new_tokens + suffix``,
+    decoded as :func:`~setdlm.decoding.infill` decodes it (docs/method.md §4.6; generate-only settings
+    such as ``stop`` are a ValueError). Touches no session state."""
     settings = DecodeSettings.of(settings, knobs, "prepare")
-    settings.check_for(model.family.family)
+    mode = "generate" if suffix is None else "fill"
+    max_new_tokens, cache_order = settings.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, settings.cache_order or "position"
+    if mode == "fill":
+        settings = replace(settings, max_new_tokens=None)
+    settings.check_for(model.family.family, mode)
     width = width if width is not None else model.family.length
     fam = model.family
-    max_new_tokens, cache_order = settings.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, settings.cache_order or "position"
     (ids,) = _encode_all(model, [prompt], "prompt", add_bos=True)
-    if fam.mask_token_id in ids:
-        raise ValueError(f"the prompt contains the MASK id {fam.mask_token_id}")
-    if len(ids) + max_new_tokens > width:
-        raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceed the context "
-                         f"length {width}")
-    cfg = decode_config(model, settings, mode="generate", cache_order=cache_order, trace=True)
+    suf = [] if suffix is None else _encode_all(model, [suffix], "suffix", allow_empty=True)[0]
+    if fam.mask_token_id in ids or fam.mask_token_id in suf:
+        raise ValueError(f"the {'prompt' if fam.mask_token_id in ids else 'suffix'} contains the MASK id "
+                         f"{fam.mask_token_id}")
+    if len(ids) + max_new_tokens + len(suf) > width:
+        raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens})"
+                         f"{f' + suffix ({len(suf)} tokens)' if suf else ''} exceed the context length {width}")
+    cfg = decode_config(model, settings, mode=mode, cache_order=cache_order, trace=True)
     if fam.family == "setdlm" and cache_order == "reveal" and max_new_tokens > fam.length:
         raise ValueError(f"cache_order='reveal' needs max_new_tokens <= L={fam.length}, got {max_new_tokens}")
     seeds = _seeds(seed, 1, needs_seed(fam, cfg))
-    return Row(ids + [fam.mask_token_id] * max_new_tokens, cfg, seeds[0] if seeds else None, len(ids))
+    return Row(ids + [fam.mask_token_id] * max_new_tokens + suf, cfg, seeds[0] if seeds else None, len(ids),
+               suffix_length=len(suf))
 
 
 def _key(cfg: DecodeConfig) -> tuple:

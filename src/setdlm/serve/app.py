@@ -56,7 +56,8 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
         block the other clients)."""
         req = parse_request(raw, chat=chat, model=model, model_name=name, width=batcher.width)
         try:
-            return req, prepare(model, req.prompt_ids, req.settings, width=batcher.width, seed=req.seed)
+            return req, prepare(model, req.prompt_ids, req.settings, width=batcher.width, seed=req.seed,
+                                suffix=req.suffix)
         except (ValueError, TypeError) as e:
             raise APIError(400, str(e).splitlines()[0]) from None
 

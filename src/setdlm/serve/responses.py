@@ -14,7 +14,7 @@ import uuid
 from ..decoding.session import Row, RowDone
 from ..decoding.state import stop_index
 
-FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "done": "stop"}  # done: an infilled middle
 
 
 class TextStream:

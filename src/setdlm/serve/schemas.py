@@ -3,8 +3,8 @@
 Every problem becomes an :class:`APIError` carrying the OpenAI error shape
 ``{"error": {"message", "type", "param", "code"}}`` and its HTTP status: 400 naming the field, 404 for an
 unknown model, 429 when the queue is full. Fields the server does not use (``user``, ``logprobs`` ...) are
-ignored, as OpenAI-compatible servers do, except those that would change the answer: ``response_format``
-and ``suffix`` are refused with a 400 rather than ignored. A body that is not UTF-8 JSON, holds a lone
+ignored, as OpenAI-compatible servers do, except one that would change the answer: ``response_format`` is
+refused with a 400 rather than ignored (``suffix`` is honoured: the row infills). A body that is not UTF-8 JSON, holds a lone
 surrogate, an integer of more than 4300 digits or objects nested deeper than ``MAX_DEPTH`` is a 400.
 """
 
@@ -42,6 +42,7 @@ class CompletionRequest:
     settings: DecodeSettings = field(default_factory=DecodeSettings)
     seed: int | None = None
     echo: str | None = None  # the prompt's text, sent before the answer (completions' ``echo``)
+    suffix: list[int] | None = None  # infilling: the suffix's token ids; the answer is the middle
 
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -64,9 +65,6 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     if fmt is not None and fmt != {"type": "text"}:
         raise APIError(400, "response_format is not supported: this server has no constrained decoding; send "
                             "no response_format (or {\"type\": \"text\"})", "response_format")
-    if not chat and body.get("suffix") not in (None, ""):
-        raise APIError(400, "suffix is not supported by this server; infill with setdlm.decoding.infill or "
-                            "`setdlm infill` (docs/decoding.md)", "suffix")
     name = body.get("model", model_name)
     if name is not None and name != model_name:
         if not isinstance(name, str):
@@ -74,18 +72,21 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
         raise APIError(404, f"model {_short(name)} not found; this server serves {model_name!r}", "model",
                        code="model_not_found")
     ids = _messages_ids(body, model) if chat else _prompt_ids(body, model)
-    if len(ids) >= width:
-        raise APIError(400, f"the prompt has {len(ids)} tokens; the context length is {width} (room for at least "
-                            "one new token is needed)", "messages" if chat else "prompt")
+    suffix = None if chat else _suffix_ids(body, model)
+    fixed = len(ids) + len(suffix or ())  # prompt and suffix tokens
+    if fixed >= width:
+        raise APIError(400, f"the prompt{' and suffix' if suffix else ''} have {fixed} tokens; the context length is "
+                            f"{width} (room for at least one new token is needed)", "messages" if chat else "prompt")
     key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(key)
     if max_tokens is None:
-        max_tokens = min(64, width - len(ids))
+        max_tokens = min(64, width - fixed)
     elif not _is_int(max_tokens) or max_tokens < 1:
         raise APIError(400, f"{key} must be a positive integer, got {_short(max_tokens)}", key)
-    elif len(ids) + max_tokens > width:
-        raise APIError(400, f"{key}={max_tokens} is too large: the prompt has {len(ids)} tokens and the context "
-                            f"length is {width}, so at most {width - len(ids)} new tokens fit", key)
+    elif fixed + max_tokens > width:
+        raise APIError(400, f"{key}={max_tokens} is too large: the prompt{' and suffix' if suffix else ''} have "
+                            f"{fixed} tokens and the context length is {width}, so at most {width - fixed} new tokens "
+                            "fit", key)
     stream = _get(body, "stream", bool, False)
     opts = body.get("stream_options")  # the last chunk always carries usage, as include_usage asks
     if opts is not None and not isinstance(opts, dict):
@@ -102,7 +103,7 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
         if model.tokenizer is None:
             raise APIError(400, "echo needs the model's tokenizer to turn the prompt into text", "echo")
         echo = body["prompt"] if isinstance(body["prompt"], str) else model.tokenizer.decode(body["prompt"])
-    return CompletionRequest(chat, ids, stream, _settings(body, max_tokens, width), seed, echo)
+    return CompletionRequest(chat, ids, stream, _settings(body, max_tokens, width), seed, echo, suffix)
 
 
 MAX_DEPTH = 32  # nesting levels of a request body
@@ -202,6 +203,29 @@ def _prompt_ids(body: dict, model) -> list[int]:
     if isinstance(prompt, str) and model.tokenizer is None:
         raise APIError(400, "this model has no tokenizer: send the prompt as token ids", "prompt")
     return _encode(model, prompt, "prompt")
+
+
+def _suffix_ids(body: dict, model) -> list[int] | None:
+    """The ``suffix`` of a completion as token ids (None without one): the row then infills, the prompt
+    and suffix cached, the ``max_tokens`` between them decoded (docs/method.md §4.6). Generate-only fields
+    (``stop``, ``ignore_eos``, ``cache_order``) do not apply to it."""
+    suffix = body.get("suffix")
+    if suffix is None or suffix == "":
+        return None
+    if not isinstance(suffix, str):
+        raise APIError(400, f"suffix must be a string, got {_short(suffix)}", "suffix")
+    if model.tokenizer is None:
+        raise APIError(400, "this model has no tokenizer: a suffix needs one", "suffix")
+    for name in ("stop", "ignore_eos", "cache_order"):
+        if body.get(name) not in (None, False):
+            raise APIError(400, f"{name} does not apply with a suffix: the middle is exactly max_tokens long", name)
+    try:
+        ids = _encode_all(model, [suffix], "suffix", allow_empty=True)[0]
+    except (ValueError, KeyError, IndexError) as e:
+        raise APIError(400, f"suffix cannot be encoded: {e}", "suffix") from None
+    if model.family.mask_token_id in ids:
+        raise APIError(400, f"suffix contains the MASK id {model.family.mask_token_id}", "suffix")
+    return ids
 
 
 def _messages_ids(body: dict, model) -> list[int]:
