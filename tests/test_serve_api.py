@@ -270,3 +270,37 @@ def test_a_request_whose_decode_fails_fails_alone():
         assert status == 200 and body["choices"][0]["text"] == alone.texts[0]
     status, body, _ = results[2]
     assert status == 500 and "decoding failed: RuntimeError" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_shutdown_drains_requests_in_flight_within_the_grace_period(release):
+    """SIGTERM's shutdown (``should_exit``) while a request decodes (held by the gate): no new connection
+    is taken; released, the request is answered in full; never released, it is cut after the grace period
+    with a 503 and the server exits all the same."""
+    model, gate = gated(_model())
+    result = []
+    with running(model, "d", grace=60 if release else 0.5) as (url, app):
+        t = threading.Thread(target=lambda: result.append(post(url, {"prompt": "to be", "max_tokens": 6})))
+        try:
+            t.start()
+            gate.wait_held(0)
+            app.state.server.should_exit = True
+
+            def refused():
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=5)
+                    return False
+                except OSError:
+                    return True
+
+            _wait(refused)  # shutting down: no new connections
+            if release:
+                gate.open()
+            t.join(timeout=60)
+        finally:
+            gate.open()
+    status, body, _ = result[0]
+    if release:
+        assert status == 200 and body["choices"][0]["text"] == generate(model, "to be", max_new_tokens=6).texts[0]
+    else:
+        assert status == 503 and "shut down" in body["error"]["message"]
