@@ -216,6 +216,8 @@ def test_serve_refuses_an_unusable_port_or_host_before_loading(capsys):
     assert code == 2 and "host '256.1.1.1': not an address of this machine" in err
     code, _, err = run(["serve", "./no-such-model", "--port", "70000"], capsys)
     assert code == 2 and "port must be an integer in [0, 65535]" in err
+    code, _, err = run(["serve", "./no-such-model", "--max-body-mb", "0"], capsys)
+    assert code == 2 and err.strip() == "setdlm serve: error: --max-body-mb must be > 0 and --grace >= 0, got 0.0, 30.0"
 
 
 def test_bound_to_all_interfaces_warns(caplog, capsys):
