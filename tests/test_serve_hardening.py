@@ -129,7 +129,7 @@ def test_suffix_infills_the_middle(server):
         body = json.dumps({"prompt": "to be", "suffix": " the end", "max_tokens": 8, **extra}).encode()
         status, out = raw_post(url, body)
         assert status == 200 and out["choices"][0]["text"] == want and out["choices"][0]["finish_reason"] == "stop"
-        assert out["usage"]["completion_tokens"] == 8
+        assert out["usage"]["completion_tokens"] == 8 and out["usage"]["prompt_tokens"] == 6 + 8  # BOS + prompt, suffix
         host, port = url.removeprefix("http://").split(":")
         conn = http.client.HTTPConnection(host, int(port), timeout=60)
         conn.request("POST", "/v1/completions", json.dumps({**json.loads(body), "stream": True}),

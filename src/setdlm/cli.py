@@ -560,7 +560,8 @@ def _add_serve(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--max-batch", type=int, default=16, help="rows decoded together at most (default 16)")
-    p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a free row at most; more get 429; 0: none wait (default 64)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a free row at most; more get "
+                   "429; 0: none wait (default 64)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take (default 300)")
     p.add_argument("--max-body-mb", type=float, default=4.0, help="request body limit in MiB; more gets 413 "
                    "(default 4)")

@@ -192,8 +192,8 @@ class Session:
         gens = None
         if rs[0].seed is not None:
             gens = [torch.Generator(device=self.device).manual_seed(r.seed) for r in rs]
-        new = DecodeState([r.sequence for r in rs], [r.targets() for r in rs], rs[0].config, index=rows, generators=gens,
-                          device=self.device, width=self.width)
+        new = DecodeState([r.sequence for r in rs], [r.targets() for r in rs], rs[0].config, index=rows,
+                          generators=gens, device=self.device, width=self.width)
         start(self.model.backbone, new, self.model.family)
         return new
 

@@ -83,7 +83,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
             watch.cancel()
             if not job.finished:
                 batcher.cancel(job)
-        return JSONResponse(completion(chat, rid, name, ev.done, len(req.prompt_ids), _seconds(job), row.seed,
+        return JSONResponse(completion(chat, rid, name, ev.done, req.prompt_tokens, _seconds(job), row.seed,
                                        req.echo))
 
     async def _watch_disconnect(request: Request, job: Job):
@@ -133,7 +133,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
                 delta += text.finish(done.text)
                 last = chunk(req.chat, rid, name, delta, finish=FINISH[done.finish_reason], step=step | summary(
                     done, _seconds(job), job.row.seed))
-                last["usage"] = usage(len(req.prompt_ids), done)
+                last["usage"] = usage(req.prompt_tokens, done)
                 yield _sse(last)
                 break
             yield "data: [DONE]\n\n"

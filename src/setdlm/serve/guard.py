@@ -1,7 +1,7 @@
-"""What the server checks before a request reaches the model (docs/serve.md, "Limits"): the ``Host`` header
-(an allow-list when bound to loopback, against DNS rebinding; :class:`Guard`), a JSON content type on every POST (so that a
-web page cannot send a CORS-simple form post), and the body size (413 beyond the limit, read in pieces so
-that an oversized body is never held whole).
+"""What the server checks before a request reaches the model (docs/serve.md, "Limits and safety"): the
+``Host`` header (an allow-list when bound to loopback, against DNS rebinding; :class:`Guard`), a JSON
+content type on every POST (so that a web page cannot send a CORS-simple form post), and the body size
+(413 beyond the limit, read in pieces so that an oversized body is never held whole).
 """
 
 from __future__ import annotations

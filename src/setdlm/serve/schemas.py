@@ -3,9 +3,10 @@
 Every problem becomes an :class:`APIError` carrying the OpenAI error shape
 ``{"error": {"message", "type", "param", "code"}}`` and its HTTP status: 400 naming the field, 404 for an
 unknown model, 429 when the queue is full. Fields the server does not use (``user``, ``logprobs`` ...) are
-ignored, as OpenAI-compatible servers do, except one that would change the answer: ``response_format`` is
-refused with a 400 rather than ignored (``suffix`` is honoured: the row infills). A body that is not UTF-8 JSON, holds a lone
-surrogate, an integer of more than 4300 digits or objects nested deeper than ``MAX_DEPTH`` is a 400.
+ignored, as OpenAI-compatible servers do, except one that would change the answer: ``response_format``
+is refused with a 400 rather than ignored (``suffix`` is honoured: the row infills). A body that is not
+UTF-8 JSON, holds a lone surrogate, an integer of more than 4300 digits or objects nested deeper than
+``MAX_DEPTH`` is a 400.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ class CompletionRequest:
     seed: int | None = None
     echo: str | None = None  # the prompt's text, sent before the answer (completions' ``echo``)
     suffix: list[int] | None = None  # infilling: the suffix's token ids; the answer is the middle
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens of context the request sent (prompt and suffix), as ``usage`` counts them."""
+        return len(self.prompt_ids) + len(self.suffix or ())
 
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -93,8 +99,8 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
         raise APIError(400, f"stream_options must be an object, got {_short(opts)}", "stream_options")
     n = body.get("n", 1)
     if n is not None and n != 1:
-        raise APIError(400, f"n={_short(n)} is not supported: one choice per request (send several requests; they are "
-                            "batched)", "n")
+        raise APIError(400, f"n={_short(n)} is not supported: one choice per request (send several requests; "
+                            "they are batched)", "n")
     seed = body.get("seed")
     if seed is not None and not (_is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
         raise APIError(400, f"seed must be an integer in [-2**63, 2**64 - 1], got {_short(seed)}", "seed")
@@ -169,7 +175,8 @@ def _settings(body: dict, max_tokens: int, width: int) -> DecodeSettings:
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
         if not (isinstance(stops, list) and 1 <= len(stops) <= 4 and all(isinstance(x, str) and x for x in stops)):
-            raise APIError(400, f"stop must be a non-empty string or a list of 1 to 4 of them, got {_short(stop)}", "stop")
+            raise APIError(400, f"stop must be a non-empty string or a list of 1 to 4 of them, got {_short(stop)}",
+                           "stop")
         s["stop"] = stops
     if _get(body, "ignore_eos", bool, False):
         s["ignore_eos"] = True
