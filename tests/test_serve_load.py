@@ -40,10 +40,15 @@ def _load(model, requests, *, clients: int, seconds: float, max_batch: int, bad=
         stop = time.monotonic() + seconds
 
         def client(k):
+            """Until the time is up, and at least one good request (client k < len(bad) sends bad[k] first):
+            how much is sent depends on the machine's speed, what is checked does not."""
             rng = random.Random(k)
             n = 0
-            while time.monotonic() < stop:
-                i = rng.randrange(len(requests) + len(bad))
+            first = len(requests) + k if k < len(bad) else None
+            while time.monotonic() < stop or n == 0:
+                i, first = (rng.randrange(len(requests) + len(bad)) if first is None else first), None
+                if n == 0 and time.monotonic() >= stop:
+                    i = rng.randrange(len(requests))
                 if i >= len(requests):
                     got = _refused(url, *bad[i - len(requests)])
                     if got is not None:
@@ -69,19 +74,21 @@ def _load(model, requests, *, clients: int, seconds: float, max_batch: int, bad=
         threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
         for t in threads:
             t.start()
-        while any(t.is_alive() for t in threads):
+        while True:  # sampled at least once, while the clients run
             rss.append(_rss_mb())
             if bad:
                 try:
                     health.append(urllib.request.urlopen(url + "/health", timeout=60).status)
                 except Exception as e:  # recorded, the test fails below
                     health.append(repr(e))
+            if not any(t.is_alive() for t in threads):
+                break
             time.sleep(0.25)
         for t in threads:
             t.join()
         stats = app.state.batcher.stats()
     assert not errors, errors[:3]
-    assert all(h == 200 for h in health) and (health or not bad), health
+    assert all(h == 200 for h in health), health
     assert stats["running"] == 0 and stats["waiting"] == 0  # nothing left behind
     for i, tag, rid, text in answers:
         assert text == expected[i], (i, tag)
@@ -158,7 +165,7 @@ def test_load_and_abuse_32_clients():
     model.tokenizer = CharTokenizer()
     answers, rss = _load(model, _requests(["to be", "or not", "a", "the cat sat"], 16), clients=32, seconds=4,
                          max_batch=8, bad=BAD, max_body=100_000)
-    assert len(answers) >= 32
+    assert len(answers) >= 32  # one good request per client at least, whatever the machine's speed
     assert max(rss) - min(rss) < 300, (min(rss), max(rss))  # the refused bodies were not kept
 
 
