@@ -58,7 +58,7 @@ def _readme_demo_command() -> list[str]:
 def test_readme_demo_runs_on_tiny_models(tiny_models, tmp_path):
     cmd = _readme_demo_command() + ["--models", str(tiny_models), "--out", str(tmp_path / "demo"), "--n", "4",
                                     "--max-new-tokens", "8", "--quiet"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=tmp_path)  # a hang guard only
     assert r.returncode == 0, r.stderr[-2000:]
     for part in ("1. Shakespeare", "2. A hidden line", "3. An arithmetic word problem", "4. Live"):
         assert part in r.stdout

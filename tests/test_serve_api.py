@@ -18,7 +18,7 @@ openai = pytest.importorskip("openai")
 
 from setdlm.decoding import generate  # noqa: E402
 
-from support import CharTokenizer, running, tiny_model  # noqa: E402
+from support import CharTokenizer, failing, gated, running, tiny_model  # noqa: E402
 
 TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }} {% endfor %}assistant:"
 
@@ -127,7 +127,12 @@ def test_concurrent_requests_each_get_their_own_result(server):
     ({"prompt": "hi", "max_tokens": "5"}, 400, "max_tokens", "positive integer"),
     ({"prompt": "hi", "threshold": 1.5}, 400, "threshold", "(0, 1]"),
     ({"prompt": "hi", "threshold": "high"}, 400, "threshold", "number"),
-    ({"prompt": "hi", "window": 0}, 400, "window", ">= 1"),
+    ({"prompt": "hi", "window": 0}, 400, "window", "[1, 48]"),
+    ({"prompt": "hi", "window": 10**30}, 400, "window", "[1, 48]"),  # these three once failed every row with a 500
+    ({"prompt": "hi", "block_size": 10**30}, 400, "block_size", "[1, 48]"),
+    ({"prompt": "hi", "seed": 2**64, "temperature": 0.5}, 400, "seed", "[-2**63, 2**64 - 1]"),
+    ({"prompt": "hi", "seed": True}, 400, "seed", "integer"),
+    ({"prompt": "hi", "top_k": 10**30}, 400, "top_k", "integer in"),
     ({"prompt": "hi", "temperature": -1}, 400, "temperature", "[0, 2]"),
     ({"prompt": "hi", "stream": "yes"}, 400, "stream", "bool"),
     ({"prompt": "hi", "stop": [""]}, 400, "stop", "non-empty"),
@@ -164,10 +169,29 @@ def test_chat_without_template_and_other_routes():
         assert e.value.code == 404 and "error" in json.loads(e.value.read())
 
 
-def test_full_queue_answers_429_with_retry_after():
-    with running(_model(), "q", max_queue=0) as (url, _):
-        status, err, headers = post(url, {"prompt": "hi", "max_tokens": 4})
+@pytest.mark.parametrize("max_queue", [0, 1])
+def test_full_queue_answers_429_with_retry_after(max_queue):
+    """One row (held by the gate) fills max_batch=1, ``max_queue`` more wait, the next gets 429; with
+    --max-queue 0 nothing waits, a request is taken only when a row is free (the first one is)."""
+    model, gate = gated(_model())
+    body = {"prompt": "hi", "max_tokens": 4}
+    with running(model, "q", max_batch=1, max_queue=max_queue) as (url, app):
+        taken = []
+        threads = [threading.Thread(target=lambda: taken.append(post(url, body))) for _ in range(1 + max_queue)]
+        try:
+            for i, t in enumerate(threads):
+                t.start()
+                if i == 0:
+                    gate.wait_held(0)  # the first request holds the only row
+                else:
+                    _wait(lambda: app.state.batcher.stats()["waiting"] == i)
+            status, err, headers = post(url, body)
+        finally:
+            gate.open()
+        for t in threads:
+            t.join(timeout=60)
     assert status == 429 and headers["Retry-After"] == "1" and err["error"]["type"] == "rate_limit_error"
+    assert [s for s, _, _ in taken] == [200] * (1 + max_queue)
 
 
 def test_a_request_past_its_timeout_gets_504():
@@ -176,36 +200,107 @@ def test_a_request_past_its_timeout_gets_504():
     assert status == 504 and "timed out" in err["error"]["message"]
 
 
-def test_a_client_that_disconnects_frees_its_row():
-    from setdlm.pretrained import load
-
-    model = load("shakespeare-setdlm-smax8")  # real model: slow enough that the row is still running
-    with running(model, "shk") as (url, app):
-        host, port = url.removeprefix("http://").split(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=30)
-        conn.request("POST", "/v1/completions", json.dumps({"prompt": "ROMEO:", "max_tokens": 120, "stream": True}),
-                     {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        events = 0
-        while events < 2:
-            if resp.readline().startswith(b"data: {"):
-                events += 1
-        conn.close()  # go away mid-decode
+@pytest.mark.parametrize("stream, forwards, events", [(False, 2, 0), (True, 1, 0), (True, 2, 1)])
+def test_a_client_that_disconnects_frees_its_row(stream, forwards, events):
+    """The backbone is gated: the row runs ``forwards`` forwards (prefill included), the client reads
+    ``events`` streamed events and goes away while the next forward is held; the server notices (the ASGI
+    disconnect message), and the row leaves right after that forward, whatever the machine's speed."""
+    model, gate = gated(_model())
+    with running(model, "g") as (url, app):
         batcher = app.state.batcher
-        deadline = time.monotonic() + 20
-        while batcher.stats()["running"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert batcher.stats()["running"] == 0 and len(batcher.session) == 0
-        assert batcher.session.forwards < 100  # the row left long before its 120 steps
+        host, port = url.removeprefix("http://").split(":")
+        try:
+            conn = http.client.HTTPConnection(host, int(port), timeout=30)
+            conn.request("POST", "/v1/completions", json.dumps({"prompt": "to be", "max_tokens": 40, "stream": stream,
+                                                               "ignore_eos": True}),
+                         {"Content-Type": "application/json"})
+            gate.allow(forwards)
+            gate.wait_held(forwards)
+            if stream:
+                resp = conn.getresponse()
+                got = 0
+                while got < events:
+                    if resp.readline().startswith(b"data: {"):
+                        got += 1
+            conn.close()  # go away mid-decode
+            _wait(lambda: batcher.stats()["cancelled"] == 1)
+        finally:
+            gate.open()
+        _wait(lambda: batcher.stats()["running"] == 0)
+        assert len(batcher.session) == 0
+        assert gate.calls == forwards + 1  # the held forward, then the row left: not 40 steps
+        ok, out, _ = post(url, {"prompt": "to be", "max_tokens": 4})  # and the server goes on serving
+        assert ok == 200 and out["choices"][0]["text"] == generate(model, "to be", max_new_tokens=4).texts[0]
 
-        before = batcher.session.forwards  # the same without streaming
-        conn = http.client.HTTPConnection(host, int(port), timeout=30)
-        conn.request("POST", "/v1/completions", json.dumps({"prompt": "ROMEO:", "max_tokens": 120}),
-                     {"Content-Type": "application/json"})
-        while batcher.session.forwards < before + 2:
-            time.sleep(0.01)
-        conn.close()
-        deadline = time.monotonic() + 20
-        while batcher.stats()["running"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert batcher.stats()["running"] == 0 and batcher.session.forwards - before < 100
+
+def _wait(condition, timeout: float = 60.0) -> None:
+    """Wait for a condition another thread makes true (the timeout only guards against a hang)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never became true"
+        time.sleep(0.01)
+
+
+def test_a_request_whose_decode_fails_fails_alone():
+    """The backbone fails on any input holding "x". One good request holds the (gated) decoding loop; a
+    second good one and a poisoned one then join the batch together: their joint prefill fails, and only
+    the poisoned request gets the error (a 500 naming it); both good ones get their text alone."""
+    plain = _model()
+    poison = plain.tokenizer.encode("x")[0]
+    model, gate = gated(failing(plain, lambda call, ids: bool((ids == poison).any())))
+    prompts = ["to be", "not", "or x"]
+    results = [None] * 3
+    with running(model, "f", max_batch=4) as (url, app):
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, post(url, {
+            "prompt": prompts[i], "max_tokens": 10, "threshold": 0.3}))) for i in range(3)]
+        try:
+            threads[0].start()
+            gate.wait_held(0)  # the first request's prefill waits at the gate
+            for t in threads[1:]:
+                t.start()
+            _wait(lambda: app.state.batcher.stats()["waiting"] == 2)
+        finally:
+            gate.open()
+        for t in threads:
+            t.join(timeout=60)
+    for i in (0, 1):
+        status, body, _ = results[i]
+        alone = generate(plain, prompts[i], max_new_tokens=10, threshold=0.3)
+        assert poison not in alone.tokens[0]
+        assert status == 200 and body["choices"][0]["text"] == alone.texts[0]
+    status, body, _ = results[2]
+    assert status == 500 and "decoding failed: RuntimeError" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_shutdown_drains_requests_in_flight_within_the_grace_period(release):
+    """SIGTERM's shutdown (``should_exit``) while a request decodes (held by the gate): no new connection
+    is taken; released, the request is answered in full; never released, it is cut after the grace period
+    with a 503 and the server exits all the same."""
+    model, gate = gated(_model())
+    result = []
+    with running(model, "d", grace=60 if release else 0.5) as (url, app):
+        t = threading.Thread(target=lambda: result.append(post(url, {"prompt": "to be", "max_tokens": 6})))
+        try:
+            t.start()
+            gate.wait_held(0)
+            app.state.server.should_exit = True
+
+            def refused():
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=5)
+                    return False
+                except OSError:
+                    return True
+
+            _wait(refused)  # shutting down: no new connections
+            if release:
+                gate.open()
+            t.join(timeout=60)
+        finally:
+            gate.open()
+    status, body, _ = result[0]
+    if release:
+        assert status == 200 and body["choices"][0]["text"] == generate(model, "to be", max_new_tokens=6).texts[0]
+    else:
+        assert status == 503 and "shut down" in body["error"]["message"]

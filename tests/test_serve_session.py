@@ -7,7 +7,7 @@ import torch
 from setdlm.decoding import applicable_knobs, generate
 from setdlm.decoding.session import Session
 
-from support import BOS, CharTokenizer, tiny_model
+from support import BOS, CharTokenizer, failing, tiny_model
 
 FAMILIES = ["ar", "mdlm", "bd3lm", "setdlm"]
 SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=20, repetition_penalty=1.3)
@@ -85,6 +85,36 @@ def test_rows_joining_and_leaving_decode_as_alone(family):
     assert {"eos", "length"} <= reasons  # rows did leave the batch at different times
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_infilling_rows_decode_as_infill_alone(family):
+    """Rows with a suffix (prompt + MASK × n + suffix) next to generating rows: each infilled middle is what
+    ``infill`` gives for it alone."""
+    from setdlm.decoding import infill
+
+    model = _model(family)
+    s = Session(model)
+    reqs = [("to be", " the end", dict(max_new_tokens=6, threshold=0.3)),
+            ("a", "zz", applicable_knobs(family, max_new_tokens=9, seed=4, **SAMPLED)),
+            ("or not", None, dict(max_new_tokens=8, threshold=0.3)),
+            ("xy", ".", dict(max_new_tokens=5, threshold=0.3))]
+    rows = {s.add(p, suffix=suf, **applicable_knobs(family, **kw)): i for i, (p, suf, kw) in enumerate(reqs)}
+    done = {}
+    while len(s):
+        for ev in s.step():
+            assert ev.error is None
+            if ev.done is not None:
+                done[rows[ev.row]] = ev.done
+    for i, (p, suf, kw) in enumerate(reqs):
+        kw = applicable_knobs(family, **kw)
+        if suf is None:
+            assert done[i].tokens == generate(model, p, **kw).tokens[0]
+            continue
+        n = kw.pop("max_new_tokens")
+        alone = infill(model, [p], [suf], n, **kw)
+        assert done[i].tokens == alone.tokens[0] and done[i].text == alone.texts[0]
+        assert done[i].finish_reason == "done" and len(done[i].tokens) == n
+
+
 def test_rows_share_forwards_per_setting():
     """Rows of one setting decode in one batch: the session's forwards are far fewer than the rows' total."""
     model = _model("setdlm")
@@ -137,7 +167,71 @@ def test_add_rejects_bad_rows():
         s.add("a", window=0, max_new_tokens=4)
     with pytest.raises(ValueError, match="MASK"):
         s.add([BOS, 47], max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"seed must lie in \[-2\*\*63, 2\*\*64 - 1\].*18446744073709551616"):
+        s.add("a", max_new_tokens=4, seed=2**64, temperature=0.5)
+    with pytest.raises(ValueError, match="seed must lie"):
+        s.add("a", max_new_tokens=4, seed=-2**63 - 1)  # checked even when greedy
+    with pytest.raises(TypeError, match="seed must be an int.*True"):
+        s.add("a", max_new_tokens=4, seed=True, temperature=0.5)
     assert len(s) == 0
+
+
+def test_generate_checks_seeds_to_torchs_range():
+    model = _model("setdlm")
+    edge = generate(model, "ab", max_new_tokens=4, temperature=0.9, seed=2**64 - 1)  # torch's largest seed
+    assert edge.tokens == generate(model, "ab", max_new_tokens=4, temperature=0.9, seed=2**64 - 1).tokens
+    with pytest.raises(ValueError, match="seed must lie"):
+        generate(model, ["ab", "cd"], max_new_tokens=4, temperature=0.9, seed=[1, 2**64])
+    with pytest.raises(TypeError, match="seed must be an int or one int per row"):
+        generate(model, "ab", max_new_tokens=4, temperature=0.9, seed=False)
+
+
+POISON = "x"  # a character the tiny model never generates for the prompts below (checked)
+
+
+def test_a_row_whose_prefill_fails_fails_alone():
+    """Three rows of one setting join together; the backbone fails on any input holding the poisoned
+    character, so their joint prefill fails: it is retried row by row, and only the poisoned row fails."""
+    plain = _model("setdlm")
+    p = plain.tokenizer.encode(POISON)[0]
+    model = failing(plain, lambda call, ids: bool((ids == p).any()))
+    kw = dict(max_new_tokens=10, threshold=0.3)
+    s = Session(model)
+    rows = [s.add(q, **kw) for q in ("to be", "or " + POISON, "not")]
+    done, errors = {}, {}
+    while len(s):
+        for ev in s.step():
+            if ev.error is not None:
+                errors[ev.row] = ev.error
+            elif ev.done is not None:
+                done[ev.row] = ev.done
+    assert list(errors) == [rows[1]] and "RuntimeError" in errors[rows[1]]
+    for row, q in ((rows[0], "to be"), (rows[2], "not")):
+        alone = generate(plain, q, **kw)
+        assert p not in alone.tokens[0]
+        assert done[row].tokens == alone.tokens[0]
+
+
+def test_a_group_whose_step_fails_fails_alone():
+    """Two settings, two groups; the forward of the first group's second step raises: its rows fail, the
+    other group's rows finish exactly as alone."""
+    plain = _model("setdlm")
+    # forwards: prefill A (1), prefill B (2), step A (3), step B (4), step A (5) <- fails
+    model = failing(plain, lambda call, ids: call == 5)
+    a, b = dict(max_new_tokens=10, threshold=0.3), dict(max_new_tokens=10, threshold=0.5)
+    s = Session(model)
+    rows = [s.add("to be", **a), s.add("or not", **a), s.add("to be", **b), s.add("xyz", **b)]
+    done, errors = {}, {}
+    while len(s):
+        for ev in s.step():
+            if ev.error is not None:
+                errors[ev.row] = (ev.step, ev.error)
+            elif ev.done is not None:
+                done[ev.row] = ev.done
+    assert sorted(errors) == rows[:2] and all(step == 1 for step, _ in errors.values())
+    assert done[rows[2]].tokens == generate(plain, "to be", **b).tokens[0]
+    assert done[rows[3]].tokens == generate(plain, "xyz", **b).tokens[0]
+    assert len(s) == 0 and not s.groups
 
 
 def test_serve_guide_session_example_runs():

@@ -545,8 +545,11 @@ def _serve(args) -> int:
             raise ValueError(f"{flag} must be >= {lo}, got {v}")
     if not args.timeout > 0:
         raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if not args.max_body_mb > 0 or not args.grace >= 0:
+        raise ValueError(f"--max-body-mb must be > 0 and --grace >= 0, got {args.max_body_mb}, {args.grace}")
     serve(args.model, host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
-          timeout=args.timeout, device=args.device, name=args.name)
+          timeout=args.timeout, device=args.device, name=args.name, max_body=int(args.max_body_mb * 2**20),
+          allow_hosts=tuple(args.allow_host), grace=args.grace)
     return 0
 
 
@@ -557,8 +560,15 @@ def _add_serve(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--max-batch", type=int, default=16, help="rows decoded together at most (default 16)")
-    p.add_argument("--max-queue", type=int, default=64, help="requests waiting at most; more get 429 (default 64)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a free row at most; more get "
+                   "429; 0: none wait (default 64)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take (default 300)")
+    p.add_argument("--max-body-mb", type=float, default=4.0, help="request body limit in MiB; more gets 413 "
+                   "(default 4)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME", help="on loopback, also answer "
+                   "this Host header name (default: 127.0.0.1, localhost, ::1 only; repeatable)")
+    p.add_argument("--grace", type=float, default=30.0, help="on SIGTERM/Ctrl-C, seconds requests in flight get "
+                   "to finish before the server exits (default 30)")
     p.add_argument("--name", default=None, help="model id in the API (default: the folder name)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     p.set_defaults(func=lambda args: _serve(_default_model(args)))

@@ -6,7 +6,8 @@ fixtures built on these.
 * ``models``            — tiny random models: ``make_model`` (our backbone), ``tiny_model`` (a family over the
   decoding vocabulary), ``tiny`` (a family over a given tokenizer), ``save_tiny`` (a checkpoint for the CLI),
   ``tiny_hf`` (a transformers causal LM);
-* ``recording``         — the real backbone wrapped: ``recorded``, ``scripted``, ``Counting``, ``SlowStart``;
+* ``recording``         — the real backbone wrapped: ``recorded``, ``scripted``, ``Counting``, ``SlowStart``,
+  ``gated`` (forwards run when the test allows), ``failing`` (forwards that raise when the test asks);
 * ``references``        — from-scratch checks of a traced decode (logits and cache per step);
 * ``cli``               — ``run`` (``setdlm ARGS`` in-process), ``assert_one_line_error``, ``subprocess_env``,
   ``write_hamlet``, ``png_size``;
@@ -21,7 +22,8 @@ Optional dependencies (transformers, uvicorn) are imported inside the helpers th
 
 from .cli import SRC, assert_one_line_error, png_size, run, subprocess_env, write_hamlet
 from .models import FAMILY_KW, make_model, save_tiny, tiny, tiny_hf, tiny_model
-from .recording import Call, Counting, Recorder, Scripted, SlowStart, recorded, scripted
+from .recording import (Call, Counting, Failing, Gated, Recorder, Scripted, SlowStart, failing, gated, recorded,
+                        scripted)
 from .references import (active_rows, assert_bd3lm_steps_exact, assert_cache_clean, assert_setdlm_steps_exact,
                          left_to_right_setdlm, setdlm_training_logits, step_logits)
 from .serving import free_port, running

@@ -1,9 +1,10 @@
 """The real backbone wrapped for tests (not mocks: each wrapper runs the model it wraps): recording every call
-(inputs, logits, cache after the call), scripting its predictions, counting its forwards, or slowing down its
-first forwards (a cold start)."""
+(inputs, logits, cache after the call), scripting its predictions, counting its forwards, slowing down its
+first forwards (a cold start), or gating each forward on a permit the test hands out."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -108,3 +109,64 @@ class SlowStart(Counting):
         if self.calls < self.slow:
             time.sleep(self.delay)
         return super().forward(*args, **kwargs)
+
+
+class Gated(Counting):
+    """The backbone, each forward waiting for a permit the test hands out (:meth:`allow`): a decode advances
+    exactly as far as the test lets it, whatever the machine's speed. :meth:`open` lets every forward run."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__(inner)
+        self._permits = threading.Semaphore(0)
+        self._done = threading.Condition()
+        self.arrived = 0  # forwards that reached the gate
+        self.returned = 0  # forwards finished
+
+    def allow(self, n: int = 1) -> None:
+        self._permits.release(n)
+
+    def open(self) -> None:
+        self._permits.release(1_000_000)
+
+    def wait_held(self, n: int, timeout: float = 60.0) -> None:
+        """Block until ``n`` forwards have returned and the next one waits at the gate (the timeout only
+        guards against a hang)."""
+        with self._done:
+            if not self._done.wait_for(lambda: self.returned >= n and self.arrived > n, timeout):
+                raise TimeoutError(f"the backbone finished {self.returned} forwards, {self.arrived} arrived; "
+                                   f"expected {n} and one more held")
+
+    def forward(self, *args, **kwargs):
+        with self._done:
+            self.arrived += 1
+            self._done.notify_all()
+        self._permits.acquire()
+        out = super().forward(*args, **kwargs)
+        with self._done:
+            self.returned += 1
+            self._done.notify_all()
+        return out
+
+
+def gated(model: Model) -> tuple[Model, Gated]:
+    g = Gated(model.backbone)
+    return Model(g, model.family, model.tokenizer), g
+
+
+class Failing(Counting):
+    """The backbone, raising ``RuntimeError`` in a forward for which ``when(call, ids)`` holds (``call``
+    counts from 1, ``ids`` (B, T) are its inputs): a decode that fails for some rows only."""
+
+    def __init__(self, inner: nn.Module, when):
+        super().__init__(inner)
+        self.when = when
+
+    def forward(self, ids, *args, **kwargs):
+        if self.when(self.calls + 1, ids):
+            self.calls += 1
+            raise RuntimeError(f"forward {self.calls} failed (as the test asked)")
+        return super().forward(ids, *args, **kwargs)
+
+
+def failing(model: Model, when) -> Model:
+    return Model(Failing(model.backbone, when), model.family, model.tokenizer)

@@ -15,15 +15,18 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running(model, name: str = "m", **kwargs):
-    """Serve ``model`` on a free loopback port; yields (base url, app)."""
+def running(model, name: str = "m", *, grace: float | None = None, **kwargs):
+    """Serve ``model`` on a free loopback port; yields (base url, app). ``app.state.server`` is the uvicorn
+    server (``should_exit = True`` is what SIGTERM does); ``grace``: its shutdown grace period."""
     import uvicorn
 
     from setdlm.serve import create_app
 
     app = create_app(model, name, **kwargs)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                          timeout_graceful_shutdown=grace))
+    app.state.server = server
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

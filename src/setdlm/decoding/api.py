@@ -152,7 +152,7 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
     for i, (s, n) in enumerate(zip(sequences, n_targets)):  # fill checked its rows' lengths already
         if mode == "generate" and len(s) - n > fam.length:
             raise ValueError(f"prompt {i} has {len(s) - n} tokens, longer than the context length L={fam.length}")
-    seeds = _seeds(seed, B) if needs_seed(fam, cfg, times) else None
+    seeds = _seeds(seed, B, needs_seed(fam, cfg, times))
     device = _device(backbone)
     bs = batch_size or B
     results, forwards, st = {}, 0, None
@@ -356,15 +356,25 @@ def _eos_ids(model, eos_token_id) -> tuple[int, ...]:
     return ids
 
 
-def _seeds(seed, B: int) -> list[int]:
+SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+def _seeds(seed, B: int, needed: bool = True) -> list[int] | None:
+    """One seed per row: ``seed`` checked (an int, or one per row; never a bool; within ``SEED_RANGE``) or,
+    when none is given, drawn from torch's global RNG (``torch.manual_seed`` applies); None when the rows do
+    not sample (a given seed is still checked)."""
     if seed is None:
-        return torch.randint(0, 2**62, (B,)).tolist()  # from torch's global RNG: torch.manual_seed applies
-    if isinstance(seed, int):
-        return [seed] * B
-    seeds = list(seed)
-    if len(seeds) != B or not all(isinstance(s, int) for s in seeds):
+        return torch.randint(0, 2**62, (B,)).tolist() if needed else None
+    seeds = [seed] * B if isinstance(seed, int) else list(seed) if isinstance(seed, Sequence) else None
+    if seeds is None or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise TypeError(f"seed must be an int or one int per row ({B}), got {seed!r}")
+    if len(seeds) != B:
         raise ValueError(f"seed must be an int or one int per row ({B}), got {seed!r}")
-    return seeds
+    lo, hi = SEED_RANGE
+    bad = next((s for s in seeds if not lo <= s <= hi), None)
+    if bad is not None:
+        raise ValueError(f"seed must lie in [-2**63, 2**64 - 1] (torch's seed range), got {bad}")
+    return seeds if needed else None
 
 
 def _device(backbone) -> torch.device:

@@ -46,19 +46,27 @@ class RowStep:
 
     row: int  # the id :meth:`Session.add` returned
     step: int  # the row's own step index, from 0
-    trace: StepTrace
+    trace: StepTrace | None  # None when the step failed
     done: RowDone | None = None
+    error: str | None = None  # the row's decode failed (one line); it left the session
 
 
 @dataclass
 class Row:
-    """One prepared row: its canvas (prompt, then MASK × max_new_tokens), config and seed."""
+    """One prepared row: its canvas (prompt, then MASK × max_new_tokens, then the suffix of an infilling
+    row), config and seed."""
 
     sequence: list[int]
     config: DecodeConfig
     seed: int | None
     prompt_length: int
     trace: list[StepTrace] | None = None  # the state's trace list of this row, once it joined
+    suffix_length: int = 0  # an infilling row: the middle lies between prompt and suffix
+
+    def targets(self) -> list[bool]:
+        """The positions it decodes: the MASKs after the prompt (and before the suffix)."""
+        end = len(self.sequence) - self.suffix_length
+        return [self.prompt_length <= i < end for i in range(len(self.sequence))]
 
 
 class Session:
@@ -116,16 +124,21 @@ class Session:
 
     def step(self) -> list[RowStep]:
         """Admit the pending rows, then run one forward per group; returns one :class:`RowStep` per row that
-        took part (finished rows carry ``done`` and leave the session)."""
-        self._admit()
-        events = []
+        took part (finished rows carry ``done`` and leave the session). A forward that raises fails only the
+        rows it decodes (their events carry ``error`` and they leave); the other groups go on."""
+        events = self._admit()
         decoders = DECODERS[self.model.family.family]
         with torch.inference_mode():
             for key, st in list(self.groups.items()):
                 ids = st.index.tolist()
-                decoders.step(self.model.backbone, st)
+                try:
+                    decoders.step(self.model.backbone, st)
+                    st.finish()
+                except Exception as e:  # this group's state is spent: its rows fail, no other row does
+                    del self.groups[key]
+                    events += self._fail(ids, e)
+                    continue
                 self.forwards += 1
-                st.finish()
                 for row in ids:
                     r = self.rows[row]
                     ev = RowStep(row, len(r.trace) - 1, r.trace[-1])
@@ -139,57 +152,90 @@ class Session:
                     del self.groups[key]
         return events
 
-    def _admit(self) -> None:
-        """Prefill the pending rows, one state per config, and join each to its running group."""
+    def _fail(self, rows: list[int], e: Exception) -> list[RowStep]:
+        """Drop ``rows`` after a failure; one event each, carrying the error's first line."""
+        first = (str(e).splitlines() or [""])[0]
+        out = []
+        for row in rows:
+            r = self.rows.pop(row)
+            out.append(RowStep(row, len(r.trace or ()), None, error=f"decoding failed: {type(e).__name__}: {first}"))
+        return out
+
+    def _admit(self) -> list[RowStep]:
+        """Prefill the pending rows, one state per config, and join each to its running group. A prefill that
+        raises is retried row by row, so that only the rows that fail alone fail; returns their events."""
         if not self.pending:
-            return
+            return []
         by_key: dict[tuple, list[int]] = {}
         for row in self.pending:
             by_key.setdefault(_key(self.rows[row].config), []).append(row)
         self.pending = []
-        fam = self.model.family
+        failed = []
         with torch.inference_mode():
             for key, rows in by_key.items():
-                rs = [self.rows[i] for i in rows]
-                gens = None
-                if rs[0].seed is not None:
-                    gens = [torch.Generator(device=self.device).manual_seed(r.seed) for r in rs]
-                targets = [[i >= r.prompt_length for i in range(len(r.sequence))] for r in rs]
-                new = DecodeState([r.sequence for r in rs], targets, rs[0].config, index=rows, generators=gens,
-                                  device=self.device, width=self.width)
-                start(self.model.backbone, new, fam)
-                for r, tr in zip(rs, new.traces):
-                    r.trace = tr
-                if key in self.groups:
-                    self.groups[key].extend(new)
-                else:
-                    self.groups[key] = new
+                try:
+                    self._join(key, self._prefill(rows))
+                except Exception as e:
+                    if len(rows) == 1:
+                        failed += self._fail(rows, e)
+                        continue
+                    for row in rows:
+                        try:
+                            self._join(key, self._prefill([row]))
+                        except Exception as e1:
+                            failed += self._fail([row], e1)
+        return failed
+
+    def _prefill(self, rows: list[int]) -> DecodeState:
+        """A new state of ``rows`` (one config), prefilled; touches no session state until joined."""
+        rs = [self.rows[i] for i in rows]
+        gens = None
+        if rs[0].seed is not None:
+            gens = [torch.Generator(device=self.device).manual_seed(r.seed) for r in rs]
+        new = DecodeState([r.sequence for r in rs], [r.targets() for r in rs], rs[0].config, index=rows,
+                          generators=gens, device=self.device, width=self.width)
+        start(self.model.backbone, new, self.model.family)
+        return new
+
+    def _join(self, key: tuple, new: DecodeState) -> None:
+        for row, tr in zip(new.index.tolist(), new.traces):
+            self.rows[row].trace = tr
+        if key in self.groups:
+            self.groups[key].extend(new)
+        else:
+            self.groups[key] = new
 
 
 def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int | None = None,
-            seed: int | None = None, **knobs) -> Row:
+            seed: int | None = None, suffix=None, **knobs) -> Row:
     """Encode and validate one row for a session of canvas ``width`` (default ``L``), with the settings and
     defaults of :func:`~setdlm.decoding.generate` (``settings=`` or keywords); invalid settings raise
     ValueError. A sampled row without a seed gets one drawn here (from torch's global RNG, as ``generate``).
-    Touches no session state."""
+    With a ``suffix`` (text or token ids) the row infills: ``prompt + [MASK] × max_new_tokens + suffix``,
+    decoded as :func:`~setdlm.decoding.infill` decodes it (docs/method.md §4.6; generate-only settings
+    such as ``stop`` are a ValueError). Touches no session state."""
     settings = DecodeSettings.of(settings, knobs, "prepare")
-    settings.check_for(model.family.family)
+    mode = "generate" if suffix is None else "fill"
+    max_new_tokens, cache_order = settings.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, settings.cache_order or "position"
+    if mode == "fill":
+        settings = replace(settings, max_new_tokens=None)
+    settings.check_for(model.family.family, mode)
     width = width if width is not None else model.family.length
     fam = model.family
-    max_new_tokens, cache_order = settings.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, settings.cache_order or "position"
     (ids,) = _encode_all(model, [prompt], "prompt", add_bos=True)
-    if fam.mask_token_id in ids:
-        raise ValueError(f"the prompt contains the MASK id {fam.mask_token_id}")
-    if len(ids) + max_new_tokens > width:
-        raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceed the context "
-                         f"length {width}")
-    if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool)):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    cfg = decode_config(model, settings, mode="generate", cache_order=cache_order, trace=True)
+    suf = [] if suffix is None else _encode_all(model, [suffix], "suffix", allow_empty=True)[0]
+    if fam.mask_token_id in ids or fam.mask_token_id in suf:
+        raise ValueError(f"the {'prompt' if fam.mask_token_id in ids else 'suffix'} contains the MASK id "
+                         f"{fam.mask_token_id}")
+    if len(ids) + max_new_tokens + len(suf) > width:
+        raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens})"
+                         f"{f' + suffix ({len(suf)} tokens)' if suf else ''} exceed the context length {width}")
+    cfg = decode_config(model, settings, mode=mode, cache_order=cache_order, trace=True)
     if fam.family == "setdlm" and cache_order == "reveal" and max_new_tokens > fam.length:
         raise ValueError(f"cache_order='reveal' needs max_new_tokens <= L={fam.length}, got {max_new_tokens}")
-    seeded = needs_seed(fam, cfg)
-    return Row(ids + [fam.mask_token_id] * max_new_tokens, cfg, _seeds(seed, 1)[0] if seeded else None, len(ids))
+    seeds = _seeds(seed, 1, needs_seed(fam, cfg))
+    return Row(ids + [fam.mask_token_id] * max_new_tokens + suf, cfg, seeds[0] if seeds else None, len(ids),
+               suffix_length=len(suf))
 
 
 def _key(cfg: DecodeConfig) -> tuple:

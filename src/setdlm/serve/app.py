@@ -16,19 +16,25 @@ from importlib import resources
 from ..decoding.output import step_record
 from ..decoding.session import prepare
 from .batching import Batcher, Job, QueueFull
+from .guard import DEFAULT_MAX_BODY, LOOPBACK_HOSTS, Guard, is_loopback, log, read_json_body
 from .responses import FINISH, TextStream, chunk, completion, new_id, summary, usage
 from .schemas import APIError, parse_request
 
 
-def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, timeout: float = 300.0):
-    """The Starlette app serving ``model`` under the id ``name``; its decoding loop starts with the app."""
+def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, timeout: float = 300.0,
+               max_body: int = DEFAULT_MAX_BODY, allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS):
+    """The Starlette app serving ``model`` under the id ``name``; its decoding loop starts with the app.
+    ``max_body``: request body limit in bytes; ``allowed_hosts``: the ``Host`` names answered (None: any)."""
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
     from starlette.requests import Request
-    from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
+    from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if not (isinstance(max_body, int) and max_body >= 1):
+        raise ValueError(f"max_body must be a positive number of bytes, got {max_body!r}")
     batcher = Batcher(model, max_batch=max_batch, max_queue=max_queue)
     created = int(time.time())
     page = resources.files("setdlm.serve").joinpath("static/index.html").read_text(encoding="utf-8")
@@ -45,12 +51,21 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
             {"id": name, "object": "model", "created": created, "owned_by": "setdlm",
              "family": model.family.family, "context_length": batcher.width}]})
 
-    async def complete(request: Request, chat: bool):
-        req = parse_request(await request.body(), chat=chat, model=model, model_name=name, width=batcher.width)
+    def parse(raw: bytes, chat: bool):
+        """The request and its prepared row; run in a worker thread (tokenizing a long prompt must not
+        block the other clients)."""
+        req = parse_request(raw, chat=chat, model=model, model_name=name, width=batcher.width)
         try:
-            row = prepare(model, req.prompt_ids, req.settings, width=batcher.width, seed=req.seed)
-        except ValueError as e:
+            return req, prepare(model, req.prompt_ids, req.settings, width=batcher.width, seed=req.seed,
+                                suffix=req.suffix)
+        except (ValueError, TypeError) as e:
             raise APIError(400, str(e).splitlines()[0]) from None
+
+    async def complete(request: Request, chat: bool):
+        raw = await read_json_body(request, max_body)
+        if raw is None:  # the client went away mid-body (logged); there is no one to answer
+            return Response(status_code=400)
+        req, row = await asyncio.to_thread(parse, raw, chat)
         loop = asyncio.get_running_loop()
         job = Job(row, loop, asyncio.Queue(), deadline=time.monotonic() + timeout, stream=req.stream)
         try:
@@ -58,28 +73,34 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
         except QueueFull as e:
             raise APIError(429, f"{e}; retry shortly", type="rate_limit_error", headers={"Retry-After": "1"}) from None
         rid = new_id(chat)
+        watch = asyncio.create_task(_watch_disconnect(request, job))
         if req.stream:
-            return StreamingResponse(_stream(job, req, rid), media_type="text/event-stream",
+            return StreamingResponse(_stream(job, req, rid, watch), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            ev = await _until_done(request, job)
+            ev = await _until_done(job)
         finally:
+            watch.cancel()
             if not job.finished:
                 batcher.cancel(job)
-        return JSONResponse(completion(chat, rid, name, ev.done, len(req.prompt_ids), _seconds(job), row.seed))
+        return JSONResponse(completion(chat, rid, name, ev.done, req.prompt_tokens, _seconds(job), row.seed,
+                                       req.echo))
 
-    async def _until_done(request: Request, job: Job):
-        """Wait for the job's last event; a client that goes away (checked twice a second) cancels it."""
-        checked = time.monotonic()
+    async def _watch_disconnect(request: Request, job: Job):
+        """Wait for the ASGI disconnect message (the body is read, so ``receive`` has nothing else to say):
+        a client that goes away, streaming or not, cancels its job, whose row leaves before the next step."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        if not job.finished:
+            batcher.cancel(job)
+            job.queue.put_nowait(("gone", None))
+
+    async def _until_done(job: Job):
+        """Wait for the job's last event."""
         while True:
-            try:
-                kind, item = await asyncio.wait_for(job.queue.get(), timeout=0.5)
-            except TimeoutError:
-                kind = item = None
-            if time.monotonic() - checked >= 0.5:
-                checked = time.monotonic()
-                if await request.is_disconnected():
-                    raise APIError(499, "the client closed the request")
+            kind, item = await job.queue.get()
+            if kind == "gone":
+                raise APIError(499, "the client closed the request")
             if kind == "error":
                 job.finished = True
                 raise APIError(item[0], item[1], type="server_error")  # the batcher's errors: 500, 504
@@ -87,13 +108,17 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
                 job.finished = True
                 return item
 
-    async def _stream(job: Job, req, rid: str):
+    async def _stream(job: Job, req, rid: str, watch: asyncio.Task):
         text = TextStream(model.tokenizer, job.row)
         try:
             if req.chat:
                 yield _sse(chunk(True, rid, name, "", role=True))
+            elif req.echo:
+                yield _sse(chunk(False, rid, name, req.echo))
             while True:
                 kind, item = await job.queue.get()
+                if kind == "gone":
+                    return
                 if kind == "error":
                     job.finished = True
                     yield _sse(APIError(item[0], item[1], type="server_error").body())
@@ -108,11 +133,12 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
                 delta += text.finish(done.text)
                 last = chunk(req.chat, rid, name, delta, finish=FINISH[done.finish_reason], step=step | summary(
                     done, _seconds(job), job.row.seed))
-                last["usage"] = usage(len(req.prompt_ids), done)
+                last["usage"] = usage(req.prompt_tokens, done)
                 yield _sse(last)
                 break
             yield "data: [DONE]\n\n"
         finally:  # also when the client disconnects mid-stream (the generator is closed)
+            watch.cancel()
             if not job.finished:
                 batcher.cancel(job)
 
@@ -141,7 +167,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
     routes = [Route("/", index), Route("/health", health), Route("/v1/models", models),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat_completions, methods=["POST"])]
-    app = Starlette(routes=routes, lifespan=lifespan,
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, allowed=allowed_hosts)],
                     exception_handlers={APIError: api_error, 404: not_found, 405: not_found})
     app.state.batcher = batcher
     return app
@@ -157,19 +183,50 @@ def _sse(body: dict) -> str:
 
 
 def serve(model_path: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16, max_queue: int = 64,
-          timeout: float = 300.0, device: str = "cpu", name: str | None = None, log_level: str = "info") -> None:
+          timeout: float = 300.0, device: str = "cpu", name: str | None = None, log_level: str = "info",
+          max_body: int = DEFAULT_MAX_BODY, allow_hosts: tuple[str, ...] = (), grace: float = 30.0) -> None:
     """Load a model (anything ``setdlm.load`` accepts, or a shipped model's name) and serve it until
-    interrupted."""
+    interrupted. On loopback only the ``Host`` names of :data:`~setdlm.serve.guard.LOOPBACK_HOSTS` and
+    ``allow_hosts`` are answered; bound elsewhere, any (with a warning). SIGTERM or Ctrl-C: no new
+    connections, requests in flight get ``grace`` seconds to finish, then the server exits."""
     try:
         import uvicorn
     except ImportError:
         raise ValueError("serving needs the optional extra: pip install 'setdlm[serve]'") from None
     from ..loading import load
 
+    if not (isinstance(grace, (int, float)) and grace >= 0):
+        raise ValueError(f"grace must be a number of seconds >= 0, got {grace!r}")
+    check_listen(host, port)  # before the model loads: a busy port is one line, not minutes later
+    if is_loopback(host):
+        allowed = LOOPBACK_HOSTS + tuple(h.lower() for h in allow_hosts)
+    else:
+        allowed = None
+        log.warning("listening on %s: every machine that reaches it can use this server (no authentication); "
+                    "bind 127.0.0.1 unless that is what you want", host)
     model = load(model_path, device=device)
     app = create_app(model, name or _model_name(model_path), max_batch=max_batch, max_queue=max_queue,
-                     timeout=timeout)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+                     timeout=timeout, max_body=max_body, allowed_hosts=allowed)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace)
+
+
+def check_listen(host: str, port: int) -> None:
+    """Raise ValueError (one line) unless a server can listen on ``host:port``."""
+    import socket
+
+    if not (isinstance(port, int) and 0 <= port <= 65535):
+        raise ValueError(f"port must be an integer in [0, 65535], got {port!r}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise ValueError(f"host {host!r}: not an address of this machine ({e})") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
 def _model_name(path: str) -> str:

@@ -1,7 +1,9 @@
 """The decoding loop of the server: one thread per model drives one :class:`~setdlm.decoding.session.Session`
 (continuous batching, docs/serve.md).
 
-Requests wait in a bounded queue (full: :class:`QueueFull`, answered 429). Between two steps the loop
+Requests wait in a bounded queue: a request is taken while the batch has a free row or fewer than
+``max_queue`` requests wait beyond the free rows (else :class:`QueueFull`, answered 429); ``max_queue=0``
+means no waiting at all, only free rows. Between two steps the loop
 admits waiting requests while the batch has room (``max_batch`` rows), drops cancelled ones (a client that
 went away) and those past their deadline, then runs one step and hands every row's event to its
 request's asyncio queue. Finished rows leave the batch in the step that finished them.
@@ -60,6 +62,7 @@ class Batcher:
         self._thread: threading.Thread | None = None
         self.row_steps = 0  # rows advanced, summed over steps: row_steps / session.forwards = mean batch
         self.peak = 0  # most rows in the batch at once
+        self.cancelled = 0  # requests cancelled (their client went away)
 
     @property
     def width(self) -> int:
@@ -78,15 +81,20 @@ class Batcher:
 
     def submit(self, job: Job) -> None:
         with self._cv:
-            if len(self._waiting) >= self.max_queue:
-                raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)")
+            free = max(self.max_batch - len(self._jobs), 0)  # rows the loop will fill at its next turn
+            if len(self._waiting) >= self.max_queue + free:
+                raise QueueFull(f"the batch is full and {self.max_queue} requests wait already" if self.max_queue
+                                else "the batch is full (and --max-queue 0: no request waits)")
             self._waiting.append(job)
             self._cv.notify()
 
     def cancel(self, job: Job) -> None:
-        """Free the job's row (or its place in the queue) before the next step."""
+        """Free the job's row (or its place in the queue) before the next step; a second call does nothing."""
         with self._cv:
+            if job.cancelled:
+                return
             job.cancelled = True
+            self.cancelled += 1
             if job in self._waiting:
                 self._waiting.remove(job)
             else:
@@ -97,7 +105,7 @@ class Batcher:
         with self._cv:
             return {"running": len(self._jobs), "waiting": len(self._waiting), "max_batch": self.max_batch,
                     "max_queue": self.max_queue, "forwards": self.session.forwards, "row_steps": self.row_steps,
-                    "peak": self.peak}
+                    "peak": self.peak, "cancelled": self.cancelled}
 
     def _loop(self) -> None:
         while True:
@@ -130,7 +138,7 @@ class Batcher:
                 continue
             try:
                 events: list[RowStep] = self.session.step()
-            except Exception as e:  # a failing model must not hang every client: fail the batch, keep serving
+            except Exception as e:  # the session fails only a failing group's rows; anything else fails the batch
                 for rid, job in self._jobs.items():
                     self.session.cancel(rid)
                     job.put("error", (500, f"decoding failed: {type(e).__name__}: {e}"))
@@ -140,6 +148,10 @@ class Batcher:
             for ev in events:
                 job = self._jobs.get(ev.row)
                 if job is None:
+                    continue
+                if ev.error is not None:  # this row's decode failed; it left the session, the others go on
+                    del self._jobs[ev.row]
+                    job.put("error", (500, ev.error))
                     continue
                 if job.stream or ev.done is not None:
                     job.put("step", ev)

@@ -14,7 +14,7 @@ import uuid
 from ..decoding.session import Row, RowDone
 from ..decoding.state import stop_index
 
-FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "done": "stop"}  # done: an infilled middle
 
 
 class TextStream:
@@ -84,9 +84,9 @@ def new_id(chat: bool) -> str:
 
 
 def completion(chat: bool, rid: str, model: str, done: RowDone, prompt_tokens: int, seconds: float,
-               seed: int | None) -> dict:
-    """The non-streaming body."""
-    text, finish = done.text or "", FINISH[done.finish_reason]
+               seed: int | None, echo: str | None = None) -> dict:
+    """The non-streaming body (``echo``: the prompt's text, put before the answer's)."""
+    text, finish = (echo or "") + (done.text or ""), FINISH[done.finish_reason]
     if chat:
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
                   "logprobs": None}

@@ -3,7 +3,10 @@
 Every problem becomes an :class:`APIError` carrying the OpenAI error shape
 ``{"error": {"message", "type", "param", "code"}}`` and its HTTP status: 400 naming the field, 404 for an
 unknown model, 429 when the queue is full. Fields the server does not use (``user``, ``logprobs`` ...) are
-ignored, as OpenAI-compatible servers do.
+ignored, as OpenAI-compatible servers do, except one that would change the answer: ``response_format``
+is refused with a 400 rather than ignored (``suffix`` is honoured: the row infills). A body that is not
+UTF-8 JSON, holds a lone surrogate, an integer of more than 4300 digits or objects nested deeper than
+``MAX_DEPTH`` is a 400.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from ..decoding.api import _encode_all
+from ..decoding.api import SEED_RANGE, _encode_all
 from ..decoding.settings import DecodeSettings
 
 
@@ -39,6 +42,13 @@ class CompletionRequest:
     stream: bool
     settings: DecodeSettings = field(default_factory=DecodeSettings)
     seed: int | None = None
+    echo: str | None = None  # the prompt's text, sent before the answer (completions' ``echo``)
+    suffix: list[int] | None = None  # infilling: the suffix's token ids; the answer is the middle
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens of context the request sent (prompt and suffix), as ``usage`` counts them."""
+        return len(self.prompt_ids) + len(self.suffix or ())
 
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -48,68 +58,116 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     """Parse a ``/v1/completions`` (``chat=False``) or ``/v1/chat/completions`` body; raise APIError."""
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(400, f"malformed JSON body: {e}") from None
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"the body is not valid UTF-8: {e}") from None
+    except RecursionError:
+        raise APIError(400, f"the JSON body is nested too deeply (at most {MAX_DEPTH} levels)") from None
+    except ValueError as e:  # JSONDecodeError, or an integer literal of more than 4300 digits
+        raise APIError(400, f"malformed JSON body: {str(e).splitlines()[0][:200]}") from None
     if not isinstance(body, dict):
         raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}")
+    _check_values(body)
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise APIError(400, "response_format is not supported: this server has no constrained decoding; send "
+                            "no response_format (or {\"type\": \"text\"})", "response_format")
     name = body.get("model", model_name)
     if name is not None and name != model_name:
         if not isinstance(name, str):
-            raise APIError(400, f"model must be a string, got {name!r}", "model")
-        raise APIError(404, f"model {name!r} not found; this server serves {model_name!r}", "model",
+            raise APIError(400, f"model must be a string, got {_short(name)}", "model")
+        raise APIError(404, f"model {_short(name)} not found; this server serves {model_name!r}", "model",
                        code="model_not_found")
     ids = _messages_ids(body, model) if chat else _prompt_ids(body, model)
-    if len(ids) >= width:
-        raise APIError(400, f"the prompt has {len(ids)} tokens; the context length is {width} (room for at least "
-                            "one new token is needed)", "messages" if chat else "prompt")
+    suffix = None if chat else _suffix_ids(body, model)
+    fixed = len(ids) + len(suffix or ())  # prompt and suffix tokens
+    if fixed >= width:
+        raise APIError(400, f"the prompt{' and suffix' if suffix else ''} have {fixed} tokens; the context length is "
+                            f"{width} (room for at least one new token is needed)", "messages" if chat else "prompt")
     key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(key)
     if max_tokens is None:
-        max_tokens = min(64, width - len(ids))
+        max_tokens = min(64, width - fixed)
     elif not _is_int(max_tokens) or max_tokens < 1:
-        raise APIError(400, f"{key} must be a positive integer, got {max_tokens!r}", key)
-    elif len(ids) + max_tokens > width:
-        raise APIError(400, f"{key}={max_tokens} is too large: the prompt has {len(ids)} tokens and the context "
-                            f"length is {width}, so at most {width - len(ids)} new tokens fit", key)
+        raise APIError(400, f"{key} must be a positive integer, got {_short(max_tokens)}", key)
+    elif fixed + max_tokens > width:
+        raise APIError(400, f"{key}={max_tokens} is too large: the prompt{' and suffix' if suffix else ''} have "
+                            f"{fixed} tokens and the context length is {width}, so at most {width - fixed} new tokens "
+                            "fit", key)
     stream = _get(body, "stream", bool, False)
     opts = body.get("stream_options")  # the last chunk always carries usage, as include_usage asks
     if opts is not None and not isinstance(opts, dict):
-        raise APIError(400, f"stream_options must be an object, got {opts!r}", "stream_options")
+        raise APIError(400, f"stream_options must be an object, got {_short(opts)}", "stream_options")
     n = body.get("n", 1)
     if n is not None and n != 1:
-        raise APIError(400, f"n={n!r} is not supported: one choice per request (send several requests; they are "
-                            "batched)", "n")
+        raise APIError(400, f"n={_short(n)} is not supported: one choice per request (send several requests; "
+                            "they are batched)", "n")
     seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise APIError(400, f"seed must be an integer, got {seed!r}", "seed")
-    return CompletionRequest(chat, ids, stream, _settings(body, max_tokens), seed)
+    if seed is not None and not (_is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
+        raise APIError(400, f"seed must be an integer in [-2**63, 2**64 - 1], got {_short(seed)}", "seed")
+    echo = None
+    if not chat and _get(body, "echo", bool, False):
+        if model.tokenizer is None:
+            raise APIError(400, "echo needs the model's tokenizer to turn the prompt into text", "echo")
+        echo = body["prompt"] if isinstance(body["prompt"], str) else model.tokenizer.decode(body["prompt"])
+    return CompletionRequest(chat, ids, stream, _settings(body, max_tokens, width), seed, echo, suffix)
 
 
-def _settings(body: dict, max_tokens: int) -> DecodeSettings:
-    """The request's :class:`DecodeSettings`: the API's own bounds and JSON types here, every value's range
-    checked by ``DecodeSettings`` itself; an error names the API field."""
+MAX_DEPTH = 32  # nesting levels of a request body
+
+
+def _check_values(body: dict) -> None:
+    """Every string of the body encodable (no lone surrogate), and no deeper than ``MAX_DEPTH``; an error
+    names the top-level field."""
+    todo = [(v, k, 1) for k, v in body.items()]
+    while todo:
+        v, field, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise APIError(400, f"{field} is nested too deeply (at most {MAX_DEPTH} levels)", field)
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise APIError(400, f"{field} holds a lone surrogate (\\u{ord(v[_surrogate(v)]):04x}), which is "
+                                    "not text", field) from None
+        elif isinstance(v, dict):
+            todo += [(x, field, depth + 1) for x in v.values()] + [(k, field, depth + 1) for k in v]
+        elif isinstance(v, list):
+            todo += [(x, field, depth + 1) for x in v]
+
+
+def _surrogate(text: str) -> int:
+    return next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
+
+
+TEMPERATURE_FLOOR = 1e-3
+
+
+def _settings(body: dict, max_tokens: int, width: int) -> DecodeSettings:
+    """The request's :class:`DecodeSettings`: the API's own bounds and JSON types here (a window or block
+    wider than the canvas ``width`` is refused: it cannot be decoded), every value's range checked by
+    ``DecodeSettings`` itself; an error names the API field."""
     s = {}
     t = _number(body, "temperature", 0.0, 2.0, low_open=False)
-    if t is not None:
-        s["temperature"] = float(t)
+    if t is not None:  # below the floor: greedy (sampling is greedy there up to ties; 1e-300 would overflow)
+        s["temperature"] = float(t) if t >= TEMPERATURE_FLOOR else 0.0
     p = _number(body, "top_p", 0.0, 1.0, low_open=True)
     if p is not None:
         s["top_p"] = float(p)
     th = body.get("threshold")
     if th is not None:
         if not _is_number(th):
-            raise APIError(400, f"threshold must be a number in (0, 1], got {th!r}", "threshold")
+            raise APIError(400, f"threshold must be a number in (0, 1], got {_short(th)}", "threshold")
         s["threshold"] = float(th)
     rp = body.get("repetition_penalty")
     if rp is not None:  # its range is DecodeSettings' own check
         if not _is_number(rp):
-            raise APIError(400, f"repetition_penalty must be a number > 0, got {rp!r}", "repetition_penalty")
+            raise APIError(400, f"repetition_penalty must be a number > 0, got {_short(rp)}", "repetition_penalty")
         s["repetition_penalty"] = float(rp)
-    for name, lo in (("window", 1), ("block_size", 1), ("top_k", 0)):
+    for name, lo, hi in (("window", 1, width), ("block_size", 1, width), ("top_k", 0, 2**63 - 1)):
         v = body.get(name)
         if v is not None:
-            if not _is_int(v) or v < lo:
-                raise APIError(400, f"{name} must be an integer >= {lo}, got {v!r}", name)
+            if not _is_int(v) or not lo <= v <= hi:
+                raise APIError(400, f"{name} must be an integer in [{lo}, {hi}], got {_short(v)}", name)
             s[name] = v
     if body.get("cache_order") is not None:  # its values are DecodeSettings' own check
         s["cache_order"] = body["cache_order"]
@@ -117,7 +175,8 @@ def _settings(body: dict, max_tokens: int) -> DecodeSettings:
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
         if not (isinstance(stops, list) and 1 <= len(stops) <= 4 and all(isinstance(x, str) and x for x in stops)):
-            raise APIError(400, f"stop must be a non-empty string or a list of 1 to 4 of them, got {stop!r}", "stop")
+            raise APIError(400, f"stop must be a non-empty string or a list of 1 to 4 of them, got {_short(stop)}",
+                           "stop")
         s["stop"] = stops
     if _get(body, "ignore_eos", bool, False):
         s["ignore_eos"] = True
@@ -151,6 +210,29 @@ def _prompt_ids(body: dict, model) -> list[int]:
     if isinstance(prompt, str) and model.tokenizer is None:
         raise APIError(400, "this model has no tokenizer: send the prompt as token ids", "prompt")
     return _encode(model, prompt, "prompt")
+
+
+def _suffix_ids(body: dict, model) -> list[int] | None:
+    """The ``suffix`` of a completion as token ids (None without one): the row then infills, the prompt
+    and suffix cached, the ``max_tokens`` between them decoded (docs/method.md §4.6). Generate-only fields
+    (``stop``, ``ignore_eos``, ``cache_order``) do not apply to it."""
+    suffix = body.get("suffix")
+    if suffix is None or suffix == "":
+        return None
+    if not isinstance(suffix, str):
+        raise APIError(400, f"suffix must be a string, got {_short(suffix)}", "suffix")
+    if model.tokenizer is None:
+        raise APIError(400, "this model has no tokenizer: a suffix needs one", "suffix")
+    for name in ("stop", "ignore_eos", "cache_order"):
+        if body.get(name) not in (None, False):
+            raise APIError(400, f"{name} does not apply with a suffix: the middle is exactly max_tokens long", name)
+    try:
+        ids = _encode_all(model, [suffix], "suffix", allow_empty=True)[0]
+    except (ValueError, KeyError, IndexError) as e:
+        raise APIError(400, f"suffix cannot be encoded: {e}", "suffix") from None
+    if model.family.mask_token_id in ids:
+        raise APIError(400, f"suffix contains the MASK id {model.family.mask_token_id}", "suffix")
+    return ids
 
 
 def _messages_ids(body: dict, model) -> list[int]:
@@ -190,6 +272,12 @@ def render_chat(template: str, messages: list[dict], tokenizer) -> str:
                                             bos_token="", eos_token=tokens.get("eos") or "")
 
 
+def _short(v) -> str:
+    """A value for an error message, cut to 40 characters (a 4000-digit integer is not echoed)."""
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -204,7 +292,7 @@ def _number(body: dict, name: str, lo: float, hi: float, *, low_open: bool):
         return None
     if not _is_number(v) or not ((lo < v) if low_open else (lo <= v)) or v > hi:
         interval = f"{'(' if low_open else '['}{lo:g}, {hi:g}]"
-        raise APIError(400, f"{name} must be a number in {interval}, got {v!r}", name)
+        raise APIError(400, f"{name} must be a number in {interval}, got {_short(v)}", name)
     return v
 
 
@@ -213,5 +301,5 @@ def _get(body: dict, name: str, kind: type, default):
     if v is None:
         return default
     if not isinstance(v, kind):
-        raise APIError(400, f"{name} must be a {kind.__name__}, got {v!r}", name)
+        raise APIError(400, f"{name} must be a {kind.__name__}, got {_short(v)}", name)
     return v
