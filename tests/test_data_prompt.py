@@ -65,3 +65,30 @@ def test_generate_and_infill_encode_strings_with_the_bos(model, tok):
 def test_task_prompts_are_encoded_prompts(model, tok):
     ex = reasoning_split("test", 1, level="easy")[0]
     assert prompt_ids(model, ex) == encode_prompt(tok, ex.prompt)
+
+
+@pytest.mark.parametrize("bos,eos", [(False, False), (True, False), (True, True)])
+def test_hf_tokenizers_encode_prompts_as_transformers(tmp_path, bos, eos):
+    """A Hugging Face tokenizer (kind "hf") encodes a string prompt exactly as ``transformers`` does: its
+    post-processor (BOS/EOS as its ``add_bos_token``/``add_eos_token`` set it) decides, through
+    load_tokenizer, the transformers adapter and a copy for training alike, and a checkpoint's copy keeps
+    it. setdlm's own tokenizers keep BOS first (above)."""
+    transformers = pytest.importorskip("transformers")
+
+    from setdlm.data import load_tokenizer
+    from setdlm.hf import HFTokenizer, setdlm_tokenizer
+    from support import tiny_tokenizer
+
+    hf = tiny_tokenizer()
+    hf.add_bos_token, hf.add_eos_token = bos, eos  # transformers rebuilds the post-processor
+    hf.save_pretrained(tmp_path)
+    ref = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    text = "w3 w1 w4"
+    expected = ref(text).input_ids
+    assert expected == [1] * bos + [6, 4, 7] + [2] * eos
+    ours = load_tokenizer(tmp_path)
+    assert ours.kind == "hf" and encode_prompt(ours, text) == expected and ours.encode(text) == [6, 4, 7]
+    assert encode_prompt(HFTokenizer(ref), text) == expected
+    assert encode_prompt(setdlm_tokenizer(ref), text) == expected
+    ours.save(tmp_path / "again")
+    assert encode_prompt(load_tokenizer(tmp_path / "again"), text) == expected

@@ -371,7 +371,7 @@ def _generate(args) -> int:
     settings = _decode_settings(args, model.family.family)
     texts = prompts
     if args.chat:  # each prompt is one user message, rendered by the model's chat template (ids, no extra BOS)
-        from .hf import chat_prompt
+        from .chat import chat_prompt
 
         prompts = [chat_prompt(model.tokenizer, p) for p in prompts]
     L = model.family.length

@@ -54,6 +54,7 @@ class Tokenizer:
             self.tokens["mask"] = name
         backend.encode_special_tokens = True  # text never becomes a special token
         self._chars = _char_table(backend, self.special_ids) if kind == "char" else None
+        self._with_specials: _HFTokenizer | None = None
 
     # -- the duck type every module uses ------------------------------------------------------------------
 
@@ -85,10 +86,20 @@ class Tokenizer:
     def special_ids(self) -> set[int]:
         return {i for i in (self._id(r) for r in ROLES) if i is not None}
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens``: apply the tokenizer's post-processor (a Hugging Face
+        tokenizer's BOS/EOS as its ``add_bos_token``/``add_eos_token`` say; setdlm's own have none)."""
         if self._chars is not None:
             return self._encode_chars(text).tolist()
-        return self.backend.encode(text, add_special_tokens=False).ids
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_special(self, text: str) -> list[int]:
+        """Token ids of ``text`` in which the special tokens' strings are the special tokens (a rendered chat
+        template, :func:`setdlm.chat.chat_prompt`); nothing is added. ``encode`` keeps them as text."""
+        if self._with_specials is None:  # a copy of the backend that matches special tokens
+            self._with_specials = _HFTokenizer.from_str(self.backend.to_str())
+            self._with_specials.encode_special_tokens = False
+        return self._with_specials.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         if self._chars is not None:

@@ -18,9 +18,11 @@ Every input is checked before any decoding: prompts must be strings or token-id 
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -41,16 +43,17 @@ def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: in
     """Continue each prompt by up to ``max_new_tokens`` tokens (default 64).
 
     ``prompts``: token-id lists or strings (strings need ``model.tokenizer``); one prompt alone is accepted
-    too. A string prompt is encoded as ``[BOS] + encode(text)`` when the tokenizer has a BOS, the way the
-    trainer lays out every row; token-id prompts are used exactly as given. An empty prompt becomes
-    ``[BOS]`` when the tokenizer has one.
+    too. A string prompt is encoded by :func:`setdlm.data.prompt.encode_prompt`: ``[BOS] + encode(text)``
+    for setdlm's own tokenizers (the way the trainer lays out every row), exactly ``transformers``' ids for a
+    Hugging Face tokenizer; token-id prompts (lists, tensors, numpy arrays) are used exactly as given. An
+    empty prompt becomes ``[BOS]`` when the tokenizer has one.
     ``window``: SetDLM positional window ``w`` (default ``D``, as the paper's evals). ``threshold``: τ in
     (0, 1], commit every masked token at least this confident in addition to the top-1; None = off
     (exactly one token per step). ``block_size``: BD3LM/MDLM block (default ``family.block_size``).
     ``temperature`` 0 = greedy; ``top_p``, ``top_k``, ``repetition_penalty`` (on the generated tokens),
     ``length_penalty=(start, factor)`` (EOS boost, docs/method.md §5.3).
-    Stopping: a row ends at its first EOS (``eos_token_id``, default the tokenizer's; ``ignore_eos`` turns
-    it off) once every position before it is decoded, at a stop string (needs a tokenizer; the text ends
+    Stopping: a row ends at its first EOS (``eos_token_id``, default the model's end-of-turn ids,
+    :func:`end_of_turn_ids`; ``ignore_eos`` turns it off) once every position before it is decoded, at a stop string (needs a tokenizer; the text ends
     before it), or after ``max_new_tokens``. ``seed``: one int for every row or one per row.
     ``cache_order``: SetDLM order of newly cached tokens, ``"position"`` (the default) or ``"reveal"``
     (decreasing reveal time, docs/method.md §4.5; the times sampled from each row's seed). ``reveal_times``: the
@@ -233,11 +236,13 @@ def _vocab_size(model) -> int | None:
 
 def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: bool = False) -> list[list[int]]:
     """Strings or token-id lists → token-id lists; one item alone is wrapped into a batch."""
+    if isinstance(items, np.ndarray):  # numpy token ids: as a tensor of them
+        items = torch.from_numpy(items) if items.dtype.kind in "iu" else items.tolist()
     if not isinstance(items, (str, list, tuple, torch.Tensor)):
         raise TypeError(f"{what}{'es' if what.endswith('x') else 's'} must be strings or token-id lists, got "
                         f"{type(items).__name__}"
                         + ("; decode the bytes first (b.decode('utf-8'))" if isinstance(items, (bytes, bytearray)) else ""))
-    if isinstance(items, str) or (isinstance(items, (list, tuple)) and items and isinstance(items[0], int)):
+    if isinstance(items, str) or (isinstance(items, (list, tuple)) and items and _is_id(items[0])):
         items = [items]
     if isinstance(items, torch.Tensor):
         items = items.tolist() if items.dim() == 2 else [items.tolist()]
@@ -248,6 +253,8 @@ def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: boo
     vocab = _vocab_size(model)
     out = []
     for i, x in enumerate(items):
+        if isinstance(x, np.ndarray):
+            x = x.tolist()
         if not isinstance(x, (str, list, tuple, torch.Tensor)):
             raise TypeError(f"{what} {i} must be a string or a list of token ids, got {type(x).__name__}"
                             + ("; decode the bytes first" if isinstance(x, (bytes, bytearray)) else ""))
@@ -258,8 +265,9 @@ def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: boo
         if isinstance(x, torch.Tensor):
             x = x.tolist()
         x = list(x)
-        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in x):
+        if not all(_is_id(t) and t >= 0 for t in x):
             raise ValueError(f"{what} {i} must hold non-negative integer token ids, got {x[:8]!r}")
+        x = [int(t) for t in x]  # numpy integers become ints
         if vocab is not None and x and max(x) >= vocab:
             raise ValueError(f"{what} {i} holds token id {max(x)}, outside the model's vocabulary of {vocab}")
         if not x and not allow_empty:
@@ -268,6 +276,11 @@ def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: boo
                 raise ValueError(f"{what} {i} is empty and no BOS token is known to start it")
         out.append(x)
     return out
+
+
+def _is_id(t) -> bool:
+    """A token id: a Python or numpy integer, never a bool."""
+    return isinstance(t, numbers.Integral) and not isinstance(t, (bool, np.bool_))
 
 
 def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: str, trace: bool) -> DecodeConfig:
@@ -344,10 +357,22 @@ def _stops(model, stops: tuple[str, ...]) -> tuple[str, ...]:
     return stops
 
 
+def end_of_turn_ids(model) -> tuple[int, ...]:
+    """The ids that end a model's turn: the tokenizer's EOS and, for a wrapped ``transformers`` model, its
+    generation config's EOS ids (``<|im_end|>`` for SmolLM2; Qwen lists two). They stop every decoding
+    path (``generate``, sessions, the server) unless ``ignore_eos`` or an explicit ``eos_token_id``."""
+    e = getattr(model.tokenizer, "eos_token_id", None) if model.tokenizer is not None else None
+    ids = [] if e is None else [int(e)]
+    gen = getattr(getattr(getattr(model.backbone, "hf", None), "generation_config", None), "eos_token_id", None)
+    for g in ([gen] if isinstance(gen, int) else gen or []):
+        if isinstance(g, int) and int(g) not in ids:
+            ids.append(int(g))
+    return tuple(ids)
+
+
 def _eos_ids(model, eos_token_id) -> tuple[int, ...]:
     if eos_token_id is None:
-        e = getattr(model.tokenizer, "eos_token_id", None) if model.tokenizer is not None else None
-        return () if e is None else (int(e),)
+        return end_of_turn_ids(model)
     ids = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
     vocab = _vocab_size(model) or float("inf")
     if not all(isinstance(e, int) and 0 <= e < vocab for e in ids):
