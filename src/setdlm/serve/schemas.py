@@ -12,6 +12,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from ..chat import ROLES, chat_prompt
 from ..decoding.api import _encode_all
 from ..decoding.settings import DecodeSettings
 
@@ -41,7 +42,6 @@ class CompletionRequest:
     seed: int | None = None
 
 
-ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
 def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int) -> CompletionRequest:
@@ -165,7 +165,11 @@ def _messages_ids(body: dict, model) -> list[int]:
     if not template:
         raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions with a prompt",
                        "messages")
-    return _encode(model, render_chat(template, msgs, model.tokenizer), "messages")
+    try:  # the library's chat path (setdlm.chat): template special tokens as their ids, no extra BOS
+        ids = chat_prompt(model.tokenizer, msgs)
+    except ValueError as e:
+        raise APIError(400, str(e), "messages") from None
+    return _encode(model, ids, "messages")
 
 
 def _encode(model, prompt, param: str) -> list[int]:
@@ -174,20 +178,6 @@ def _encode(model, prompt, param: str) -> list[int]:
         return _encode_all(model, [prompt], "prompt", add_bos=True)[0]
     except (ValueError, KeyError, IndexError) as e:
         raise APIError(400, f"{param} cannot be encoded: {e}", param) from None
-
-
-def render_chat(template: str, messages: list[dict], tokenizer) -> str:
-    """Render a Hugging Face chat template (Jinja, sandboxed) with the generation prompt added."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message):
-        raise APIError(400, f"chat template: {message}", "messages")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    tokens = getattr(tokenizer, "tokens", {}) or {}
-    return env.from_string(template).render(messages=messages, add_generation_prompt=True,
-                                            bos_token="", eos_token=tokens.get("eos") or "")
 
 
 def _is_int(v) -> bool:
