@@ -16,7 +16,8 @@ Hugging Face causal LM behind :class:`setdlm.hf.HFBackbone` (``"backbone": "hf"`
 ``transformers`` config; weights under the backbone's own names, tied embeddings stored once).
 
 A folder is first written under a temporary name next to its destination and then renamed, so a crash
-(even SIGKILL) leaves either the previous checkpoint or the new one, never half of one. A training run keeps
+(even SIGKILL) leaves either the previous checkpoint or the new one, never half of one; the hidden temporary
+folder such a crash leaves is removed by the next write to that destination (:func:`remove_partial`). A training run keeps
 its checkpoints as ``RUN/checkpoints/step-NNNNNNNN`` and a ``RUN/latest`` pointer (replaced atomically);
 :func:`resolve` accepts the run folder too. This module knows only this format; resolving a name (a shipped
 model, a Hub id, the authors' layout, a GGUF file) is :func:`setdlm.loading.load` (docs/pretrained.md).
@@ -31,7 +32,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 import typing
 from pathlib import Path
@@ -88,6 +91,33 @@ def is_checkpoint(folder: Path) -> bool:
         return json.loads((Path(folder) / CONFIG).read_text(encoding="utf-8")).get("format") == FORMAT
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def partial_folder(dst: Path, tag: str) -> Path:
+    """The name of a temporary folder that becomes ``dst`` once complete: hidden, next to it, naming this
+    host and process (``.NAME.TAG-HOST-PID``), so that :func:`remove_partial` knows when its writer is gone."""
+    return dst.with_name(f".{dst.name}.{tag}-{socket.gethostname()}-{os.getpid()}")
+
+
+def remove_partial(dst: Path) -> None:
+    """Remove the temporary folders of writes into ``dst`` whose process was killed halfway (SIGKILL, power
+    loss): never a checkpoint (a complete one is renamed into place), and never the folder of a process
+    still running on this host, or of another host."""
+    host = socket.gethostname()
+    for tmp in [*dst.parent.glob(f".{dst.name}.*"), *dst.parent.glob(f"..{dst.name}.*")]:
+        m = re.fullmatch(rf"\.?\.{re.escape(dst.name)}\.[a-z]+-{re.escape(host)}-(\d+)(?:-.*|\.tmp-.*)?", tmp.name)
+        if m is not None and not _alive(int(m.group(1))):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _commit_dir(tmp: Path, dst: Path) -> None:
@@ -191,7 +221,8 @@ def save(path: str | Path, model, *, ema: dict[str, Tensor] | None = None,
     config["ema"] = ema is not None
     weights = unique_state_dict(model.backbone)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.tmp-"))
+    remove_partial(dst)  # what a save killed halfway left
+    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f"{partial_folder(dst, 'tmp').name}-"))
     try:
         mask = umask()
         tmp.chmod(0o777 & ~mask)  # an ordinary folder's permissions, not mkdtemp's 0700
