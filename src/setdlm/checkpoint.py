@@ -45,6 +45,7 @@ from torch import Tensor
 
 from .family import FamilyConfig
 from .model import TransformerConfig, Transformer
+from .resources import check_fits
 
 CONFIG, WEIGHTS, EMA_WEIGHTS, CARD = "config.json", "model.safetensors", "ema.safetensors", "README.md"
 STATE, OPTIMIZER, LATEST = "training_state.json", "optimizer.safetensors", "latest"
@@ -479,6 +480,38 @@ def build_backbone(cfg: dict, arch: TransformerConfig | dict, dtype: torch.dtype
     return Transformer(arch).to(dtype) if dtype is not None else Transformer(arch)
 
 
+def count_parameters(cfg: dict, arch: TransformerConfig | dict) -> int:
+    """The backbone's parameter count, computed without allocating it, before anything is built: 1- and
+    2-layer copies of the architecture on the meta device give the embeddings and the per-layer count, so
+    that ``n_layers: 1000000`` costs no more than ``n_layers: 2``."""
+    if isinstance(arch, TransformerConfig):
+        one, two = (dataclasses.replace(arch, n_layers=n) for n in (1, 2))
+        layers = arch.n_layers
+    else:
+        key = "n_layer" if "n_layer" in arch else "num_hidden_layers"  # GPT-2's name, the others'
+        types = arch.get("layer_types")  # one entry per layer where the config lists them (Qwen3)
+        one, two = ({**arch, key: n, **({"layer_types": types[:n]} if isinstance(types, list) else {})} for n in (1, 2))
+        layers = arch.get(key)
+        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+            raise ValueError(f"architecture.{key} must be a positive integer, got {layers!r}")
+    with torch.device("meta"):
+        a, b = (sum(p.numel() for p in build_backbone(cfg, x).parameters()) for x in (one, two))
+    return a + (layers - 1) * (b - a)
+
+
+def check_model_size(path: Path, cfg: dict, arch: TransformerConfig | dict, device=None) -> None:
+    """Refuse, before anything is allocated, an architecture whose float32 weights alone exceed the device's
+    memory (``n_layers: 1000000``, ``hidden_size: 1000000``, ``vocab_size: 1e11`` in a corrupt or hostile
+    ``config.json`` at ``path``): one line instead of an allocation failure or hours of swapping."""
+    try:
+        n = count_parameters(cfg, arch)
+    except (ValueError, TypeError) as e:  # transformers' own check of its config
+        raise ValueError(f"{path}: bad architecture ({str(e).strip().splitlines()[-1]})") from None
+    check_fits(f"{path}: the architecture ({n:,} parameters)", 4 * n,
+               torch.device(device) if device is not None else torch.device("cpu"),
+               "config.json is corrupt, or the model is too large for this machine")
+
+
 class Stored(typing.NamedTuple):
     """What a checkpoint folder holds for decoding; ``setdlm.lm.Model(*stored)`` is the ready model (this
     module stays below :mod:`setdlm.lm`, whose ``Model.save`` writes through :func:`save`)."""
@@ -502,6 +535,7 @@ def read(folder: str | Path, *, ema: bool = False, family: str | None = None, de
     cfg = read_config(folder) if config is None else config
     arch, fam = parse_configs(folder, cfg, family)
     vocab = arch.vocab_size if isinstance(arch, TransformerConfig) else arch["vocab_size"]
+    check_model_size(folder / CONFIG, cfg, arch, device)
     tok = load_checkpoint_tokenizer(folder, cfg, vocab, fam)
     backbone = build_backbone(cfg, arch)
     file = folder / (EMA_WEIGHTS if ema else WEIGHTS)

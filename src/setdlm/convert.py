@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 from torch import nn
 
-from .checkpoint import refuse_pickle
+from .checkpoint import check_model_size, refuse_pickle
 from .family import FamilyConfig
 from .lm import Model
 from .model import TransformerConfig, Transformer
@@ -463,6 +463,7 @@ def load_reference_model(path: str | Path, *, name: str | None = None, tokenizer
     kind = backbone_kind(cfg, sd)
     if kind == "dit":
         mc, fam = reference_configs(cfg, name, D=D, M=M)
+        check_model_size(folder / "config.json", {"backbone": "dit"}, mc)
         backbone = Transformer(mc)
         backbone.load_state_dict(convert_reference_state_dict(sd, mc))
     else:

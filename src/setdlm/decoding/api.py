@@ -288,13 +288,29 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
     tokenizer, EOS ids its vocabulary) with the family's defaults filled in (``window`` = ``D`` for SetDLM,
     ``block_size`` = ``family.block_size`` for BD3LM/MDLM, 1 where unused)."""
     fam = model.family
+    if _device(model.backbone).type == "meta":
+        raise ValueError("the model's weights are on the meta device (an empty model, built under "
+                         "torch.device('meta') or init_empty_weights): load real weights first, e.g. setdlm.load(...)")
     stops = _stops(model, settings.stop)
     sampling = settings.sampling(fam.mask_token_id, _eos_ids(model, settings.eos_token_id))
     window = (settings.window or fam.D) if fam.family == "setdlm" else 1
     block_size = (settings.block_size or fam.block_size) if fam.family in ("bd3lm", "mdlm") else 1
+    for name, v in (("window", window), ("block_size", block_size)):
+        if v >= 2**62:  # torch indexes with int64: a larger size overflows before any memory check could
+            raise ValueError(f"{name} must be below 2**62, got {v}")
+    if fam.family in ("setdlm", "bd3lm"):  # their cache holds room for 2 windows / blocks beyond the context
+        _check_cache_fits(model, *(("window", window) if fam.family == "setdlm" else ("block_size", block_size)))
     return DecodeConfig(sampling, fam.length, mode=mode, stop_on_eos=mode == "generate" and not settings.ignore_eos,
                         window=window, block_size=block_size, cache_order=cache_order, stop=stops,
                         tokenizer=model.tokenizer, trace=trace)
+
+
+def _check_cache_fits(model, name: str, n: int) -> None:
+    """Refuse a window / block so large (``window=10**9``) that one row's KV cache, which holds ``2 n``
+    entries beyond the context, cannot fit the device: a lower bound from the bytes of one cache entry."""
+    probe = model.backbone.new_cache(1, capacity=1)
+    entry = sum(t.numel() * t.element_size() for t in [*probe.k, *probe.v, probe.pos])  # bytes of one position
+    check_fits(f"decoding with {name}={n:,}", 2 * n * entry, _device(model.backbone), f"lower {name}")
 
 
 def _reveal_order(fam, cfg: DecodeConfig) -> bool:
