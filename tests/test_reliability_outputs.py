@@ -195,3 +195,21 @@ def test_a_meta_device_model_is_a_clear_error():
     for call in (lambda: generate(model, "to be", max_new_tokens=3), lambda: infill(model, "to", "be", lengths=2)):
         with pytest.raises(ValueError, match="meta device"):
             call()
+
+
+def test_seeds_are_checked_against_torchs_range():
+    model = tiny_model("setdlm", L=32, seed=0)
+    model.tokenizer = CharTokenizer()
+    kw = dict(max_new_tokens=3, temperature=1.0)
+    for ok in (2**64 - 1, -(2**63), np.int64(5)):
+        assert len(generate(model, "to be", seed=ok, **kw).tokens[0]) == 3
+    for bad, error, needle in [(2**64, ValueError, "seed must lie in"), (-(2**63) - 1, ValueError, "seed must lie in"),
+                               (True, TypeError, "seed must be an int.*got bool"),
+                               (1.5, TypeError, "seed must be an int or one int per row"),
+                               ([1, 2**70], ValueError, r"seed\[1\] must lie in")]:
+        with pytest.raises(error, match=needle):
+            generate(model, ["to be", "or not"], seed=bad, **kw)
+    from setdlm.decoding.session import prepare
+
+    with pytest.raises(ValueError, match="seed must lie in"):
+        prepare(model, "to be", seed=2**64, **kw)

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from ..data.prompt import encode_prompt, start_ids
 from ..resources import check_fits
+from ..seeds import check_seed
 from . import ar, bd3lm, mdlm, setdlm
 from .output import GenerationOutput
 from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings, applicable
@@ -400,12 +401,14 @@ def _eos_ids(model, eos_token_id) -> tuple[int, ...]:
 def _seeds(seed, B: int) -> list[int]:
     if seed is None:
         return torch.randint(0, 2**62, (B,)).tolist()  # from torch's global RNG: torch.manual_seed applies
-    if isinstance(seed, int):
-        return [seed] * B
-    seeds = list(seed)
-    if len(seeds) != B or not all(isinstance(s, int) for s in seeds):
+    if _is_id(seed):  # an int, or a numpy integer
+        return [check_seed(int(seed))] * B
+    if isinstance(seed, (str, bytes)) or not isinstance(seed, (Sequence, torch.Tensor, np.ndarray)):
+        raise TypeError(f"seed must be an int or one int per row ({B}), got {type(seed).__name__} {seed!r}")
+    seeds = [int(s) if _is_id(s) else s for s in seed]
+    if len(seeds) != B:
         raise ValueError(f"seed must be an int or one int per row ({B}), got {seed!r}")
-    return seeds
+    return [check_seed(s, f"seed[{i}]") for i, s in enumerate(seeds)]
 
 
 def _device(backbone) -> torch.device:
