@@ -1,5 +1,5 @@
 """Chat messages as token ids: the one chat path of the Python API, ``setdlm generate --chat`` and the
-server's ``/v1/chat/completions`` (docs/pretrained.md, "Chat").
+server's ``/v1/chat/completions`` (docs/pretrained.md, "Prompts and chat").
 
 A pretrained chat model was trained on its chat template's layout, so a conversation is decoded from
 exactly the ids ``transformers`` gives for it::
@@ -13,7 +13,8 @@ special tokens' strings as ``bos_token``, ``eos_token``, ..., then encoded with 
 ``serve`` extra), not ``transformers``.
 
 The decoding side: the model's end-of-turn ids (the tokenizer's EOS and the generation config's EOS ids,
-``<|im_end|>`` for SmolLM2) stop every row unless ``ignore_eos`` (:func:`setdlm.decoding.api.eos_ids`).
+``<|im_end|>`` for SmolLM2) stop every row unless ``ignore_eos``
+(:func:`setdlm.decoding.api.end_of_turn_ids`).
 """
 
 from __future__ import annotations

@@ -145,9 +145,13 @@ def check_tensors(path: Path, reader, hf_model, missing: list[str]) -> None:
     if names is None:
         return
     expected = {gguf_name(k) for k in hf_model.state_dict()}
-    extra = [t.name for t in reader.tensors if t.name not in expected]
+    # RoPE frequency tables (Llama 3, Phi-3) are recomputed from the config by transformers: not weights
+    rope = (gguf.MODEL_TENSOR.ROPE_FREQS, gguf.MODEL_TENSOR.ROPE_FACTORS_LONG, gguf.MODEL_TENSOR.ROPE_FACTORS_SHORT)
+    derived = {f"{gguf.TENSOR_NAMES[t]}.weight" for t in rope}
+    extra = [t.name for t in reader.tensors if t.name not in expected | derived]
     if extra:
-        raise ValueError(f"{path}: tensor {extra[0]!r} is not a weight of this {_field(reader, 'general.architecture')} "
+        arch_name = _field(reader, "general.architecture")
+        raise ValueError(f"{path}: tensor {extra[0]!r} is not a weight of this {arch_name} "
                          f"model{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}; the file is corrupt or "
                          "of another architecture")
 

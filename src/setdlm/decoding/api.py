@@ -54,8 +54,9 @@ def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: in
     ``temperature`` 0 = greedy; ``top_p``, ``top_k``, ``repetition_penalty`` (on the generated tokens),
     ``length_penalty=(start, factor)`` (EOS boost, docs/method.md §5.3).
     Stopping: a row ends at its first EOS (``eos_token_id``, default the model's end-of-turn ids,
-    :func:`end_of_turn_ids`; ``ignore_eos`` turns it off) once every position before it is decoded, at a stop string (needs a tokenizer; the text ends
-    before it), or after ``max_new_tokens``. ``seed``: one int for every row or one per row.
+    :func:`end_of_turn_ids`; ``ignore_eos`` turns it off) once every position before it is decoded, at a
+    stop string (needs a tokenizer; the text ends before it), or after ``max_new_tokens``. ``seed``: one
+    int for every row or one per row.
     ``cache_order``: SetDLM order of newly cached tokens, ``"position"`` (the default) or ``"reveal"``
     (decreasing reveal time, docs/method.md §4.5; the times sampled from each row's seed). ``reveal_times``: the
     reveal times themselves, per row one number per generated position (a (B, max_new_tokens) tensor or
