@@ -92,3 +92,5 @@ def test_hf_tokenizers_encode_prompts_as_transformers(tmp_path, bos, eos):
     assert encode_prompt(setdlm_tokenizer(ref), text) == expected
     ours.save(tmp_path / "again")
     assert encode_prompt(load_tokenizer(tmp_path / "again"), text) == expected
+    special = "w3 </s> w4"  # a special token's string is that token, as in transformers
+    assert encode_prompt(ours, special) == ref(special).input_ids == [1] * bos + [6, 2, 7] + [2] * eos

@@ -89,6 +89,8 @@ def test_string_prompts_are_tokenized_as_transformers_does(smol, hf_tok):
     assert [encode_prompt(smol.tokenizer, s) for s in STRINGS] == rows
     assert sorted(map(len, rows)) == list(map(len, rows)) and len(set(map(len, rows))) == 3
     assert all(r[0] != smol.tokenizer.bos_token_id for r in rows)  # no <|im_start|> in front
+    typed = "<|im_start|>user\nHi<|im_end|>"  # typed special tokens are those tokens, as in transformers
+    assert encode_prompt(smol.tokenizer, typed) == hf_tok(typed).input_ids and encode_prompt(smol.tokenizer, typed)[0] == 1
     n = 6
     assert generate(smol, STRINGS, max_new_tokens=n).tokens == hf_greedy(smol, hf_tok, rows, n)
 

@@ -224,9 +224,9 @@ class HFTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.hf.encode(text, add_special_tokens=add_special_tokens)
 
-    def encode_special(self, text: str) -> list[int]:
-        """Ids of a rendered chat template: its special tokens' strings are the special tokens."""
-        return self.hf.encode(text, add_special_tokens=False, split_special_tokens=False)
+    def encode_special(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Ids of ``text`` whose special tokens' strings are the special tokens (a rendered chat template)."""
+        return self.hf.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=False)
 
     def decode(self, ids) -> str:
         return self.hf.decode([int(i) for i in ids])

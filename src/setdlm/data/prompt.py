@@ -7,8 +7,9 @@ Two conventions, chosen by the tokenizer:
   (:func:`setdlm.data.dataset.pad_pairs`), and packed documents start every row with BOS, so a model is
   decoded from the same start: ``[BOS] + tokenizer.encode(text)``, with no BOS when the tokenizer has none.
 * a Hugging Face tokenizer (``kind == "hf"``: a GGUF file's, a Hub model's, :class:`setdlm.hf.HFTokenizer`):
-  exactly the ids ``transformers``' tokenizer gives for ``text`` (``tokenizer(text).input_ids``), i.e. its
-  post-processor decides, as its ``add_bos_token`` / ``add_eos_token`` say. A pretrained model is decoded from
+  exactly the ids ``transformers``' tokenizer gives for ``text`` (``tokenizer(text).input_ids``): its
+  post-processor decides, as its ``add_bos_token`` / ``add_eos_token`` say, and a special token's string in
+  the text (``<|im_start|>``) is that token. A pretrained model is decoded from
   the ids it was trained on; SmolLM2-135M (``add_bos_token`` false) gets no ``<|im_start|>`` in front.
 
 ``tokenizer.encode`` never adds special tokens (:mod:`setdlm.data.tokenizers`), so special tokens are added
@@ -19,7 +20,7 @@ EOS when a tokenizer has no BOS). Chat messages go through :func:`setdlm.chat.ch
 
 ``tokenizer`` is any object with ``encode(text) -> list[int]`` and ``bos_token_id`` / ``eos_token_id``
 (None when absent), e.g. :class:`setdlm.data.tokenizers.Tokenizer` or the Hugging Face adapter; a ``kind ==
-"hf"`` one also takes ``encode(text, add_special_tokens=True)``.
+"hf"`` one also has ``encode_special(text, add_special_tokens=True)``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,6 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     tokenizer, ``[BOS] + tokenizer.encode(text)`` for setdlm's own."""
     if not isinstance(text, str):
         raise TypeError(f"a prompt must be a string, got {type(text).__name__}")
-    if follows_transformers(tokenizer):
-        return list(tokenizer.encode(text, add_special_tokens=True))
+    if follows_transformers(tokenizer):  # special tokens' strings in the text are those tokens, as there
+        return list(tokenizer.encode_special(text, add_special_tokens=True))
     return start_ids(tokenizer) + list(tokenizer.encode(text))

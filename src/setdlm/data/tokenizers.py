@@ -93,13 +93,15 @@ class Tokenizer:
             return self._encode_chars(text).tolist()
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_special(self, text: str) -> list[int]:
-        """Token ids of ``text`` in which the special tokens' strings are the special tokens (a rendered chat
-        template, :func:`setdlm.chat.chat_prompt`); nothing is added. ``encode`` keeps them as text."""
+    def encode_special(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text`` in which the special tokens' strings are the special tokens, as
+        ``transformers`` encodes text (a rendered chat template, :func:`setdlm.chat.chat_prompt`; a Hugging
+        Face tokenizer's string prompt); ``add_special_tokens``: apply the post-processor. ``encode`` keeps
+        them as text."""
         if self._with_specials is None:  # a copy of the backend that matches special tokens
             self._with_specials = _HFTokenizer.from_str(self.backend.to_str())
             self._with_specials.encode_special_tokens = False
-        return self._with_specials.encode(text, add_special_tokens=False).ids
+        return self._with_specials.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         if self._chars is not None:
