@@ -94,3 +94,34 @@ def test_hf_tokenizers_encode_prompts_as_transformers(tmp_path, bos, eos):
     assert encode_prompt(load_tokenizer(tmp_path / "again"), text) == expected
     special = "w3 </s> w4"  # a special token's string is that token, as in transformers
     assert encode_prompt(ours, special) == ref(special).input_ids == [1] * bos + [6, 2, 7] + [2] * eos
+
+
+def test_a_model_trained_by_setdlm_keeps_bos_first_whatever_its_tokenizer(tmp_path, capsys):
+    """A run trained on a Hugging Face tokenizer laid its rows out as [BOS] text: its checkpoint's tokenizer
+    records the "bos" convention, so string prompts start with BOS as in training (a pretrained model's
+    tokenizer keeps transformers' ids); a checkpoint trained before the convention was recorded too."""
+    pytest.importorskip("transformers")
+    import json
+
+    from setdlm import load
+    from setdlm.cli import main as cli
+    from support import tiny_tokenizer
+
+    hf = tiny_tokenizer()
+    hf.save_pretrained(tmp_path / "tok")
+    words = " ".join(f"w{i % 60}" for i in range(3000))
+    (tmp_path / "words.txt").write_text(words)
+    assert cli(["train", "--data", str(tmp_path / "words.txt"), "--tokenizer", str(tmp_path / "tok"), "--length", "16",
+                "--hidden-size", "32", "--n-layers", "1", "--n-heads", "2", "--batch-size", "4", "--steps", "1",
+                "--eval-every", "0", "--eval-max", "4", "--out", str(tmp_path / "run")]) == 0
+    model = load(tmp_path / "run")
+    assert model.tokenizer.kind == "hf" and model.tokenizer.prompt == "bos"
+    assert encode_prompt(model.tokenizer, "w3 w1") == [1, 6, 4]  # <s> first, as the training rows
+    folder = next((tmp_path / "run" / "checkpoints").iterdir())
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    del cfg["setdlm_prompt"]  # as saved before the convention was recorded
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert load(tmp_path / "run").tokenizer.prompt == "bos"
+    from setdlm.data import load_tokenizer
+
+    assert load_tokenizer(tmp_path / "tok").prompt == "transformers"  # a plain Hugging Face tokenizer

@@ -459,6 +459,8 @@ def load_checkpoint_tokenizer(folder: Path, cfg: dict, vocab_size: int, fam: Fam
     if not path.is_file():
         raise ValueError(f"{path}: missing (the checkpoint's tokenizer)")
     tok = load_tokenizer(folder)
+    if cfg.get("training") and not _records_prompt(folder):  # trained by setdlm before the convention was saved
+        tok.prompt = "bos"
     recorded = (cfg.get("tokenizer") or {}).get("vocab_size")
     if recorded is not None and tok.vocab_size != recorded:
         raise ValueError(f"{path}: vocabulary of {tok.vocab_size} tokens, but config.json records {recorded}")
@@ -469,6 +471,14 @@ def load_checkpoint_tokenizer(folder: Path, cfg: dict, vocab_size: int, fam: Fam
         raise ValueError(f"{path}: MASK token id {tok.mask_token_id} differs from the family's mask_token_id "
                          f"{fam.mask_token_id}")
     return tok
+
+
+def _records_prompt(folder: Path) -> bool:
+    """Does the folder's tokenizer_config.json record the prompt convention (``setdlm_prompt``)?"""
+    try:
+        return "setdlm_prompt" in json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
 
 
 def build_backbone(cfg: dict, arch: TransformerConfig | dict, dtype: torch.dtype | None = None) -> torch.nn.Module:

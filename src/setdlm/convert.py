@@ -439,7 +439,9 @@ def reference_tokenizer(folder: Path, cfg: dict, name: str, *, tokenizer=None, b
             raise ValueError(f"tokenizer {spec!r} is neither a local folder nor a Hub name")
         path = snapshot(spec, allow_patterns=["tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt",
                                               "*.model", "chat_template*"])
-    return load_tokenizer(path, mask_id=mask_token_id)
+    tok = load_tokenizer(path, mask_id=mask_token_id)
+    tok.prompt = "bos"  # the authors' rows start with BOS ([BOS] text [EOS]), whatever the tokenizer
+    return tok
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -208,7 +208,7 @@ class HFTokenizer:
     adds no special tokens unless asked (a string prompt gets them as ``transformers`` adds them,
     :func:`setdlm.data.prompt.encode_prompt`), ``vocab_size`` counts added tokens."""
 
-    kind = "hf"
+    kind, prompt = "hf", "transformers"
 
     def __init__(self, tokenizer):
         self.hf = tokenizer

@@ -746,6 +746,7 @@ def _train(cfg: TrainConfig, dist: Dist, lock: RunLock) -> TrainResult:
         torch.distributed.broadcast_object_list(msg, 0)
         tokenizer = Tokenizer.from_json(msg[0])
     setup = setup or prepare_data(cfg, tokenizer)  # every check of the inputs happens before anything is written
+    setup.tokenizer.prompt = "bos"  # the rows start with BOS, so the trained model is decoded from [BOS] + text
     if cfg.batch_size % (cfg.grad_accum * dist.world):
         raise ValueError(f"batch_size {cfg.batch_size} is not divisible by grad_accum × processes = "
                          f"{cfg.grad_accum} × {dist.world}")

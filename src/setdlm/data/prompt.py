@@ -2,12 +2,13 @@
 
 Two conventions, chosen by the tokenizer:
 
-* setdlm's own tokenizers (``kind`` ``bpe`` or ``char``, and any duck-typed tokenizer without ``kind``):
-  ``setdlm train`` lays out a prompt/completion pair as ``[BOS] prompt completion [EOS]``
+* the training convention (``tokenizer.prompt == "bos"``: setdlm's own tokenizers, ``kind`` ``bpe`` or
+  ``char``, the tokenizer of every model setdlm or the paper's authors trained, whatever its kind, and any
+  duck-typed tokenizer without ``prompt``): ``setdlm train`` lays out a prompt/completion pair as ``[BOS] prompt completion [EOS]``
   (:func:`setdlm.data.dataset.pad_pairs`), and packed documents start every row with BOS, so a model is
   decoded from the same start: ``[BOS] + tokenizer.encode(text)``, with no BOS when the tokenizer has none.
-* a Hugging Face tokenizer (``kind == "hf"``: a GGUF file's, a Hub model's, :class:`setdlm.hf.HFTokenizer`):
-  exactly the ids ``transformers``' tokenizer gives for ``text`` (``tokenizer(text).input_ids``): its
+* a pretrained model's own tokenization (``tokenizer.prompt == "transformers"``, the default of a Hugging
+  Face tokenizer: a GGUF file's, a Hub causal LM's, :class:`setdlm.hf.HFTokenizer`): exactly the ids ``transformers``' tokenizer gives for ``text`` (``tokenizer(text).input_ids``): its
   post-processor decides, as its ``add_bos_token`` / ``add_eos_token`` say, and a special token's string in
   the text (``<|im_start|>``) is that token. A pretrained model is decoded from
   the ids it was trained on; SmolLM2-135M (``add_bos_token`` false) gets no ``<|im_start|>`` in front.
@@ -19,8 +20,8 @@ prompt lengths and the lm-eval adapter (:mod:`setdlm.harness`, which follows lm-
 EOS when a tokenizer has no BOS). Chat messages go through :func:`setdlm.chat.chat_prompt` instead.
 
 ``tokenizer`` is any object with ``encode(text) -> list[int]`` and ``bos_token_id`` / ``eos_token_id``
-(None when absent), e.g. :class:`setdlm.data.tokenizers.Tokenizer` or the Hugging Face adapter; a ``kind ==
-"hf"`` one also has ``encode_special(text, add_special_tokens=True)``.
+(None when absent), e.g. :class:`setdlm.data.tokenizers.Tokenizer` or the Hugging Face adapter; a
+``"transformers"`` one also has ``encode_special(text, add_special_tokens=True)``.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def start_ids(tokenizer, *, eos_fallback: bool = False) -> list[int]:
 
 
 def follows_transformers(tokenizer) -> bool:
-    """Is ``tokenizer`` a Hugging Face tokenizer, whose own post-processor places the special tokens?"""
-    return getattr(tokenizer, "kind", None) == "hf"
+    """Does ``tokenizer`` encode prompts as ``transformers`` does (its ``prompt`` convention)?"""
+    return getattr(tokenizer, "prompt", None) == "transformers"
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
