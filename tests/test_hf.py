@@ -283,3 +283,28 @@ def test_hub_id_offline_loads_from_the_hf_cache(tmp_path, no_network):
     (repo / "refs" / "main").write_text(commit)
     bb, tok, mask_id = load_pretrained("someone/tiny-qwen3", cache_dir=str(no_network))
     assert bb.kind == "qwen3" and mask_id == 63 and os.environ["HF_HUB_OFFLINE"] == "1"
+
+
+def test_the_generation_configs_end_of_turn_ids_stop_every_path():
+    """A wrapped model's generation config may list several EOS ids (Qwen: <|im_end|> and <|endoftext|>):
+    each one ends a row in ``generate`` and in a server session's row, as the tokenizer's EOS does."""
+    from setdlm import FamilyConfig, Model
+    from setdlm.decoding import generate
+    from setdlm.decoding.api import end_of_turn_ids
+    from setdlm.decoding.session import prepare
+    from setdlm.hf import setdlm_tokenizer
+
+    tok = tiny_tokenizer()
+    backbone, mask_id = adapt(tiny_hf("llama", vocab=len(tok), dtype=torch.float32), tok)
+    model = Model(backbone, FamilyConfig("ar", 16, mask_id), setdlm_tokenizer(tok))
+    prompt = [1, 5, 9]
+    free = generate(model, [prompt], max_new_tokens=6, ignore_eos=True).tokens[0]
+    first = free[0]
+    backbone.hf.generation_config.eos_token_id = [tok.eos_token_id, first]
+    assert end_of_turn_ids(model) == (tok.eos_token_id, first)
+    out = generate(model, [prompt], max_new_tokens=6)
+    assert out.tokens[0] == [first] and out.finish_reason[0] == "eos"
+    assert first in prepare(model, prompt, max_new_tokens=6).config.sampling.eos_token_ids
+    eos = tok.eos_token_id  # an explicit eos_token_id replaces them
+    alone = free[: free.index(eos) + 1] if eos in free else free
+    assert first != eos and generate(model, [prompt], max_new_tokens=6, eos_token_id=eos).tokens[0] == alone

@@ -16,6 +16,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
+from setdlm.chat import chat_prompt  # noqa: E402
 from setdlm.decoding import generate  # noqa: E402
 
 from support import CharTokenizer, failing, gated, running, tiny_model  # noqa: E402
@@ -83,7 +84,9 @@ def test_chat_uses_the_template(server):
     url, model, _ = server
     msgs = [{"role": "user", "content": "hi there"}]
     out = client(url).chat.completions.create(model="tiny", messages=msgs, max_tokens=12)
-    assert out.choices[0].message.content == generate(model, "user: hi there assistant:", max_new_tokens=12).texts[0]
+    ids = chat_prompt(model.tokenizer, msgs)  # the library's chat path: the rendered template, no BOS added
+    assert ids == model.tokenizer.encode("user: hi there assistant:")
+    assert out.choices[0].message.content == generate(model, ids, max_new_tokens=12).texts[0]
     text = "".join(ch.choices[0].delta.content or "" for ch in client(url).chat.completions.create(
         model="tiny", messages=msgs, max_tokens=12, stream=True))
     assert text == out.choices[0].message.content

@@ -47,6 +47,107 @@ def prompts(smol):
             tok.encode("def fibonacci(n):")]
 
 
+@pytest.fixture(scope="module")
+def hf_tok():
+    """transformers' own tokenizer of the GGUF file: the independent reference for string and chat prompts."""
+    from transformers import AutoTokenizer
+
+    from setdlm import gguf
+
+    path = gguf.packaged_file(NAME)
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+# three plain-text prompts of different lengths (2, 6 and ~20 tokens)
+STRINGS = ["Hello there", "The capital of France is", 'def fibonacci(n):\n    """Return the n-th Fibonacci '
+           'number."""\n    if n < 2:\n']
+CHAT = [{"role": "system", "content": "You are a concise assistant."}, {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello! How can I help?"}, {"role": "user", "content": "Name three colors."}]
+
+
+def hf_greedy(smol, hf_tok, rows: list[list[int]], n: int) -> list[list[int]]:
+    """transformers' greedy ``generate`` on the ragged ``rows`` (left padding), cut after each row's first
+    end-of-turn id (the generation config's EOS ids)."""
+    width = max(map(len, rows))
+    ids = torch.tensor([[hf_tok.pad_token_id] * (width - len(p)) + p for p in rows])
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
+    eos = smol.backbone.hf.generation_config.eos_token_id
+    with torch.no_grad():
+        out = smol.backbone.hf.generate(input_ids=ids, attention_mask=attention, max_new_tokens=n, do_sample=False,
+                                        suppress_tokens=[smol.family.mask_token_id], eos_token_id=eos,
+                                        pad_token_id=hf_tok.pad_token_id)
+    theirs = [row[width:].tolist() for row in out]
+    return [r[: r.index(eos) + 1] if eos in r else r for r in theirs]
+
+
+def test_string_prompts_are_tokenized_as_transformers_does(smol, hf_tok):
+    """A string prompt is exactly transformers' ids (SmolLM2's tokenizer adds no BOS, so neither does setdlm),
+    and greedy decoding from the strings gives exactly the tokens of transformers' ``generate``."""
+    from setdlm.data import encode_prompt
+
+    rows = [hf_tok(s).input_ids for s in STRINGS]
+    assert [encode_prompt(smol.tokenizer, s) for s in STRINGS] == rows
+    assert sorted(map(len, rows)) == list(map(len, rows)) and len(set(map(len, rows))) == 3
+    assert all(r[0] != smol.tokenizer.bos_token_id for r in rows)  # no <|im_start|> in front
+    typed = "<|im_start|>user\nHi<|im_end|>"  # typed special tokens are those tokens, as in transformers
+    assert encode_prompt(smol.tokenizer, typed) == hf_tok(typed).input_ids and encode_prompt(smol.tokenizer, typed)[0] == 1
+    n = 6
+    assert generate(smol, STRINGS, max_new_tokens=n).tokens == hf_greedy(smol, hf_tok, rows, n)
+
+
+def test_chat_prompt_equals_apply_chat_template(smol, hf_tok):
+    """The one chat path (setdlm.chat.chat_prompt, used by the CLI and the server) gives transformers'
+    ``apply_chat_template`` ids: special tokens as their ids, no extra BOS; with and without the
+    generation prompt."""
+    from setdlm.chat import chat_prompt
+
+    for add in (True, False):
+        ref = hf_tok.apply_chat_template(CHAT, add_generation_prompt=add, tokenize=True, return_dict=True)
+        assert chat_prompt(smol.tokenizer, CHAT, add_generation_prompt=add) == ref["input_ids"]
+    assert chat_prompt(smol.tokenizer, "Hi")[:1] == [smol.tokenizer.bos_token_id]  # the template's own <|im_start|>
+
+
+def test_server_chat_equals_transformers(smol, hf_tok, capsys):
+    """``/v1/chat/completions`` answers "Name three colors." with exactly transformers' greedy tokens after
+    ``apply_chat_template``, stopping at ``<|im_end|>`` (not running on to max_tokens), streaming and not;
+    ``setdlm generate --chat`` prints the same answer."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    import json
+    import urllib.request
+
+    from support import running
+
+    msgs = [{"role": "user", "content": "Name three colors."}]
+    ids = hf_tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    n = 48
+    (theirs,) = hf_greedy(smol, hf_tok, [ids], n)
+    end = smol.backbone.hf.generation_config.eos_token_id
+    assert theirs[-1] == end and len(theirs) < n  # the reference answer ends its turn
+    answer = hf_tok.decode(theirs[:-1])
+
+    def post(url, body):
+        req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.read().decode()
+
+    with running(smol, NAME, max_batch=2) as (url, _):
+        out = json.loads(post(url, {"messages": msgs, "max_tokens": n}))
+        stream = post(url, {"messages": msgs, "max_tokens": n, "stream": True})
+    assert out["choices"][0]["message"]["content"] == answer and out["choices"][0]["finish_reason"] == "stop"
+    assert out["usage"]["prompt_tokens"] == len(ids) and out["usage"]["completion_tokens"] == len(theirs)
+    events = [json.loads(line[6:]) for line in stream.splitlines() if line.startswith("data: {")]
+    streamed = [t for e in events for t in e.get("setdlm", {}).get("token_ids", [])]
+    assert streamed == theirs  # token for token, the end-of-turn id last
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == answer
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+    from setdlm.cli import main as cli
+
+    assert cli(["generate", NAME, "--chat", "--prompt", msgs[0]["content"], "--max-new-tokens", str(n)]) == 0
+    assert capsys.readouterr().out.strip() == answer.strip()
+
+
 def test_loads_as_the_published_architecture(smol):
     bb, cfg = smol.backbone, smol.backbone.hf.config
     assert (bb.kind, bb.n_layers, cfg.hidden_size, cfg.num_attention_heads, bb.n_kv_heads) == ("llama", 30, 576, 9, 3)

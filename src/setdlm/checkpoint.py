@@ -16,9 +16,10 @@ Hugging Face causal LM behind :class:`setdlm.hf.HFBackbone` (``"backbone": "hf"`
 ``transformers`` config; weights under the backbone's own names, tied embeddings stored once).
 
 A folder is first written under a temporary name next to its destination and then renamed, so a crash
-(even SIGKILL) leaves either the previous checkpoint or the new one, never half of one. A training run keeps
-its checkpoints as ``RUN/checkpoints/step-NNNNNNNN`` and a ``RUN/latest`` pointer (replaced atomically);
-:func:`resolve` accepts the run folder too. This module knows only this format; resolving a name (a shipped
+(even SIGKILL) leaves either the previous checkpoint or the new one, never half of one; the hidden temporary
+folder such a crash leaves is removed by the next write to that destination (:func:`remove_partial`). A
+training run keeps its checkpoints as ``RUN/checkpoints/step-NNNNNNNN`` and a ``RUN/latest`` pointer
+(replaced atomically); :func:`resolve` accepts the run folder too. This module knows only this format; resolving a name (a shipped
 model, a Hub id, the authors' layout, a GGUF file) is :func:`setdlm.loading.load` (docs/pretrained.md).
 
 Every loading error is a ``ValueError`` naming the file and the problem: a missing file, invalid JSON, a
@@ -31,7 +32,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 import typing
 from pathlib import Path
@@ -42,6 +45,7 @@ from torch import Tensor
 
 from .family import FamilyConfig
 from .model import TransformerConfig, Transformer
+from .resources import check_fits
 
 CONFIG, WEIGHTS, EMA_WEIGHTS, CARD = "config.json", "model.safetensors", "ema.safetensors", "README.md"
 STATE, OPTIMIZER, LATEST = "training_state.json", "optimizer.safetensors", "latest"
@@ -88,6 +92,33 @@ def is_checkpoint(folder: Path) -> bool:
         return json.loads((Path(folder) / CONFIG).read_text(encoding="utf-8")).get("format") == FORMAT
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def partial_folder(dst: Path, tag: str) -> Path:
+    """The name of a temporary folder that becomes ``dst`` once complete: hidden, next to it, naming this
+    host and process (``.NAME.TAG-HOST-PID``), so that :func:`remove_partial` knows when its writer is gone."""
+    return dst.with_name(f".{dst.name}.{tag}-{socket.gethostname()}-{os.getpid()}")
+
+
+def remove_partial(dst: Path) -> None:
+    """Remove the temporary folders of writes into ``dst`` whose process was killed halfway (SIGKILL, power
+    loss): never a checkpoint (a complete one is renamed into place), and never the folder of a process
+    still running on this host, or of another host."""
+    host = socket.gethostname()
+    for tmp in [*dst.parent.glob(f".{dst.name}.*"), *dst.parent.glob(f"..{dst.name}.*")]:
+        m = re.fullmatch(rf"\.?\.{re.escape(dst.name)}\.[a-z]+-{re.escape(host)}-(\d+)(?:-.*|\.tmp-.*)?", tmp.name)
+        if m is not None and not _alive(int(m.group(1))):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _commit_dir(tmp: Path, dst: Path) -> None:
@@ -191,7 +222,8 @@ def save(path: str | Path, model, *, ema: dict[str, Tensor] | None = None,
     config["ema"] = ema is not None
     weights = unique_state_dict(model.backbone)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.tmp-"))
+    remove_partial(dst)  # what a save killed halfway left
+    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f"{partial_folder(dst, 'tmp').name}-"))
     try:
         mask = umask()
         tmp.chmod(0o777 & ~mask)  # an ordinary folder's permissions, not mkdtemp's 0700
@@ -427,6 +459,8 @@ def load_checkpoint_tokenizer(folder: Path, cfg: dict, vocab_size: int, fam: Fam
     if not path.is_file():
         raise ValueError(f"{path}: missing (the checkpoint's tokenizer)")
     tok = load_tokenizer(folder)
+    if cfg.get("training") and not _records_prompt(folder):  # trained by setdlm before the convention was saved
+        tok.prompt = "bos"
     recorded = (cfg.get("tokenizer") or {}).get("vocab_size")
     if recorded is not None and tok.vocab_size != recorded:
         raise ValueError(f"{path}: vocabulary of {tok.vocab_size} tokens, but config.json records {recorded}")
@@ -439,6 +473,14 @@ def load_checkpoint_tokenizer(folder: Path, cfg: dict, vocab_size: int, fam: Fam
     return tok
 
 
+def _records_prompt(folder: Path) -> bool:
+    """Does the folder's tokenizer_config.json record the prompt convention (``setdlm_prompt``)?"""
+    try:
+        return "setdlm_prompt" in json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+
+
 def build_backbone(cfg: dict, arch: TransformerConfig | dict, dtype: torch.dtype | None = None) -> torch.nn.Module:
     """An untrained backbone of the checkpoint's architecture (weights to be loaded)."""
     if cfg.get("backbone", "dit") == "hf":
@@ -446,6 +488,38 @@ def build_backbone(cfg: dict, arch: TransformerConfig | dict, dtype: torch.dtype
 
         return backbone_from_config(arch, dtype=dtype)
     return Transformer(arch).to(dtype) if dtype is not None else Transformer(arch)
+
+
+def count_parameters(cfg: dict, arch: TransformerConfig | dict) -> int:
+    """The backbone's parameter count, computed without allocating it, before anything is built: 1- and
+    2-layer copies of the architecture on the meta device give the embeddings and the per-layer count, so
+    that ``n_layers: 1000000`` costs no more than ``n_layers: 2``."""
+    if isinstance(arch, TransformerConfig):
+        one, two = (dataclasses.replace(arch, n_layers=n) for n in (1, 2))
+        layers = arch.n_layers
+    else:
+        key = "n_layer" if "n_layer" in arch else "num_hidden_layers"  # GPT-2's name, the others'
+        types = arch.get("layer_types")  # one entry per layer where the config lists them (Qwen3)
+        one, two = ({**arch, key: n, **({"layer_types": types[:n]} if isinstance(types, list) else {})} for n in (1, 2))
+        layers = arch.get(key)
+        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+            raise ValueError(f"architecture.{key} must be a positive integer, got {layers!r}")
+    with torch.device("meta"):
+        a, b = (sum(p.numel() for p in build_backbone(cfg, x).parameters()) for x in (one, two))
+    return a + (layers - 1) * (b - a)
+
+
+def check_model_size(path: Path, cfg: dict, arch: TransformerConfig | dict, device=None) -> None:
+    """Refuse, before anything is allocated, an architecture whose float32 weights alone exceed the device's
+    memory (``n_layers: 1000000``, ``hidden_size: 1000000``, ``vocab_size: 1e11`` in a corrupt or hostile
+    ``config.json`` at ``path``): one line instead of an allocation failure or hours of swapping."""
+    try:
+        n = count_parameters(cfg, arch)
+    except (ValueError, TypeError) as e:  # transformers' own check of its config
+        raise ValueError(f"{path}: bad architecture ({str(e).strip().splitlines()[-1]})") from None
+    check_fits(f"{path}: the architecture ({n:,} parameters)", 4 * n,
+               torch.device(device) if device is not None else torch.device("cpu"),
+               "config.json is corrupt, or the model is too large for this machine")
 
 
 class Stored(typing.NamedTuple):
@@ -471,6 +545,7 @@ def read(folder: str | Path, *, ema: bool = False, family: str | None = None, de
     cfg = read_config(folder) if config is None else config
     arch, fam = parse_configs(folder, cfg, family)
     vocab = arch.vocab_size if isinstance(arch, TransformerConfig) else arch["vocab_size"]
+    check_model_size(folder / CONFIG, cfg, arch, device)
     tok = load_checkpoint_tokenizer(folder, cfg, vocab, fam)
     backbone = build_backbone(cfg, arch)
     file = folder / (EMA_WEIGHTS if ema else WEIGHTS)

@@ -371,7 +371,7 @@ def _generate(args) -> int:
     settings = _decode_settings(args, model.family.family)
     texts = prompts
     if args.chat:  # each prompt is one user message, rendered by the model's chat template (ids, no extra BOS)
-        from .hf import chat_prompt
+        from .chat import chat_prompt
 
         prompts = [chat_prompt(model.tokenizer, p) for p in prompts]
     L = model.family.length
@@ -613,7 +613,10 @@ COMMANDS = [_add_train, _add_eval, _add_bench, _add_generate, _add_infill, _add_
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = Parser(prog="setdlm", description="Set diffusion language models.")
+    parser.add_argument("--version", action="version", version=f"setdlm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:
         add(sub)

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 from torch import nn
 
-from .checkpoint import refuse_pickle
+from .checkpoint import check_model_size, refuse_pickle
 from .family import FamilyConfig
 from .lm import Model
 from .model import TransformerConfig, Transformer
@@ -439,7 +439,9 @@ def reference_tokenizer(folder: Path, cfg: dict, name: str, *, tokenizer=None, b
             raise ValueError(f"tokenizer {spec!r} is neither a local folder nor a Hub name")
         path = snapshot(spec, allow_patterns=["tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt",
                                               "*.model", "chat_template*"])
-    return load_tokenizer(path, mask_id=mask_token_id)
+    tok = load_tokenizer(path, mask_id=mask_token_id)
+    tok.prompt = "bos"  # the authors' rows start with BOS ([BOS] text [EOS]), whatever the tokenizer
+    return tok
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -463,6 +465,7 @@ def load_reference_model(path: str | Path, *, name: str | None = None, tokenizer
     kind = backbone_kind(cfg, sd)
     if kind == "dit":
         mc, fam = reference_configs(cfg, name, D=D, M=M)
+        check_model_size(folder / "config.json", {"backbone": "dit"}, mc)
         backbone = Transformer(mc)
         backbone.load_state_dict(convert_reference_state_dict(sd, mc))
     else:

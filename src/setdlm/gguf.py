@@ -112,30 +112,94 @@ def checkpoint_for(path: str | Path) -> Path:
     return folder
 
 
+def read_header(path: Path):
+    """The GGUF file's metadata and tensor directory (``gguf.GGUFReader``, memory-mapped); a truncated or
+    corrupt file (only a magic number, cut metadata, tensor data shorter than its directory) is a
+    ``ValueError`` naming the file, never a ``struct.error`` or ``IndexError`` traceback."""
+    _transformers()
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except Exception as e:  # gguf raises IndexError / ValueError / struct.error on a cut file
+        raise ValueError(f"{path}: truncated or corrupt GGUF file ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else 'no details'})") from None
+
+
+def check_tensors(path: Path, reader, hf_model, missing: list[str]) -> None:
+    """Every parameter of ``hf_model`` came from a tensor of the file, and every tensor of the file went into a
+    parameter: a missing tensor (which transformers would leave randomly initialised) or an extra one
+    (which it would silently skip) is a ``ValueError`` naming the file and the tensor."""
+    import gguf
+
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(_field(reader, "general.architecture"))
+    names = gguf.get_tensor_name_map(arch, hf_model.config.num_hidden_layers) if arch is not None else None
+
+    def gguf_name(hf_name: str) -> str | None:
+        return names.get_name(hf_name, try_suffixes=(".weight", ".bias")) if names is not None else None
+
+    if missing:
+        raise ValueError(f"{path}: tensor {gguf_name(missing[0]) or missing[0]!r} ({missing[0]}) is missing from the "
+                         f"file{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; a GGUF file must hold "
+                         "every weight (it would be randomly initialised)")
+    if names is None:
+        return
+    expected = {gguf_name(k) for k in hf_model.state_dict()}
+    # RoPE frequency tables (Llama 3, Phi-3) are recomputed from the config by transformers: not weights
+    rope = (gguf.MODEL_TENSOR.ROPE_FREQS, gguf.MODEL_TENSOR.ROPE_FACTORS_LONG, gguf.MODEL_TENSOR.ROPE_FACTORS_SHORT)
+    derived = {f"{gguf.TENSOR_NAMES[t]}.weight" for t in rope}
+    extra = [t.name for t in reader.tensors if t.name not in expected | derived]
+    if extra:
+        arch_name = _field(reader, "general.architecture")
+        raise ValueError(f"{path}: tensor {extra[0]!r} is not a weight of this {arch_name} "
+                         f"model{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}; the file is corrupt or "
+                         "of another architecture")
+
+
+def _field(reader, key: str) -> str | None:
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    try:
+        return bytes(f.parts[f.data[0]]).decode("utf-8")
+    except (IndexError, UnicodeDecodeError):
+        return None
+
+
 def convert(path: str | Path, dst: str | Path, *, digest: str | None = None) -> Path:
     """Dequantise the GGUF file ``path`` through ``transformers`` and write it as a setdlm checkpoint at
     ``dst`` (family ``ar``, context length = the model's ``max_position_embeddings``, float32 weights,
     the tokenizer with its chat template and a MASK token). Another process converting the same file at
     the same time is harmless: the first finished folder wins."""
-    from .checkpoint import is_checkpoint, save
+    from .checkpoint import is_checkpoint, partial_folder, remove_partial, save
     from .family import FamilyConfig
     from .hf import adapt, setdlm_tokenizer
     from .lm import Model
 
     AutoModelForCausalLM, AutoTokenizer = _transformers()
     p, dst = Path(path).expanduser().resolve(), Path(dst)
+    reader = read_header(p)
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report of missing weights: check_tensors says it in one line
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-        hf_model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype="float32")
-    except (ValueError, KeyError, NotImplementedError) as e:  # transformers' words for an unsupported file
+        hf_model, info = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype="float32",
+                                                              output_loading_info=True)
+    except (ValueError, KeyError, NotImplementedError, IndexError) as e:  # transformers' words for an unsupported file
         raise ValueError(f"{p}: transformers cannot load this GGUF file ({str(e).splitlines()[0]})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    check_tensors(p, reader, hf_model, sorted(info.get("missing_keys") or ()))
     _drop_quantization(hf_model)
     backbone, mask_id = adapt(hf_model.eval(), tokenizer)
     length = int(getattr(hf_model.config, "max_position_embeddings", 2048))
     model = Model(backbone, FamilyConfig("ar", length=length, mask_token_id=mask_id), setdlm_tokenizer(tokenizer))
     source = {"gguf": str(p), "gguf_sha256": digest or file_digest(p), "converter_version": CONVERTER_VERSION}
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.convert-{os.getpid()}")
+    remove_partial(dst)  # what a conversion killed halfway left
+    tmp = partial_folder(dst, "convert")
     save(tmp, model, source=source)
     try:
         os.rename(tmp, dst)  # atomic; fails when dst exists and is not empty

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .chat import chat_prompt  # noqa: F401  (setdlm.hf.chat_prompt: the one chat path, documented here first)
 from .hub import HubUnreachableError, hub_reachable, is_connection_failure
 from .model import KVCache, apply_rope, attention, begin_step, end_step
 
@@ -204,13 +205,28 @@ def adapt(model: nn.Module, tokenizer, mask_token: str = DEFAULT_MASK_TOKEN) -> 
 
 class HFTokenizer:
     """setdlm's duck-typed tokenizer (see :mod:`setdlm.lm`) over a ``transformers`` tokenizer: ``encode``
-    adds no special tokens (the data pipeline decides about BOS/EOS), ``vocab_size`` counts added tokens."""
+    adds no special tokens unless asked (a string prompt gets them as ``transformers`` adds them,
+    :func:`setdlm.data.prompt.encode_prompt`), ``vocab_size`` counts added tokens."""
+
+    kind, prompt = "hf", "transformers"
 
     def __init__(self, tokenizer):
         self.hf = tokenizer
 
-    def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False)
+    @property
+    def chat_template(self):
+        return getattr(self.hf, "chat_template", None)
+
+    @property
+    def tokens(self) -> dict:
+        return {r: getattr(self.hf, f"{r}_token", None) for r in ("bos", "eos", "pad", "mask", "unk")}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=add_special_tokens)
+
+    def encode_special(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Ids of ``text`` whose special tokens' strings are the special tokens (a rendered chat template)."""
+        return self.hf.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=False)
 
     def decode(self, ids) -> str:
         return self.hf.decode([int(i) for i in ids])
@@ -244,28 +260,6 @@ def setdlm_tokenizer(tokenizer):
     template = getattr(tokenizer, "chat_template", None)
     return Tokenizer(Backend.from_str(backend.to_str()), kind="hf", chat_template=template if isinstance(template, str)
                      else None, **names)
-
-
-def chat_prompt(tokenizer, messages: str | list[dict], *, add_generation_prompt: bool = True,
-                **template_kwargs) -> list[int]:
-    """Token ids of ``messages`` (a list of ``{"role", "content"}``; a string is one user message) rendered
-    by the tokenizer's chat template, as ``transformers``' ``apply_chat_template`` renders it, with the
-    assistant's turn opened (``add_generation_prompt``). The template's special tokens become their ids;
-    pass the ids to ``generate`` as they are (a string prompt would get a second BOS)."""
-    template = getattr(tokenizer, "chat_template", None)
-    if not isinstance(template, str):
-        raise ValueError("the model's tokenizer has no chat template; pass a plain prompt")
-    if isinstance(messages, str):
-        messages = [{"role": "user", "content": messages}]
-    from tokenizers import Tokenizer as Backend
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Backend.from_str(tokenizer.backend.to_str())
-    backend.encode_special_tokens = False  # the template's <|im_start|> & co. are the special tokens
-    renderer = PreTrainedTokenizerFast(tokenizer_object=backend, chat_template=template)
-    text = renderer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                        **template_kwargs)
-    return backend.encode(text, add_special_tokens=False).ids
 
 
 def config_dict(backbone: HFBackbone) -> dict:

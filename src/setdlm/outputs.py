@@ -5,12 +5,38 @@ minutes; :func:`check_file` and :func:`check_folder` refuse a path that cannot b
 (a folder where a file is expected, a file in the way of a folder, a parent that is not writable), and
 :func:`write_text` turns a write that fails anyway (disk full, read-only file system) into a one-line
 ``ValueError`` naming the path.
+
+What the path names is honoured, never replaced: a symlink is written through (its target replaced
+atomically, the link kept), and a FIFO, a terminal, a device node or ``/dev/stdout`` / ``/dev/fd/N`` is
+written to as a stream (appended, so a shell's ``> log`` redirect is not truncated), never replaced by a
+regular file.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
+
+STREAM_ROOTS = ("/dev/", "/proc/")  # /dev/stdout, /dev/fd/N, /proc/self/fd/N: an open stream, not a file
+
+
+def is_stream(path: str | Path) -> bool:
+    """Is ``path`` a stream to write into rather than a file to replace: something that exists and is not a
+    regular file or folder (FIFO, terminal, device node, socket), or a path under /dev or /proc?"""
+    p = Path(path)
+    try:
+        mode = os.stat(p).st_mode  # follows symlinks
+    except OSError:
+        return False
+    if stat.S_ISDIR(mode):
+        return False
+    return not stat.S_ISREG(mode) or any(str(q).startswith(STREAM_ROOTS) for q in (p.absolute(), p.resolve()))
+
+
+def _target(p: Path) -> Path:
+    """The file a write to ``p`` replaces: ``p``, or the end of its symlink chain (the link is kept)."""
+    return p.resolve() if p.is_symlink() else p
 
 
 def _existing_parent(p: Path) -> Path:
@@ -34,6 +60,11 @@ def check_file(path: str | Path, flag: str = "--output") -> Path:
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{flag} {str(p)!r} is a folder; name a file")
+    if is_stream(p):
+        if not os.access(p, os.W_OK):
+            raise ValueError(f"{flag} {str(p)!r}: not writable")
+        return p
+    p = _target(p)
     if p.exists() and not os.access(p.parent, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {str(p)!r}: folder {str(p.parent)!r} is not writable")
     if not p.exists():
@@ -55,13 +86,19 @@ def check_folder(path: str | Path, flag: str = "--out") -> Path:
 
 
 def write_text(path: str | Path, text: str, flag: str = "--output") -> Path:
-    """Write ``text`` atomically (its parents created); an ``OSError`` becomes a one-line ``ValueError``."""
+    """Write ``text`` atomically (its parents created), through a symlink, or into a stream (module
+    docstring); an ``OSError`` becomes a one-line ``ValueError``."""
     from .checkpoint import write_text_atomic
 
     p = Path(path)
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(p, text)
+        if is_stream(p):
+            with open(p, "a", encoding="utf-8") as f:
+                f.write(text)
+            return p
+        target = _target(p)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(target, text)
     except OSError as e:
         raise ValueError(f"{flag} {str(p)!r}: cannot write ({e.strerror or e})") from None
     return p

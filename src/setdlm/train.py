@@ -18,8 +18,10 @@ process holds an OS lock on its run folder (:class:`RunLock`), so a second run i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -106,10 +108,12 @@ class TrainConfig:
     compile: bool = _f("torch.compile the backbone", default=False)
     device: str = _f("auto, cpu, cuda or cuda:N", default="auto")
     resume: bool = _f("continue from the run folder's latest checkpoint", default=False)
+    allow_data_change: bool = _f("with --resume: continue although the training data changed since the "
+                                 "checkpoint (its tokenized rows' sha256 is recorded)", default=False)
 
     # fields that may change when resuming a run
     RESUMABLE = ("steps", "eval_every", "save_every", "keep", "log_every", "resume", "device", "compile", "out",
-                 "grad_checkpointing")
+                 "grad_checkpointing", "allow_data_change")
 
     def __post_init__(self):
         hints = typing.get_type_hints(TrainConfig)
@@ -368,6 +372,29 @@ def prepare_data(cfg: TrainConfig, tokenizer: Tokenizer | None = None) -> Setup:
     return Setup(tokenizer, family, data.subset(train_idx), data.subset(eval_idx))
 
 
+def data_digest(setup: Setup) -> str:
+    """sha256 of the tokenized training and held-out rows (ids, padding and prompt masks): a checkpoint
+    records it, so that ``--resume`` on changed data (an edited file, another tokenization) is noticed."""
+    h = hashlib.sha256()
+    for ds in (setup.train, setup.heldout):
+        for t in (ds.input_ids, ds.attention_mask, ds.context_mask):
+            h.update(str(tuple(t.shape)).encode())
+            h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _check_same_data(folder: Path, recorded: str | None, setup: Setup, cfg: TrainConfig) -> None:
+    """Refuse to resume on data other than the checkpoint's (``recorded``: its training state's digest)
+    unless ``allow_data_change``; checkpoints saved before the digest was recorded are not checked."""
+    if recorded is None or cfg.allow_data_change:
+        return
+    now = data_digest(setup)
+    if now != recorded:
+        raise ValueError(f"cannot resume: the training data changed since {folder} (sha256 of its tokenized rows "
+                         f"{recorded[:12]}..., now {now[:12]}...); restore the data, or pass --allow-data-change "
+                         "to continue on the new data")
+
+
 def heldout_of(training_args: dict, tokenizer: Tokenizer) -> TokenDataset:
     """The held-out rows a run evaluated on, rebuilt from its recorded training arguments."""
     args = {k: v for k, v in training_args.items() if k in {f.name for f in config_fields()}}
@@ -384,10 +411,17 @@ def _check_resumable(saved: dict, cfg: TrainConfig, where: Path) -> None:
 
 
 def _check_out_dir(cfg: TrainConfig) -> Path | None:
-    """The checkpoint to resume from (or None); refuses to mix a new run into an old run folder."""
+    """The checkpoint to resume from (or None); refuses to mix a new run into an old run folder, a checkpoint
+    folder or a folder inside another run."""
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"out {cfg.out!r} exists and is not a folder")
+    if ckpt.is_checkpoint(out):
+        raise ValueError(f"out {cfg.out!r} is a checkpoint folder, not a run folder; choose another --out")
+    for parent in out.absolute().parents:
+        if (parent / ckpt.LATEST).is_file() and (parent / "checkpoints").is_dir():
+            raise ValueError(f"out {cfg.out!r} lies inside the training run {str(parent)!r}; choose a folder "
+                             "outside it")
     latest = ckpt.latest_checkpoint(out) if out.is_dir() else None
     if latest is None and out.is_dir() and any((out / "checkpoints").glob("step-*")):
         raise ValueError(f"{out / ckpt.LATEST}: missing, but {out} holds checkpoints; repair or remove it")
@@ -411,11 +445,14 @@ class RunLock:
         self.path = Path(out) / ".lock"
         self.file = None
 
-    def acquire(self) -> None:
+    def acquire(self, sign: bool = True) -> None:
+        """Take the lock; ``sign``: write this process into the file (once the run really starts)."""
         import fcntl
         import socket
 
         if self.file is not None:
+            if sign:
+                self._sign(socket.gethostname())
             return
         f = open(self.path, "a+", encoding="utf-8")
         try:
@@ -426,16 +463,21 @@ class RunLock:
             f.close()
             raise ValueError(f"{self.path.parent}: another training run is writing into this folder ({holder}); "
                              "wait for it to end or choose another --out") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        f.flush()
         self.file = f
+        if sign:
+            self._sign(socket.gethostname())
+
+    def _sign(self, host: str) -> None:
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"pid {os.getpid()} on {host}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        self.file.flush()
 
     def check(self) -> None:
-        """Refuse early (before reading the data) when the folder exists and is locked."""
+        """Refuse early (before reading the data) when the folder exists and is locked; the lock is held from
+        here on, but the file is left as it is until the run starts (a refused run changes nothing)."""
         if self.path.is_file():
-            self.acquire()
+            self.acquire(sign=False)
 
     def release(self) -> None:
         if self.file is not None:
@@ -507,9 +549,11 @@ class _Run:
         self.order = DataOrder(len(setup.train), cfg.seed)
         self.micro = cfg.batch_size // (cfg.grad_accum * dist.world)
         self.history: list[dict] = []
+        self.digest: str | None = None  # data_digest, computed at the first checkpoint
 
     def _restore(self, folder: Path) -> None:
         state, opt = ckpt.load_training_state(folder)
+        _check_same_data(folder, state.get("data_sha256"), self.setup, self.cfg)
         if opt is not None:
             self.optimizer.load_state_dict(opt)
         self.step = int(state["step"])
@@ -571,7 +615,9 @@ class _Run:
         divergence = replica_divergence(self.backbone, self.dist)
         name = f"checkpoints/step-{self.step:08d}"
         if self.dist.main:
+            self.digest = self.digest or data_digest(self.setup)
             state = {"step": self.step, "data": self.order.position(self.step, self.cfg.batch_size),
+                     "data_sha256": self.digest,
                      "world_size": self.dist.world, "replica_max_abs_diff": divergence,
                      "lr_schedule": {"kind": self.cfg.lr_schedule, "lr": lr_at(self.cfg, max(self.step - 1, 0))},
                      "rng": "derived from (seed, step, rank, micro-batch); nothing to restore", "last": last}
@@ -647,7 +693,7 @@ def resume_config(out: str | Path, **given) -> TrainConfig:
     saved = ckpt.read_config(latest).get("training") or {}
     if not saved:
         raise ValueError(f"{latest / ckpt.CONFIG}: records no training arguments, so the run cannot resume")
-    names = {f.name for f in config_fields()}
+    names = {f.name for f in config_fields()} - {"allow_data_change"}  # given each time, never carried over
     return TrainConfig(**{**{k: v for k, v in saved.items() if k in names}, **given, "out": str(out),
                           "resume": True})
 
@@ -655,13 +701,30 @@ def resume_config(out: str | Path, **given) -> TrainConfig:
 def train(cfg: TrainConfig) -> TrainResult:
     """Train ``cfg`` to ``cfg.steps`` optimizer steps; see the module docstring."""
     dist = init_dist(cfg.device)
-    lock = RunLock(Path(cfg.out))
-    if dist.main:
-        lock.check()
+    out = Path(cfg.out)
+    fresh = [p for p in (out, out / ".lock") if not p.exists()]  # what this run creates before its first write
+    lock = RunLock(out)
+    done = False
     try:
-        return _train(cfg, dist, lock)
+        if dist.main:
+            lock.check()
+        result = _train(cfg, dist, lock)
+        done = True
+        return result
     finally:
         lock.release()
+        if dist.main and not done:
+            _remove_if_unused(out, fresh)
+
+
+def _remove_if_unused(out: Path, fresh: list[Path]) -> None:
+    """After a run that stopped before writing anything (refused, or failed while starting): remove the
+    lock file and the folder it created, so that a refused ``--out`` is left exactly as it was."""
+    if not out.is_dir() or any(p.name != ".lock" for p in out.iterdir()):
+        return
+    for p in fresh[::-1]:  # the lock file first, then the folder
+        with contextlib.suppress(OSError):
+            p.unlink() if p.name == ".lock" else p.rmdir()
 
 
 def _train(cfg: TrainConfig, dist: Dist, lock: RunLock) -> TrainResult:
@@ -683,6 +746,7 @@ def _train(cfg: TrainConfig, dist: Dist, lock: RunLock) -> TrainResult:
         torch.distributed.broadcast_object_list(msg, 0)
         tokenizer = Tokenizer.from_json(msg[0])
     setup = setup or prepare_data(cfg, tokenizer)  # every check of the inputs happens before anything is written
+    setup.tokenizer.prompt = "bos"  # the rows start with BOS, so the trained model is decoded from [BOS] + text
     if cfg.batch_size % (cfg.grad_accum * dist.world):
         raise ValueError(f"batch_size {cfg.batch_size} is not divisible by grad_accum × processes = "
                          f"{cfg.grad_accum} × {dist.world}")

@@ -30,6 +30,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 
 PAD, BOS, EOS, MASK, UNK = "<|pad|>", "<|bos|>", "<|eos|>", "<|mask|>", "<|unk|>"
 ROLES = ("bos", "eos", "pad", "mask", "unk")
+PROMPT_CONVENTIONS = ("bos", "transformers")
 TOKENIZER_FILE, CONFIG_FILE = "tokenizer.json", "tokenizer_config.json"
 
 
@@ -38,9 +39,14 @@ class Tokenizer:
 
     def __init__(self, backend: _HFTokenizer, *, kind: str, bos: str | None = None, eos: str | None = None,
                  pad: str | None = None, mask: str | None = None, unk: str | None = None,
-                 chat_template: str | None = None):
+                 chat_template: str | None = None, prompt: str | None = None):
         self.backend = backend
         self.kind = kind
+        # how a string prompt starts (setdlm.data.prompt): "bos", the training convention, or
+        # "transformers", a pretrained model's own tokenization; by default "transformers" for kind "hf"
+        self.prompt = prompt or ("transformers" if kind == "hf" else "bos")
+        if self.prompt not in PROMPT_CONVENTIONS:
+            raise ValueError(f"prompt convention must be one of {PROMPT_CONVENTIONS}, got {prompt!r}")
         self.chat_template = chat_template  # a Hugging Face chat template (Jinja), kept for tools that use one
         self.tokens = {"bos": bos, "eos": eos, "pad": pad, "mask": mask, "unk": unk}
         for role, tok in self.tokens.items():
@@ -54,6 +60,7 @@ class Tokenizer:
             self.tokens["mask"] = name
         backend.encode_special_tokens = True  # text never becomes a special token
         self._chars = _char_table(backend, self.special_ids) if kind == "char" else None
+        self._with_specials: _HFTokenizer | None = None
 
     # -- the duck type every module uses ------------------------------------------------------------------
 
@@ -85,10 +92,22 @@ class Tokenizer:
     def special_ids(self) -> set[int]:
         return {i for i in (self._id(r) for r in ROLES) if i is not None}
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens``: apply the tokenizer's post-processor (a Hugging Face
+        tokenizer's BOS/EOS as its ``add_bos_token``/``add_eos_token`` say; setdlm's own have none)."""
         if self._chars is not None:
             return self._encode_chars(text).tolist()
-        return self.backend.encode(text, add_special_tokens=False).ids
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_special(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text`` in which the special tokens' strings are the special tokens, as
+        ``transformers`` encodes text (a rendered chat template, :func:`setdlm.chat.chat_prompt`; a Hugging
+        Face tokenizer's string prompt); ``add_special_tokens``: apply the post-processor. ``encode`` keeps
+        them as text."""
+        if self._with_specials is None:  # a copy of the backend that matches special tokens
+            self._with_specials = _HFTokenizer.from_str(self.backend.to_str())
+            self._with_specials.encode_special_tokens = False
+        return self._with_specials.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         if self._chars is not None:
@@ -128,7 +147,7 @@ class Tokenizer:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.backend.save(str(folder / TOKENIZER_FILE))
-        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "setdlm_kind": self.kind}
+        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "setdlm_kind": self.kind, "setdlm_prompt": self.prompt}
         cfg.update({f"{role}_token": tok for role, tok in self.tokens.items() if tok is not None})
         if self.chat_template is not None:
             cfg["chat_template"] = self.chat_template
@@ -137,13 +156,13 @@ class Tokenizer:
     def to_json(self) -> str:
         """The tokenizer (vocabulary and special tokens) as one string, e.g. to send to other processes."""
         return json.dumps({"backend": self.backend.to_str(), "kind": self.kind, "tokens": self.tokens,
-                           "chat_template": self.chat_template})
+                           "chat_template": self.chat_template, "prompt": self.prompt})
 
     @classmethod
     def from_json(cls, s: str) -> "Tokenizer":
         d = json.loads(s)
         return cls(_HFTokenizer.from_str(d["backend"]), kind=d["kind"], chat_template=d.get("chat_template"),
-                   **d["tokens"])
+                   prompt=d.get("prompt"), **d["tokens"])
 
 
 def _char_table(backend: _HFTokenizer, special: set[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -214,7 +233,7 @@ def load_tokenizer(folder: str | Path, *, mask_id: int | None = None) -> Tokeniz
     except Exception as e:  # tokenizers raises a bare Exception on bad JSON
         raise ValueError(f"{path}: not a valid tokenizer file ({str(e).splitlines()[0]})") from None
     names: dict[str, str | None] = {}
-    kind, template = "hf", None
+    kind, template, prompt = "hf", None, None
     for fname in ("special_tokens_map.json", CONFIG_FILE):  # the config wins
         p = folder / fname
         if p.is_file():
@@ -224,6 +243,7 @@ def load_tokenizer(folder: str | Path, *, mask_id: int | None = None) -> Tokeniz
                 raise ValueError(f"{p}: not valid JSON ({e})") from None
             names.update({r: _token_name(cfg[f"{r}_token"]) for r in ROLES + ("cls", "sep") if f"{r}_token" in cfg})
             kind = cfg.get("setdlm_kind", kind)
+            prompt = cfg.get("setdlm_prompt", prompt)
             template = cfg.get("chat_template", template) if isinstance(cfg.get("chat_template"), str) else template
     jinja = folder / "chat_template.jinja"  # where transformers >= 4.50 writes it
     if template is None and jinja.is_file():
@@ -235,7 +255,7 @@ def load_tokenizer(folder: str | Path, *, mask_id: int | None = None) -> Tokeniz
     names["eos"] = names.get("eos") or sep
     if mask_id is not None:
         names["mask"] = _mask_name(backend, names.get("mask"), mask_id, folder)
-    return Tokenizer(backend, kind=kind, chat_template=template, **names)
+    return Tokenizer(backend, kind=kind, chat_template=template, prompt=prompt, **names)
 
 
 def _mask_name(backend: _HFTokenizer, current: str | None, mask_id: int, where: Path) -> str | None:

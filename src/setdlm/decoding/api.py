@@ -18,14 +18,17 @@ Every input is checked before any decoding: prompts must be strings or token-id 
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from ..data.prompt import encode_prompt, start_ids
 from ..resources import check_fits
+from ..seeds import check_seed
 from . import ar, bd3lm, mdlm, setdlm
 from .output import GenerationOutput
 from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings, applicable
@@ -41,17 +44,19 @@ def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: in
     """Continue each prompt by up to ``max_new_tokens`` tokens (default 64).
 
     ``prompts``: token-id lists or strings (strings need ``model.tokenizer``); one prompt alone is accepted
-    too. A string prompt is encoded as ``[BOS] + encode(text)`` when the tokenizer has a BOS, the way the
-    trainer lays out every row; token-id prompts are used exactly as given. An empty prompt becomes
-    ``[BOS]`` when the tokenizer has one.
+    too. A string prompt is encoded by :func:`setdlm.data.prompt.encode_prompt`: ``[BOS] + encode(text)``
+    for setdlm's own tokenizers (the way the trainer lays out every row), exactly ``transformers``' ids for a
+    Hugging Face tokenizer; token-id prompts (lists, tensors, numpy arrays) are used exactly as given. An
+    empty prompt becomes ``[BOS]`` when the tokenizer has one.
     ``window``: SetDLM positional window ``w`` (default ``D``, as the paper's evals). ``threshold``: τ in
     (0, 1], commit every masked token at least this confident in addition to the top-1; None = off
     (exactly one token per step). ``block_size``: BD3LM/MDLM block (default ``family.block_size``).
     ``temperature`` 0 = greedy; ``top_p``, ``top_k``, ``repetition_penalty`` (on the generated tokens),
     ``length_penalty=(start, factor)`` (EOS boost, docs/method.md §5.3).
-    Stopping: a row ends at its first EOS (``eos_token_id``, default the tokenizer's; ``ignore_eos`` turns
-    it off) once every position before it is decoded, at a stop string (needs a tokenizer; the text ends
-    before it), or after ``max_new_tokens``. ``seed``: one int for every row or one per row.
+    Stopping: a row ends at its first EOS (``eos_token_id``, default the model's end-of-turn ids,
+    :func:`end_of_turn_ids`; ``ignore_eos`` turns it off) once every position before it is decoded, at a
+    stop string (needs a tokenizer; the text ends before it), or after ``max_new_tokens``. ``seed``: one
+    int for every row or one per row.
     ``cache_order``: SetDLM order of newly cached tokens, ``"position"`` (the default) or ``"reveal"``
     (decreasing reveal time, docs/method.md §4.5; the times sampled from each row's seed). ``reveal_times``: the
     reveal times themselves, per row one number per generated position (a (B, max_new_tokens) tensor or
@@ -233,11 +238,13 @@ def _vocab_size(model) -> int | None:
 
 def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: bool = False) -> list[list[int]]:
     """Strings or token-id lists → token-id lists; one item alone is wrapped into a batch."""
+    if isinstance(items, np.ndarray):  # numpy token ids: as a tensor of them
+        items = torch.from_numpy(items) if items.dtype.kind in "iu" else items.tolist()
     if not isinstance(items, (str, list, tuple, torch.Tensor)):
         raise TypeError(f"{what}{'es' if what.endswith('x') else 's'} must be strings or token-id lists, got "
                         f"{type(items).__name__}"
                         + ("; decode the bytes first (b.decode('utf-8'))" if isinstance(items, (bytes, bytearray)) else ""))
-    if isinstance(items, str) or (isinstance(items, (list, tuple)) and items and isinstance(items[0], int)):
+    if isinstance(items, str) or (isinstance(items, (list, tuple)) and items and _is_id(items[0])):
         items = [items]
     if isinstance(items, torch.Tensor):
         items = items.tolist() if items.dim() == 2 else [items.tolist()]
@@ -248,6 +255,8 @@ def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: boo
     vocab = _vocab_size(model)
     out = []
     for i, x in enumerate(items):
+        if isinstance(x, np.ndarray):
+            x = x.tolist()
         if not isinstance(x, (str, list, tuple, torch.Tensor)):
             raise TypeError(f"{what} {i} must be a string or a list of token ids, got {type(x).__name__}"
                             + ("; decode the bytes first" if isinstance(x, (bytes, bytearray)) else ""))
@@ -258,8 +267,9 @@ def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: boo
         if isinstance(x, torch.Tensor):
             x = x.tolist()
         x = list(x)
-        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in x):
+        if not all(_is_id(t) and t >= 0 for t in x):
             raise ValueError(f"{what} {i} must hold non-negative integer token ids, got {x[:8]!r}")
+        x = [int(t) for t in x]  # numpy integers become ints
         if vocab is not None and x and max(x) >= vocab:
             raise ValueError(f"{what} {i} holds token id {max(x)}, outside the model's vocabulary of {vocab}")
         if not x and not allow_empty:
@@ -270,18 +280,39 @@ def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: boo
     return out
 
 
+def _is_id(t) -> bool:
+    """A token id: a Python or numpy integer, never a bool."""
+    return isinstance(t, numbers.Integral) and not isinstance(t, (bool, np.bool_))
+
+
 def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: str, trace: bool) -> DecodeConfig:
     """The decoders' per-state configuration: ``settings`` checked against the model (stop strings need its
     tokenizer, EOS ids its vocabulary) with the family's defaults filled in (``window`` = ``D`` for SetDLM,
     ``block_size`` = ``family.block_size`` for BD3LM/MDLM, 1 where unused)."""
     fam = model.family
+    if _device(model.backbone).type == "meta":
+        raise ValueError("the model's weights are on the meta device (an empty model, built under "
+                         "torch.device('meta') or init_empty_weights): load real weights first, e.g. setdlm.load(...)")
     stops = _stops(model, settings.stop)
     sampling = settings.sampling(fam.mask_token_id, _eos_ids(model, settings.eos_token_id))
     window = (settings.window or fam.D) if fam.family == "setdlm" else 1
     block_size = (settings.block_size or fam.block_size) if fam.family in ("bd3lm", "mdlm") else 1
+    for name, v in (("window", window), ("block_size", block_size)):
+        if v >= 2**62:  # torch indexes with int64: a larger size overflows before any memory check could
+            raise ValueError(f"{name} must be below 2**62, got {v}")
+    if fam.family in ("setdlm", "bd3lm"):  # their cache holds room for 2 windows / blocks beyond the context
+        _check_cache_fits(model, *(("window", window) if fam.family == "setdlm" else ("block_size", block_size)))
     return DecodeConfig(sampling, fam.length, mode=mode, stop_on_eos=mode == "generate" and not settings.ignore_eos,
                         window=window, block_size=block_size, cache_order=cache_order, stop=stops,
                         tokenizer=model.tokenizer, trace=trace)
+
+
+def _check_cache_fits(model, name: str, n: int) -> None:
+    """Refuse a window / block so large (``window=10**9``) that one row's KV cache, which holds ``2 n``
+    entries beyond the context, cannot fit the device: a lower bound from the bytes of one cache entry."""
+    probe = model.backbone.new_cache(1, capacity=1)
+    entry = sum(t.numel() * t.element_size() for t in [*probe.k, *probe.v, probe.pos])  # bytes of one position
+    check_fits(f"decoding with {name}={n:,}", 2 * n * entry, _device(model.backbone), f"lower {name}")
 
 
 def _reveal_order(fam, cfg: DecodeConfig) -> bool:
@@ -344,10 +375,22 @@ def _stops(model, stops: tuple[str, ...]) -> tuple[str, ...]:
     return stops
 
 
+def end_of_turn_ids(model) -> tuple[int, ...]:
+    """The ids that end a model's turn: the tokenizer's EOS and, for a wrapped ``transformers`` model, its
+    generation config's EOS ids (``<|im_end|>`` for SmolLM2; Qwen lists two). They stop every decoding
+    path (``generate``, sessions, the server) unless ``ignore_eos`` or an explicit ``eos_token_id``."""
+    e = getattr(model.tokenizer, "eos_token_id", None) if model.tokenizer is not None else None
+    ids = [] if e is None else [int(e)]
+    gen = getattr(getattr(getattr(model.backbone, "hf", None), "generation_config", None), "eos_token_id", None)
+    for g in ([gen] if isinstance(gen, int) else gen or []):
+        if isinstance(g, int) and int(g) not in ids:
+            ids.append(int(g))
+    return tuple(ids)
+
+
 def _eos_ids(model, eos_token_id) -> tuple[int, ...]:
     if eos_token_id is None:
-        e = getattr(model.tokenizer, "eos_token_id", None) if model.tokenizer is not None else None
-        return () if e is None else (int(e),)
+        return end_of_turn_ids(model)
     ids = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
     vocab = _vocab_size(model) or float("inf")
     if not all(isinstance(e, int) and 0 <= e < vocab for e in ids):
@@ -356,24 +399,21 @@ def _eos_ids(model, eos_token_id) -> tuple[int, ...]:
     return ids
 
 
-SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed accepts
-
-
 def _seeds(seed, B: int, needed: bool = True) -> list[int] | None:
-    """One seed per row: ``seed`` checked (an int, or one per row; never a bool; within ``SEED_RANGE``) or,
-    when none is given, drawn from torch's global RNG (``torch.manual_seed`` applies); None when the rows do
-    not sample (a given seed is still checked)."""
+    """One seed per row: ``seed`` checked (an int or numpy integer, or one per row; never a bool; within
+    torch's seed range, :func:`setdlm.seeds.check_seed`) or, when none is given, drawn from torch's global RNG
+    (``torch.manual_seed`` applies); None when the rows do not sample (a given seed is still checked)."""
     if seed is None:
         return torch.randint(0, 2**62, (B,)).tolist() if needed else None
-    seeds = [seed] * B if isinstance(seed, int) else list(seed) if isinstance(seed, Sequence) else None
-    if seeds is None or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise TypeError(f"seed must be an int or one int per row ({B}), got {seed!r}")
-    if len(seeds) != B:
-        raise ValueError(f"seed must be an int or one int per row ({B}), got {seed!r}")
-    lo, hi = SEED_RANGE
-    bad = next((s for s in seeds if not lo <= s <= hi), None)
-    if bad is not None:
-        raise ValueError(f"seed must lie in [-2**63, 2**64 - 1] (torch's seed range), got {bad}")
+    if _is_id(seed):  # an int, or a numpy integer
+        seeds = [check_seed(int(seed))] * B
+    else:
+        if isinstance(seed, (str, bytes)) or not isinstance(seed, (Sequence, torch.Tensor, np.ndarray)):
+            raise TypeError(f"seed must be an int or one int per row ({B}), got {type(seed).__name__} {seed!r}")
+        seeds = [int(s) if _is_id(s) else s for s in seed]
+        if len(seeds) != B:
+            raise ValueError(f"seed must be an int or one int per row ({B}), got {seed!r}")
+        seeds = [check_seed(s, f"seed[{i}]") for i, s in enumerate(seeds)]
     return seeds if needed else None
 
 

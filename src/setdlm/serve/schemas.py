@@ -15,7 +15,9 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from ..decoding.api import SEED_RANGE, _encode_all
+from ..chat import ROLES, chat_prompt
+from ..decoding.api import _encode_all
+from ..seeds import SEED_RANGE
 from ..decoding.settings import DecodeSettings
 
 
@@ -51,7 +53,6 @@ class CompletionRequest:
         return len(self.prompt_ids) + len(self.suffix or ())
 
 
-ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
 def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int) -> CompletionRequest:
@@ -247,7 +248,11 @@ def _messages_ids(body: dict, model) -> list[int]:
     if not template:
         raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions with a prompt",
                        "messages")
-    return _encode(model, render_chat(template, msgs, model.tokenizer), "messages")
+    try:  # the library's chat path (setdlm.chat): template special tokens as their ids, no extra BOS
+        ids = chat_prompt(model.tokenizer, msgs)
+    except ValueError as e:
+        raise APIError(400, str(e), "messages") from None
+    return _encode(model, ids, "messages")
 
 
 def _encode(model, prompt, param: str) -> list[int]:
@@ -256,20 +261,6 @@ def _encode(model, prompt, param: str) -> list[int]:
         return _encode_all(model, [prompt], "prompt", add_bos=True)[0]
     except (ValueError, KeyError, IndexError) as e:
         raise APIError(400, f"{param} cannot be encoded: {e}", param) from None
-
-
-def render_chat(template: str, messages: list[dict], tokenizer) -> str:
-    """Render a Hugging Face chat template (Jinja, sandboxed) with the generation prompt added."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message):
-        raise APIError(400, f"chat template: {message}", "messages")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    tokens = getattr(tokenizer, "tokens", {}) or {}
-    return env.from_string(template).render(messages=messages, add_generation_prompt=True,
-                                            bos_token="", eos_token=tokens.get("eos") or "")
 
 
 def _short(v) -> str:
