@@ -75,7 +75,7 @@ def test_normalised_and_frozen():
 
 @pytest.mark.parametrize("family", ALL)
 def test_check_for_follows_the_one_table(family):
-    values = {"window": 2, "threshold": 0.5, "block_size": 2}
+    values = {"window": 2, "threshold": 0.5, "block_size": 2, "speculate": True}
     for name, families in FAMILIES.items():
         s = DecodeSettings(**{name: values[name]})
         if family in families:

@@ -21,6 +21,11 @@ class StepTrace:
     committed_positions: list[int]  # positions committed this step (ascending)
     committed_tokens: list[int]
     cache_length: int  # entries in the row's KV cache after the forward (0 without a cache)
+    # speculative decoding (decoding/speculative.py): the draft this step verified (ascending positions and
+    # their tokens) and how many of them, a prefix, were accepted; the rest were rejected
+    draft_positions: list[int] = field(default_factory=list)
+    draft_tokens: list[int] = field(default_factory=list)
+    accepted: int = 0
 
 
 @dataclass

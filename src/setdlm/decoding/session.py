@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from .api import DECODERS, _device, _encode_all, _seeds, _text, decode_config, needs_seed, start
+from .api import _device, _encode_all, _seeds, _text, decode_config, decoder_of, needs_seed, start
 from .output import StepTrace
 from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings
 from .state import DecodeConfig, DecodeState
@@ -119,11 +119,10 @@ class Session:
         took part (finished rows carry ``done`` and leave the session)."""
         self._admit()
         events = []
-        decoders = DECODERS[self.model.family.family]
         with torch.inference_mode():
             for key, st in list(self.groups.items()):
                 ids = st.index.tolist()
-                decoders.step(self.model.backbone, st)
+                decoder_of(self.model.family, st.cfg).step(self.model.backbone, st)
                 self.forwards += 1
                 st.finish()
                 for row in ids:
