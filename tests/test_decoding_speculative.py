@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import setdlm
-from setdlm import Model
-from setdlm.decoding import fill, generate
+from setdlm import Model, bench, evaluate
+from setdlm.decoding import DecodeSettings, fill, generate
 from setdlm.decoding.session import Session
 
-from support import (MASK, PROMPTS, CharTokenizer, active_rows, assert_cache_clean, recorded, setdlm_training_logits,
-                     tiny_model)
+from support import (MASK, PROMPTS, CharTokenizer, active_rows, assert_cache_clean, recorded, run,
+                     setdlm_training_logits, tiny_model)
 
 TOL = 1e-9
 SAMPLED = [dict(temperature=1.0, top_p=0.9), dict(temperature=0.7, top_k=5, repetition_penalty=1.2),
@@ -189,3 +189,27 @@ def test_other_families_refuse_speculate(family):
     with pytest.raises(ValueError, match="speculate applies to setdlm models"):
         generate(tiny_model(family), PROMPTS, max_new_tokens=4, speculate=True)
     generate(tiny_model(family), PROMPTS, max_new_tokens=2, speculate=False)  # off is fine everywhere
+
+
+def test_bench_sweeps_speculation_beside_the_windows(tmp_path, capsys):
+    """``setdlm bench --speculate`` adds each SetDLM window's speculative decode (w > 1) beside w = 1, the
+    default window and AR, side by side in one run; its accuracy is w = 1's, in fewer forwards per token."""
+    code, stdout, err = run(["bench", "arith-setdlm-smax8", "arith-ar", "--task", "reasoning", "--n", "6",
+                             "--warmup", "1", "--thresholds", "off", "--windows", "1,D", "--speculate",
+                             "--out", str(tmp_path / "b")], capsys)
+    assert code == 0, err
+    lines = stdout.strip().splitlines()
+    assert lines[0].endswith("| NFE | tokens/step | forwards/token |")
+    assert [line.split(" | ")[3] for line in lines[2:]] == ["1", "4", "4 spec", "–"]  # w column
+    pts = {(p.family, p.setting.window, p.setting.speculate): p for p in bench.read_json(tmp_path / "b" / "bench.json")}
+    w1, spec, window = pts["setdlm", 1, False], pts["setdlm", 4, True], pts["setdlm", 4, False]
+    assert spec.quality == w1.quality and spec.result["correct"] == w1.result["correct"]
+    assert spec.forwards_per_token < w1.forwards_per_token == 1.0 == window.forwards_per_token
+    assert spec.tokens_per_step == pytest.approx(1 / spec.forwards_per_token)
+    model = setdlm.load("arith-setdlm-smax8")
+    examples, _ = bench.task_examples("reasoning", [model], n=6)
+    a = evaluate.reasoning(model, examples, window=1, progress=False)
+    b = evaluate.reasoning(model, examples, speculate=True, progress=False)
+    assert a.predictions == b.predictions and b.run.nfe_per_example < a.run.nfe_per_example
+    with pytest.raises(ValueError, match="give speculate=True to the sweep"):
+        bench.sweep([("m", model)], "reasoning", examples, DecodeSettings(speculate=True))
