@@ -14,6 +14,7 @@ import setdlm
 from setdlm import Model, bench, evaluate
 from setdlm.decoding import DecodeSettings, fill, generate
 from setdlm.decoding.session import Session
+from setdlm.masks import describe, speculative_step_mask
 
 from support import (MASK, PROMPTS, CharTokenizer, active_rows, assert_cache_clean, recorded, run,
                      setdlm_training_logits, tiny_model)
@@ -26,6 +27,24 @@ SAMPLED = [dict(temperature=1.0, top_p=0.9), dict(temperature=0.7, top_k=5, repe
 def _same(a, b):
     assert a.tokens == b.tokens and a.sequences == b.sequences and a.finish_reason == b.finish_reason
     assert a.texts == b.texts
+
+
+def test_step_mask_is_the_two_stream_mask_with_the_draft_in_the_clean_stream():
+    """Pending token at 4, draft at 5 and 6; w = 2 masks per horizon 4, 5, 6 (a padding slot in the middle)."""
+    clean = torch.tensor([[4, 5, 6, 99]])
+    clean_ok = torch.tensor([[True, True, True, False]])
+    horizon = torch.tensor([[5, 5, 6, 6, 7, 7]])  # the verifier at 5 (horizon 5), then 6 and 7
+    mask = speculative_step_mask(clean, clean_ok, horizon, torch.ones(1, 6, dtype=torch.bool))[0]
+    assert describe(mask) == ["1000000000",  # clean: causal by position
+                              "1100000000",
+                              "1110000000",
+                              "0001000000",  # padding sees itself only
+                              "1000100000",  # horizon 5: the clean tokens before 5, and itself
+                              "1000010000",
+                              "1100001000",  # horizon 6
+                              "1100000100",
+                              "1110000010",  # horizon 7: the whole draft
+                              "1110000001"]
 
 
 @pytest.mark.parametrize("w", [1, 2, 3, 5])

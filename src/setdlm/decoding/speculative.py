@@ -55,7 +55,8 @@ def init(backbone, st: DecodeState) -> None:
     if bool((st.length > L).any()):
         raise ValueError(f"speculate needs prompt + max_new_tokens <= the context length L={L}: the left-to-right "
                          f"decode it reproduces evicts cache entries past L (docs/method.md §4.5)")
-    st.cache = backbone.new_cache(st.batch, capacity=min(st.canvas, L) + 3 * st.cfg.window)
+    w = st.cfg.window
+    st.cache = backbone.new_cache(st.batch, capacity=min(st.canvas, L) + w * (w + 1))  # + one step's inputs
     st.extra["pending"] = torch.zeros_like(st.masked)  # (B, N+1) committed last step, not yet cached
     st.extra["drafted"] = torch.zeros_like(st.masked)  # (B, N+1) positions holding a draft to verify
     st.extra["draft"] = torch.zeros_like(st.tokens)  # (B, N+1) the draft tokens (where drafted)
@@ -98,12 +99,14 @@ def step(backbone, st: DecodeState) -> None:
     m_pos, m_ok = _ascending(st.masked & (rank < K + w), pos, N)  # (B, R) masked positions m_0, m_1, ..
     clean_pos, clean_ok = _ascending(pending | drafted, pos, N)  # (B, Tc) pending token, then the draft
     # the queries: horizon i = 0..K, offset o = 0..w-1, at m_{i+o} (o = 0: the verifier at m_i)
-    i = torch.arange(K + 1, device=st.device)[:, None]  # (K+1, 1)
-    r = (i + torch.arange(w, device=st.device)).flatten()  # (Q,) Q = (K+1)·w ranks
-    r_in = r.clamp(max=m_pos.shape[1] - 1)
-    q_ok = (i.expand(-1, w).flatten() <= k[:, None]) & (r < m_pos.shape[1]) & m_ok[:, r_in]  # (B, Q)
-    q_pos = torch.where(q_ok, m_pos[:, r_in], N)  # (B, Q)
-    horizon = m_pos.gather(1, i.expand(-1, w).flatten()[None].expand(st.batch, -1).clamp(max=m_pos.shape[1] - 1))
+    h = torch.arange(K + 1, device=st.device)  # (K+1,)
+    hq = h.repeat_interleave(w)  # (Q,) Q = (K+1)·w: each query's horizon
+    oq = torch.arange(w, device=st.device).repeat(K + 1)  # (Q,) its offset
+    R = m_pos.shape[1]
+    r = (hq + oq).clamp(max=R - 1)  # (Q,) rank of its position
+    q_ok = (hq <= k[:, None]) & (hq + oq < R) & m_ok[:, r]  # (B, Q)
+    q_pos = torch.where(q_ok, m_pos[:, r], N)  # (B, Q)
+    horizon = m_pos[:, hq.clamp(max=R - 1)]  # (B, Q) the position m_i of each query's horizon
     Tc = clean_pos.shape[1]
     slot_pos, valid = torch.cat([clean_pos, q_pos], 1), torch.cat([clean_ok, q_ok], 1)  # (B, T)
     ids = torch.cat([torch.where(drafted, draft, st.tokens).gather(1, clean_pos), st.tokens.gather(1, q_pos)], 1)
@@ -117,14 +120,13 @@ def step(backbone, st: DecodeState) -> None:
     is_draft = drafted.gather(1, v_pos) & v_ok  # (B, K+1) verifiers whose position holds a draft
     d_tok = draft.gather(1, v_pos)
     acc = (is_draft & (v_tok == d_tok)).long().cumprod(-1).sum(-1)  # (B,) accepted drafts, a prefix
-    h = torch.arange(K + 1, device=st.device)  # (K+1,)
     commit = v_ok & (h <= acc[:, None])  # (B, K+1) the accepted drafts and the verifier's next token
     st.cache.crop(start + pending.sum(-1) + acc)  # keep the pending token and the accepted drafts
     st.write(v_tok, v_conf, commit, v_pos, v_ok, slot_pos, valid)
 
     last = torch.where(commit & (h == acc[:, None]), v_pos, N)  # (B, K+1) the verifier's own token
-    ended = i.expand(-1, w).flatten() == acc[:, None]  # (B, Q) queries of the horizon the step ended on
-    nxt = torch.where(q_ok & ended & (torch.arange(w, device=st.device).repeat(K + 1) > 0), q_pos, N)
+    ended = hq == acc[:, None]  # (B, Q) queries of the horizon the step ended on
+    nxt = torch.where(q_ok & ended & (oq > 0), q_pos, N)  # (B, Q) its window past the verifier: the next draft
     st.extra["pending"] = _flags(pending, last)
     st.extra["drafted"] = _flags(drafted, nxt)
     st.extra["draft"] = draft.scatter(1, nxt, tok)
