@@ -75,7 +75,7 @@ def test_normalised_and_frozen():
 
 @pytest.mark.parametrize("family", ALL)
 def test_check_for_follows_the_one_table(family):
-    values = {"window": 2, "threshold": 0.5, "block_size": 2}
+    values = {"window": 2, "threshold": 0.5, "block_size": 2, "speculate": True}
     for name, families in FAMILIES.items():
         s = DecodeSettings(**{name: values[name]})
         if family in families:
@@ -98,7 +98,8 @@ def test_cli_flags_are_the_dataclass_fields():
     names = {f.name for f in dataclasses.fields(DecodeSettings)}
     assert names <= dests["generate"] and names <= dests["eval"]
     assert dests["infill"] & names == names - set(GENERATE_ONLY)
-    assert dests["bench"] & names == names - {"threshold", "window"}  # bench sweeps these two (--thresholds, --windows)
+    # bench sweeps these three (--thresholds, --windows, --speculate)
+    assert dests["bench"] & names == names - {"threshold", "window", "speculate"}
     args = parser.parse_args(["generate", "--prompt", "a", "--stop", "x", "--stop", "y", "--length-penalty", "3",
                               "1.5", "--eos-token-id", "2", "--ignore-eos", "--cache-order", "reveal"])
     assert (args.stop, args.length_penalty, args.eos_token_id, args.ignore_eos, args.cache_order, args.max_new_tokens,

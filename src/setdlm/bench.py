@@ -9,7 +9,8 @@ passes of all settings run side by side, one decoding call of each in turn) give
 * quality: exact-match accuracy (reasoning) or ROUGE-L F-measure (infilling), over every example;
 * speed: at batch 1 the mean ± std of per-example tokens/s after the ``warmup`` first examples (the
   paper's number); at batch > 1 the aggregate tokens/s of the calls after the ``warmup`` first calls;
-* NFE per example and tokens per step, the decoder's own counts.
+* NFE per example, tokens per step and forwards per token, the decoder's own counts (for a speculative
+  SetDLM point, tokens per step is the mean accepted length: tokens committed per verifying forward).
 
 The likelihood task has nothing to sweep: one bound (nats/token) per model. ``setdlm bench`` wraps
 :func:`sweep`, :func:`markdown_table`, :func:`plot` and :func:`write_json` (:func:`read_json` reads the
@@ -47,11 +48,12 @@ class Setting:
     threshold: float | None = None  # τ; None = off (one token per step)
     window: int | None = None  # SetDLM window w (the effective one: the default is D)
     batch_size: int = 1
+    speculate: bool = False  # SetDLM: lossless self-speculative decoding with window w (threshold off)
 
     def apply(self, base: DecodeSettings) -> DecodeSettings:
-        """``base`` with this setting's threshold and window (the sweep owns those two: ``base`` leaves them
-        unset, :func:`sweep` checks)."""
-        return replace(base, threshold=self.threshold, window=self.window)
+        """``base`` with this setting's threshold, window and speculation (the sweep owns those: ``base`` leaves
+        them unset, :func:`sweep` checks)."""
+        return replace(base, threshold=self.threshold, window=self.window, speculate=self.speculate or None)
 
 
 def check_settings(thresholds: Sequence[float | None], windows: Sequence[int | None], batch_sizes: Sequence[int],
@@ -76,14 +78,17 @@ def check_settings(thresholds: Sequence[float | None], windows: Sequence[int | N
 
 def sweep_settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS,
                    windows: Sequence[int | None] = (None,),
-                   batch_sizes: Sequence[int] = (1,)) -> list[Setting]:
+                   batch_sizes: Sequence[int] = (1,), speculate: bool = False) -> list[Setting]:
     """The settings that apply to ``model``'s family: τ only for SetDLM/BD3LM/MDLM, w only for SetDLM (None
-    = D); each distinct setting once, in sweep order."""
+    = D); with ``speculate``, also the self-speculative decode of each window ``w > 1`` (SetDLM only; it
+    reproduces ``w = 1``, threshold off); each distinct setting once, in sweep order."""
     fam = model.family
     check_settings(thresholds, windows, batch_sizes)
     taus = thresholds if fam.family in FAMILIES["threshold"] else [None]
     ws = [fam.D if w is None else w for w in windows] if fam.family in FAMILIES["window"] else [None]
+    spec = speculate and fam.family in FAMILIES["speculate"]
     out = [Setting(t, w, b) for b in batch_sizes for w in ws for t in taus]
+    out += [Setting(None, w, b, speculate=True) for b in batch_sizes for w in ws if spec and w > 1]
     return list(dict.fromkeys(out))
 
 
@@ -99,12 +104,18 @@ class BenchPoint:
     tokens_per_second: float | None  # batch 1: mean of per-example rates; batch > 1: aggregate rate
     tokens_per_second_std: float | None  # batch 1: std of per-example rates
     nfe: float | None  # forwards per example (prefill excluded)
-    tokens_per_step: float | None
+    tokens_per_step: float | None  # speculative: the mean accepted length
     result: dict  # the evaluation's to_dict()
+
+    @property
+    def forwards_per_token(self) -> float | None:
+        """Forwards per committed token (1 / tokens per step)."""
+        return 1.0 / self.tokens_per_step if self.tokens_per_step else None
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        return {**{k: v for k, v in d.items() if k != "setting"}, **d["setting"]}
+        return {**{k: v for k, v in d.items() if k != "setting"}, **d["setting"],
+                "forwards_per_token": self.forwards_per_token}
 
 
 def _point(label: str, model: Model, task: str, setting: Setting, result) -> BenchPoint:
@@ -125,14 +136,15 @@ def _point(label: str, model: Model, task: str, setting: Setting, result) -> Ben
 def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, settings: DecodeSettings | None = None,
           *, thresholds: Sequence[float | None] = THRESHOLDS, windows: Sequence[int | None] = (None,),
           batch_sizes: Sequence[int] = (1,), warmup: int = 50, eos: bool = False, clock: str = "wall",
-          seed: int | None = None, progress: bool = True, **knobs) -> list[BenchPoint]:
+          seed: int | None = None, progress: bool = True, speculate: bool = False, **knobs) -> list[BenchPoint]:
     """Evaluate every ``(label, model)`` on ``examples`` (reasoning problems or infilling examples) at every
     applicable setting. Speed skips the first ``warmup`` examples (rounded up to whole calls at batch > 1); quality
     counts every example. The settings run side by side (:func:`setdlm.evaluate.interleave`): one decoding
     call of each in turn, so that a drift of the machine's speed does not favour the settings timed first.
     ``settings`` (a :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields as keywords:
     ``max_new_tokens``, ``temperature``, ``cache_order``, ``repetition_penalty``, ...) are the same for every
-    point, bar the swept ``threshold`` and ``window``; ``eos`` (infill), ``clock`` and ``seed`` go to
+    point, bar the swept ``threshold`` and ``window``; ``speculate`` adds each SetDLM window's self-speculative
+    decode (:func:`sweep_settings`); ``eos`` (infill), ``clock`` and ``seed`` go to
     :func:`setdlm.evaluate.reasoning` / :func:`~setdlm.evaluate.infill`."""
     from . import evaluate
 
@@ -144,7 +156,7 @@ def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, se
     check_settings(thresholds, windows, batch_sizes, warmup)
     steps = evaluate.reasoning_steps if task == "reasoning" else evaluate.infill_steps
     plan = [(label, model, s) for label, model in models
-            for s in sweep_settings(model, thresholds, windows, batch_sizes)]
+            for s in sweep_settings(model, thresholds, windows, batch_sizes, speculate)]
     n = len(examples)
     for b in batch_sizes:  # fail before the sweep starts, not in its middle
         if -(-warmup // b) >= -(-n // b):
@@ -194,24 +206,26 @@ def _quality_text(task: str, q: float) -> str:
 
 
 def markdown_table(points: Sequence[BenchPoint]) -> str:
-    """One row per point: model, family, τ, w, batch, quality, tokens/s, NFE/example, tokens/step."""
+    """One row per point: model, family, τ, w (``4 spec``: self-speculative), batch, quality, tokens/s,
+    NFE/example, tokens/step (speculative: the mean accepted length), forwards/token."""
     if not points:
         raise ValueError("no points to tabulate")
     task = points[0].task
     head = {"reasoning": "accuracy (%)", "infill": "ROUGE-L (×100)", "likelihood": "nats/token"}[task]
-    rows = [f"| model | family | τ | w | batch | {head} | {_rate_unit(points)} | NFE | tokens/step |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = [f"| model | family | τ | w | batch | {head} | {_rate_unit(points)} | NFE | tokens/step | forwards/token |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         s = p.setting
         if p.tokens_per_second is None:
-            speed = nfe = tps = "–"
+            speed = nfe = tps = fpt = "–"
         else:
             speed = f"{p.tokens_per_second:.1f}" + (f" ± {p.tokens_per_second_std:.1f}"
                                                      if p.tokens_per_second_std is not None else "")
-            nfe, tps = f"{p.nfe:.1f}", f"{p.tokens_per_step:.2f}"
+            nfe, tps, fpt = f"{p.nfe:.1f}", f"{p.tokens_per_step:.2f}", f"{p.forwards_per_token:.3f}"
         tau, batch = (_tau(s.threshold), s.batch_size) if task != "likelihood" else ("–", "–")
-        rows.append(f"| {p.model} | {p.family} | {tau} | {s.window if s.window is not None else '–'} | {batch} | "
-                    f"{_quality_text(task, p.quality)} | {speed} | {nfe} | {tps} |")
+        w = ("–" if s.window is None else str(s.window)) + (" spec" if s.speculate else "")
+        rows.append(f"| {p.model} | {p.family} | {tau} | {w} | {batch} | "
+                    f"{_quality_text(task, p.quality)} | {speed} | {nfe} | {tps} | {fpt} |")
     return "\n".join(rows) + "\n"
 
 
@@ -262,8 +276,9 @@ def read_json(path: str | Path) -> list[BenchPoint]:
     """The points of a JSON written by :func:`write_json` (e.g. to plot several benchmark runs together)."""
     doc = json.loads(Path(path).read_text(encoding="utf-8"))
     names = {f for f in Setting.__dataclass_fields__}
-    return [BenchPoint(**{k: v for k, v in d.items() if k not in names},
-                       setting=Setting(**{k: d[k] for k in names})) for d in doc["points"]]
+    derived = {"forwards_per_token"}
+    return [BenchPoint(**{k: v for k, v in d.items() if k not in names | derived},
+                       setting=Setting(**{k: d[k] for k in names if k in d})) for d in doc["points"]]
 
 
 def write_json(points: Sequence[BenchPoint], path: str | Path, **meta) -> Path:
@@ -414,6 +429,8 @@ def _check_unswept(settings: DecodeSettings) -> None:
     swept = [name for name in ("threshold", "window") if getattr(settings, name) is not None]
     if swept:
         raise ValueError(f"the sweep sets {swept[0]}: give it as {swept[0]}s=[...], not in the fixed settings")
+    if settings.speculate is not None:
+        raise ValueError("the sweep sets speculate: give speculate=True to the sweep, not in the fixed settings")
 
 
 def _decode_record(settings: DecodeSettings, **task) -> dict:
@@ -493,10 +510,12 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: str, out: str | P
                       batch_sizes: Sequence[int] | None = None, warmup: int | None = None, data: str | None = None,
                       level: str | None = None, split: str | None = None, n: int | None = None,
                       hidden: int | None = None, eos: bool = False, clock: str | None = None,
-                      seed: int | None = None, ema: bool = False, device: str = "cpu", **knobs) -> BenchRun:
+                      seed: int | None = None, ema: bool = False, device: str = "cpu", speculate: bool = False,
+                      **knobs) -> BenchRun:
     """Benchmark checkpoints on ``task`` and write ``out``/bench.md, bench.json and bench.png (what ``setdlm
     bench`` runs). reasoning/infill: :func:`sweep` over ``thresholds`` (default :data:`THRESHOLDS`),
-    ``windows`` (None = D) and ``batch_sizes`` (default 1), the first ``warmup`` examples untimed (default 50,
+    ``windows`` (None = D) and ``batch_sizes`` (default 1), with ``speculate`` also each SetDLM window's
+    self-speculative decode, the first ``warmup`` examples untimed (default 50,
     at most a quarter of the examples), the other decoding settings fixed (``settings``, a
     :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields as keywords); likelihood: one bound per
     checkpoint (:func:`checkpoint_likelihood` on ``data`` or each run's held-out rows). Every setting is
@@ -531,11 +550,12 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: str, out: str | P
         thresholds, windows, batch_sizes = list(thresholds or THRESHOLDS), list(windows or [None]), list(batch_sizes or [1])
         task_args = {"eos": eos} if task == "infill" else {}
         points = sweep(list(zip(names, models)), task, examples, settings, thresholds=thresholds, windows=windows,
-                       batch_sizes=batch_sizes, warmup=warmup, clock=clock or "wall", seed=seed, **task_args)
+                       batch_sizes=batch_sizes, warmup=warmup, clock=clock or "wall", seed=seed, speculate=speculate,
+                       **task_args)
         fixed = _decode_record(settings, clock=clock, seed=seed, **task_args)
         meta.update(data=_source_name(task, data, level), split=split or "test", examples=len(examples),
                     skipped_too_long=skipped, warmup=warmup, thresholds=thresholds, windows=windows,
-                    batch_sizes=batch_sizes, decode=fixed)
+                    batch_sizes=batch_sizes, speculate=speculate, decode=fixed)
     table = markdown_table(points)
     folder.mkdir(parents=True, exist_ok=True)
     md = write_text(folder / "bench.md", table, "--out")

@@ -279,7 +279,7 @@ def _bench(args) -> int:
     settings = _check_task_flags(args)
     run = bench_checkpoints(args.checkpoints, args.task, args.out, settings, title=args.title,
                             thresholds=args.thresholds, windows=args.windows, batch_sizes=args.batch_sizes,
-                            warmup=args.warmup, **_task_args(args))
+                            warmup=args.warmup, speculate=args.sweep_speculate, **_task_args(args))
     print(run.table, end="")
     print(f"wrote {', '.join(map(str, run.files))}", file=sys.stderr)
     return 0
@@ -288,7 +288,7 @@ def _bench(args) -> int:
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help=_bench.__doc__.splitlines()[0], description=_bench.__doc__)
     p.add_argument("checkpoints", nargs="+", help="checkpoint or training run folders (one curve each)")
-    _add_task_flags(p, settings=tuple(k for k in SETTINGS if k not in ("threshold", "window")),  # swept
+    _add_task_flags(p, settings=tuple(k for k in SETTINGS if k not in ("threshold", "window", "speculate")),  # swept
                     task_default=None)
     p.add_argument("--out", required=True, help="folder for bench.md, bench.json and bench.png")
     p.add_argument("--title", default=None, help="title of the plot (default: the task)")
@@ -296,6 +296,8 @@ def _add_bench(sub) -> None:
                    help="comma-separated tau values, 'off' for none (default off,.99,.95,.9,.85,.8,.75,.7,.65,.6)")
     p.add_argument("--windows", type=_list_of(int, "--windows"), default=None,
                    help="setdlm: comma-separated windows w, 'D' for the model's D (default D)")
+    p.add_argument("--speculate", dest="sweep_speculate", action="store_true", help="setdlm: also run each window w > 1 as lossless "
+                   "self-speculative decoding (the output of w = 1, threshold off)")
     p.add_argument("--batch-sizes", type=_list_of(int, "--batch-sizes"), default=None,
                    help="comma-separated rows per call (default 1: per-example tokens/s, the paper's number)")
     p.add_argument("--warmup", type=int, default=None, help="examples timed but not counted in tokens/s "

@@ -33,6 +33,8 @@ function                        decoder      the new tokens' pattern
 :func:`decode_full_mask`        MDLM step    bidirectional among valid tokens (:func:`bidirectional_mask`)
 :func:`setdlm_step_mask`        SetDLM step  ``c`` clean tokens causal, then masks that see every clean
                                              token and themselves (SetDLM x0/xt rule, one set of queries)
+:func:`speculative_step_mask`   SetDLM       clean tokens (pending + draft) causal by position, then masks
+                                speculative  that see the clean tokens before their horizon and themselves
 ==============================  ===========  ==============================================================
 """
 
@@ -127,6 +129,23 @@ def setdlm_step_mask(c: Tensor, T: int) -> Tensor:
     clean_k = slot[None, None, :] < c[:, None, None]  # (B, 1, T)
     causal = slot[:, None] >= slot[None, :]  # (T, T)
     return (clean_k & (causal | ~clean_q)) | (slot[:, None] == slot[None, :])  # (B, T, T)
+
+
+def speculative_step_mask(clean_pos: Tensor, clean_ok: Tensor, horizon: Tensor, query_ok: Tensor) -> Tensor:
+    """Self-speculative SetDLM step (docs/decoding.md, "Self-speculative decoding"): ``Tc`` clean slots at
+    canvas positions ``clean_pos`` (B, Tc) (the pending token and the draft) then ``Tq`` mask queries, each with
+    a *horizon* position ``horizon`` (B, Tq); ``clean_ok``/``query_ok`` mark the valid slots. A clean slot sees
+    the valid clean slots at positions ``<=`` its own, a query those at positions ``<`` its horizon, every slot
+    itself; no slot sees a query but itself: the two-stream training mask (docs/method.md §2.4) with the clean
+    stream ranked by position and each query ranked right after the clean tokens before its horizon.
+    → (B, Tc + Tq, Tc + Tq)."""
+    B, Tc = clean_pos.shape
+    Tq = horizon.shape[1]
+    cc = (clean_pos[:, None, :] <= clean_pos[:, :, None]) & clean_ok[:, None, :] & clean_ok[:, :, None]  # (B, Tc, Tc)
+    qc = (clean_pos[:, None, :] < horizon[:, :, None]) & clean_ok[:, None, :] & query_ok[:, :, None]  # (B, Tq, Tc)
+    none = torch.zeros(B, Tc + Tq, Tq, dtype=torch.bool, device=clean_pos.device)  # nothing sees a query
+    eye = torch.eye(Tc + Tq, dtype=torch.bool, device=clean_pos.device)
+    return torch.cat([torch.cat([cc, qc], 1), none], 2) | eye
 
 
 def with_cache(new: Tensor, cache_width: int) -> Tensor:

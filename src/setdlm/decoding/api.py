@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from ..data.prompt import encode_prompt, start_ids
 from ..resources import check_fits
 from ..seeds import check_seed
-from . import ar, bd3lm, mdlm, setdlm
+from . import ar, bd3lm, mdlm, setdlm, speculative
 from .output import GenerationOutput
 from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings, applicable
 from .state import DecodeConfig, DecodeState, stop_index
@@ -148,6 +148,9 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
     settings.check_for(fam.family, mode)
     n_targets = [sum(t) for t in targets]  # positions to decode per row
     times = _reveal_times(reveal_times, n_targets)
+    if settings.speculate and times is not None:
+        raise ValueError("speculate caches tokens in position order, as the left-to-right decode it reproduces; "
+                         "reveal_times do not apply")
     cfg = decode_config(model, settings, mode=mode, cache_order=_cache_order(settings.cache_order, times),
                         trace=trace)
     stops = cfg.stop
@@ -207,7 +210,7 @@ class DecodingInterrupted(KeyboardInterrupt):
 def _decode_chunk(backbone, st: DecodeState, fam, times, bar, n_targets: list[int]) -> None:
     """Decode every row of ``st`` to the end: prefill, then one step per forward until all rows finished.
     ``times``: explicit reveal times of every row of the call (or None: sampled, for the reveal cache order)."""
-    decoder = DECODERS[fam.family]
+    decoder = decoder_of(fam, st.cfg)
     base = bar.n if bar is not None else 0
     if st.finish():  # rows with nothing to decode leave before any forward
         start(backbone, st, fam, None if times is None else [times[i] for i in st.index.tolist()])
@@ -304,7 +307,13 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
         _check_cache_fits(model, *(("window", window) if fam.family == "setdlm" else ("block_size", block_size)))
     return DecodeConfig(sampling, fam.length, mode=mode, stop_on_eos=mode == "generate" and not settings.ignore_eos,
                         window=window, block_size=block_size, cache_order=cache_order, stop=stops,
-                        tokenizer=model.tokenizer, trace=trace)
+                        tokenizer=model.tokenizer, trace=trace, speculate=bool(settings.speculate))
+
+
+def decoder_of(fam, cfg: DecodeConfig):
+    """The decoder module (``init`` and ``step``) of a state: the family's, or the self-speculative SetDLM
+    decoder (``decoding/speculative.py``) when ``cfg.speculate``."""
+    return speculative if cfg.speculate else DECODERS[fam.family]
 
 
 def _check_cache_fits(model, name: str, n: int) -> None:
@@ -328,7 +337,7 @@ def needs_seed(fam, cfg: DecodeConfig, times=None) -> bool:
 def start(backbone, st: DecodeState, fam, times=None) -> None:
     """Prefill the rows of ``st`` and, for the reveal cache order, rank their positions by reveal time
     (``times``: explicit per-row reveal times, else sampled from each row's generator)."""
-    DECODERS[fam.family].init(backbone, st)
+    decoder_of(fam, st.cfg).init(backbone, st)
     if _reveal_order(fam, st.cfg):
         setdlm.reveal_rank(st, fam.schedule(), times)
 

@@ -21,6 +21,11 @@ class StepTrace:
     committed_positions: list[int]  # positions committed this step (ascending)
     committed_tokens: list[int]
     cache_length: int  # entries in the row's KV cache after the forward (0 without a cache)
+    # speculative decoding (decoding/speculative.py): the draft this step verified (ascending positions and
+    # their tokens) and how many of them, a prefix, were accepted; the rest were rejected
+    draft_positions: list[int] = field(default_factory=list)
+    draft_tokens: list[int] = field(default_factory=list)
+    accepted: int = 0
 
 
 @dataclass
@@ -61,11 +66,18 @@ def step_record(trace: StepTrace, step: int, start: int, tokenizer=None) -> dict
     """One step's committed set as plain JSON, the per-step record of ``setdlm generate --trace`` and of the
     server's stream (docs/serve.md): ``step`` index, ``positions`` (offsets from the first generated
     position ``start``), ``token_ids``, ``tokens`` (each id decoded alone; with a tokenizer) and
-    ``confidences`` (each token's probability under the processed distribution, paper §4 commit rule)."""
+    ``confidences`` (each token's probability under the processed distribution, paper §4 commit rule); for
+    a self-speculative step that verified a draft (docs/decoding.md), ``draft``: its ``positions``,
+    ``token_ids`` (and ``tokens``) and how many of them, a prefix, were ``accepted`` (the rest rejected)."""
     conf = dict(zip(trace.query_positions, trace.confidences))
     rec = {"step": step, "positions": [p - start for p in trace.committed_positions],
            "token_ids": list(trace.committed_tokens)}
     if tokenizer is not None:
         rec["tokens"] = [tokenizer.decode([t]) for t in trace.committed_tokens]
     rec["confidences"] = [round(conf[p], 6) for p in trace.committed_positions]
+    if trace.draft_positions:
+        draft = {"positions": [p - start for p in trace.draft_positions], "token_ids": list(trace.draft_tokens)}
+        if tokenizer is not None:
+            draft["tokens"] = [tokenizer.decode([t]) for t in trace.draft_tokens]
+        rec["draft"] = {**draft, "accepted": trace.accepted}
     return rec

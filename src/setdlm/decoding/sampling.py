@@ -54,11 +54,11 @@ class Sampling:
 def process_logits(logits: Tensor, s: Sampling, seen: Tensor | None = None, gen_len: Tensor | None = None) -> Tensor:
     """Processed log-probabilities (B, Q, V) from raw logits (B, Q, V), in at least float32.
 
-    ``seen`` (B, V): count of each token in the penalised context; ``gen_len`` (B, Q): generated tokens
-    visible before each query (length penalty)."""
+    ``seen`` (B, V), or (B, Q, V) per query: count of each token in the penalised context; ``gen_len`` (B, Q):
+    generated tokens visible before each query (length penalty)."""
     x = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if s.repetition_penalty != 1.0 and seen is not None:
-        hit = (seen > 0)[:, None, :]  # (B, 1, V)
+        hit = (seen > 0) if seen.dim() == 3 else (seen > 0)[:, None, :]  # (B, Q|1, V)
         x = torch.where(hit, torch.where(x > 0, x / s.repetition_penalty, x * s.repetition_penalty), x)
     if s.length_penalty is not None and gen_len is not None:
         start, factor = s.length_penalty
@@ -93,8 +93,9 @@ def uniforms(valid: Tensor, generators: list[torch.Generator]) -> Tensor:
 
 
 def propose(logits: Tensor, valid: Tensor, s: Sampling, generators: list[torch.Generator] | None,
-            seen: Tensor | None = None, gen_len: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Candidate token and its confidence for every query: (B, Q) long, (B, Q) float."""
+            seen: Tensor | None = None, gen_len: Tensor | None = None, u: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Candidate token and its confidence for every query: (B, Q) long, (B, Q) float. When sampling, ``u``
+    (B, Q) float64 gives each query's U[0, 1) draw (default: drawn from the rows' generators)."""
     if s.plain_greedy:  # the common case, in fewer ops: argmax and its softmax probability
         x = logits.to(torch.promote_types(logits.dtype, torch.float32))
         x = x.index_fill(-1, torch.tensor([s.mask_token_id], device=x.device), float("-inf"))
@@ -105,7 +106,7 @@ def propose(logits: Tensor, valid: Tensor, s: Sampling, generators: list[torch.G
         lp, tok = logp.max(-1)
         return tok, lp.exp()
     cdf = logp.exp().to(torch.float64).cumsum(-1)  # (B, Q, V)
-    u = uniforms(valid, generators) * cdf[..., -1]  # (B, Q)
+    u = (uniforms(valid, generators) if u is None else u) * cdf[..., -1]  # (B, Q)
     tok = torch.searchsorted(cdf, u[..., None], right=True)[..., 0].clamp(max=cdf.shape[-1] - 1)
     return tok, logp.gather(-1, tok[..., None])[..., 0].exp()
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from .api import DECODERS, _device, _encode_all, _seeds, _text, decode_config, needs_seed, start
+from .api import _device, _encode_all, _seeds, _text, decode_config, decoder_of, needs_seed, start
 from .output import StepTrace
 from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings
 from .state import DecodeConfig, DecodeState
@@ -127,12 +127,11 @@ class Session:
         took part (finished rows carry ``done`` and leave the session). A forward that raises fails only the
         rows it decodes (their events carry ``error`` and they leave); the other groups go on."""
         events = self._admit()
-        decoders = DECODERS[self.model.family.family]
         with torch.inference_mode():
             for key, st in list(self.groups.items()):
                 ids = st.index.tolist()
                 try:
-                    decoders.step(self.model.backbone, st)
+                    decoder_of(self.model.family, st.cfg).step(self.model.backbone, st)
                     st.finish()
                 except Exception as e:  # this group's state is spent: its rows fail, no other row does
                     del self.groups[key]

@@ -13,6 +13,9 @@ setting                families            meaning
 ``block_size``         BD3LM MDLM          block / semi-AR sub-block (default ``family.block_size``)
 ``cache_order``        SetDLM              ``"position"`` (default) or ``"reveal"`` (docs/method.md §4.5);
                                            ignored by the other families
+``speculate``          SetDLM              lossless self-speculative decoding: the window drafts, the
+                                           left-to-right (w = 1) conditional verifies; the output is that
+                                           of ``window=1`` (docs/decoding.md, "Self-speculative decoding")
 ``temperature``        all                 0 = greedy
 ``top_p``, ``top_k``   all                 nucleus (1.0 = off), top-k (0 = off)
 ``repetition_penalty`` all                 HF's multiplicative rule (1.0 = off)
@@ -39,7 +42,8 @@ from dataclasses import dataclass, field, fields
 from .sampling import Sampling
 
 # setting -> the families it applies to (the others are a ValueError when set)
-FAMILIES = {"window": ("setdlm",), "block_size": ("bd3lm", "mdlm"), "threshold": ("setdlm", "bd3lm", "mdlm")}
+FAMILIES = {"window": ("setdlm",), "block_size": ("bd3lm", "mdlm"), "threshold": ("setdlm", "bd3lm", "mdlm"),
+            "speculate": ("setdlm",)}
 # fill and infill decode the gaps they are given: no budget, EOS stop or cache order
 GENERATE_ONLY = ("max_new_tokens", "ignore_eos", "stop", "cache_order")
 DEFAULT_MAX_NEW_TOKENS = 64  # generate's budget when max_new_tokens is None
@@ -60,6 +64,9 @@ class DecodeSettings:
     block_size: int | None = field(default=None, metadata={"help": "bd3lm/mdlm: block size (default the model's)"})
     cache_order: str | None = field(default=None, metadata={
         "help": "setdlm: order of newly cached tokens, position (default) or reveal", "choices": ("position", "reveal")})
+    speculate: bool | None = field(default=None, metadata={
+        "help": "setdlm: lossless self-speculative decoding, the window w drafts and the left-to-right decode "
+                "verifies (the output of --window 1, in fewer forwards)"})
     temperature: float = field(default=0.0, metadata={"help": "0 = greedy (default)"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling (1 = off)"})
     top_k: int = field(default=0, metadata={"help": "top-k sampling (0 = off)"})
@@ -80,6 +87,14 @@ class DecodeSettings:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if self.threshold is not None and not (_number(self.threshold) and 0.0 < self.threshold <= 1.0):
             raise ValueError(f"threshold must lie in (0, 1] or be None (off), got {self.threshold!r}")
+        if self.speculate is not None and not isinstance(self.speculate, bool):
+            raise TypeError(f"speculate must be True, False or None, got {self.speculate!r}")
+        if self.speculate and self.threshold is not None:
+            raise ValueError("speculate verifies every token against the left-to-right decode, which commits one "
+                             "token per step; threshold does not apply (leave it None)")
+        if self.speculate and self.cache_order == "reveal":
+            raise ValueError("speculate caches tokens in position order, as the left-to-right decode it reproduces; "
+                             "cache_order='reveal' does not apply")
         if self.cache_order is not None and self.cache_order not in ("position", "reveal"):
             raise ValueError(f"cache_order must be 'position' or 'reveal', got {self.cache_order!r}")
         if not (_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0):
@@ -120,7 +135,8 @@ class DecodeSettings:
         """A ``ValueError`` for a setting that is set but does not apply to ``family`` (see the module
         table), or, for ``mode="fill"`` (fill and infill), a generate-only setting."""
         for name, fams in FAMILIES.items():
-            if getattr(self, name) is not None and family not in fams:
+            v = getattr(self, name)
+            if v is not None and v is not False and family not in fams:
                 raise ValueError(f"{name} applies to {'/'.join(fams)} models, not to this {family!r} model")
         if mode == "fill":
             for name in GENERATE_ONLY:

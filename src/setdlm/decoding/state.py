@@ -36,6 +36,7 @@ class DecodeConfig:
     window: int = 1  # SetDLM positional window w
     block_size: int = 1  # BD3LM block S / MDLM sub-block
     cache_order: str = "position"  # SetDLM: order of newly cached tokens, "position" or "reveal"
+    speculate: bool = False  # SetDLM: lossless self-speculative decoding (decoding/speculative.py)
     stop: tuple[str, ...] = ()
     tokenizer: object | None = None
     trace: bool = False
@@ -165,6 +166,12 @@ class DecodeState:
             self.seen = self._initial_seen(logits.shape[-1])
         tok, conf = propose(logits, qvalid, s, self.generators, self.seen, gen_len)  # (B, Q) each
         commit = commit_rule(conf, qvalid, s.threshold)  # (B, Q)
+        return self.write(tok, conf, commit, qpos, qvalid, slot_pos, slot_valid)
+
+    def write(self, tok: Tensor, conf: Tensor, commit: Tensor, qpos: Tensor, qvalid: Tensor, slot_pos: Tensor,
+              slot_valid: Tensor) -> Tensor:
+        """Write the tokens ``tok`` (B, Q) of the queries at ``qpos`` where ``commit`` (B, Q), and count the
+        step (the second half of :meth:`commit`). Returns the write index (B, Q)."""
         write = torch.where(commit, qpos, self.canvas)  # (B, Q)
         self.tokens.scatter_(1, write, tok)
         self.masked.scatter_(1, write, False)

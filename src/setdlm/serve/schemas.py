@@ -181,6 +181,8 @@ def _settings(body: dict, max_tokens: int, width: int) -> DecodeSettings:
         s["stop"] = stops
     if _get(body, "ignore_eos", bool, False):
         s["ignore_eos"] = True
+    if _get(body, "speculate", bool, False):  # SetDLM self-speculative decoding (docs/decoding.md)
+        s["speculate"] = True
     try:
         return DecodeSettings(max_new_tokens=max_tokens, **s)
     except (ValueError, TypeError) as e:

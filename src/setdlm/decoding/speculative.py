@@ -1,0 +1,164 @@
+"""Lossless self-speculative SetDLM decoding: the window drafts, the left-to-right decode verifies, in the
+same forward (docs/decoding.md, "Self-speculative decoding"; docs/method.md §2.4, §4.2).
+
+A SetDLM holds two decoders in one network. Its window (``w > 1``) proposes several tokens per forward; its
+left-to-right limit (``window=1``, threshold off: position ``f`` decoded given every position before it) is
+its most careful decode. This decoder produces exactly the ``window=1`` output, token for token, in fewer
+forwards. Per row, with ``f`` the first position not committed, ``m_0 = f, m_1, ..`` the masked positions in
+order and a draft ``d_0 .. d_{k-1}`` at ``m_0 .. m_{k-1}`` (``k <= w − 1`` tokens the previous forward
+proposed), one forward takes
+
+    [ pending | d_0 .. d_{k-1} (clean) | for each horizon i = 0..k: masks at m_i .. m_{i+w-1} ]
+
+where *pending* is the token committed last step and not cached yet. Clean slots are causal among themselves
+(by position); a mask of horizon ``i`` sees the whole cache, the clean slots at positions ``< m_i`` and
+itself (:func:`setdlm.masks.speculative_step_mask`): the two-stream training mask of docs/method.md §2.4 with
+the draft in the clean stream. So the first mask of horizon ``i`` (the *verifier* at ``m_i``) holds the
+left-to-right conditional at ``m_i`` given the committed prefix followed by ``d_0 .. d_{i-1}``, and the other
+``w − 1`` masks of horizon ``i`` are the window's draft of the positions after ``m_i`` given that prefix.
+
+The rule: the verifier's token at ``m_0`` is committed; for ``i = 1, 2, ..`` the verifier's token at ``m_i`` is
+committed while ``d_{i-1}`` equals the verifier's token at ``m_{i-1}`` (that draft is *accepted*). The first
+mismatch, or ``m_k`` once every draft is accepted, ends the step with the verifier's own token. By induction
+over the committed positions every token is the one the ``window=1`` decode commits, so stop strings, EOS
+and ``max_new_tokens`` act on the same tokens. The accepted drafts' keys and values were computed over exactly
+the tokens the ``window=1`` decode has cached before them, so they stay in the cache (the forward keeps the
+pending token and the accepted prefix of the draft, nothing else): the cache after every step is the
+``window=1`` cache. The next draft is the window of the horizon the step ended on: its ``w − 1`` masks after
+the last committed position, drafted from the now committed prefix. ``window=1`` drafts nothing and is the
+plain left-to-right decode. One forward costs ``k + 1`` clean tokens and ``(k + 1)·w`` masks (``<= w²``).
+
+Sampling: the ``window=1`` decode draws one U[0, 1) per generated position, in position order, from the row's
+generator. Here each position gets its draw up front; every query at that position samples with it (inverse
+CDF), and a draft is accepted iff it equals the verifier's sample, so a seeded row gives the ``window=1``
+tokens of that seed (and hence their distribution).
+
+Not supported: prompt + new tokens beyond the context length (the ``window=1`` decode evicts cache entries
+there, docs/method.md §4.5, and the verifiers would each need their own eviction), and the reveal cache
+order (the ``window=1`` cache is in position order).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..masks import speculative_step_mask, with_cache
+from .sampling import propose
+from .state import DecodeState, prefill as prefill_positions
+
+
+def init(backbone, st: DecodeState) -> None:
+    """Check the rows fit the context, draw each generated position's uniform (when sampling), cache every
+    non-MASK token in ascending position, causally."""
+    L = st.cfg.context_length
+    if bool((st.length > L).any()):
+        raise ValueError(f"speculate needs prompt + max_new_tokens <= the context length L={L}: the left-to-right "
+                         f"decode it reproduces evicts cache entries past L (docs/method.md §4.5)")
+    w = st.cfg.window
+    st.cache = backbone.new_cache(st.batch, capacity=min(st.canvas, L) + w * (w + 1))  # + one step's inputs
+    st.extra["pending"] = torch.zeros_like(st.masked)  # (B, N+1) committed last step, not yet cached
+    st.extra["drafted"] = torch.zeros_like(st.masked)  # (B, N+1) positions holding a draft to verify
+    st.extra["draft"] = torch.zeros_like(st.tokens)  # (B, N+1) the draft tokens (where drafted)
+    st.extra["u"] = _position_uniforms(st)  # (B, N+1)
+    prefill_positions(backbone, st, ~st.target & (st.pos < st.length[:, None]))
+
+
+def _position_uniforms(st: DecodeState) -> Tensor:
+    """(B, N+1) float64: the U[0, 1) draw of each generated position, taken from the row's generator one at a
+    time in position order, as the ``window=1`` decode draws them (zeros when greedy)."""
+    u = torch.zeros(st.batch, st.canvas + 1, dtype=torch.float64, device=st.device)
+    if st.cfg.sampling.greedy:
+        return u
+    for b, g in enumerate(st.generators):
+        n = int(st.target[b].sum())
+        draws = [torch.rand(1, generator=g, dtype=torch.float64, device=st.device) for _ in range(n)]
+        u[b, st.target[b]] = torch.cat(draws) if draws else u.new_zeros(0)
+    return u
+
+
+def _ascending(select: Tensor, pos: Tensor, N: int) -> tuple[Tensor, Tensor]:
+    """The selected canvas positions of each row, ascending, padded with the trash column ``N``:
+    positions (B, T) and valid (B, T), ``T`` = the largest count. ``select``: (B, N+1)."""
+    counts = select.sum(-1)  # (B,)
+    T = int(counts.max()) if select.shape[0] else 0
+    key = torch.where(select, pos, pos + N + 1)  # (B, N+1)
+    idx = key.topk(T, dim=-1, largest=False, sorted=True).indices  # (B, T)
+    valid = torch.arange(T, device=pos.device) < counts[:, None]
+    return torch.where(valid, idx, N), valid
+
+
+def step(backbone, st: DecodeState) -> None:
+    """One forward: cache the pending token, verify the draft, commit the verified prefix plus the verifier's
+    next token, keep the accepted drafts in the cache and take the next draft (module docstring)."""
+    w, N, pos, s = st.cfg.window, st.canvas, st.pos, st.cfg.sampling
+    pending, drafted, draft = st.extra["pending"], st.extra["drafted"], st.extra["draft"]  # (B, N+1) each
+    k = drafted.sum(-1)  # (B,) draft lengths: the drafts sit at the first k masked positions
+    K = int(k.max())
+    rank = st.masked.cumsum(-1) - 1  # (B, N+1) rank of each masked position
+    m_pos, m_ok = _ascending(st.masked & (rank < K + w), pos, N)  # (B, R) masked positions m_0, m_1, ..
+    clean_pos, clean_ok = _ascending(pending | drafted, pos, N)  # (B, Tc) pending token, then the draft
+    # the queries: horizon i = 0..K, offset o = 0..w-1, at m_{i+o} (o = 0: the verifier at m_i)
+    h = torch.arange(K + 1, device=st.device)  # (K+1,)
+    hq = h.repeat_interleave(w)  # (Q,) Q = (K+1)·w: each query's horizon
+    oq = torch.arange(w, device=st.device).repeat(K + 1)  # (Q,) its offset
+    R = m_pos.shape[1]
+    r = (hq + oq).clamp(max=R - 1)  # (Q,) rank of its position
+    q_ok = (hq <= k[:, None]) & (hq + oq < R) & m_ok[:, r]  # (B, Q)
+    q_pos = torch.where(q_ok, m_pos[:, r], N)  # (B, Q)
+    horizon = m_pos[:, hq.clamp(max=R - 1)]  # (B, Q) the position m_i of each query's horizon
+    Tc = clean_pos.shape[1]
+    slot_pos, valid = torch.cat([clean_pos, q_pos], 1), torch.cat([clean_ok, q_ok], 1)  # (B, T)
+    ids = torch.cat([torch.where(drafted, draft, st.tokens).gather(1, clean_pos), st.tokens.gather(1, q_pos)], 1)
+    mask = with_cache(speculative_step_mask(clean_pos, clean_ok, horizon, q_ok), st.cache.width)  # (B, 1, T, C+T)
+    start = st.cache.lengths.clone()  # (B,)
+    logits = backbone(ids, slot_pos, mask, st.cache, keep=clean_ok.sum(-1), logits_start=Tc)  # (B, Q, V)
+    tok, conf = propose(logits, q_ok, s, st.generators, _seen(st, drafted, draft, horizon, logits.shape[-1]),
+                        _gen_len(st, drafted, q_pos), u=st.extra["u"].gather(1, q_pos))  # (B, Q) each
+
+    v_pos, v_ok, v_tok, v_conf = (x[:, ::w] for x in (q_pos, q_ok, tok, conf))  # (B, K+1) the verifiers
+    is_draft = drafted.gather(1, v_pos) & v_ok  # (B, K+1) verifiers whose position holds a draft
+    d_tok = draft.gather(1, v_pos)
+    acc = (is_draft & (v_tok == d_tok)).long().cumprod(-1).sum(-1)  # (B,) accepted drafts, a prefix
+    commit = v_ok & (h <= acc[:, None])  # (B, K+1) the accepted drafts and the verifier's next token
+    st.cache.crop(start + pending.sum(-1) + acc)  # keep the pending token and the accepted drafts
+    st.write(v_tok, v_conf, commit, v_pos, v_ok, slot_pos, valid)
+
+    last = torch.where(commit & (h == acc[:, None]), v_pos, N)  # (B, K+1) the verifier's own token
+    ended = hq == acc[:, None]  # (B, Q) queries of the horizon the step ended on
+    nxt = torch.where(q_ok & ended & (oq > 0), q_pos, N)  # (B, Q) its window past the verifier: the next draft
+    st.extra["pending"] = _flags(pending, last)
+    st.extra["drafted"] = _flags(drafted, nxt)
+    st.extra["draft"] = draft.scatter(1, nxt, tok)
+    if st.traces is not None:
+        for b, trace in enumerate(st.traces):
+            trace[-1].draft_positions = v_pos[b][is_draft[b]].tolist()
+            trace[-1].draft_tokens = d_tok[b][is_draft[b]].tolist()
+            trace[-1].accepted = int(acc[b])
+
+
+def _flags(like: Tensor, index: Tensor) -> Tensor:
+    """(B, N+1) bool, True at the columns ``index`` (B, Q) holds (the trash column stays False)."""
+    out = torch.zeros_like(like).scatter_(1, index, True)
+    out[:, -1] = False
+    return out
+
+
+def _seen(st: DecodeState, drafted: Tensor, draft: Tensor, horizon: Tensor, V: int) -> Tensor | None:
+    """Repetition-penalty counts per query (B, Q, V): the committed ones plus the draft tokens before the
+    query's horizon (what the ``window=1`` decode has committed there, if those drafts are accepted)."""
+    if st.cfg.sampling.repetition_penalty == 1.0:
+        return None
+    if st.seen is None:
+        st.seen = st._initial_seen(V)
+    before = (drafted[:, None, :] & (st.pos < horizon[:, :, None])).long()  # (B, Q, N+1)
+    seen = st.seen[:, None, :].repeat(1, horizon.shape[1], 1)  # (B, Q, V)
+    return seen.scatter_add_(2, draft[:, None, :].expand_as(before), before)
+
+
+def _gen_len(st: DecodeState, drafted: Tensor, q_pos: Tensor) -> Tensor | None:
+    """Length-penalty counts per query (B, Q): generated tokens committed or drafted before its position."""
+    if st.cfg.sampling.length_penalty is None:
+        return None
+    done = (st.target & (~st.masked | drafted)).long()  # (B, N+1)
+    return (done.cumsum(-1) - done).gather(1, q_pos)
