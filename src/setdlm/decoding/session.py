@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from .api import DECODERS, _device, _encode_all, _seeds, _text, decode_config, needs_seed, start
+from .constrained import RowConstraint, row_constraints
 from .output import StepTrace
 from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings
 from .state import DecodeConfig, DecodeState
@@ -59,6 +60,7 @@ class Row:
     seed: int | None
     prompt_length: int
     trace: list[StepTrace] | None = None  # the state's trace list of this row, once it joined
+    constraint: RowConstraint | None = None  # its output constraint, compiled (rows of any constraint share a state)
 
 
 class Session:
@@ -156,7 +158,8 @@ class Session:
                     gens = [torch.Generator(device=self.device).manual_seed(r.seed) for r in rs]
                 targets = [[i >= r.prompt_length for i in range(len(r.sequence))] for r in rs]
                 new = DecodeState([r.sequence for r in rs], targets, rs[0].config, index=rows, generators=gens,
-                                  device=self.device, width=self.width)
+                                  device=self.device, width=self.width,
+                                  constraints=[r.constraint for r in rs] if any(r.constraint for r in rs) else None)
                 start(self.model.backbone, new, fam)
                 for r, tr in zip(rs, new.traces):
                     r.trace = tr
@@ -189,7 +192,11 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
     if fam.family == "setdlm" and cache_order == "reveal" and max_new_tokens > fam.length:
         raise ValueError(f"cache_order='reveal' needs max_new_tokens <= L={fam.length}, got {max_new_tokens}")
     seeded = needs_seed(fam, cfg)
-    return Row(ids + [fam.mask_token_id] * max_new_tokens, cfg, _seeds(seed, 1)[0] if seeded else None, len(ids))
+    sequence = ids + [fam.mask_token_id] * max_new_tokens
+    target = [False] * len(ids) + [True] * max_new_tokens
+    (constraint,) = row_constraints(settings.constraints(1), [sequence], [target], "generate", model.tokenizer,
+                                    cfg.sampling.eos_token_ids if cfg.stop_on_eos else ()) or [None]
+    return Row(sequence, cfg, _seeds(seed, 1)[0] if seeded else None, len(ids), constraint=constraint)
 
 
 def _key(cfg: DecodeConfig) -> tuple:

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..masks import decode_block_mask, with_cache
 from .output import StepTrace
+from .constrained import allowed_tokens, keep_jointly
 from .sampling import Sampling, commit_rule, propose
 
 
@@ -59,7 +60,8 @@ class DecodeState:
                    "stop_end")
 
     def __init__(self, sequences: list[list[int]], targets: list[list[bool]], cfg: DecodeConfig, *,
-                 index: list[int], generators: list[torch.Generator] | None, device, width: int | None = None):
+                 index: list[int], generators: list[torch.Generator] | None, device, width: int | None = None,
+                 constraints=None):
         B = len(sequences)
         N = max(len(s) for s in sequences)
         if width is not None:  # a fixed canvas, so that states built apart can be joined (:meth:`extend`)
@@ -93,6 +95,8 @@ class DecodeState:
         self.may_overflow = N > cfg.context_length  # cache + new tokens <= N distinct positions otherwise
         self.traces: list[list[StepTrace]] | None = [[] for _ in range(B)] if cfg.trace else None
         self.results: dict[int, RowResult] = {}
+        # per row, a RowConstraint (docs/decoding.md "Constrained decoding") or None; None: no row has one
+        self.constraints = list(constraints) if constraints is not None else None
         ends = cfg.stop_on_eos and cfg.mode == "generate"  # the EOS ids that end a row, made once
         self.shared["stop_ids"] = torch.tensor(cfg.sampling.eos_token_ids if ends else (), dtype=torch.long,
                                                device=device)
@@ -119,6 +123,8 @@ class DecodeState:
             self.generators = [self.generators[i] for i in keep]
         if self.traces is not None:
             self.traces = [self.traces[i] for i in keep]
+        if self.constraints is not None:
+            self.constraints = [self.constraints[i] for i in keep]
         if self.cache is not None:
             self.cache.select_rows(rows)
 
@@ -145,6 +151,9 @@ class DecodeState:
             self.generators = self.generators + other.generators
         if self.traces is not None:
             self.traces = self.traces + other.traces
+        if self.constraints is not None or other.constraints is not None:
+            self.constraints = ((self.constraints or [None] * (self.batch - other.batch))
+                                + (other.constraints or [None] * other.batch))
         if self.cache is not None:
             self.cache.cat_rows(other.cache)
         self.results.update(other.results)
@@ -163,8 +172,13 @@ class DecodeState:
             gen_len = done.cumsum(-1).gather(1, qpos)  # queries are masked: the count is exclusive
         if s.repetition_penalty != 1.0 and self.seen is None:
             self.seen = self._initial_seen(logits.shape[-1])
-        tok, conf = propose(logits, qvalid, s, self.generators, self.seen, gen_len)  # (B, Q) each
+        allowed = None
+        if self.constraints is not None:  # (B, Q, V) the tokens that keep each row's canvas completable
+            allowed = allowed_tokens(self.constraints, self.tokens, self.masked, qpos, qvalid, logits.shape[-1])
+        tok, conf = propose(logits, qvalid, s, self.generators, self.seen, gen_len, allowed)  # (B, Q) each
         commit = commit_rule(conf, qvalid, s.threshold)  # (B, Q)
+        if allowed is not None:  # a set is kept only as far as its members fit the constraint together
+            commit = keep_jointly(self.constraints, self.tokens, self.masked, qpos, tok, conf, commit)
         write = torch.where(commit, qpos, self.canvas)  # (B, Q)
         self.tokens.scatter_(1, write, tok)
         self.masked.scatter_(1, write, False)
