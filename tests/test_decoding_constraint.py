@@ -257,3 +257,25 @@ def test_session_rows_with_different_constraints_share_forwards():
         alone = generate(model, [p], max_new_tokens=10, threshold=0.2, constraint=c)
         assert done[rid].tokens == alone.tokens[0] and done[rid].text == alone.texts[0]
     assert re.fullmatch("a+1", done[ids[0]].text) and done[ids[2]].text in ("xyz", "zz")
+
+
+def test_cli_generate_takes_a_regex_a_json_schema_or_choices(tmp_path, capsys):
+    from support import assert_one_line_error, run, save_tiny
+
+    ckpt = save_tiny(tmp_path / "m")
+    out = tmp_path / "o.jsonl"
+    code, _, err = run(["generate", ckpt, "--prompt", "a", "--prompt", "b", "--max-new-tokens", "12",
+                        "--regex", "[ab]+ c", "--output", str(out)], capsys)
+    assert code == 0, err
+    assert all(re.fullmatch("[ab]+ c", json.loads(line)["text"]) for line in out.read_text().splitlines())
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "string", "enum": ["a b", "cab"]}))  # the tokenizer has no '"': unspellable
+    code, _, err = run(["generate", ckpt, "--prompt", "a", "--json-schema", str(schema)], capsys)
+    assert_one_line_error(code, err, "cannot be spelled with this tokenizer's tokens")
+    code, stdout, err = run(["generate", ckpt, "--prompt", "a", "--choice", "cab", "--choice", "b a", "--max-new-tokens",
+                             "6"], capsys)
+    assert code == 0 and stdout.strip() in ("cab", "b a"), (stdout, err)
+    code, _, err = run(["generate", ckpt, "--prompt", "a", "--json-schema", '{"type": "bogus"}'], capsys)
+    assert_one_line_error(code, err, "--json-schema: invalid schema at type")
+    code, _, err = run(["generate", ckpt, "--prompt", "a", "--regex", "a", "--choice", "b"], capsys)
+    assert_one_line_error(code, err, "give one of --regex, --json-schema, --choice")

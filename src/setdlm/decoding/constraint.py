@@ -83,7 +83,7 @@ def json_schema(schema, *, max_depth: int = DEFAULT_MAX_DEPTH, whitespace: str |
     if not (isinstance(max_depth, int) and not isinstance(max_depth, bool) and max_depth >= 0):
         raise ValueError(f"max_depth must be an integer >= 0, got {max_depth!r}")
     _check_schema(schema)
-    text = json.dumps(schema, sort_keys=True)
+    text = json.dumps(schema)  # property order kept: outlines-core writes properties in this order
     try:
         pattern = oc.json_schema.build_regex_from_schema(text, whitespace, max_recursion_depth=max_depth)
     except (ValueError, TypeError) as e:
