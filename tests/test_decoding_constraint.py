@@ -19,7 +19,7 @@ from setdlm.data.tasks import reasoning_split  # noqa: E402
 from setdlm.data.tokenizers import char_tokenizer, train_bpe  # noqa: E402
 from setdlm.decoding import fill, generate, infill  # noqa: E402
 from setdlm.decoding.constrained import RowConstraint, keep_jointly  # noqa: E402
-from setdlm.decoding.constraint import automaton, choice, json_schema, regex, token_bytes  # noqa: E402
+from setdlm.decoding.constraint import automaton, choice, json_object, json_schema, regex, token_bytes  # noqa: E402
 from setdlm.decoding.settings import DecodeSettings  # noqa: E402
 
 from support import tiny  # noqa: E402
@@ -279,3 +279,12 @@ def test_cli_generate_takes_a_regex_a_json_schema_or_choices(tmp_path, capsys):
     assert_one_line_error(code, err, "--json-schema: invalid schema at type")
     code, _, err = run(["generate", ckpt, "--prompt", "a", "--regex", "a", "--choice", "b"], capsys)
     assert_one_line_error(code, err, "give one of --regex, --json-schema, --choice")
+
+
+def test_json_object_nesting_is_bounded_by_max_depth():
+    one, two = json_object(max_depth=1).pattern, json_object().pattern
+    assert re.fullmatch(one, '{"a": 1, "b": "x"}') and not re.fullmatch(one, '{"a": [1]}')
+    assert re.fullmatch(two, '{"a": {"b": 1}, "c": [true, null]}') and not re.fullmatch(two, '{"a": {"b": {"c": 1}}}')
+    model = tiny("bd3lm", BPE, L=96, seed=1)
+    for text in generate(model, ["a", "b"], max_new_tokens=48, constraint=json_object(), threshold=0.2).texts:
+        assert isinstance(json.loads(text), dict)
