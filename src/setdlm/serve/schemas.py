@@ -121,6 +121,10 @@ def _settings(body: dict, max_tokens: int) -> DecodeSettings:
         s["stop"] = stops
     if _get(body, "ignore_eos", bool, False):
         s["ignore_eos"] = True
+    from .structured import constraint_of  # response_format, regex, choice (docs/decoding.md)
+
+    if (constraint := constraint_of(body)) is not None:
+        s["constraint"] = constraint
     try:
         return DecodeSettings(max_new_tokens=max_tokens, **s)
     except (ValueError, TypeError) as e:
