@@ -211,13 +211,12 @@ def allowed_tokens(rows: list[RowConstraint | None], tokens: Tensor, masked: Ten
     for b, rc in enumerate(rows):
         if rc is None:
             continue
-        valid = qvalid[b].tolist()
-        ks = [k for k, v in enumerate(valid) if v]
-        qs = [qpos[b, k] for k in ks]
+        qp = qpos[b].tolist()
+        ks = [k for k, v in enumerate(qvalid[b].tolist()) if v]
         if not ks:
             continue
         toks, holes = tokens[b, rc.start:rc.end].tolist(), masked[b, rc.start:rc.end].tolist()
-        allowed[b, ks] = rc.allowed(toks, holes, [int(q) for q in qs], V)
+        allowed[b, ks] = rc.allowed(toks, holes, [qp[k] for k in ks], V)
     return allowed.to(qpos.device)
 
 
