@@ -212,6 +212,11 @@ def test_unsatisfiable_and_bad_constraints_are_clear_errors_before_decoding():
         json_schema({"type": "bogus"})
     with pytest.raises(ValueError, match="not valid JSON"):
         json_schema("{nope")
+    with pytest.raises(ValueError, match=r"'maximum' at \(root\)/properties/a cannot be enforced"):
+        json_schema({"type": "object", "properties": {"a": {"type": "integer", "maximum": 5}}})
+    with pytest.raises(ValueError, match=r"'uniqueItems' at \(root\)/\$defs/t/anyOf/1 cannot be enforced"):
+        json_schema({"$defs": {"t": {"anyOf": [{"type": "null"}, {"type": "array", "uniqueItems": True}]}},
+                     "$ref": "#/$defs/t"})
     with pytest.raises(ValueError, match="give constraint or stop"):
         DecodeSettings(constraint=regex("a"), stop=".")
     with pytest.raises(TypeError, match="constraint must be made by"):
@@ -232,14 +237,36 @@ def test_the_text_is_the_concatenation_of_the_token_bytes():
 
 @pytest.mark.parametrize("name", ["arith-setdlm-smax8", "arith-bd3lm-s4", "arith-ar"])
 def test_shipped_models_follow_the_solution_format(name):
-    """The shipped models' tokenizers spell no JSON: their own worked-solution format, as a regex."""
+    """The arithmetic models' tokenizers spell no JSON: their own worked-solution format, as a regex."""
     model = load(name)
     fmt = r"([0-9]+[-+*][0-9]+=[0-9]+\n){1,4}#### [0-9]+"
     prompts = [e.prompt for e in reasoning_split("test", 4, level="easy")]
-    settings = [{}] if model.family.family == "ar" else [{"threshold": None}, {"threshold": 0.5}]
-    for kw in settings:
+    for kw in shipped_settings(model.family.family):
         out = generate(model, prompts, max_new_tokens=80, constraint=regex(fmt), **kw)
-        assert all(re.fullmatch(fmt, t) for t in out.texts), out.texts
+        assert all(re.fullmatch(fmt, t) for t in out.texts), (kw, out.texts)
+
+
+@pytest.mark.parametrize("name", ["shakespeare-setdlm-smax8", "shakespeare-bd3lm-s4", "shakespeare-ar"])
+def test_shipped_models_write_json_and_choices(name):
+    model = load(name)
+    schema = {"type": "object", "properties": {"speaker": {"type": "string", "maxLength": 12},
+                                               "act": {"enum": [1, 2, 3, 4, 5]}},
+              "required": ["speaker", "act"], "additionalProperties": False}
+    for kw in shipped_settings(model.family.family):
+        out = generate(model, ["ROMEO:\n", "Enter"], max_new_tokens=40, constraint=json_schema(schema), **kw)
+        for text in out.texts:
+            jsonschema.validate(json.loads(text), schema)
+        out = generate(model, ["ROMEO:\n"], max_new_tokens=6, constraint=choice(["Ay.", "No, sir.", "Anon!"]), **kw)
+        assert out.texts[0] in ("Ay.", "No, sir.", "Anon!")
+
+
+def shipped_settings(family: str) -> list[dict]:
+    """Thresholds off..0.5 and several windows (SetDLM) or block sizes (BD3LM)."""
+    if family == "ar":
+        return [{}]
+    if family == "setdlm":
+        return [{"threshold": None}, {"threshold": 0.5}, {"threshold": 0.2, "window": 8}, {"window": 2}]
+    return [{"threshold": None}, {"threshold": 0.5}]
 
 
 def test_session_rows_with_different_constraints_share_forwards():

@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-DEFAULT_MAX_DEPTH = 3  # JSON Schema: depth to which free-form objects/arrays and recursion are unrolled
+DEFAULT_MAX_DEPTH = 3  # JSON Schema: depth to which recursive references are unrolled
+# validation keywords outlines-core's regex does not enforce: refused, so that every output validates
+UNENFORCED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems", "contains",
+              "minContains", "maxContains", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+              "dependencies", "patternProperties", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
+_SUBSCHEMAS = ("additionalProperties", "items", "prefixItems", "anyOf", "oneOf", "allOf")  # keys holding schemas
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")  # keys holding name -> schema
 _META = set("\\.+*?()|[]{}^$#&-~")  # characters a literal escapes (Rust regex syntax)
 
 
@@ -85,6 +91,7 @@ def json_schema(schema, *, max_depth: int = DEFAULT_MAX_DEPTH, whitespace: str |
     if not (isinstance(max_depth, int) and not isinstance(max_depth, bool) and max_depth >= 0):
         raise ValueError(f"max_depth must be an integer >= 0, got {max_depth!r}")
     _check_schema(schema)
+    _check_enforced(schema, "(root)")
     text = json.dumps(schema)  # property order kept: outlines-core writes properties in this order
     try:
         pattern = oc.json_schema.build_regex_from_schema(text, whitespace, max_recursion_depth=max_depth)
@@ -126,6 +133,28 @@ def _check_schema(schema: dict) -> None:
     except jsonschema.SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path) or "(root)"
         raise ValueError(f"json_schema: invalid schema at {where}: {e.message}") from None
+
+
+def _check_enforced(schema, where: str) -> None:
+    """A ``ValueError`` for a validation keyword the automaton would silently not enforce (so an output
+    could fail the schema): bounds of numbers, ``uniqueItems``, ``not``, conditionals ..."""
+    if isinstance(schema, list):
+        for i, sub in enumerate(schema):
+            _check_enforced(sub, f"{where}/{i}")
+        return
+    if not isinstance(schema, dict):
+        return
+    for key in UNENFORCED:
+        if key in schema:
+            raise ValueError(f"json_schema: {key!r} at {where} cannot be enforced by the token automaton "
+                             f"(outlines-core); remove it, or use enum, pattern or maxLength instead")
+    for key in _SUBSCHEMAS:
+        if key in schema:
+            _check_enforced(schema[key], f"{where}/{key}")
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                _check_enforced(sub, f"{where}/{key}/{name}")
 
 
 def _outlines():
