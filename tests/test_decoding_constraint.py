@@ -217,6 +217,8 @@ def test_unsatisfiable_and_bad_constraints_are_clear_errors_before_decoding():
     with pytest.raises(ValueError, match=r"'uniqueItems' at \(root\)/\$defs/t/anyOf/1 cannot be enforced"):
         json_schema({"$defs": {"t": {"anyOf": [{"type": "null"}, {"type": "array", "uniqueItems": True}]}},
                      "$ref": "#/$defs/t"})
+    with pytest.raises(ValueError, match="'oneOf' with 2 schemas at \\(root\\): exactly one branch"):
+        json_schema({"oneOf": [{"type": "integer"}, {"type": "number"}]})
     with pytest.raises(ValueError, match="give constraint or stop"):
         DecodeSettings(constraint=regex("a"), stop=".")
     with pytest.raises(TypeError, match="constraint must be made by"):

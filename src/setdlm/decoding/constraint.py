@@ -148,6 +148,10 @@ def _check_enforced(schema, where: str) -> None:
         if key in schema:
             raise ValueError(f"json_schema: {key!r} at {where} cannot be enforced by the token automaton "
                              f"(outlines-core); remove it, or use enum, pattern or maxLength instead")
+    for key, why in (("oneOf", "exactly one branch matching is not enforced; use anyOf"),
+                     ("allOf", "the intersection of several schemas is not expressed; merge them into one")):
+        if isinstance(schema.get(key), list) and len(schema[key]) > 1:
+            raise ValueError(f"json_schema: {key!r} with {len(schema[key])} schemas at {where}: {why}")
     for key in _SUBSCHEMAS:
         if key in schema:
             _check_enforced(schema[key], f"{where}/{key}")
