@@ -13,6 +13,8 @@ Every row keeps its own seed (one generator per row), cache and stopping rules, 
 of ``generate(model, [prompt], seed=seed, ...)`` alone, whatever joins or leaves around it. Rows decode
 in one batch only with rows of the same settings (the same :class:`DecodeConfig`: sampling, threshold,
 window, stop strings ...); a session runs one group per distinct setting, each one forward per step.
+A row's output constraint (docs/decoding.md "Constrained decoding") is its own, not part of the config:
+rows with different constraints, or none, share a group.
 Every canvas has the same width (``width``, default the context length ``L``), so that states built apart
 can be joined; a row must therefore fit: prompt + ``max_new_tokens`` <= ``width``.
 """
