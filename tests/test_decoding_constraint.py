@@ -85,8 +85,9 @@ def test_random_regexes_always_match_on_random_models(family):
 
 
 def test_allowed_sets_are_exactly_the_completable_tokens():
-    """Brute force over every completion of random canvases (any token at each hole, EOS included), each
-    completion checked by walking outlines-core's own automaton (``Index``), not our tensors."""
+    """Brute force over every completion of random canvases (any token at each hole, EOS included; the EOS id
+    special, absent, or a letter, which then only ends the text), each completion checked by walking
+    outlines-core's own automaton (``Index``), not our tensors."""
     import outlines_core as oc
 
     tok = char_tokenizer(["ab"])
@@ -99,11 +100,11 @@ def test_allowed_sets_are_exactly_the_completable_tokens():
         pattern = random_regex(rng, alphabet="ab", classes=("[ab]", "[a]"))
         index = oc.Index(pattern, oc.Vocabulary(V, {b: [t] for t, b in letters.items()}))
         n = 5
-        use_eos = case % 2 == 0
+        end_id = [eos, None, tok.encode("b")[0], None][case % 4]  # the EOS id: special, none, or a letter
         canvas = [rng.choice(tokens) if rng.random() < 0.35 else None for _ in range(n)]
 
         def valid(w):
-            end = w.index(eos) if use_eos and eos in w else n
+            end = w.index(end_id) if end_id in w else n
             state = index.get_initial_state()
             for t in w[:end]:
                 state = index.get_next_state(state, t) if t in letters else None
@@ -122,7 +123,7 @@ def test_allowed_sets_are_exactly_the_completable_tokens():
                 some = True
                 for i, t in zip(holes, fill_in):
                     want[i].add(t)
-        rc = RowConstraint(regex(pattern), automaton(regex(pattern), tok), 0, n, (eos,) if use_eos else ())
+        rc = RowConstraint(regex(pattern), automaton(regex(pattern), tok), 0, n, () if end_id is None else (end_id,))
         region = [0 if t is None else t for t in canvas]
         is_hole = [t is None for t in canvas]
         assert rc.completable(region, is_hole) == some, (pattern, canvas)
@@ -334,3 +335,19 @@ def test_a_constraint_that_allows_the_free_output_changes_nothing_for_ar():
                 assert c == f
                 compared += 1
     assert compared >= 4
+
+
+def test_an_eos_that_is_also_a_text_token_ends_the_output_only_where_it_may():
+    """EOS = the newline token: committing it ends the output, so it is allowed only where the automaton
+    accepts, never as the newline the regex allows inside."""
+    tok = char_tokenizer(["ab\n"])
+    a, b, nl = (tok.encode(ch)[0] for ch in "ab\n")
+    c = regex("a\n?b")
+    rc = RowConstraint(c, automaton(c, tok), 0, 3, (nl,))
+    allowed = rc.allowed([a, 0, 0], [False, True, True], [1, 2], tok.vocab_size)
+    assert allowed[0, b] and not allowed[0, nl]  # "a" alone does not match: no EOS yet
+    assert allowed[1, nl] and not allowed[1, b]  # only "ab" + EOS: "a" + newline-as-text + "b" cannot be
+    for seed in range(4):
+        out = generate(tiny("setdlm", tok, L=32, seed=seed), ["a"], max_new_tokens=4, constraint=c, eos_token_id=nl,
+                       threshold=0.3)
+        assert out.texts[0] == "ab" and out.finish_reason[0] == "eos"

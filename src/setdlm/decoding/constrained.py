@@ -43,13 +43,19 @@ class RowConstraint:
         self.eos = tuple(eos_ids)
         self.K = auto.states  # index K = DONE
         self.done = self.K
+        self.eos_t = torch.tensor(self.eos, dtype=torch.long)
+        pair_src, pair_dst = auto.pair_src, auto.pair_dst
         extra_src, extra_dst = [], []
         if self.eos:  # accepting --EOS--> DONE --any--> DONE
             fin = torch.nonzero(auto.final).flatten()
             extra_src, extra_dst = fin.tolist() + [self.K], [self.K] * (fin.numel() + 1)
-        self.pair_src = torch.cat([auto.pair_src, torch.tensor(extra_src, dtype=torch.long)])
-        self.pair_dst = torch.cat([auto.pair_dst, torch.tensor(extra_dst, dtype=torch.long)])
-        self.eos_t = torch.tensor(self.eos, dtype=torch.long)
+            text = ~torch.isin(auto.src_tok, self.eos_t)  # (E,) an EOS id that is also a text token ends
+            if not bool(text.all()):  # the output: its text edges are not paths
+                src = torch.repeat_interleave(torch.arange(self.K), auto.src_ptr.diff())  # (E,)
+                pairs = torch.unique(src[text] * self.K + auto.src_dst[text])
+                pair_src, pair_dst = pairs // self.K, pairs % self.K
+        self.pair_src = torch.cat([pair_src, torch.tensor(extra_src, dtype=torch.long)])
+        self.pair_dst = torch.cat([pair_dst, torch.tensor(extra_dst, dtype=torch.long)])
         self.p = start  # first hole of the region (positions before it are committed)
         self.Fp = self._unit(auto.initial)  # F at p
 
@@ -62,9 +68,9 @@ class RowConstraint:
 
     def _reach(self, k: int) -> Tensor:
         """R_k: states from which ``k`` more free tokens can end accepting (cached per automaton)."""
-        table = self.a.reach.setdefault(bool(self.eos), [])
+        table = self.a.reach.setdefault(self.eos, [])  # per EOS ids: they shape the pairs
         if not table:
-            r0 = torch.cat([self.a.final, torch.tensor([bool(self.eos)])])
+            r0 = torch.cat([self.a.final, torch.tensor([bool(self.eos)])])  # (K+1,)
             table.append(r0)
         while len(table) <= k:
             table.append(self._pre_any(table[-1]))
@@ -172,8 +178,10 @@ class RowConstraint:
                 idx = base + torch.arange(total)
                 keep = B[a.src_dst[idx]]
                 out[a.src_tok[idx][keep]] = True
+            eos = self.eos_t[self.eos_t < V]
+            out[eos] = False  # an EOS id that is also a text token (e.g. a newline) still ends the output
             if self.eos and bool(B[self.done]) and bool((F[: self.K] & a.final).any()):
-                out[self.eos_t[self.eos_t < V]] = True
+                out[eos] = True
         return out
 
 

@@ -196,7 +196,7 @@ class TokenAutomaton:
     pair_src: Tensor
     pair_dst: Tensor
     vocab_size: int
-    reach: dict = field(default_factory=dict)  # (eos,) -> list of R_k tensors (constrained.py), grown lazily
+    reach: dict = field(default_factory=dict)  # EOS ids -> list of R_k tensors (constrained.py), grown lazily
 
     @property
     def states(self) -> int:
