@@ -121,9 +121,13 @@ def _settings(body: dict, max_tokens: int) -> DecodeSettings:
         s["stop"] = stops
     if _get(body, "ignore_eos", bool, False):
         s["ignore_eos"] = True
-    from .structured import constraint_of  # response_format, regex, choice (docs/decoding.md)
+    from .structured import BadStructure, constraint_of  # response_format, regex, choice (docs/decoding.md)
 
-    if (constraint := constraint_of(body)) is not None:
+    try:
+        constraint = constraint_of(body)
+    except BadStructure as e:
+        raise APIError(400, str(e), e.param) from None
+    if constraint is not None:
         s["constraint"] = constraint
     try:
         return DecodeSettings(max_new_tokens=max_tokens, **s)
