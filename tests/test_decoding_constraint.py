@@ -351,3 +351,16 @@ def test_an_eos_that_is_also_a_text_token_ends_the_output_only_where_it_may():
         out = generate(tiny("setdlm", tok, L=32, seed=seed), ["a"], max_new_tokens=4, constraint=c, eos_token_id=nl,
                        threshold=0.3)
         assert out.texts[0] == "ab" and out.finish_reason[0] == "eos"
+
+
+def test_the_trace_shows_where_the_constraint_chose_the_token():
+    from setdlm.decoding.output import step_record
+
+    model = tiny("setdlm", CHAR, L=64, seed=2)
+    free = generate(model, ["a"], max_new_tokens=12, trace=True)
+    out = generate(model, ["a"], max_new_tokens=12, trace=True, constraint=regex("x[01]{3}z+"), threshold=0.2)
+    assert not any(t.constrained_positions for t in free.trace[0])
+    forced = [p for t in out.trace[0] for p in t.constrained_positions]
+    assert forced and all(set(t.constrained_positions) <= set(t.committed_positions) for t in out.trace[0])
+    records = [step_record(t, k, 2, CHAR) for k, t in enumerate(out.trace[0])]
+    assert sorted(p for r in records for p in r.get("constrained", [])) == sorted(p - 2 for p in forced)

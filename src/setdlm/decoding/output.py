@@ -21,6 +21,9 @@ class StepTrace:
     committed_positions: list[int]  # positions committed this step (ascending)
     committed_tokens: list[int]
     cache_length: int  # entries in the row's KV cache after the forward (0 without a cache)
+    # committed positions whose token a constraint chose because the model's first choice was not allowed
+    # (docs/decoding.md "Constrained decoding"); ascending
+    constrained_positions: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -61,11 +64,14 @@ def step_record(trace: StepTrace, step: int, start: int, tokenizer=None) -> dict
     """One step's committed set as plain JSON, the per-step record of ``setdlm generate --trace`` and of the
     server's stream (docs/serve.md): ``step`` index, ``positions`` (offsets from the first generated
     position ``start``), ``token_ids``, ``tokens`` (each id decoded alone; with a tokenizer) and
-    ``confidences`` (each token's probability under the processed distribution, paper §4 commit rule)."""
+    ``confidences`` (each token's probability under the processed distribution, paper §4 commit rule);
+    with a constraint that overrode the model's first choice, ``constrained`` (those positions' offsets)."""
     conf = dict(zip(trace.query_positions, trace.confidences))
     rec = {"step": step, "positions": [p - start for p in trace.committed_positions],
            "token_ids": list(trace.committed_tokens)}
     if tokenizer is not None:
         rec["tokens"] = [tokenizer.decode([t]) for t in trace.committed_tokens]
     rec["confidences"] = [round(conf[p], 6) for p in trace.committed_positions]
+    if trace.constrained_positions:
+        rec["constrained"] = [p - start for p in trace.constrained_positions]
     return rec

@@ -190,7 +190,11 @@ class DecodeState:
         self.forwards += 1
         self.first_masked = self._first_masked()
         if self.traces is not None:
-            self._trace(qpos, qvalid, tok, conf, commit, slot_pos, slot_valid)
+            bound = None  # (B, Q) where the constraint overrode the model's own first choice
+            if allowed is not None:
+                free = logits.index_fill(-1, torch.tensor([s.mask_token_id], device=logits.device), float("-inf"))
+                bound = ~allowed.gather(-1, free.argmax(-1, keepdim=True))[..., 0]
+            self._trace(qpos, qvalid, tok, conf, commit, slot_pos, slot_valid, bound)
         return write
 
     def _initial_seen(self, V: int) -> Tensor:
@@ -202,7 +206,7 @@ class DecodeState:
             seen.scatter_add_(1, self.tokens[:, : self.canvas], ctx.long())
         return seen
 
-    def _trace(self, qpos, qvalid, tok, conf, commit, slot_pos, slot_valid) -> None:
+    def _trace(self, qpos, qvalid, tok, conf, commit, slot_pos, slot_valid, bound=None) -> None:
         cache_len = self.cache.lengths.tolist() if self.cache is not None else [0] * self.batch
         for b in range(self.batch):
             v, c = qvalid[b], commit[b]
@@ -210,11 +214,12 @@ class DecodeState:
             order = torch.argsort(qpos[b][v])
             cpos, ctok = qpos[b][c], tok[b][c]
             corder = torch.argsort(cpos)
+            forced = [] if bound is None else sorted(qpos[b][c & bound[b]].tolist())
             self.traces[b].append(StepTrace(
                 input_positions=ins, query_positions=qpos[b][v][order].tolist(),
                 candidates=tok[b][v][order].tolist(), confidences=conf[b][v][order].tolist(),
                 committed_positions=cpos[corder].tolist(), committed_tokens=ctok[corder].tolist(),
-                cache_length=cache_len[b]))
+                cache_length=cache_len[b], constrained_positions=forced))
 
     # -- stopping (docs/method.md §4.4) ------------------------------------------------------------------------------
 
