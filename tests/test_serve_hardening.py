@@ -83,7 +83,7 @@ def get(url, path="/health", host=None):
     (b'{"prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}", None, "malformed JSON body: Exceeds the limit"),
     (b'{"prompt": "hi", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None, "nested too deeply"),
     (b'{"prompt": "hi", "user": ' + b"[" * 40 + b"]" * 40 + b"}", "user", "nested too deeply"),
-    (b'{"prompt": "hi", "response_format": {"type": "json_object"}}', "response_format", "not supported"),
+    (b'{"prompt": "hi", "response_format": {"type": "yaml"}}', "response_format", "type must be"),
     (b'{"prompt": "hi", "suffix": "end", "stop": "x"}', "stop", "does not apply with a suffix"),
     (b'{"prompt": "hi", "suffix": 5}', "suffix", "must be a string"),
     (b'{"prompt": "hi", "suffix": "' + b"a" * 46 + b'"}', "prompt", "prompt and suffix have 49 tokens"),

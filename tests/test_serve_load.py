@@ -152,7 +152,7 @@ BAD = [  # (body, content type, status, the field the error names)
     (b'{"prompt": "to be", "x": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", JSON, 400, None),  # RecursionError
     (b'{"prompt": "to be", "max_tokens": ' + b"9" * 5000 + b"}", JSON, 400, None),
     (b'{"prompt": "to \xff"}', JSON, 400, None),
-    (b'{"prompt": "to be", "response_format": {"type": "json_object"}}', JSON, 400, "response_format"),
+    (b'{"prompt": "to be", "response_format": {"type": "yaml"}}', JSON, 400, "response_format"),
     (b'{"prompt": "to be"}', "text/plain", 415, "Content-Type"),
     (json.dumps({"prompt": "a" * 120_000}).encode(), JSON, 413, None),
     (b'{"prompt": "to be", "max_tokens": 100}', JSON, 400, "max_tokens"),

@@ -100,7 +100,9 @@ def _add_train(sub) -> None:
 # decoding settings: one flag per field of DecodeSettings (generate, infill, eval, bench)
 # ---------------------------------------------------------------------------------------------------------
 
-SETTINGS = tuple(f.name for f in dataclasses.fields(DecodeSettings))
+# the constraint is an object, not one flag: generate and infill spell it --regex / --json-schema / --choice
+SETTINGS = tuple(f.name for f in dataclasses.fields(DecodeSettings) if f.name != "constraint")
+CONSTRAINT_FLAGS = ("regex", "json_schema", "choice")
 
 
 # the CLI's own words for these ranges; for the other settings the library's message, naming the flag
@@ -157,7 +159,33 @@ def _decode_settings(args, family: str | None = None) -> DecodeSettings:
         if family is not None and families is not None and family not in families:
             raise ValueError(f"{flag} applies to {'/'.join(families)} models; this checkpoint is {family!r}")
         kw[name] = v
+    constraint = _constraint(args)
+    if constraint is not None:
+        kw["constraint"] = constraint
     return DecodeSettings(**kw)
+
+
+def _constraint(args):
+    """The constraint of ``--regex``, ``--json-schema`` (inline JSON or a file) or ``--choice`` (repeatable),
+    at most one of them (docs/decoding.md "Constrained decoding")."""
+    given = [n for n in CONSTRAINT_FLAGS if getattr(args, n, None)]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ValueError(f"give one of --regex, --json-schema, --choice, not {' and '.join('--' + n.replace('_', '-') for n in given)}")
+    from .decoding import constraint as c
+
+    if args.regex:
+        return c.regex(args.regex)
+    if args.choice:
+        return c.choice(args.choice)
+    schema = args.json_schema
+    if not schema.lstrip().startswith("{"):  # a file
+        schema = _read_utf8(schema)
+    try:
+        return c.json_schema(schema)
+    except ValueError as e:
+        raise ValueError(f"--json-schema: {str(e).removeprefix('json_schema: ')}") from None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -318,6 +346,10 @@ def _add_decoding_flags(p, exclude: tuple[str, ...] = (), defaults: dict | None 
                    help="checkpoint folder, training run folder or shipped model name "
                         "(default: the shipped shakespeare-setdlm-smax8)")
     _add_settings_flags(p, tuple(n for n in SETTINGS if n not in exclude), defaults=defaults)
+    p.add_argument("--regex", default=None, help="the output must match this regular expression")
+    p.add_argument("--json-schema", default=None, metavar="SCHEMA",
+                   help="the output must be JSON valid against this JSON Schema (inline JSON or a file)")
+    p.add_argument("--choice", action="append", default=None, help="the output must be one of these (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--ema", action="store_true", help="decode with the EMA weights")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")

@@ -30,6 +30,7 @@ from ..data.prompt import encode_prompt, start_ids
 from ..resources import check_fits
 from ..seeds import check_seed
 from . import ar, bd3lm, mdlm, setdlm, speculative
+from .constrained import row_constraints
 from .output import GenerationOutput
 from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings, applicable
 from .state import DecodeConfig, DecodeState, stop_index
@@ -161,6 +162,9 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
         if mode == "generate" and len(s) - n > fam.length:
             raise ValueError(f"prompt {i} has {len(s) - n} tokens, longer than the context length L={fam.length}")
     seeds = _seeds(seed, B, needs_seed(fam, cfg, times))
+    # every row's constraint compiled and checked satisfiable before any decoding
+    constraints = row_constraints(settings.constraints(B), sequences, targets, mode, model.tokenizer,
+                                  cfg.sampling.eos_token_ids if cfg.stop_on_eos else ())
     device = _device(backbone)
     bs = batch_size or B
     results, forwards, st = {}, 0, None
@@ -175,7 +179,8 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
                 rows = list(range(lo, min(lo + bs, B)))
                 gens = None if seeds is None else [torch.Generator(device=device).manual_seed(seeds[i]) for i in rows]
                 st = DecodeState([sequences[i] for i in rows], [targets[i] for i in rows], cfg, index=rows,
-                                 generators=gens, device=device)
+                                 generators=gens, device=device,
+                                 constraints=None if constraints is None else [constraints[i] for i in rows])
                 _decode_chunk(backbone, st, fam, times, bar if progress else None, n_targets)
                 results.update(st.results)
                 forwards += st.forwards

@@ -26,6 +26,9 @@ class StepTrace:
     draft_positions: list[int] = field(default_factory=list)
     draft_tokens: list[int] = field(default_factory=list)
     accepted: int = 0
+    # committed positions whose token a constraint chose because the model's first choice was not allowed
+    # (docs/decoding.md "Constrained decoding"); ascending
+    constrained_positions: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -68,7 +71,8 @@ def step_record(trace: StepTrace, step: int, start: int, tokenizer=None) -> dict
     position ``start``), ``token_ids``, ``tokens`` (each id decoded alone; with a tokenizer) and
     ``confidences`` (each token's probability under the processed distribution, paper §4 commit rule); for
     a self-speculative step that verified a draft (docs/decoding.md), ``draft``: its ``positions``,
-    ``token_ids`` (and ``tokens``) and how many of them, a prefix, were ``accepted`` (the rest rejected)."""
+    ``token_ids`` (and ``tokens``) and how many of them, a prefix, were ``accepted`` (the rest rejected);
+    with a constraint that overrode the model's first choice, ``constrained`` (those positions' offsets)."""
     conf = dict(zip(trace.query_positions, trace.confidences))
     rec = {"step": step, "positions": [p - start for p in trace.committed_positions],
            "token_ids": list(trace.committed_tokens)}
@@ -80,4 +84,6 @@ def step_record(trace: StepTrace, step: int, start: int, tokenizer=None) -> dict
         if tokenizer is not None:
             draft["tokens"] = [tokenizer.decode([t]) for t in trace.draft_tokens]
         rec["draft"] = {**draft, "accepted": trace.accepted}
+    if trace.constrained_positions:
+        rec["constrained"] = [p - start for p in trace.constrained_positions]
     return rec

@@ -7,7 +7,8 @@ Every decoder predicts a set of masked *query* positions per row and calls :func
    logit is divided by the penalty, a negative one multiplied), the EOS-boosting exponential length
    penalty (HF's ``ExponentialDecayLengthPenalty``: after ``start`` generated tokens the EOS logit grows by
    ``|logit|·(factor^(n − start) − 1)``, ``n`` = generated tokens visible before the query's position),
-   MASK → −∞ (it is never predicted, docs/method.md §7.16), temperature, top-k, top-p (keep the most probable
+   MASK → −∞ (it is never predicted, docs/method.md §7.16), tokens outside a constraint's allowed set → −∞
+   (docs/decoding.md "Constrained decoding"), temperature, top-k, top-p (keep the most probable
    tokens up to and including the one whose cumulative probability crosses ``p``, renormalise);
 2. candidate ``x̂`` = argmax (``temperature = 0``) or a sample; confidence ``c = p(x̂)`` under the processed
    distribution;
@@ -51,11 +52,12 @@ class Sampling:
                 and self.length_penalty is None)
 
 
-def process_logits(logits: Tensor, s: Sampling, seen: Tensor | None = None, gen_len: Tensor | None = None) -> Tensor:
+def process_logits(logits: Tensor, s: Sampling, seen: Tensor | None = None, gen_len: Tensor | None = None,
+                   allowed: Tensor | None = None) -> Tensor:
     """Processed log-probabilities (B, Q, V) from raw logits (B, Q, V), in at least float32.
 
     ``seen`` (B, V), or (B, Q, V) per query: count of each token in the penalised context; ``gen_len`` (B, Q):
-    generated tokens visible before each query (length penalty)."""
+    generated tokens visible before each query (length penalty); ``allowed`` (B, Q, V) bool: a constraint's allowed tokens."""
     x = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if s.repetition_penalty != 1.0 and seen is not None:
         hit = (seen > 0) if seen.dim() == 3 else (seen > 0)[:, None, :]  # (B, Q|1, V)
@@ -68,6 +70,8 @@ def process_logits(logits: Tensor, s: Sampling, seen: Tensor | None = None, gen_
         e = x.index_select(-1, eos)  # (B, Q, n_eos)
         x = x.index_copy(-1, eos, e + e.abs() * boost[..., None])
     x = x.index_fill(-1, torch.tensor([s.mask_token_id], device=x.device), float("-inf"))
+    if allowed is not None:
+        x = x.masked_fill(~allowed, float("-inf"))
     if not s.greedy:
         x = x / s.temperature
     if s.top_k and s.top_k < x.shape[-1]:
@@ -93,15 +97,20 @@ def uniforms(valid: Tensor, generators: list[torch.Generator]) -> Tensor:
 
 
 def propose(logits: Tensor, valid: Tensor, s: Sampling, generators: list[torch.Generator] | None,
-            seen: Tensor | None = None, gen_len: Tensor | None = None, u: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Candidate token and its confidence for every query: (B, Q) long, (B, Q) float. When sampling, ``u``
-    (B, Q) float64 gives each query's U[0, 1) draw (default: drawn from the rows' generators)."""
+            seen: Tensor | None = None, gen_len: Tensor | None = None, allowed: Tensor | None = None,
+            u: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Candidate token and its confidence for every query: (B, Q) long, (B, Q) float. ``allowed``
+    (B, Q, V) bool: only these tokens may be proposed (a constraint); the confidence is then the
+    probability among them. When sampling, ``u`` (B, Q) float64 gives each query's U[0, 1) draw (default:
+    drawn from the rows' generators)."""
     if s.plain_greedy:  # the common case, in fewer ops: argmax and its softmax probability
         x = logits.to(torch.promote_types(logits.dtype, torch.float32))
         x = x.index_fill(-1, torch.tensor([s.mask_token_id], device=x.device), float("-inf"))
+        if allowed is not None:
+            x = x.masked_fill(~allowed, float("-inf"))
         conf, tok = torch.softmax(x, dim=-1).max(-1)
         return tok, conf
-    logp = process_logits(logits, s, seen, gen_len)  # (B, Q, V)
+    logp = process_logits(logits, s, seen, gen_len, allowed)  # (B, Q, V)
     if s.greedy:
         lp, tok = logp.max(-1)
         return tok, lp.exp()

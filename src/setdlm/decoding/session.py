@@ -13,6 +13,8 @@ Every row keeps its own seed (one generator per row), cache and stopping rules, 
 of ``generate(model, [prompt], seed=seed, ...)`` alone, whatever joins or leaves around it. Rows decode
 in one batch only with rows of the same settings (the same :class:`DecodeConfig`: sampling, threshold,
 window, stop strings ...); a session runs one group per distinct setting, each one forward per step.
+A row's output constraint (docs/decoding.md "Constrained decoding") is its own, not part of the config:
+rows with different constraints, or none, share a group.
 Every canvas has the same width (``width``, default the context length ``L``), so that states built apart
 can be joined; a row must therefore fit: prompt + ``max_new_tokens`` <= ``width``.
 """
@@ -24,6 +26,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from .api import _device, _encode_all, _seeds, _text, decode_config, decoder_of, needs_seed, start
+from .constrained import RowConstraint, row_constraints
 from .output import StepTrace
 from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings
 from .state import DecodeConfig, DecodeState
@@ -61,6 +64,7 @@ class Row:
     seed: int | None
     prompt_length: int
     trace: list[StepTrace] | None = None  # the state's trace list of this row, once it joined
+    constraint: RowConstraint | None = None  # its output constraint, compiled (rows of any constraint share a state)
     suffix_length: int = 0  # an infilling row: the middle lies between prompt and suffix
 
     def targets(self) -> list[bool]:
@@ -192,7 +196,8 @@ class Session:
         if rs[0].seed is not None:
             gens = [torch.Generator(device=self.device).manual_seed(r.seed) for r in rs]
         new = DecodeState([r.sequence for r in rs], [r.targets() for r in rs], rs[0].config, index=rows,
-                          generators=gens, device=self.device, width=self.width)
+                          generators=gens, device=self.device, width=self.width,
+                          constraints=[r.constraint for r in rs] if any(r.constraint for r in rs) else None)
         start(self.model.backbone, new, self.model.family)
         return new
 
@@ -233,8 +238,11 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
     if fam.family == "setdlm" and cache_order == "reveal" and max_new_tokens > fam.length:
         raise ValueError(f"cache_order='reveal' needs max_new_tokens <= L={fam.length}, got {max_new_tokens}")
     seeds = _seeds(seed, 1, needs_seed(fam, cfg))
-    return Row(ids + [fam.mask_token_id] * max_new_tokens + suf, cfg, seeds[0] if seeds else None, len(ids),
-               suffix_length=len(suf))
+    row = Row(ids + [fam.mask_token_id] * max_new_tokens + suf, cfg, seeds[0] if seeds else None, len(ids),
+              suffix_length=len(suf))
+    (row.constraint,) = row_constraints(settings.constraints(1), [row.sequence], [row.targets()], mode,
+                                        model.tokenizer, cfg.sampling.eos_token_ids if cfg.stop_on_eos else ()) or [None]
+    return row
 
 
 def _key(cfg: DecodeConfig) -> tuple:

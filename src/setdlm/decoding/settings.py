@@ -27,6 +27,8 @@ setting                families            meaning
                                            for the length penalty
 ``ignore_eos``         all (generate)      do not stop at EOS
 ``stop``               all (generate)      stop strings (needs a tokenizer)
+``constraint``         all                 the output must match it (needs a tokenizer; one for every row or
+                                           one per row, None = free): docs/decoding.md "Constrained decoding"
 =====================  ==================  ====================================================================
 
 Setting ``window``, ``threshold`` or ``block_size`` for a family it does not apply to, or a generate-only
@@ -39,6 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+from .constraint import Constraint
 from .sampling import Sampling
 
 # setting -> the families it applies to (the others are a ValueError when set)
@@ -79,6 +82,8 @@ class DecodeSettings:
         "help": "EOS token id (repeatable; default the tokenizer's)"})
     ignore_eos: bool = field(default=False, metadata={"help": "do not stop at EOS: always max-new-tokens"})
     stop: tuple[str, ...] = field(default=(), metadata={"help": "stop string (repeatable)"})
+    constraint: Constraint | tuple[Constraint | None, ...] | None = field(default=None, metadata={
+        "help": "regex(), json_schema() or choice(): every row's output matches it (or one per row)"})
 
     def __post_init__(self):
         for name in ("window", "block_size"):
@@ -95,6 +100,9 @@ class DecodeSettings:
         if self.speculate and self.cache_order == "reveal":
             raise ValueError("speculate caches tokens in position order, as the left-to-right decode it reproduces; "
                              "cache_order='reveal' does not apply")
+        if self.speculate and self.constraint is not None:
+            raise ValueError("speculate and constraint do not combine yet: the speculative verifier does not mask "
+                             "its drafts with the constraint; decode constrained without speculate")
         if self.cache_order is not None and self.cache_order not in ("position", "reveal"):
             raise ValueError(f"cache_order must be 'position' or 'reveal', got {self.cache_order!r}")
         if not (_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0):
@@ -130,6 +138,28 @@ class DecodeSettings:
         if not all(isinstance(s, str) and s for s in stops):
             raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
         object.__setattr__(self, "stop", stops)
+        c = self.constraint
+        if isinstance(c, list):
+            c = tuple(c)
+            object.__setattr__(self, "constraint", c)
+        if c is not None and not isinstance(c, Constraint) and not (
+                isinstance(c, tuple) and all(x is None or isinstance(x, Constraint) for x in c)):
+            raise TypeError("constraint must be made by setdlm.decoding.constraint.regex/json_schema/choice (or be a "
+                            f"list of them, one per row, None for a free row), got {c!r}")
+        if c is not None and stops:
+            raise ValueError("stop strings would cut a constrained output short of its match; give constraint or stop")
+
+    def constraints(self, rows: int) -> list[Constraint | None] | None:
+        """The constraint of each of ``rows`` rows (None: no row has one); a per-row tuple must have one
+        entry per row."""
+        c = self.constraint
+        if c is None:
+            return None
+        if isinstance(c, Constraint):
+            return [c] * rows
+        if len(c) != rows:
+            raise ValueError(f"constraint has {len(c)} entries, one per row, but {rows} rows are decoded")
+        return list(c)
 
     def check_for(self, family: str, mode: str = "generate") -> None:
         """A ``ValueError`` for a setting that is set but does not apply to ``family`` (see the module

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..masks import decode_block_mask, with_cache
 from .output import StepTrace
+from .constrained import allowed_tokens, keep_jointly
 from .sampling import Sampling, commit_rule, propose
 
 
@@ -60,7 +61,8 @@ class DecodeState:
                    "stop_end")
 
     def __init__(self, sequences: list[list[int]], targets: list[list[bool]], cfg: DecodeConfig, *,
-                 index: list[int], generators: list[torch.Generator] | None, device, width: int | None = None):
+                 index: list[int], generators: list[torch.Generator] | None, device, width: int | None = None,
+                 constraints=None):
         B = len(sequences)
         N = max(len(s) for s in sequences)
         if width is not None:  # a fixed canvas, so that states built apart can be joined (:meth:`extend`)
@@ -94,6 +96,8 @@ class DecodeState:
         self.may_overflow = N > cfg.context_length  # cache + new tokens <= N distinct positions otherwise
         self.traces: list[list[StepTrace]] | None = [[] for _ in range(B)] if cfg.trace else None
         self.results: dict[int, RowResult] = {}
+        # per row, a RowConstraint (docs/decoding.md "Constrained decoding") or None; None: no row has one
+        self.constraints = list(constraints) if constraints is not None else None
         ends = cfg.stop_on_eos and cfg.mode == "generate"  # the EOS ids that end a row, made once
         self.shared["stop_ids"] = torch.tensor(cfg.sampling.eos_token_ids if ends else (), dtype=torch.long,
                                                device=device)
@@ -120,6 +124,8 @@ class DecodeState:
             self.generators = [self.generators[i] for i in keep]
         if self.traces is not None:
             self.traces = [self.traces[i] for i in keep]
+        if self.constraints is not None:
+            self.constraints = [self.constraints[i] for i in keep]
         if self.cache is not None:
             self.cache.select_rows(rows)
 
@@ -146,6 +152,9 @@ class DecodeState:
             self.generators = self.generators + other.generators
         if self.traces is not None:
             self.traces = self.traces + other.traces
+        if self.constraints is not None or other.constraints is not None:
+            self.constraints = ((self.constraints or [None] * (self.batch - other.batch))
+                                + (other.constraints or [None] * other.batch))
         if self.cache is not None:
             self.cache.cat_rows(other.cache)
         self.results.update(other.results)
@@ -164,14 +173,24 @@ class DecodeState:
             gen_len = done.cumsum(-1).gather(1, qpos)  # queries are masked: the count is exclusive
         if s.repetition_penalty != 1.0 and self.seen is None:
             self.seen = self._initial_seen(logits.shape[-1])
-        tok, conf = propose(logits, qvalid, s, self.generators, self.seen, gen_len)  # (B, Q) each
+        allowed = None
+        if self.constraints is not None:  # (B, Q, V) the tokens that keep each row's canvas completable
+            allowed = allowed_tokens(self.constraints, self.tokens, self.masked, qpos, qvalid, logits.shape[-1])
+        tok, conf = propose(logits, qvalid, s, self.generators, self.seen, gen_len, allowed)  # (B, Q) each
         commit = commit_rule(conf, qvalid, s.threshold)  # (B, Q)
-        return self.write(tok, conf, commit, qpos, qvalid, slot_pos, slot_valid)
+        if allowed is not None:  # a set is kept only as far as its members fit the constraint together
+            commit = keep_jointly(self.constraints, self.tokens, self.masked, qpos, tok, conf, commit)
+        bound = None  # (B, Q) where the constraint overrode the model's own first choice (for the trace)
+        if allowed is not None and self.traces is not None:
+            free = logits.index_fill(-1, torch.tensor([s.mask_token_id], device=logits.device), float("-inf"))
+            bound = ~allowed.gather(-1, free.argmax(-1, keepdim=True))[..., 0]
+        return self.write(tok, conf, commit, qpos, qvalid, slot_pos, slot_valid, bound)
 
     def write(self, tok: Tensor, conf: Tensor, commit: Tensor, qpos: Tensor, qvalid: Tensor, slot_pos: Tensor,
-              slot_valid: Tensor) -> Tensor:
+              slot_valid: Tensor, bound: Tensor | None = None) -> Tensor:
         """Write the tokens ``tok`` (B, Q) of the queries at ``qpos`` where ``commit`` (B, Q), and count the
-        step (the second half of :meth:`commit`). Returns the write index (B, Q)."""
+        step (the second half of :meth:`commit`); ``bound`` (B, Q): where a constraint chose the token, for the
+        trace. Returns the write index (B, Q)."""
         write = torch.where(commit, qpos, self.canvas)  # (B, Q)
         self.tokens.scatter_(1, write, tok)
         self.masked.scatter_(1, write, False)
@@ -183,7 +202,7 @@ class DecodeState:
         self.forwards += 1
         self.first_masked = self._first_masked()
         if self.traces is not None:
-            self._trace(qpos, qvalid, tok, conf, commit, slot_pos, slot_valid)
+            self._trace(qpos, qvalid, tok, conf, commit, slot_pos, slot_valid, bound)
         return write
 
     def _initial_seen(self, V: int) -> Tensor:
@@ -195,7 +214,7 @@ class DecodeState:
             seen.scatter_add_(1, self.tokens[:, : self.canvas], ctx.long())
         return seen
 
-    def _trace(self, qpos, qvalid, tok, conf, commit, slot_pos, slot_valid) -> None:
+    def _trace(self, qpos, qvalid, tok, conf, commit, slot_pos, slot_valid, bound=None) -> None:
         cache_len = self.cache.lengths.tolist() if self.cache is not None else [0] * self.batch
         for b in range(self.batch):
             v, c = qvalid[b], commit[b]
@@ -203,11 +222,12 @@ class DecodeState:
             order = torch.argsort(qpos[b][v])
             cpos, ctok = qpos[b][c], tok[b][c]
             corder = torch.argsort(cpos)
+            forced = [] if bound is None else sorted(qpos[b][c & bound[b]].tolist())
             self.traces[b].append(StepTrace(
                 input_positions=ins, query_positions=qpos[b][v][order].tolist(),
                 candidates=tok[b][v][order].tolist(), confidences=conf[b][v][order].tolist(),
                 committed_positions=cpos[corder].tolist(), committed_tokens=ctok[corder].tolist(),
-                cache_length=cache_len[b]))
+                cache_length=cache_len[b], constrained_positions=forced))
 
     # -- stopping (docs/method.md §4.4) ------------------------------------------------------------------------------
 

@@ -3,8 +3,8 @@
 Every problem becomes an :class:`APIError` carrying the OpenAI error shape
 ``{"error": {"message", "type", "param", "code"}}`` and its HTTP status: 400 naming the field, 404 for an
 unknown model, 429 when the queue is full. Fields the server does not use (``user``, ``logprobs`` ...) are
-ignored, as OpenAI-compatible servers do, except one that would change the answer: ``response_format``
-is refused with a 400 rather than ignored (``suffix`` is honoured: the row infills). A body that is not
+ignored, as OpenAI-compatible servers do; ``response_format`` (with setdlm's ``regex`` and ``choice``)
+constrains the answer (``serve/structured.py``) and ``suffix`` infills. A body that is not
 UTF-8 JSON, holds a lone surrogate, an integer of more than 4300 digits or objects nested deeper than
 ``MAX_DEPTH`` is a 400.
 """
@@ -68,10 +68,6 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     if not isinstance(body, dict):
         raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}")
     _check_values(body)
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise APIError(400, "response_format is not supported: this server has no constrained decoding; send "
-                            "no response_format (or {\"type\": \"text\"})", "response_format")
     name = body.get("model", model_name)
     if name is not None and name != model_name:
         if not isinstance(name, str):
@@ -183,6 +179,14 @@ def _settings(body: dict, max_tokens: int, width: int) -> DecodeSettings:
         s["ignore_eos"] = True
     if _get(body, "speculate", bool, False):  # SetDLM self-speculative decoding (docs/decoding.md)
         s["speculate"] = True
+    from .structured import BadStructure, constraint_of  # response_format, regex, choice (docs/decoding.md)
+
+    try:
+        constraint = constraint_of(body)
+    except BadStructure as e:
+        raise APIError(400, str(e), e.param) from None
+    if constraint is not None:
+        s["constraint"] = constraint
     try:
         return DecodeSettings(max_new_tokens=max_tokens, **s)
     except (ValueError, TypeError) as e:

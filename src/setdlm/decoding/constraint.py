@@ -1,0 +1,329 @@
+"""Output constraints: a regular expression, a JSON Schema or a list of choices, compiled to a token-level
+automaton for a tokenizer (docs/decoding.md "Constrained decoding").
+
+Three constructors build a :class:`Constraint`, which is only a description (the regular expression the
+whole output must match):
+
+* :func:`regex` — a regular expression (the syntax of Rust's ``regex`` crate, which outlines-core uses;
+  for the common subset it is Python's ``re``);
+* :func:`json_schema` — a JSON Schema (a dict or its JSON text), turned into the regular expression of
+  the JSON documents that validate against it by outlines-core (``build_regex_from_schema``); recursive
+  references are unrolled to ``max_depth`` (default 3), free-form values (``{"type": "object"}``) to
+  outlines-core's fixed depth (objects 3 levels, arrays 2); :func:`json_object` is any JSON object,
+  nested at most ``max_depth`` (default 2) levels;
+* :func:`choice` — one of a list of strings, literally.
+
+:func:`automaton` compiles a constraint for a tokenizer: outlines-core (optional extra ``constrain``)
+builds the deterministic automaton over the tokenizer's tokens (each token read as its bytes), which is
+turned into the tensors the canvas reachability of :mod:`setdlm.decoding.constrained` needs. Results are
+cached per (pattern, tokenizer vocabulary). Only tokenizers whose text is the concatenation of their
+tokens' bytes are supported: byte-level BPE and character tokenizers (every tokenizer of this library,
+SmolLM2's); another decoder (e.g. SentencePiece's ``▁``) is a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+DEFAULT_MAX_DEPTH = 3  # JSON Schema: depth to which recursive references are unrolled
+# validation keywords outlines-core's regex does not enforce: refused, so that every output validates
+UNENFORCED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems", "contains",
+              "minContains", "maxContains", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+              "dependencies", "patternProperties", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
+_SUBSCHEMAS = ("additionalProperties", "items", "prefixItems", "anyOf", "oneOf", "allOf")  # keys holding schemas
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")  # keys holding name -> schema
+_META = set("\\.+*?()|[]{}^$#&-~")  # characters a literal escapes (Rust regex syntax)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the output must be: ``pattern``, a regular expression the whole output must match.
+    ``kind`` is ``"regex"``, ``"json_schema"`` or ``"choice"``; ``spec`` what it was built from (the
+    regex, the schema as canonical JSON text, or the tuple of choices)."""
+
+    kind: str
+    pattern: str
+    spec: str | tuple[str, ...] = field(compare=False)
+
+    def __repr__(self) -> str:
+        shown = self.spec if isinstance(self.spec, tuple) else (self.spec[:60] + "…" if len(self.spec) > 60 else self.spec)
+        return f"{self.kind}({shown!r})"
+
+
+def regex(pattern: str) -> Constraint:
+    """The output must match ``pattern`` in full."""
+    if not isinstance(pattern, str) or not pattern:
+        raise ValueError(f"regex must be a non-empty string, got {pattern!r}")
+    return Constraint("regex", pattern, pattern)
+
+
+def choice(options) -> Constraint:
+    """The output must be exactly one of ``options`` (non-empty strings)."""
+    if isinstance(options, str) or not isinstance(options, (list, tuple)) or not options:
+        raise ValueError(f"choice needs a non-empty list of strings, got {options!r}")
+    if not all(isinstance(o, str) and o for o in options):
+        raise ValueError(f"every choice must be a non-empty string, got {list(options)!r}")
+    options = tuple(dict.fromkeys(options))
+    return Constraint("choice", "(" + "|".join(_escape(o) for o in options) + ")", options)
+
+
+def json_schema(schema, *, max_depth: int = DEFAULT_MAX_DEPTH, whitespace: str | None = None) -> Constraint:
+    """The output must be a JSON document that validates against ``schema`` (a dict, or its JSON text).
+    ``max_depth``: how deep recursive references are unrolled (free-form values such as ``{"type":
+    "object"}`` follow outlines-core's own fixed depth: objects 3 levels, arrays 2); ``whitespace``: the regex of the whitespace allowed between tokens of the
+    JSON text (default outlines-core's, an optional space). A schema that is not valid JSON, not a valid
+    JSON Schema, or uses a construct outlines-core cannot express is a ``ValueError`` naming the problem."""
+    oc = _outlines()
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"json_schema: the schema is not valid JSON: {e}") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"json_schema: a schema is a JSON object, got {type(schema).__name__}")
+    if not (isinstance(max_depth, int) and not isinstance(max_depth, bool) and max_depth >= 0):
+        raise ValueError(f"max_depth must be an integer >= 0, got {max_depth!r}")
+    _check_schema(schema)
+    _check_enforced(schema, "(root)")
+    text = json.dumps(schema)  # property order kept: outlines-core writes properties in this order
+    try:
+        pattern = oc.json_schema.build_regex_from_schema(text, whitespace, max_recursion_depth=max_depth)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"json_schema: {e}") from None
+    return Constraint("json_schema", pattern, text)
+
+
+def json_object(*, max_depth: int = 2) -> Constraint:
+    """Any JSON object (OpenAI's ``{"type": "json_object"}``) whose values nest objects and arrays at most
+    ``max_depth`` levels deep (1: scalar values only). The automaton grows steeply with the depth
+    (outlines-core compiles depth 2 in about half a second, depth 3 in about half a minute)."""
+    if not (isinstance(max_depth, int) and not isinstance(max_depth, bool) and max_depth >= 1):
+        raise ValueError(f"max_depth must be an integer >= 1, got {max_depth!r}")
+    scalar = [{"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "null"}]
+
+    def value(d: int) -> dict:
+        if d == 0:
+            return {"anyOf": scalar}
+        return {"anyOf": scalar + [{"type": "array", "items": value(d - 1)},
+                                   {"type": "object", "additionalProperties": value(d - 1)}]}
+
+    return json_schema({"type": "object", "additionalProperties": value(max_depth - 1)})
+
+
+def _escape(text: str) -> str:
+    return "".join("\\" + c if c in _META else c for c in text)
+
+
+def _check_schema(schema: dict) -> None:
+    """Check the schema against the JSON Schema meta-schema when ``jsonschema`` is installed."""
+    try:
+        import jsonschema
+    except ImportError:  # outlines-core's own checks still apply
+        return
+    cls = jsonschema.validators.validator_for(schema)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        raise ValueError(f"json_schema: invalid schema at {where}: {e.message}") from None
+
+
+def _check_enforced(schema, where: str) -> None:
+    """A ``ValueError`` for a validation keyword the automaton would silently not enforce (so an output
+    could fail the schema): bounds of numbers, ``uniqueItems``, ``not``, conditionals ..."""
+    if isinstance(schema, list):
+        for i, sub in enumerate(schema):
+            _check_enforced(sub, f"{where}/{i}")
+        return
+    if not isinstance(schema, dict):
+        return
+    for key in UNENFORCED:
+        if key in schema:
+            raise ValueError(f"json_schema: {key!r} at {where} cannot be enforced by the token automaton "
+                             f"(outlines-core); remove it, or use enum, pattern or maxLength instead")
+    for key, why in (("oneOf", "exactly one branch matching is not enforced; use anyOf"),
+                     ("allOf", "the intersection of several schemas is not expressed; merge them into one")):
+        if isinstance(schema.get(key), list) and len(schema[key]) > 1:
+            raise ValueError(f"json_schema: {key!r} with {len(schema[key])} schemas at {where}: {why}")
+    for key in _SUBSCHEMAS:
+        if key in schema:
+            _check_enforced(schema[key], f"{where}/{key}")
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                _check_enforced(sub, f"{where}/{key}/{name}")
+
+
+def _outlines():
+    try:
+        import outlines_core
+    except ImportError:
+        raise ImportError("constrained decoding needs outlines-core: pip install 'setdlm[constrain]'") from None
+    return outlines_core
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the token-level automaton
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TokenAutomaton:
+    """A deterministic automaton over token ids: states ``0..K-1``, start ``initial``, accepting
+    ``final`` (K,) bool, and its transitions ``δ(s, t) = d`` as edge lists (int64), sorted twice:
+
+    * by source state: ``src_ptr`` (K+1,), ``src_tok``, ``src_dst`` (E,) — the tokens leaving a state;
+    * by token: ``tok_ptr`` (V+1,), ``tok_src``, ``tok_dst`` (E,) — where one token leads;
+
+    and ``pair_src``, ``pair_dst`` (P,): the distinct state pairs joined by some token. EOS is not among the
+    tokens; :mod:`setdlm.decoding.constrained` adds it (from accepting states) itself."""
+
+    initial: int
+    final: Tensor
+    src_ptr: Tensor
+    src_tok: Tensor
+    src_dst: Tensor
+    tok_ptr: Tensor
+    tok_src: Tensor
+    tok_dst: Tensor
+    pair_src: Tensor
+    pair_dst: Tensor
+    vocab_size: int
+    reach: dict = field(default_factory=dict)  # EOS ids -> list of R_k tensors (constrained.py), grown lazily
+
+    @property
+    def states(self) -> int:
+        return self.final.shape[0]
+
+
+_COMPILED: OrderedDict[tuple[str, str], TokenAutomaton] = OrderedDict()  # (pattern, vocab hash) -> automaton
+_CACHE_SIZE = 32
+_VOCABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> (token bytes, hash)
+
+
+def automaton(constraint: Constraint, tokenizer) -> TokenAutomaton:
+    """The token-level automaton of ``constraint`` for ``tokenizer``'s tokens (cached per pattern and
+    vocabulary). The tokenizer's special tokens (BOS, EOS, PAD, MASK ...) are never allowed inside the
+    output. A pattern the tokens cannot spell is a ``ValueError``."""
+    if not isinstance(constraint, Constraint):
+        raise TypeError(f"a constraint is made by regex(), json_schema() or choice(), got {type(constraint).__name__}")
+    if tokenizer is None:
+        raise ValueError("constrained decoding needs the model's tokenizer to read tokens as text; the model has none")
+    pieces, digest = _vocabulary(tokenizer)
+    key = (constraint.pattern, digest)
+    if key in _COMPILED:
+        _COMPILED.move_to_end(key)
+        return _COMPILED[key]
+    auto = _compile(constraint, pieces)
+    _COMPILED[key] = auto
+    if len(_COMPILED) > _CACHE_SIZE:
+        _COMPILED.popitem(last=False)
+    return auto
+
+
+def _compile(constraint: Constraint, pieces: list[bytes | None]) -> TokenAutomaton:
+    oc = _outlines()
+    V = len(pieces)
+    by_bytes: dict[bytes, list[int]] = {}
+    for i, b in enumerate(pieces):
+        if b:
+            by_bytes.setdefault(b, []).append(i)
+    fake_eos = V  # outlines-core wants an EOS id outside the map; its transitions are dropped below
+    try:
+        index = oc.Index(constraint.pattern, oc.Vocabulary(fake_eos, by_bytes))
+    except ValueError as e:
+        if "incompatible" in str(e):
+            raise ValueError(f"{constraint!r} cannot be spelled with this tokenizer's tokens: {e}") from None
+        raise ValueError(f"{constraint!r}: invalid regular expression: {e}") from None
+    except Exception as e:  # the Rust side's panics and other failures
+        raise ValueError(f"{constraint!r}: invalid regular expression: {type(e).__name__}: {e}") from None
+    trans = index.get_transitions()  # {state: {token: next state}}
+    ids = {s: k for k, s in enumerate(sorted(set(trans) | set(index.get_final_states()) | {index.get_initial_state()}))}
+    edges = [(ids[s], t, ids[d]) for s, out in trans.items() for t, d in out.items() if t != fake_eos]
+    e = torch.tensor(edges, dtype=torch.long).reshape(-1, 3)  # (E, 3) src, tok, dst
+    K = len(ids)
+    final = torch.zeros(K, dtype=torch.bool)
+    final[[ids[s] for s in index.get_final_states()]] = True
+    by_src = e[torch.argsort(e[:, 0] * (V + 1) + e[:, 1])]
+    by_tok = e[torch.argsort(e[:, 1] * (K + 1) + e[:, 0])]
+    pairs = torch.unique(e[:, 0] * K + e[:, 2])
+    return TokenAutomaton(
+        initial=ids[index.get_initial_state()], final=final,
+        src_ptr=_ptr(by_src[:, 0], K), src_tok=by_src[:, 1].contiguous(), src_dst=by_src[:, 2].contiguous(),
+        tok_ptr=_ptr(by_tok[:, 1], V), tok_src=by_tok[:, 0].contiguous(), tok_dst=by_tok[:, 2].contiguous(),
+        pair_src=pairs // K, pair_dst=pairs % K, vocab_size=V)
+
+
+def _ptr(keys: Tensor, n: int) -> Tensor:
+    """CSR row pointers (n+1,) of sorted ``keys`` in ``0..n-1``."""
+    return torch.cat([torch.zeros(1, dtype=torch.long), torch.bincount(keys, minlength=n).cumsum(0)])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a tokenizer's tokens as bytes
+# ---------------------------------------------------------------------------------------------------------
+
+
+def token_bytes(tokenizer) -> list[bytes | None]:
+    """The bytes each token id contributes to the decoded text (None: special tokens, never allowed), for a
+    tokenizer of this library (``setdlm.data.tokenizers.Tokenizer``): byte-level BPE decodes a token's
+    string through GPT-2's byte alphabet; a character (or other fused) tokenizer's token is its text."""
+    backend = getattr(tokenizer, "backend", None)
+    if backend is None or not hasattr(backend, "get_vocab"):
+        raise ValueError("constrained decoding needs a setdlm tokenizer (setdlm.data.tokenizers); got "
+                         f"{type(tokenizer).__name__}")
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    kind = decoder.get("type")
+    if kind not in ("ByteLevel", "Fuse", None):
+        raise ValueError(f"constrained decoding supports byte-level BPE and character tokenizers; this tokenizer's "
+                         f"decoder is {kind!r}")
+    special = set(getattr(tokenizer, "special_ids", ()) or ())
+    added = {i: t for i, t in backend.get_added_tokens_decoder().items()}
+    vocab = backend.get_vocab(with_added_tokens=True)
+    out: list[bytes | None] = [None] * (max(vocab.values()) + 1)
+    table = _byte_decoder() if kind == "ByteLevel" else None
+    for text, i in vocab.items():
+        if i in special or (i in added and added[i].special):
+            continue
+        if i in added or table is None:
+            out[i] = text.encode("utf-8")
+        else:
+            try:
+                out[i] = bytes(table[c] for c in text)
+            except KeyError:  # not a byte-level string: leave the token out (it is never allowed)
+                continue
+    return out
+
+
+def _vocabulary(tokenizer) -> tuple[list[bytes | None], str]:
+    try:
+        return _VOCABS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    pieces = token_bytes(tokenizer)
+    digest = hashlib.sha256(b"\0".join(b"\1" if p is None else b"\2" + p for p in pieces)).hexdigest()
+    try:
+        _VOCABS[tokenizer] = (pieces, digest)
+    except TypeError:  # not weak-referenceable: recomputed per call
+        pass
+    return pieces, digest
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable stand-in character of every byte, inverted (the ByteLevel alphabet)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
