@@ -157,7 +157,8 @@ def _sse(body: dict) -> str:
 
 
 def serve(model_path: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16, max_queue: int = 64,
-          timeout: float = 300.0, device: str = "cpu", name: str | None = None, log_level: str = "info") -> None:
+          timeout: float = 300.0, device: str = "cpu", name: str | None = None, log_level: str = "info",
+          quantize: str | None = None) -> None:
     """Load a model (anything ``setdlm.load`` accepts, or a shipped model's name) and serve it until
     interrupted."""
     try:
@@ -166,7 +167,7 @@ def serve(model_path: str, *, host: str = "127.0.0.1", port: int = 8000, max_bat
         raise ValueError("serving needs the optional extra: pip install 'setdlm[serve]'") from None
     from ..loading import load
 
-    model = load(model_path, device=device)
+    model = load(model_path, device=device, quantize=quantize)
     app = create_app(model, name or _model_name(model_path), max_batch=max_batch, max_queue=max_queue,
                      timeout=timeout)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
