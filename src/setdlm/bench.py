@@ -446,7 +446,7 @@ def evaluate_checkpoint(checkpoint: str | Path, task: str = "likelihood", settin
                         n: int | None = None, hidden: int | None = None, eos: bool = False, clock: str | None = None,
                         batch_size: int | None = None, seed: int | None = None, bf16: bool = False,
                         ema: bool = False, device: str = "cpu", predictions: str | Path | None = None,
-                        **knobs) -> dict:
+                        quantize: str | None = None, **knobs) -> dict:
     """Evaluate a checkpoint (folder, run folder or shipped name) on ``task`` and return the JSON-ready result
     that ``setdlm eval`` prints.
 
@@ -467,7 +467,7 @@ def evaluate_checkpoint(checkpoint: str | Path, task: str = "likelihood", settin
         raise ValueError("decoding settings apply to the reasoning and infill tasks, not to likelihood")
     if predictions is not None:
         check_file(predictions, "--predictions")
-    model = load(checkpoint, ema=ema, device=device)
+    model = load(checkpoint, ema=ema, device=device, quantize=quantize)
     if task == "likelihood":
         return checkpoint_likelihood(model, training_args(checkpoint), data=data, batch_size=batch_size, seed=seed,
                                      bf16=bf16, where=str(checkpoint))
@@ -511,6 +511,7 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: str, out: str | P
                       level: str | None = None, split: str | None = None, n: int | None = None,
                       hidden: int | None = None, eos: bool = False, clock: str | None = None,
                       seed: int | None = None, ema: bool = False, device: str = "cpu", speculate: bool = False,
+                      quantize: str | None = None,
                       **knobs) -> BenchRun:
     """Benchmark checkpoints on ``task`` and write ``out``/bench.md, bench.json and bench.png (what ``setdlm
     bench`` runs). reasoning/infill: :func:`sweep` over ``thresholds`` (default :data:`THRESHOLDS`),
@@ -535,7 +536,7 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: str, out: str | P
         check_settings(thresholds or THRESHOLDS, windows or [None], batch_sizes or [1], 50 if warmup is None else warmup)
         _check_unswept(settings)
     names = labels(checkpoints)
-    models = [load(c, ema=ema, device=device) for c in checkpoints]
+    models = [load(c, ema=ema, device=device, quantize=quantize) for c in checkpoints]
     meta = {"task": task, "checkpoints": dict(zip(names, map(str, checkpoints))),
             "families": {lab: m.family.to_dict() for lab, m in zip(names, models)}}
     if task == "likelihood":

@@ -215,6 +215,9 @@ def save(path: str | Path, model, *, ema: dict[str, Tensor] | None = None,
     from .hub import model_card
 
     dst = Path(path)
+    if getattr(model.backbone, "quantization", None):
+        raise ValueError(f"a {model.backbone.quantization}-quantized backbone decodes only and is not saved; "
+                         "save the model loaded without quantize=")
     if model.tokenizer is None or not hasattr(model.tokenizer, "save"):
         raise ValueError("a checkpoint needs the model's tokenizer (a setdlm.data.Tokenizer); model.tokenizer is "
                          f"{type(model.tokenizer).__name__}")

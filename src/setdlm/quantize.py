@@ -1,0 +1,156 @@
+"""Quantized decoding on the CPU: int8 and int4 weights for every linear layer of a backbone
+(docs/quantization.md).
+
+``setdlm.load(path, quantize="int8" | "int4")`` (or :func:`quantize` on a loaded backbone) replaces each
+linear layer of the DiT or of a Hugging Face backbone (q/k/v/o projections, MLPs, output head; GPT-2's
+``Conv1D`` too) by one that runs a PyTorch CPU kernel on quantized weights. Embeddings, norms and the
+attention product stay in the model's precision; the KV cache keeps its dtype.
+
+- ``"int8"``: symmetric int8 weights per output channel through fbgemm's int8 GEMM
+  (``torch.ops.quantized.linear_dynamic``), activations quantized to (7-bit) uint8 **per row**. fbgemm picks
+  one activation range for the whole input tensor, so a row's output would depend on the other rows of the
+  batch and on how many tokens a step feeds; here each row is first divided by its own absolute maximum and
+  one extra row ``[1, -1, 0, ...]`` pins the tensor's range to [-1, 1], so the quantization of a row is a
+  function of that row alone and the result is multiplied back by the row's maximum.
+- ``"int4"``: asymmetric 4-bit weights in groups of 32 input channels (the layout of GGUF's Q4_1), packed two
+  per byte, through PyTorch's weight-only int4 kernel (``aten._weight_int4pack_mm_for_cpu``); activations
+  stay in floating point.
+
+Either way each output row is a function of its own input row only, so the exactness contract of the
+decoders holds within the quantized model (docs/method.md §3.3): cached logits equal recomputed ones, and a
+row decoded in a batch equals the row decoded alone. Quantized backbones decode; they do not train or save.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor, nn
+
+QUANTIZATIONS = ("int8", "int4")
+INT4_GROUP = 32
+
+
+def check_quantize(quantize: str | None) -> str | None:
+    """``quantize`` if it names a supported scheme (or is None), else a ValueError naming the choices."""
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZATIONS)} (or None), got {quantize!r}")
+    return quantize
+
+
+def _weight_of(module: nn.Module) -> tuple[Tensor, Tensor | None] | None:
+    """(weight (out, in), bias) of a linear layer (``nn.Linear`` or transformers' ``Conv1D``), else None."""
+    if isinstance(module, nn.Linear):
+        return module.weight.detach(), None if module.bias is None else module.bias.detach()
+    if type(module).__name__ == "Conv1D" and hasattr(module, "nf"):  # GPT-2: weight stored (in, out)
+        return module.weight.detach().t(), module.bias.detach()
+    return None
+
+
+class QuantizedLinear(nn.Module):
+    """A linear layer ``y = x Wᵀ + b`` on quantized weights; :attr:`weight` returns the dequantized ``W`` (what
+    the kernel multiplies by) for inspection and tests. Subclasses set ``kind`` and implement ``_matmul``."""
+
+    kind: str
+
+    def __init__(self, weight: Tensor, bias: Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("bias", None if bias is None else bias.float().clone())
+        self.train(False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training:
+            raise RuntimeError(f"a {self.kind}-quantized backbone decodes only; train the unquantized model")
+        shape = x.shape
+        y = self._matmul(x.reshape(-1, self.in_features).float())  # (N, out)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).view(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind}"
+
+
+class Int8Linear(QuantizedLinear):
+    """int8 weights per output channel, activations quantized per row; fbgemm's int8 GEMM."""
+
+    kind = "int8"
+
+    def __init__(self, weight: Tensor, bias: Tensor | None):
+        super().__init__(weight, bias)
+        w = weight.float()
+        scale = (w.abs().amax(1) / 127).clamp(min=1e-12).double()  # (out,)
+        with warnings.catch_warnings():  # torch 2.13 deprecates quantized tensor creation; fbgemm's packing needs one
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation.*")
+            qw = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+        self._packed = torch.ops.quantized.linear_prepack(qw, None)
+        self._pin = torch.zeros(1, self.in_features)
+        self._pin[0, 0], self._pin[0, -1] = 1.0, -1.0  # the extra row: fixes the activation range at [-1, 1]
+
+    @property
+    def weight(self) -> Tensor:
+        return torch.ops.quantized.linear_unpack(self._packed)[0].dequantize()
+
+    def _matmul(self, x: Tensor) -> Tensor:  # x (N, in) float32 → (N, out)
+        m = x.abs().amax(1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)  # (N, 1)
+        xs = torch.cat([x / m, self._pin])  # (N + 1, in), every entry in [-1, 1]
+        return torch.ops.quantized.linear_dynamic(xs, self._packed, True)[:-1] * m  # 7-bit activations (fbgemm)
+
+
+class Int4Linear(QuantizedLinear):
+    """4-bit weights in groups of :data:`INT4_GROUP` input channels, ``w = (q − 8)·s + z`` with ``q`` in
+    0..15 and a scale/offset ``(s, z)`` per group; PyTorch's weight-only int4 CPU kernel. Output channels
+    are padded to a multiple of 16 (the kernel's tile) with zero rows, dropped from the result."""
+
+    kind = "int4"
+
+    def __init__(self, weight: Tensor, bias: Tensor | None):
+        super().__init__(weight, bias)
+        N, K = weight.shape
+        if K % INT4_GROUP:
+            raise ValueError(f"int4 needs the input width of every linear layer to be a multiple of {INT4_GROUP}, "
+                             f"got {K}")
+        Np = -(-N // 16) * 16
+        w = torch.cat([weight.float(), weight.new_zeros(Np - N, K, dtype=torch.float32)])  # (Np, K)
+        g = w.view(Np, K // INT4_GROUP, INT4_GROUP)
+        lo, hi = g.amin(-1), g.amax(-1)  # (Np, K/G)
+        s = ((hi - lo) / 15).clamp(min=1e-12)
+        q = torch.round((g - lo[..., None]) / s[..., None]).clamp(0, 15).to(torch.int32).view(Np, K)
+        self.register_buffer("_q", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))  # (Np, K/2) uint8
+        self.register_buffer("_sz", torch.stack([s, lo + 8 * s], -1).transpose(0, 1).contiguous())  # (K/G, Np, 2)
+
+    @property
+    def weight(self) -> Tensor:
+        return self._matmul(torch.eye(self.in_features)).t()  # the kernel applied to the identity
+
+    def _matmul(self, x: Tensor) -> Tensor:  # x (N, in) float32 → (N, out)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self._q, INT4_GROUP, self._sz)  # (N, Np)
+        return y[:, : self.out_features]
+
+
+KERNELS = {"int8": Int8Linear, "int4": Int4Linear}
+
+
+def quantize(backbone: nn.Module, quantize: str) -> nn.Module:
+    """Replace every linear layer of ``backbone`` (in place) by its ``quantize`` ("int8" or "int4") version;
+    returns the backbone, in eval mode. CPU only. A tied output head (SmolLM2) is quantized as the head; the
+    embedding it shares keeps full precision."""
+    kernel = KERNELS[check_quantize(quantize)]
+    if getattr(backbone, "quantization", None):
+        raise ValueError(f"the backbone is already {backbone.quantization}-quantized")
+    p = next(backbone.parameters())
+    if p.device.type != "cpu":
+        raise ValueError(f"quantize={quantize!r} runs on the CPU; the backbone is on {p.device}")
+    targets = [(name, m) for name, m in backbone.named_modules() if _weight_of(m) is not None]
+    for name, m in targets:
+        parent, _, attr = name.rpartition(".")
+        setattr(backbone.get_submodule(parent) if parent else backbone, attr, kernel(*_weight_of(m)))
+    backbone.quantization = quantize
+    return backbone.eval()
+
+
+def quantization_of(backbone: nn.Module) -> str | None:
+    """"int8", "int4" or None: how :func:`quantize` left ``backbone``."""
+    return getattr(backbone, "quantization", None)

@@ -1,0 +1,145 @@
+"""Quantized decoding (docs/quantization.md): each kernel computes the documented arithmetic, a row's output
+depends on that row alone, and the decoders' exactness contract holds within the quantized model: every
+cached step equals the from-scratch forward, and a row decoded in a batch equals the row decoded alone, on
+the DiT and on Hugging Face backbones."""
+
+import pytest
+import torch
+
+from setdlm import FamilyConfig, Model, load
+from setdlm.decoding import generate
+from setdlm.quantize import INT4_GROUP, Int4Linear, Int8Linear, quantization_of, quantize
+
+from support import (MASK, PROMPTS, assert_bd3lm_steps_exact, assert_one_line_error, assert_setdlm_steps_exact,
+                     recorded, run, save_tiny, tiny_hf, tiny_model)
+
+TOL = 1e-5  # float64 model, float32 kernels: cached vs recomputed differ by float32 rounding only
+
+
+def _weights(out=40, inp=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(out, inp, generator=g), torch.randn(out, generator=g)
+
+
+def test_int8_is_per_channel_weights_times_per_row_activations():
+    """y = deq(x) · deq(W)ᵀ + b: W symmetric int8 per output channel; each row of x scaled by its own absolute
+    maximum into [-1, 1] and rounded to the grid of step 2/127 (zero point 64: uint8 levels 0..128)."""
+    w, b = _weights()
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(1)) * torch.tensor([[1.0], [10], [0.1], [3], [1]])
+    lin = Int8Linear(w, b)
+    s_w = w.abs().amax(1, keepdim=True) / 127
+    w_deq = torch.round(w / s_w).clamp(-127, 127) * s_w  # (out, in)
+    assert torch.allclose(lin.weight, w_deq, atol=1e-6, rtol=0)
+    m = x.abs().amax(1, keepdim=True)
+    step, zero = 2 / 127, 64
+    x_deq = (torch.round(x / m / step + zero) - zero) * step * m  # levels 0..128 of uint8
+    ref = x_deq.double() @ w_deq.double().T + b.double()
+    assert torch.allclose(lin(x).double(), ref, atol=1e-4, rtol=0)
+    assert (lin(x) - (x @ w.T + b)).abs().max() > 1e-3  # it is quantized, not the float product
+
+
+def test_int4_is_groupwise_asymmetric_weights():
+    """y = x · deq(W)ᵀ + b with W in groups of 32 input channels, w = q·s + min, q in 0..15."""
+    w, b = _weights(out=40)  # 40 output channels: padded to 48 inside, sliced back
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+    lin = Int4Linear(w, b)
+    g = w.view(40, -1, INT4_GROUP)
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    s = (hi - lo) / 15
+    w_deq = (torch.round((g - lo) / s) * s + lo).view(40, 64)
+    assert torch.allclose(lin.weight, w_deq, atol=1e-5, rtol=0)
+    assert torch.allclose(lin(x).double(), x.double() @ w_deq.double().T + b.double(), atol=1e-4, rtol=0)
+    assert lin(x).shape == (3, 40)
+
+
+@pytest.mark.parametrize("kernel", [Int8Linear, Int4Linear])
+def test_a_row_is_a_function_of_itself_alone(kernel):
+    """Batched == alone bit for bit, and scaling one row changes no other row (PyTorch's dynamic int8 Linear,
+    one activation range per tensor, fails this)."""
+    w, b = _weights()
+    x = torch.randn(6, 64, generator=torch.Generator().manual_seed(2))
+    lin = kernel(w, b)
+    alone = torch.cat([lin(x[i: i + 1]) for i in range(6)])
+    assert torch.equal(lin(x), alone)
+    loud = x.clone()
+    loud[3] *= 100
+    assert torch.equal(lin(loud)[:3], lin(x)[:3]) and torch.equal(lin(loud)[4:], lin(x)[4:])
+
+
+def test_quantize_replaces_every_linear_layer_and_keeps_the_rest():
+    model = tiny_model("setdlm", D=3)
+    bb = quantize(model.backbone, "int8")
+    assert quantization_of(bb) == "int8" and not bb.training
+    kinds = {type(m).__name__ for m in bb.modules()}
+    assert "Linear" not in kinds and "Int8Linear" in kinds
+    assert bb.embed.weight.dtype == torch.float64 and bb.new_cache(1).k[0].dtype == torch.float64
+    with pytest.raises(ValueError, match="already int8-quantized"):
+        quantize(bb, "int4")
+
+
+@pytest.mark.parametrize("q", ["int8", "int4"])
+def test_quantized_logits_stay_close_to_full_precision(q):
+    """A sanity bound on the cost: the quantized model's logits track the float ones (the measured quality
+    cost on real models is in benchmarks/RESULTS.md)."""
+    full = tiny_model("ar")
+    ids = torch.tensor([PROMPTS[1]])
+    with torch.no_grad():
+        ref = full.backbone(ids)
+        got = quantize(tiny_model("ar").backbone, q)(ids)
+    err = ((got - ref).norm() / ref.norm()).item()
+    assert 1e-4 < err < (0.05 if q == "int8" else 0.2)
+
+
+@pytest.mark.parametrize("q", ["int8", "int4"])
+def test_setdlm_steps_exact_on_a_quantized_dit(q):
+    model = tiny_model("setdlm", D=3)
+    quantize(model.backbone, q)
+    model, rec = recorded(model)
+    out = generate(model, PROMPTS, max_new_tokens=8, ignore_eos=True, trace=True, threshold=0.3)
+    for r, prompt in enumerate(PROMPTS):
+        assert_setdlm_steps_exact(model.backbone.inner, rec, out, len(prompt), r, tol=TOL)
+
+
+@pytest.mark.parametrize("q", ["int8", "int4"])
+def test_bd3lm_steps_exact_on_a_quantized_hf_backbone(q):
+    from setdlm import hf
+
+    S = 4
+    model = Model(quantize(hf.HFBackbone(tiny_hf("llama")), q), FamilyConfig("bd3lm", 32, MASK, block_size=S))
+    model, rec = recorded(model)
+    out = generate(model, PROMPTS, max_new_tokens=8, ignore_eos=True, trace=True)
+    for r, prompt in enumerate(PROMPTS):
+        assert_bd3lm_steps_exact(model.backbone.inner, rec, out, r, range(len(prompt)), block_size=S,
+                                 prefilled=len(rec.calls) - out.nfe, tol=TOL)
+
+
+@pytest.mark.parametrize("kind,family", [("llama", "setdlm"), ("gpt2", "ar"), ("qwen3", "bd3lm")])
+@pytest.mark.parametrize("q", ["int8", "int4"])
+def test_batch_equals_rows_alone_quantized(kind, family, q):
+    from setdlm import hf
+
+    model = Model(quantize(hf.HFBackbone(tiny_hf(kind)), q), FamilyConfig(family, 32, MASK, D=2, block_size=4))
+    kw = dict(max_new_tokens=8, ignore_eos=True)
+    batch = generate(model, PROMPTS, **kw)
+    assert batch.tokens == [generate(model, [p], **kw).tokens[0] for p in PROMPTS]
+
+
+def test_load_quantize_and_its_errors(tmp_path):
+    path = save_tiny(tmp_path / "m")
+    model = load(path, quantize="int4")
+    assert quantization_of(model.backbone) == "int4"
+    assert len(generate(model, ["ab"], max_new_tokens=4, ignore_eos=True).tokens[0]) == 4
+    with pytest.raises(ValueError, match="quantize must be one of int8, int4"):
+        load(path, quantize="int3")
+    with pytest.raises(ValueError, match="decodes only and is not saved"):
+        model.save(tmp_path / "q")
+    model.backbone(torch.tensor([[1, 2]]))  # an eval-mode forward runs
+    with pytest.raises(RuntimeError, match="decodes only"):
+        model.backbone.train()(torch.tensor([[1, 2]]))
+
+
+def test_cli_quantize_flag(tmp_path, capsys):
+    path = save_tiny(tmp_path / "m")
+    code, out, err = run(["generate", path, "--prompt", "ab", "--max-new-tokens", "3", "--quantize", "int8"], capsys)
+    assert code == 0, err
+    assert_one_line_error(*run(["generate", path, "--prompt", "ab", "--quantize", "fp8"], capsys)[::2], "--quantize")
