@@ -146,3 +146,11 @@ def test_bench_and_eval_parallel(ckpts, tmp_path, capsys):
 def test_bad_parallel_arguments(args, needles, ckpts, capsys):
     code, _, err = run(["eval", ckpts["bd3lm"], *args], capsys)
     assert_one_line_error(code, err, *needles)
+
+
+def test_parallel_data_is_refused_before_any_loading(tmp_path):
+    for call in (lambda: bench.bench_checkpoints(["no-such-checkpoint"], "parallel", tmp_path / "x", data="f.jsonl"),
+                 lambda: bench.evaluate_checkpoint("no-such-checkpoint", "parallel", data="f.jsonl")):
+        with pytest.raises(ValueError, match="--data does not apply to --task parallel"):
+            call()
+    assert not (tmp_path / "x").exists()

@@ -471,9 +471,7 @@ def task_examples(task: str, models: Sequence[Model], *, data: str | None = None
         return chosen, skipped
 
     lengths = "/".join(sorted({str(m.family.length) for m in models}))
-    if task == "parallel" and data is not None:
-        raise ValueError("--data does not apply to --task parallel: its examples are generated "
-                         "(train on them with --data parallel)")
+    _check_data(task, data)
     if task in ("reasoning", "parallel") and data is None:
         want = size = n or 200
         what = f"{level} problems" if task == "reasoning" else "parallel-suite examples"
@@ -538,6 +536,13 @@ def checkpoint_likelihood(model: Model, training: dict, *, data: str | None = No
     bf16 = bf16 or bool(training.get("bf16", False))
     res = likelihood(model.backbone, model.family, rows, batch_size=bs, seed=seed, bf16=bf16, progress=True)
     return {"task": "likelihood", "family": model.family.family, **res}
+
+
+def _check_data(task: str, data: str | None) -> None:
+    """``data`` names a task's examples, except for the parallel suite's (generated only)."""
+    if task == "parallel" and data is not None:
+        raise ValueError("--data does not apply to --task parallel: its examples are generated "
+                         "(train on them with --data parallel)")
 
 
 def _source_name(task: str, data: str | None, level: str | None) -> str:
@@ -620,6 +625,7 @@ def evaluate_checkpoint(checkpoint: str | Path, task: str = "likelihood", settin
         raise ValueError("decoding settings apply to the decoding tasks, not to likelihood")
     if predictions is not None:
         check_file(predictions, "--predictions")
+    _check_data(task, data)
     model = load(checkpoint, ema=ema, device=device)
     if task == "likelihood":
         return checkpoint_likelihood(model, training_args(checkpoint), data=data, batch_size=batch_size, seed=seed,
@@ -684,6 +690,7 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: str, out: str | P
     if task == "likelihood" and settings != DecodeSettings():
         raise ValueError("decoding settings apply to the decoding tasks, not to likelihood")
     folder = check_folder(out)
+    _check_data(task, data)
     if task != "likelihood":
         check_settings(thresholds or THRESHOLDS, windows or [None], batch_sizes or [1], 50 if warmup is None else warmup,
                        block_sizes or [None])
