@@ -78,6 +78,9 @@ def test_bench_two_checkpoints_writes_table_json_and_png(ckpts, tmp_path, capsys
     again = bench.read_json(out / "bench.json")  # the points read back plot and tabulate the same
     assert bench.markdown_table(again) == stdout
     assert png_size(bench.plot(again, tmp_path / "again.png", dpi=50)) == (600, 225)
+    older = dict(doc, points=[{k: v for k, v in p.items() if k != "block_size"} for p in pts])  # before block sizes
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert [p.setting for p in bench.read_json(tmp_path / "older.json")] == [p.setting for p in again]
 
 
 def test_bench_points_match_the_library(ckpts):

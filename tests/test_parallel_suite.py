@@ -78,6 +78,9 @@ def test_evaluate_parallel_scores_what_the_decoder_writes(family, threshold):
     assert res.per_task == {"copy": 0.0, "latin": 1.0}
     assert res.to_dict()["per_task"] == res.per_task and res.to_dict()["accuracy"] == 0.5
     assert (res.run.tokens_per_step > 1.5) == (threshold is not None)
+    stats = evaluate.throughput(model, [sq, copy], threshold=threshold, warmup=1, progress=False)  # times copy
+    alone = evaluate.parallel(model, [copy], threshold=threshold, progress=False)
+    assert stats.calls == 1 and stats.tokens == alone.run.generated_tokens
     with pytest.raises(ValueError, match="expected ParallelExample examples"):
         evaluate.parallel(model, [object()], progress=False)
 

@@ -506,8 +506,8 @@ def throughput(model: Model, items: Sequence, settings: DecodeSettings | None = 
     one at batch > 1). Only generated tokens count (an EOS that ends a row included, the prompt never);
     the latency of a call includes its prefill. NFE and tokens/step are the decoder's counts.
 
-    ``items``: reasoning problems (decoded as :func:`reasoning` does), infilling examples (as
-    :func:`infill`), or prompts: strings (encoded as ``[BOS] + text``) or token-id lists (as given).
+    ``items``: reasoning problems or parallel-suite examples (decoded as :func:`reasoning` does), infilling
+    examples (as :func:`infill`), or prompts: strings (encoded as ``[BOS] + text``) or token-id lists (as given).
     ``settings`` (or its fields as keywords) go to the decoder (``ignore_eos=True`` makes every row generate
     ``max_new_tokens``; default what the longest prompt leaves of the context). ``clock="cpu"`` times by CPU
     time instead of wall time (see :func:`reasoning`).
@@ -532,8 +532,8 @@ def throughput_steps(model: Model, items: Sequence, settings: DecodeSettings | N
             raise ValueError("max_new_tokens does not apply to infilling: the oracle length of each middle is used")
         examples = _check_examples(items, InfillExample)
         return (yield from _infill_steps(model, examples, settings, eos=eos, **opts))[1].speed
-    if isinstance(items[0], ReasoningExample):
-        prompts = [prompt_ids(model, e) for e in _check_examples(items, ReasoningExample)]
+    if isinstance(items[0], (ReasoningExample, ParallelExample)):
+        prompts = [prompt_ids(model, e) for e in _check_examples(items, type(items[0]))]
     else:
         prompts = [_prompt(model, p, i) for i, p in enumerate(items)]
     return (yield from _generate_steps(model, prompts, settings, **opts))[1].speed
