@@ -46,11 +46,14 @@ def test_bench_two_checkpoints_writes_table_json_and_png(ckpts, tmp_path, capsys
     assert code == 0, err
     assert time.perf_counter() - t0 < 60
     # AR: τ and w do not apply (one setting per batch size); SetDLM: 2 τ × 2 w × 2 batch sizes
-    lines = stdout.strip().splitlines()
-    assert lines[0].startswith("| model | family | τ | w | batch | accuracy (%) | tokens/s | NFE | tokens/step |")
+    lines, aup_lines = stdout.split("\n\n")[0].splitlines(), stdout.split("\n\n")[2].splitlines()
+    assert lines[0] == "| model | family | τ | w | block | batch | accuracy (%) | tokens/s | NFE | TPF | forwards/token |"
     assert len(lines) == 2 + 2 + 8
-    assert sum(line.startswith("| ar-run | ar | off | – |") for line in lines) == 2
+    assert sum(line.startswith("| ar-run | ar | off | – | – |") for line in lines) == 2
     assert sum(line.startswith("| setdlm-rand | setdlm |") for line in lines) == 8
+    # one AUP per curve over τ: AR at batch 1 and 3, SetDLM at w 2 and 4 and batch 1 and 3
+    assert aup_lines[0] == "| model | family | w | block | batch | AUP | points counted | max TPF counted |"
+    assert len(aup_lines) == 2 + 2 + 4
     assert (out / "bench.md").read_text() == stdout
     doc = json.loads((out / "bench.json").read_text())
     assert doc["task"] == "reasoning" and doc["examples"] == 6 and doc["warmup"] == 2
@@ -64,10 +67,20 @@ def test_bench_two_checkpoints_writes_table_json_and_png(ckpts, tmp_path, capsys
             assert p["tokens_per_second"] == p["result"]["speed"]["mean"] and p["result"]["speed"]["calls"] == 4
         else:
             assert p["tokens_per_second"] == p["result"]["speed"]["aggregate"] and p["tokens_per_second_std"] is None
-    assert png_size(out / "bench.png") == (700, 450)
+    for a in doc["aup"]:  # AR commits one token per forward: its AUP is its accuracy in %
+        curve = [p for p in pts if (p["model"], p["window"], p["batch_size"]) == (a["model"], a["window"],
+                                                                                   a["batch_size"])]
+        assert a["points"] == len(curve) == (1 if a["family"] == "ar" else 2)
+        if a["family"] == "ar":
+            assert a["aup"] == pytest.approx(100 * curve[0]["quality"]) and a["max_tpf"] == 1.0
+        assert a["y_max"] == 100 * max(p["quality"] for p in pts)
+    assert png_size(out / "bench.png") == (1200, 450)  # quality vs tokens/s, and vs TPF
     again = bench.read_json(out / "bench.json")  # the points read back plot and tabulate the same
     assert bench.markdown_table(again) == stdout
-    assert png_size(bench.plot(again, tmp_path / "again.png", dpi=50)) == (350, 225)
+    assert png_size(bench.plot(again, tmp_path / "again.png", dpi=50)) == (600, 225)
+    older = dict(doc, points=[{k: v for k, v in p.items() if k != "block_size"} for p in pts])  # before block sizes
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert [p.setting for p in bench.read_json(tmp_path / "older.json")] == [p.setting for p in again]
 
 
 def test_bench_points_match_the_library(ckpts):
@@ -96,13 +109,24 @@ def test_settings_pareto_and_table():
         bench.sweep_settings(sd, [1.5])
     with pytest.raises(ValueError, match="windows must be positive integers"):
         bench.sweep_settings(sd, [None], [0])
+    # block sizes apply to BD3LM (None = its own S = 4) and nowhere else
+    assert bench.sweep_settings(bd, [None, 0.9], block_sizes=[None, 8]) == [
+        bench.Setting(None, None, 1, 4), bench.Setting(0.9, None, 1, 4), bench.Setting(None, None, 1, 8),
+        bench.Setting(0.9, None, 1, 8)]
+    assert bench.sweep_settings(sd, [None], block_sizes=[None, 8]) == [bench.Setting(None, 2)]
+    assert bench.Setting(0.9, None, 1, 8).apply(DecodeSettings()) == DecodeSettings(threshold=0.9, block_size=8)
+    with pytest.raises(ValueError, match="block sizes must be positive integers"):
+        bench.sweep_settings(bd, [None], block_sizes=[0])
 
     def pt(q, v):
         return bench.BenchPoint("m", "setdlm", "reasoning", bench.Setting(), q, v, None, 1.0, 1.0, {})
     pts = [pt(0.5, 10.0), pt(0.6, 5.0), pt(0.4, 8.0), pt(0.2, 20.0), pt(0.6, 4.0)]
     assert [(p.quality, p.tokens_per_second) for p in bench.pareto_front(pts)] == [(0.2, 20.0), (0.5, 10.0), (0.6, 5.0)]
     table = bench.markdown_table(pts)
-    assert table.count("\n") == 7 and "| m | setdlm | off | – | 1 | 50.0 | 10.0 | 1.0 | 1.00 |" in table
+    assert "| m | setdlm | off | – | – | 1 | 50.0 | 10.0 | 1.0 | 1.00 |" in table
+    # all five points at TPF 1: the least parallel one is the most accurate (equal ρ: higher y first), the
+    # others are more than 5 points below it and do not count: AUP = 1 × 60
+    assert table.count("\n") == 7 + 6 and table.endswith("| m | setdlm | – | – | 1 | 60.0 | 2 of 5 | 1.00 |\n")
 
 
 def test_bench_infill_and_likelihood(ckpts, tmp_path, capsys):
@@ -116,7 +140,7 @@ def test_bench_infill_and_likelihood(ckpts, tmp_path, capsys):
     assert doc["decode"]["clock"] == "cpu" and all(p["result"]["clock"] == "cpu" for p in doc["points"])
     assert "| tokens/CPU-s |" in stdout.splitlines()[0]
     assert all(p["quality"] == p["result"]["rougeL"] for p in doc["points"])
-    assert "ROUGE-L (×100)" in stdout and png_size(out / "bench.png") == (700, 450)
+    assert "ROUGE-L (×100)" in stdout and png_size(out / "bench.png") == (1200, 450)
     out = tmp_path / "l"
     code, stdout, err = run(["bench", ckpts["ar"], ckpts["setdlm"], "--task", "likelihood", "--data", ckpts["text"],
                              "--out", str(out)], capsys)
@@ -150,7 +174,7 @@ def test_python_entry_points_are_what_the_cli_runs(ckpts, tmp_path, capsys):
                          (lambda: bench.evaluate_checkpoint(ckpts["ar"], "reasoning", window=2),
                           "window applies to setdlm models, not to this 'ar' model"),
                          (lambda: bench.bench_checkpoints([ckpts["ar"]], "likelihood", tmp_path / "x", warmup=1),
-                          "apply to --task reasoning/infill")]:
+                          "apply to the decoding tasks")]:
         with pytest.raises(ValueError, match=needle):
             call()
     assert not (tmp_path / "x").exists()
@@ -191,7 +215,7 @@ def test_one_settings_object_through_evaluate_and_bench(ckpts, tmp_path):
     untimed = [k for k in res if k not in ("seconds", "speed")]
     assert {k: res[k] for k in untimed} == {k: kw[k] for k in untimed} and set(res) == set(kw)
     assert res["decode"] == {"threshold": 0.5, "max_new_tokens": 7}
-    with pytest.raises(ValueError, match="decoding settings apply to the reasoning and infill tasks"):
+    with pytest.raises(ValueError, match="decoding settings apply to the decoding tasks"):
         bench.bench_checkpoints([ckpts["ar"]], "likelihood", tmp_path / "x", DecodeSettings(temperature=0.5))
     with pytest.raises(ValueError, match="the sweep sets window"):  # before any model is loaded
         bench.bench_checkpoints(["no-such-checkpoint"], "reasoning", tmp_path / "x", window=2)
@@ -256,7 +280,7 @@ def test_eval_infill_matches_the_library(ckpts, tmp_path, capsys):
 @pytest.mark.parametrize("cmd, args, needles", [
     ("eval", ["--task", "infill", "--level", "easy"], ["--level applies to --task reasoning, not infill"]),
     ("eval", ["--task", "reasoning", "--hidden", "3"], ["--hidden applies to --task infill, not reasoning"]),
-    ("eval", ["--task", "likelihood", "--threshold", "0.9"], ["--threshold applies to --task reasoning/infill"]),
+    ("eval", ["--task", "likelihood", "--threshold", "0.9"], ["--threshold applies to --task reasoning/infill/parallel"]),
     ("eval", ["--task", "reasoning", "--threshold", "1.5"], ["--threshold must be in (0, 1], got 1.5"]),
     ("eval", ["--task", "reasoning", "--data", "MISSING"], ["GSM8K file", "does not exist"]),
     ("eval", ["--task", "reasoning", "--data", "MISSING", "--level", "easy"], ["--level applies to generated"]),
@@ -264,10 +288,10 @@ def test_eval_infill_matches_the_library(ckpts, tmp_path, capsys):
     ("eval", ["--task", "infill", "--data", "MISSING"], ["neither an existing file or folder nor a built-in"]),
     ("eval", ["--task", "infill", "--n", "1000"], ["of 149 infill examples fit the context length L=128; ask for n"]),
     ("eval", ["--task", "reasoning", "--block-size", "4"], ["block_size applies to bd3lm/mdlm", "'setdlm'"]),
-    ("eval", ["--task", "infill", "--stop", "x"], ["--stop applies to --task reasoning, not infill"]),
+    ("eval", ["--task", "infill", "--stop", "x"], ["--stop applies to --task reasoning/parallel, not infill"]),
     ("eval", ["--task", "reasoning", "--max-new-tokens", "0"], ["--max-new-tokens must be a positive integer, got 0"]),
     ("bench", ["--task", "infill", "--max-new-tokens", "4", "--out", "OUT"],
-     ["--max-new-tokens applies to --task reasoning, not infill"]),
+     ["--max-new-tokens applies to --task reasoning/parallel, not infill"]),
     ("eval", ["--task", "reasoning", "--n", "0"], ["--n: must be a positive integer, got '0'"]),
     ("eval", ["--task", "bogus"], ["--task: invalid choice: 'bogus'"]),
     ("eval", ["--task", "infill", "--hidden", "2"], ["--hidden: invalid choice: 2"]),
@@ -277,6 +301,10 @@ def test_eval_infill_matches_the_library(ckpts, tmp_path, capsys):
      [r"thresholds must lie in (0, 1]"]),
     ("bench", ["--task", "reasoning", "--batch-sizes", "0", "--level", "easy", "--n", "2", "--out", "OUT"],
      ["batch sizes must be positive integers, got 0"]),
+    ("bench", ["--task", "parallel", "--block-sizes", "0", "--n", "2", "--out", "OUT"],
+     ["block sizes must be positive integers (or None for the model's), got 0"]),
+    ("eval", ["--task", "parallel", "--level", "easy"], ["--level applies to --task reasoning, not parallel"]),
+    ("eval", ["--task", "parallel", "--data", "x.jsonl"], ["--data does not apply to --task parallel"]),
     ("bench", ["--task", "reasoning", "--level", "easy", "--n", "2", "--warmup", "2", "--out", "OUT"],
      ["warmup=2 examples leave none of the 2 examples to time at batch size 1"]),
     ("bench", ["--out", "OUT"], ["the following arguments are required: --task"]),
@@ -323,3 +351,56 @@ def test_shakespeare_train_holds_no_heldout_window():
     assert not any(e.text in flat for e in infill_examples(text, "test"))
     corpus = read_source("shakespeare-train")
     assert corpus.texts == [without_heldout_windows(w["text"]) for w in shakespeare_works()]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# AUP (d3LLM's accuracy under parallelism)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_aup_on_hand_computed_points():
+    """AUP = ρ1·y1 + ½ Σ (ρi − ρi−1)(yi·W(yi) + yi−1·W(yi−1)), W(y) = min(exp(−3(1 − y/y_max)), 1), over the
+    points sorted by ρ whose y is at least y1 − 5."""
+    from math import exp
+
+    # (4, 70) is more than 5 points below y1 = 80 and does not count; y_max = 80 (the best y given)
+    w78, w76 = exp(-3 * (1 - 78 / 80)), exp(-3 * (1 - 76 / 80))  # 0.92774, 0.86071
+    want = 1 * 80 + 0.5 * (2 - 1) * (78 * w78 + 80 * 1) + 0.5 * (3 - 2) * (76 * w76 + 78 * w78)
+    assert want == pytest.approx(225.0709, abs=1e-4)
+    assert bench.aup([1, 2, 3, 4], [80, 78, 76, 70]) == pytest.approx(want)
+    assert bench.aup([3, 1, 4, 2], [76, 80, 70, 78]) == pytest.approx(want)  # any input order: sorted by ρ
+    assert bench.aup_points([3, 1, 4, 2], [76, 80, 70, 78]) == [(1, 80), (2, 78), (3, 76)]
+    # y_max is the best accuracy on the task (another method's 90): every W < 1, the first term unweighted
+    w = {y: exp(-3 * (1 - y / 90)) for y in (80, 78, 76)}
+    assert bench.aup([1, 2, 3, 4], [80, 78, 76, 70], y_max=90) == pytest.approx(
+        80 + 0.5 * (80 * w[80] + 78 * w[78]) + 0.5 * (78 * w[78] + 76 * w[76]))
+    # a dip below y1 − 5 drops that point; the trapezoid joins its neighbours (ρ 1 → 3)
+    assert bench.aup([1, 2, 3], [80, 60, 79]) == pytest.approx(80 + 0.5 * 2 * (79 * exp(-3 / 80) + 80))
+    # y1 is the least parallel point's accuracy: a more accurate faster point is weighted W = 1 and counts
+    assert bench.aup([1, 2], [70, 80]) == pytest.approx(70 + 0.5 * (80 + 70 * exp(-3 * (1 - 70 / 80))))
+    # one point (AR: one token per forward): ρ·y; equal ρ: the more accurate point is y1
+    assert bench.aup([1.0], [42.0]) == 42.0
+    assert bench.aup([1, 1], [50, 60]) == 60 and bench.aup([2, 2], [0, 0]) == 0
+    for args, needle in [(([], []), "at least one"), (([1, 2], [50]), "as many"), (([0], [50]), "positive"),
+                         (([1], [150]), r"percentages in \[0, 100\]"),
+                         (([1], [50], 40), "y_max must be the highest accuracy")]:
+        with pytest.raises(ValueError, match=needle):
+            bench.aup(*args)
+
+
+def test_aup_scores_group_curves_and_share_y_max():
+    def pt(model, family, q, tpf, tau, window=None, block=None):
+        return bench.BenchPoint(model, family, "reasoning", bench.Setting(tau, window, 1, block), q, 100.0, None, 10.0,
+                                tpf, {})
+    pts = [pt("ar", "ar", 0.40, 1.0, None),
+           pt("sd", "setdlm", 0.30, 1.0, None, 4), pt("sd", "setdlm", 0.28, 1.5, 0.9, 4),
+           pt("sd", "setdlm", 0.20, 2.0, 0.6, 4),
+           pt("bd", "bd3lm", 0.35, 1.0, None, None, 4), pt("bd", "bd3lm", 0.34, 1.2, 0.9, None, 8)]
+    scores = {(a.model, a.block_size): a for a in bench.aup_scores(pts)}
+    assert set(scores) == {("ar", None), ("sd", None), ("bd", 4), ("bd", 8)}  # one curve per block size
+    assert all(a.y_max == 40.0 for a in scores.values())  # the best of the sweep, AR's
+    assert scores["ar", None].aup == pytest.approx(40.0)
+    sd = scores["sd", None]
+    assert (sd.counted, sd.points, sd.max_tpf) == (2, 3, 1.5)  # 20% is more than 5 points below 30%
+    assert sd.aup == pytest.approx(bench.aup([1.0, 1.5], [30.0, 28.0], 40.0))
+    assert bench.aup_scores([bench.likelihood_point("m", tiny("ar", TOK), {"nelbo": 1.0})]) == []

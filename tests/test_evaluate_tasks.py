@@ -191,7 +191,7 @@ def test_fits_counts_the_whole_example():
     e = PROBLEMS[0]
     need = 1 + len(e.prompt) + len(e.completion) + 1  # BOS, prompt, solution, EOS
     assert fits(tiny("ar", TOK, L=need), e) and not fits(tiny("ar", TOK, L=need - 1), e)
-    with pytest.raises(ValueError, match="expected a ReasoningExample or an InfillExample"):
+    with pytest.raises(ValueError, match="expected a ReasoningExample, ParallelExample or InfillExample"):
         fits(model, "text")
 
 

@@ -45,8 +45,8 @@ def test_evaluation_guide_commands_and_example_run(tmp_path, monkeypatch, capsys
             assert json.loads(out)["family"] in ("ar", "setdlm")
     for folder in ("bench-easy", "bench-infill"):
         assert (tmp_path / folder / "bench.md").is_file() and json.loads((tmp_path / folder / "bench.json").read_text())
-        assert png_size(tmp_path / folder / "bench.png") == (700, 450)
+        assert png_size(tmp_path / folder / "bench.png") == (1200, 450)
     assert (tmp_path / "preds.jsonl").is_file()
     (block,) = _python_blocks()
     exec(compile(block, f"{DOC.name} (From Python)", "exec"), {})
-    assert png_size(tmp_path / "bench-py" / "bench.png") == (700, 450)
+    assert png_size(tmp_path / "bench-py" / "bench.png") == (1200, 450)

@@ -2,15 +2,20 @@
 (docs/method.md §4.10, §5.2, §5.4, §6.1).
 
 For each model and each setting that applies to its family (confidence threshold τ for SetDLM, BD3LM and
-MDLM, AR committing exactly one token per step; window ``w`` for SetDLM; batch size for all), one timed
-pass over the task's examples (:func:`setdlm.evaluate.reasoning` / :func:`~setdlm.evaluate.infill`; the
-passes of all settings run side by side, one decoding call of each in turn) gives
+MDLM, AR committing exactly one token per step; window ``w`` for SetDLM; block size for BD3LM and MDLM;
+batch size for all), one timed pass over the task's examples (:func:`setdlm.evaluate.reasoning`,
+:func:`~setdlm.evaluate.parallel` / :func:`~setdlm.evaluate.infill`; the passes of all settings run side by
+side, one decoding call of each in turn) gives
 
-* quality: exact-match accuracy (reasoning) or ROUGE-L F-measure (infilling), over every example;
+* quality: exact-match accuracy (reasoning, the parallel-dependency suite) or ROUGE-L F-measure
+  (infilling), over every example;
 * speed: at batch 1 the mean ± std of per-example tokens/s after the ``warmup`` first examples (the
   paper's number); at batch > 1 the aggregate tokens/s of the calls after the ``warmup`` first calls;
-* NFE per example, tokens per step and forwards per token, the decoder's own counts (for a speculative
-  SetDLM point, tokens per step is the mean accepted length: tokens committed per verifying forward).
+* NFE per example and tokens per forward (TPF: tokens committed per decoding step, one forward a step;
+  prefill excluded), the decoder's own counts: the hardware-independent speed;
+* AUP, d3LLM's "accuracy under parallelism" (:func:`aup`), of each model's curve over the τ sweep.
+* for a speculative SetDLM point, TPF is the mean accepted length (tokens committed per verifying forward),
+  and the table adds forwards per token.
 
 The likelihood task has nothing to sweep: one bound (nats/token) per model. ``setdlm bench`` wraps
 :func:`sweep`, :func:`markdown_table`, :func:`plot` and :func:`write_json` (:func:`read_json` reads the
@@ -21,6 +26,7 @@ when a plot is drawn.
 from __future__ import annotations
 
 import json
+import math
 import platform
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
@@ -32,8 +38,9 @@ from .decoding.settings import FAMILIES, DecodeSettings
 from .lm import Model
 
 THRESHOLDS = (None, 0.99, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)  # docs/method.md §5.2: None = off (τ = 1e6)
-TASKS = ("reasoning", "infill", "likelihood")
-QUALITY = {"reasoning": "accuracy", "infill": "rougeL", "likelihood": "nats_per_token"}
+TASKS = ("reasoning", "infill", "likelihood", "parallel")
+DECODING_TASKS = ("reasoning", "infill", "parallel")
+QUALITY = {"reasoning": "accuracy", "infill": "rougeL", "likelihood": "nats_per_token", "parallel": "accuracy"}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -48,16 +55,21 @@ class Setting:
     threshold: float | None = None  # τ; None = off (one token per step)
     window: int | None = None  # SetDLM window w (the effective one: the default is D)
     batch_size: int = 1
+    block_size: int | None = None  # BD3LM/MDLM decoding block (the effective one: the default is the model's)
     speculate: bool = False  # SetDLM: lossless self-speculative decoding with window w (threshold off)
 
     def apply(self, base: DecodeSettings) -> DecodeSettings:
-        """``base`` with this setting's threshold, window and speculation (the sweep owns those: ``base`` leaves
-        them unset, :func:`sweep` checks)."""
-        return replace(base, threshold=self.threshold, window=self.window, speculate=self.speculate or None)
+        """``base`` with this setting's threshold, window, block size and speculation (the sweep owns those:
+        ``base`` leaves them unset, :func:`sweep` checks)."""
+        return replace(base, threshold=self.threshold, window=self.window, block_size=self.block_size,
+                       speculate=self.speculate or None)
+
+
+SWEPT = ("threshold", "window", "block_size")  # the DecodeSettings fields a sweep owns (and speculate)
 
 
 def check_settings(thresholds: Sequence[float | None], windows: Sequence[int | None], batch_sizes: Sequence[int],
-                   warmup: int = 0) -> None:
+                   warmup: int = 0, block_sizes: Sequence[int | None] = (None,)) -> None:
     """The sweep's settings, checked without any model (so ``setdlm bench`` fails before loading one)."""
     for t in thresholds:  # the ranges of DecodeSettings, named as the sweep's lists
         try:
@@ -69,6 +81,11 @@ def check_settings(thresholds: Sequence[float | None], windows: Sequence[int | N
             DecodeSettings(window=w)
         except ValueError:
             raise ValueError(f"windows must be positive integers (or None for D), got {w!r}") from None
+    for s in block_sizes:
+        try:
+            DecodeSettings(block_size=s)
+        except ValueError:
+            raise ValueError(f"block sizes must be positive integers (or None for the model's), got {s!r}") from None
     for b in batch_sizes:
         if not (isinstance(b, int) and b >= 1):
             raise ValueError(f"batch sizes must be positive integers, got {b!r}")
@@ -77,17 +94,20 @@ def check_settings(thresholds: Sequence[float | None], windows: Sequence[int | N
 
 
 def sweep_settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS,
-                   windows: Sequence[int | None] = (None,),
-                   batch_sizes: Sequence[int] = (1,), speculate: bool = False) -> list[Setting]:
+                   windows: Sequence[int | None] = (None,), batch_sizes: Sequence[int] = (1,),
+                   block_sizes: Sequence[int | None] = (None,), speculate: bool = False) -> list[Setting]:
     """The settings that apply to ``model``'s family: τ only for SetDLM/BD3LM/MDLM, w only for SetDLM (None
-    = D); with ``speculate``, also the self-speculative decode of each window ``w > 1`` (SetDLM only; it
-    reproduces ``w = 1``, threshold off); each distinct setting once, in sweep order."""
+    = D), block sizes only for BD3LM/MDLM (None = the model's); with ``speculate``, also the self-speculative
+    decode of each window ``w > 1`` (SetDLM only; it reproduces ``w = 1``, threshold off); each distinct
+    setting once, in sweep order."""
     fam = model.family
-    check_settings(thresholds, windows, batch_sizes)
+    check_settings(thresholds, windows, batch_sizes, block_sizes=block_sizes)
     taus = thresholds if fam.family in FAMILIES["threshold"] else [None]
     ws = [fam.D if w is None else w for w in windows] if fam.family in FAMILIES["window"] else [None]
+    ss = ([fam.block_size if s is None else s for s in block_sizes] if fam.family in FAMILIES["block_size"]
+          else [None])
+    out = [Setting(t, w, b, s) for b in batch_sizes for s in ss for w in ws for t in taus]
     spec = speculate and fam.family in FAMILIES["speculate"]
-    out = [Setting(t, w, b) for b in batch_sizes for w in ws for t in taus]
     out += [Setting(None, w, b, speculate=True) for b in batch_sizes for w in ws if spec and w > 1]
     return list(dict.fromkeys(out))
 
@@ -104,7 +124,7 @@ class BenchPoint:
     tokens_per_second: float | None  # batch 1: mean of per-example rates; batch > 1: aggregate rate
     tokens_per_second_std: float | None  # batch 1: std of per-example rates
     nfe: float | None  # forwards per example (prefill excluded)
-    tokens_per_step: float | None  # speculative: the mean accepted length
+    tokens_per_step: float | None  # TPF: tokens committed per forward (speculative: the mean accepted length)
     result: dict  # the evaluation's to_dict()
 
     @property
@@ -135,28 +155,31 @@ def _point(label: str, model: Model, task: str, setting: Setting, result) -> Ben
 
 def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, settings: DecodeSettings | None = None,
           *, thresholds: Sequence[float | None] = THRESHOLDS, windows: Sequence[int | None] = (None,),
-          batch_sizes: Sequence[int] = (1,), warmup: int = 50, eos: bool = False, clock: str = "wall",
-          seed: int | None = None, progress: bool = True, speculate: bool = False, **knobs) -> list[BenchPoint]:
-    """Evaluate every ``(label, model)`` on ``examples`` (reasoning problems or infilling examples) at every
-    applicable setting. Speed skips the first ``warmup`` examples (rounded up to whole calls at batch > 1); quality
+          batch_sizes: Sequence[int] = (1,), block_sizes: Sequence[int | None] = (None,), warmup: int = 50,
+          eos: bool = False, clock: str = "wall", seed: int | None = None, progress: bool = True,
+          speculate: bool = False, **knobs) -> list[BenchPoint]:
+    """Evaluate every ``(label, model)`` on ``examples`` (reasoning problems, parallel-suite examples or
+    infilling examples) at every applicable setting. Speed skips the first ``warmup`` examples (rounded up to whole calls at batch > 1); quality
     counts every example. The settings run side by side (:func:`setdlm.evaluate.interleave`): one decoding
     call of each in turn, so that a drift of the machine's speed does not favour the settings timed first.
     ``settings`` (a :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields as keywords:
     ``max_new_tokens``, ``temperature``, ``cache_order``, ``repetition_penalty``, ...) are the same for every
-    point, bar the swept ``threshold`` and ``window``; ``speculate`` adds each SetDLM window's self-speculative
-    decode (:func:`sweep_settings`); ``eos`` (infill), ``clock`` and ``seed`` go to
-    :func:`setdlm.evaluate.reasoning` / :func:`~setdlm.evaluate.infill`."""
+    point, bar the swept ``threshold``, ``window`` and ``block_size``;
+    ``speculate`` adds each SetDLM window's self-speculative decode (:func:`sweep_settings`); ``eos`` (infill), ``clock`` and ``seed``
+    go to :func:`setdlm.evaluate.reasoning` / :func:`~setdlm.evaluate.parallel` / :func:`~setdlm.evaluate.infill`."""
     from . import evaluate
 
-    if task not in ("reasoning", "infill"):
-        raise ValueError(f"sweep task must be reasoning or infill, got {task!r} (likelihood: likelihood_point)")
+    if task not in DECODING_TASKS:
+        raise ValueError(f"sweep task must be one of {', '.join(DECODING_TASKS)}, got {task!r} "
+                         "(likelihood: likelihood_point)")
     if not models:
         raise ValueError("no models to benchmark")
     base = _fixed_settings(settings, knobs, [m for _, m in models], task)
-    check_settings(thresholds, windows, batch_sizes, warmup)
-    steps = evaluate.reasoning_steps if task == "reasoning" else evaluate.infill_steps
+    check_settings(thresholds, windows, batch_sizes, warmup, block_sizes)
+    steps = {"reasoning": evaluate.reasoning_steps, "parallel": evaluate.parallel_steps,
+             "infill": evaluate.infill_steps}[task]
     plan = [(label, model, s) for label, model in models
-            for s in sweep_settings(model, thresholds, windows, batch_sizes, speculate)]
+            for s in sweep_settings(model, thresholds, windows, batch_sizes, block_sizes, speculate=speculate)]
     n = len(examples)
     for b in batch_sizes:  # fail before the sweep starts, not in its middle
         if -(-warmup // b) >= -(-n // b):
@@ -189,6 +212,99 @@ def pareto_front(points: Sequence[BenchPoint]) -> list[BenchPoint]:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# AUP: accuracy under parallelism (d3LLM)
+# ---------------------------------------------------------------------------------------------------------
+
+AUP_ALPHA = 3.0  # d3LLM's penalty factor α
+AUP_DROP = 5.0  # points more than this many percentage points below y_1 do not count
+
+
+def aup_weight(y: float, y_max: float, alpha: float = AUP_ALPHA) -> float:
+    """d3LLM's quality weight ``W(y) = min(exp(-α (1 - y / y_max)), 1)`` (1 when ``y_max`` is 0: then every
+    y is 0 and the weight multiplies nothing)."""
+    return 1.0 if y_max <= 0 else min(math.exp(-alpha * (1 - y / y_max)), 1.0)
+
+
+def aup(rho: Sequence[float], y: Sequence[float], y_max: float | None = None, *, alpha: float = AUP_ALPHA,
+        drop: float = AUP_DROP) -> float:
+    """Accuracy Under Parallelism of parallelism/accuracy pairs, as d3LLM defines it (Qian et al., "AUP:
+    when Accuracy Meets Parallelism in Diffusion Language Models", hao-ai-lab blog 2025, and the d3LLM
+    repository's ``AUP_leaderboard``)::
+
+        AUP = ρ_1 y_1 + 1/2 Σ_{i=2..m} (ρ_i - ρ_{i-1}) (y_i W(y_i) + y_{i-1} W(y_{i-1}))
+
+    ``rho``: tokens per forward (TPF, > 0) of each point; ``y``: its accuracy in percent. The points are
+    sorted by ρ ascending (equal ρ: the higher accuracy first), so ``y_1`` is the accuracy of the least
+    parallel point; only points with ``y_i >= y_1 - drop`` count (5 points), and the sum runs over those in
+    that order. ``W`` is :func:`aup_weight` with ``y_max`` the highest accuracy reached on the task, by any
+    method (default the highest of ``y``); the first term is not weighted. One point gives ``ρ_1 y_1``
+    (an AR model: its accuracy)."""
+    rho, y = [float(r) for r in rho], [float(v) for v in y]
+    if len(rho) != len(y) or not rho:
+        raise ValueError(f"aup needs as many accuracies as TPF values, at least one: got {len(rho)} and {len(y)}")
+    if not all(r > 0 for r in rho):
+        raise ValueError(f"tokens per forward must be positive, got {rho}")
+    if not all(0 <= v <= 100 for v in y):
+        raise ValueError(f"accuracies must be percentages in [0, 100], got {y}")
+    y_max = max(y) if y_max is None else float(y_max)
+    if y_max < max(y) or y_max > 100:
+        raise ValueError(f"y_max must be the highest accuracy on the task (>= {max(y)}, <= 100), got {y_max}")
+    kept = aup_points(rho, y, drop)
+    total = kept[0][0] * kept[0][1]
+    for (r0, y0), (r1, y1) in zip(kept, kept[1:]):
+        total += 0.5 * (r1 - r0) * (y1 * aup_weight(y1, y_max, alpha) + y0 * aup_weight(y0, y_max, alpha))
+    return total
+
+
+def aup_points(rho: Sequence[float], y: Sequence[float], drop: float = AUP_DROP) -> list[tuple[float, float]]:
+    """The ``(ρ, y)`` pairs that :func:`aup` counts, in its order: sorted by ρ (equal ρ: higher y first),
+    those with ``y >= y_1 - drop``."""
+    pts = sorted(zip(rho, y), key=lambda p: (p[0], -p[1]))
+    return [p for p in pts if p[1] >= pts[0][1] - drop]
+
+
+@dataclass(frozen=True)
+class AupScore:
+    """The AUP of one curve of a sweep: a model at one window, block size and batch size, over τ."""
+
+    model: str
+    family: str
+    window: int | None
+    block_size: int | None
+    batch_size: int
+    aup: float
+    y_max: float  # the highest quality (×100) of the whole sweep: the same for every curve
+    counted: int  # points within AUP_DROP of y_1
+    points: int
+    max_tpf: float  # the highest TPF among the counted points
+    speculate: bool = False  # a self-speculative decode: a curve of its own (one point, threshold off)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def aup_scores(points: Sequence[BenchPoint]) -> list[AupScore]:
+    """One :class:`AupScore` per curve of a decoding sweep (model, w, block size, batch), over its τ points;
+    y is the quality ×100 (accuracy in %, or ROUGE-L ×100 for infilling), ρ the TPF, and ``y_max`` the best
+    quality of every point given, so that the curves' AUPs compare. Empty for the likelihood task."""
+    points = [p for p in points if p.tokens_per_step is not None]
+    if not points:
+        return []
+    y_max = 100 * max(p.quality for p in points)
+    curves: dict[tuple, list[BenchPoint]] = {}
+    for p in points:
+        key = (p.model, p.setting.window, p.setting.block_size, p.setting.batch_size, p.setting.speculate)
+        curves.setdefault(key, []).append(p)
+    out = []
+    for (model, w, block, batch, spec), pts in curves.items():
+        rho, y = [p.tokens_per_step for p in pts], [100 * p.quality for p in pts]
+        kept = aup_points(rho, y)
+        out.append(AupScore(model, pts[0].family, w, block, batch, aup(rho, y, y_max), y_max, len(kept), len(pts),
+                            kept[-1][0], speculate=spec))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
 # reports
 # ---------------------------------------------------------------------------------------------------------
 
@@ -205,34 +321,57 @@ def _quality_text(task: str, q: float) -> str:
     return f"{q:.4f}" if task == "likelihood" else f"{100 * q:.1f}"
 
 
+def _dash(v) -> str:
+    return "–" if v is None else str(v)
+
+
+def _per_task(points: Sequence[BenchPoint]) -> list[str]:
+    """The tasks of the parallel suite that the points report accuracies for (none for other tasks)."""
+    return list(dict.fromkeys(t for p in points for t in p.result.get("per_task", {})))
+
+
 def markdown_table(points: Sequence[BenchPoint]) -> str:
-    """One row per point: model, family, τ, w (``4 spec``: self-speculative), batch, quality, tokens/s,
-    NFE/example, tokens/step (speculative: the mean accepted length), forwards/token."""
+    """One row per point: model, family, τ, w (``4 spec``: self-speculative), block size, batch, quality (and, for the parallel suite, the
+    accuracy of each task), tokens/s, NFE/example, TPF, forwards/token; then, for a decoding sweep, the AUP of each curve
+    (:func:`aup_scores`)."""
     if not points:
         raise ValueError("no points to tabulate")
     task = points[0].task
-    head = {"reasoning": "accuracy (%)", "infill": "ROUGE-L (×100)", "likelihood": "nats/token"}[task]
-    rows = [f"| model | family | τ | w | batch | {head} | {_rate_unit(points)} | NFE | tokens/step | forwards/token |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    head = {"reasoning": "accuracy (%)", "parallel": "accuracy (%)", "infill": "ROUGE-L (×100)",
+            "likelihood": "nats/token"}[task]
+    subtasks = _per_task(points)
+    rows = [f"| model | family | τ | w | block | batch | {head} | " + "".join(f"{t} (%) | " for t in subtasks)
+            + f"{_rate_unit(points)} | NFE | TPF | forwards/token |", "|---" * (11 + len(subtasks)) + "|"]
     for p in points:
         s = p.setting
         if p.tokens_per_second is None:
-            speed = nfe = tps = fpt = "–"
+            speed = nfe = tpf = fpt = "–"
         else:
             speed = f"{p.tokens_per_second:.1f}" + (f" ± {p.tokens_per_second_std:.1f}"
                                                      if p.tokens_per_second_std is not None else "")
-            nfe, tps, fpt = f"{p.nfe:.1f}", f"{p.tokens_per_step:.2f}", f"{p.forwards_per_token:.3f}"
+            nfe, tpf, fpt = f"{p.nfe:.1f}", f"{p.tokens_per_step:.2f}", f"{p.forwards_per_token:.3f}"
         tau, batch = (_tau(s.threshold), s.batch_size) if task != "likelihood" else ("–", "–")
-        w = ("–" if s.window is None else str(s.window)) + (" spec" if s.speculate else "")
-        rows.append(f"| {p.model} | {p.family} | {tau} | {w} | {batch} | "
-                    f"{_quality_text(task, p.quality)} | {speed} | {nfe} | {tps} | {fpt} |")
+        per = "".join(f"{100 * p.result['per_task'][t]:.1f} | " if t in p.result.get("per_task", {}) else "– | "
+                      for t in subtasks)
+        rows.append(f"| {p.model} | {p.family} | {tau} | {_dash(s.window)}{' spec' if s.speculate else ''} | {_dash(s.block_size)} | {batch} | "
+                    f"{_quality_text(task, p.quality)} | {per}{speed} | {nfe} | {tpf} | {fpt} |")
+    scores = aup_scores(points)
+    if scores:
+        rows += ["", f"AUP over τ (d3LLM's accuracy under parallelism: ρ = TPF, y = {head}, only points within "
+                 f"{AUP_DROP:g} of the least parallel one's y count; y_max = {scores[0].y_max:.1f}):", "",
+                 "| model | family | w | block | batch | AUP | points counted | max TPF counted |",
+                 "|---|---|---|---|---|---|---|---|"]
+        rows += [f"| {a.model} | {a.family} | {_dash(a.window)}{' spec' if a.speculate else ''} | {_dash(a.block_size)} | {a.batch_size} | "
+                 f"{a.aup:.1f} | {a.counted} of {a.points} | {a.max_tpf:.2f} |" for a in scores]
     return "\n".join(rows) + "\n"
 
 
 def plot(points: Sequence[BenchPoint], path: str | Path, *, title: str | None = None, dpi: int = 100) -> Path:
-    """Write a PNG: quality against tokens/s, one curve per model (per model and batch size when several
-    batch sizes were swept) through its Pareto front, every point marked and labelled with its τ; for the
-    likelihood task a bar per model. Needs matplotlib (``pip install 'setdlm[plot]'``)."""
+    """Write a PNG. Decoding tasks, two panels: quality against tokens/s, one curve per model (per model and
+    batch size when several batch sizes were swept) through its Pareto front, every point marked and
+    labelled with its τ; and quality against TPF, one curve per model, window, block size and batch through
+    its points in τ order, its AUP in the legend. Likelihood: a bar per model. Needs matplotlib
+    (``pip install 'setdlm[plot]'``)."""
     try:
         from matplotlib.figure import Figure
     except ImportError as e:
@@ -240,9 +379,10 @@ def plot(points: Sequence[BenchPoint], path: str | Path, *, title: str | None = 
     if not points:
         raise ValueError("no points to plot")
     task = points[0].task
-    fig = Figure(figsize=(7, 4.5), dpi=dpi, layout="constrained")
-    ax = fig.subplots()
-    if task == "likelihood":
+    decoding = task != "likelihood"
+    fig = Figure(figsize=(12 if decoding else 7, 4.5), dpi=dpi, layout="constrained")
+    ax, *tpf_ax = fig.subplots(1, 2 if decoding else 1, squeeze=False)[0]
+    if not decoding:
         labels = [p.model for p in points]
         ax.barh(labels, [p.quality for p in points], color="tab:blue")
         ax.invert_yaxis()
@@ -262,14 +402,32 @@ def plot(points: Sequence[BenchPoint], path: str | Path, *, title: str | None = 
                 ax.annotate(_tau(p.setting.threshold), (p.tokens_per_second, 100 * p.quality), fontsize=6,
                             xytext=(2, 2), textcoords="offset points", color=line.get_color())
         ax.set_xlabel(_rate_unit(points) + ("" if several else " (mean per example, batch 1)"))
-        ax.set_ylabel("accuracy (%)" if task == "reasoning" else "ROUGE-L (×100)")
+        ax.set_ylabel("ROUGE-L (×100)" if task == "infill" else "accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+        _plot_tpf(tpf_ax[0], points, ax.get_ylabel())
     ax.set_title(title or f"{task}: quality vs speed")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")
     return path
+
+
+def _plot_tpf(ax, points: Sequence[BenchPoint], ylabel: str) -> None:
+    """Quality against TPF, one line per AUP curve through its points sorted by TPF."""
+    scores = {(a.model, a.window, a.block_size, a.batch_size): a for a in aup_scores(points)}
+    for key, a in scores.items():
+        pts = sorted((p for p in points if (p.model, p.setting.window, p.setting.block_size,
+                                            p.setting.batch_size) == key), key=lambda p: p.tokens_per_step)
+        name = a.model + "".join(f" {k}={v}" for k, v in (("w", a.window), ("S", a.block_size)) if v is not None)
+        name += f" (batch {a.batch_size})" if len({p.setting.batch_size for p in points}) > 1 else ""
+        ax.plot([p.tokens_per_step for p in pts], [100 * p.quality for p in pts], "-o", markersize=4,
+                label=f"{name}: AUP {a.aup:.1f}")
+    ax.set_xlabel("tokens per forward (TPF)")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("quality vs parallelism (hardware-independent)")
 
 
 def read_json(path: str | Path) -> list[BenchPoint]:
@@ -290,7 +448,7 @@ def write_json(points: Sequence[BenchPoint], path: str | Path, **meta) -> Path:
     from .outputs import write_text
 
     doc = {**meta, "versions": {"setdlm": __version__, "torch": torch.__version__, "python": platform.python_version()},
-           "points": [p.to_dict() for p in points]}
+           "points": [p.to_dict() for p in points], "aup": [a.to_dict() for a in aup_scores(points)]}
     return write_text(path, json.dumps(doc, indent=2) + "\n", "--out")
 
 
@@ -305,10 +463,13 @@ def task_examples(task: str, models: Sequence[Model], *, data: str | None = None
     """The examples of a decoding task that fit the context of every model, and how many were skipped.
 
     reasoning: ``data`` a GSM8K-format JSONL (all of it, or its first ``n`` that fit), else ``n`` (default
-    200) generated problems of ``split`` at ``level`` drawn with ``seed``. infill: windows of 5 sentences
-    with the middle ``hidden`` (1 or 3) hidden from ``data`` (a text source; default the built-in
-    ``shakespeare``), ``split``, shuffled by ``seed``: the first ``n`` that fit (all when None).
+    200) generated problems of ``split`` at ``level`` drawn with ``seed``. parallel: ``n`` (default 200)
+    examples of the parallel-dependency suite, its four tasks in turn (:func:`setdlm.data.parallel.parallel_split`).
+    infill: windows of 5 sentences with the middle ``hidden`` (1 or 3) hidden from ``data`` (a text source;
+    default the built-in ``shakespeare``), ``split``, shuffled by ``seed``: the first ``n`` that fit (all
+    when None).
     """
+    from .data.parallel import parallel_split
     from .data.sources import infill_from_source
     from .data.tasks import load_gsm8k_jsonl, reasoning_split
     from .evaluate import fits
@@ -328,15 +489,20 @@ def task_examples(task: str, models: Sequence[Model], *, data: str | None = None
         return chosen, skipped
 
     lengths = "/".join(sorted({str(m.family.length) for m in models}))
-    if task == "reasoning" and data is None:
+    _check_data(task, data)
+    if task in ("reasoning", "parallel") and data is None:
         want = size = n or 200
+        what = f"{level} problems" if task == "reasoning" else "parallel-suite examples"
         while True:
-            chosen, skipped = select(reasoning_split(split, size, level=level, seed=seed), want)
+            pool = (reasoning_split(split, size, level=level, seed=seed) if task == "reasoning"
+                    else parallel_split(split, size, seed=seed))
+            chosen, skipped = select(pool, want)
             if len(chosen) == want:
                 return chosen, skipped
             if size >= 8 * want:
-                raise ValueError(f"only {len(chosen)} of {size} {level} problems fit the context length L={lengths}; "
-                                 f"use a lower level or a model with a longer context")
+                raise ValueError(f"only {len(chosen)} of {size} {what} fit the context length L={lengths}; "
+                                 + ("use a lower level or " if task == "reasoning" else "use ")
+                                 + "a model with a longer context")
             size *= 2
     if task == "reasoning":
         if not Path(data).is_file():
@@ -347,7 +513,7 @@ def task_examples(task: str, models: Sequence[Model], *, data: str | None = None
             raise ValueError(f"hidden must be 1 or 3 (of 5 sentences), got {hidden!r}")
         pool = infill_from_source(data or "shakespeare", split, None, sentences=5, hidden=hidden, seed=seed)
     else:
-        raise ValueError(f"unknown decoding task {task!r}; choose reasoning or infill")
+        raise ValueError(f"unknown decoding task {task!r}; choose one of {', '.join(DECODING_TASKS)}")
     chosen, skipped = select(pool, n)
     if not chosen or (n is not None and len(chosen) < n):
         raise ValueError(f"only {len(chosen)} of {len(pool)} {task} examples fit the context length L={lengths}"
@@ -390,20 +556,32 @@ def checkpoint_likelihood(model: Model, training: dict, *, data: str | None = No
     return {"task": "likelihood", "family": model.family.family, **res}
 
 
+def _check_data(task: str, data: str | None) -> None:
+    """``data`` names a task's examples, except for the parallel suite's (generated only)."""
+    if task == "parallel" and data is not None:
+        raise ValueError("--data does not apply to --task parallel: its examples are generated "
+                         "(train on them with --data parallel)")
+
+
 def _source_name(task: str, data: str | None, level: str | None) -> str:
-    return data or ("shakespeare" if task == "infill" else f"generated:{level or 'medium'}")
+    generated = "generated:parallel" if task == "parallel" else f"generated:{level or 'medium'}"
+    return data or ("shakespeare" if task == "infill" else generated)
 
 
 def write_predictions(path: str | Path, examples: Sequence, result) -> Path:
-    """One JSONL row per example: the question, answer, prediction and correctness (reasoning), or the
-    prefix, suffix, reference middle and prediction (infilling)."""
+    """One JSONL row per example: the question, answer, prediction and correctness (reasoning; the parallel
+    suite with its task), or the prefix, suffix, reference middle and prediction (infilling)."""
+    from .data.parallel import ParallelExample
     from .data.tasks import ReasoningExample
     from .metrics import extract_answer
     from .outputs import write_text
 
     rows = []
     for e, pred in zip(examples, result.predictions):
-        if isinstance(e, ReasoningExample):
+        if isinstance(e, ParallelExample):
+            rows.append({"task": e.task, "prompt": e.prompt, "reference": e.completion, "prediction": pred,
+                         "correct": e.correct(pred)})
+        elif isinstance(e, ReasoningExample):
             rows.append({"question": e.question, "answer": e.answer, "prediction": pred,
                          "correct": extract_answer(pred) == e.answer})
         else:
@@ -425,8 +603,8 @@ def _fixed_settings(settings: DecodeSettings | None, knobs: dict, models: Sequen
 
 
 def _check_unswept(settings: DecodeSettings) -> None:
-    """A sweep's fixed settings leave the two it sweeps unset."""
-    swept = [name for name in ("threshold", "window") if getattr(settings, name) is not None]
+    """A sweep's fixed settings leave those it sweeps unset."""
+    swept = [name for name in SWEPT if getattr(settings, name) is not None]
     if swept:
         raise ValueError(f"the sweep sets {swept[0]}: give it as {swept[0]}s=[...], not in the fixed settings")
     if settings.speculate is not None:
@@ -451,8 +629,8 @@ def evaluate_checkpoint(checkpoint: str | Path, task: str = "likelihood", settin
     that ``setdlm eval`` prints.
 
     likelihood: :func:`checkpoint_likelihood` (``data``, ``batch_size``, ``seed``, ``bf16``). reasoning /
-    infill: the examples of :func:`task_examples` decoded by :func:`setdlm.evaluate.reasoning` /
-    :func:`~setdlm.evaluate.infill` with ``settings`` (a :class:`~setdlm.decoding.settings.DecodeSettings`,
+    parallel / infill: the examples of :func:`task_examples` decoded by :func:`setdlm.evaluate.reasoning` /
+    :func:`~setdlm.evaluate.parallel` / :func:`~setdlm.evaluate.infill` with ``settings`` (a :class:`~setdlm.decoding.settings.DecodeSettings`,
     or its fields as keywords: ``threshold=``, ``window=``, ``max_new_tokens=``, ...), each example's
     prediction written to ``predictions`` (JSONL) when given. Bad values are ``ValueError``s raised before
     any decoding."""
@@ -464,9 +642,10 @@ def evaluate_checkpoint(checkpoint: str | Path, task: str = "likelihood", settin
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     settings = DecodeSettings.of(settings, knobs, "evaluate_checkpoint")
     if task == "likelihood" and settings != DecodeSettings():
-        raise ValueError("decoding settings apply to the reasoning and infill tasks, not to likelihood")
+        raise ValueError("decoding settings apply to the decoding tasks, not to likelihood")
     if predictions is not None:
         check_file(predictions, "--predictions")
+    _check_data(task, data)
     model = load(checkpoint, ema=ema, device=device, quantize=quantize)
     if task == "likelihood":
         return checkpoint_likelihood(model, training_args(checkpoint), data=data, batch_size=batch_size, seed=seed,
@@ -475,7 +654,7 @@ def evaluate_checkpoint(checkpoint: str | Path, task: str = "likelihood", settin
     examples, skipped = task_examples(task, [model], data=data, level=level or "medium", split=split or "test", n=n,
                                       seed=seed or 0, hidden=hidden or 1, eos=eos)
     task_args = {"eos": eos} if task == "infill" else {}
-    fn = evaluate.reasoning if task == "reasoning" else evaluate.infill
+    fn = {"reasoning": evaluate.reasoning, "parallel": evaluate.parallel, "infill": evaluate.infill}[task]
     result = fn(model, examples, settings, batch_size=batch_size or 32, clock=clock or "wall", seed=seed,
                 **task_args)
     if predictions is not None:
@@ -507,16 +686,17 @@ class BenchRun:
 def bench_checkpoints(checkpoints: Sequence[str | Path], task: str, out: str | Path,
                       settings: DecodeSettings | None = None, *, title: str | None = None,
                       thresholds: Sequence[float | None] | None = None, windows: Sequence[int | None] | None = None,
-                      batch_sizes: Sequence[int] | None = None, warmup: int | None = None, data: str | None = None,
+                      batch_sizes: Sequence[int] | None = None, block_sizes: Sequence[int | None] | None = None,
+                      warmup: int | None = None, data: str | None = None,
                       level: str | None = None, split: str | None = None, n: int | None = None,
                       hidden: int | None = None, eos: bool = False, clock: str | None = None,
                       seed: int | None = None, ema: bool = False, device: str = "cpu", speculate: bool = False,
                       quantize: str | None = None,
                       **knobs) -> BenchRun:
     """Benchmark checkpoints on ``task`` and write ``out``/bench.md, bench.json and bench.png (what ``setdlm
-    bench`` runs). reasoning/infill: :func:`sweep` over ``thresholds`` (default :data:`THRESHOLDS`),
-    ``windows`` (None = D) and ``batch_sizes`` (default 1), with ``speculate`` also each SetDLM window's
-    self-speculative decode, the first ``warmup`` examples untimed (default 50,
+    bench`` runs). reasoning/parallel/infill: :func:`sweep` over ``thresholds`` (default :data:`THRESHOLDS`),
+    ``windows`` (None = D), ``block_sizes`` (None = the model's) and ``batch_sizes`` (default 1), with ``speculate``
+    also each SetDLM window's self-speculative decode, the first ``warmup`` examples untimed (default 50,
     at most a quarter of the examples), the other decoding settings fixed (``settings``, a
     :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields as keywords); likelihood: one bound per
     checkpoint (:func:`checkpoint_likelihood` on ``data`` or each run's held-out rows). Every setting is
@@ -527,13 +707,16 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: str, out: str | P
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     settings = DecodeSettings.of(settings, knobs, "bench_checkpoints")
-    if task == "likelihood" and (thresholds or windows or batch_sizes or warmup is not None):
-        raise ValueError("--thresholds/--windows/--batch-sizes/--warmup apply to --task reasoning/infill")
+    if task == "likelihood" and (thresholds or windows or batch_sizes or block_sizes or warmup is not None):
+        raise ValueError("--thresholds/--windows/--block-sizes/--batch-sizes/--warmup apply to the decoding tasks "
+                         f"({'/'.join(DECODING_TASKS)})")
     if task == "likelihood" and settings != DecodeSettings():
-        raise ValueError("decoding settings apply to the reasoning and infill tasks, not to likelihood")
+        raise ValueError("decoding settings apply to the decoding tasks, not to likelihood")
     folder = check_folder(out)
+    _check_data(task, data)
     if task != "likelihood":
-        check_settings(thresholds or THRESHOLDS, windows or [None], batch_sizes or [1], 50 if warmup is None else warmup)
+        check_settings(thresholds or THRESHOLDS, windows or [None], batch_sizes or [1], 50 if warmup is None else warmup,
+                       block_sizes or [None])
         _check_unswept(settings)
     names = labels(checkpoints)
     models = [load(c, ema=ema, device=device, quantize=quantize) for c in checkpoints]
@@ -549,14 +732,15 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: str, out: str | P
                                           n=n, seed=seed or 0, hidden=hidden or 1, eos=eos)
         warmup = min(50, len(examples) // 4) if warmup is None else warmup
         thresholds, windows, batch_sizes = list(thresholds or THRESHOLDS), list(windows or [None]), list(batch_sizes or [1])
+        block_sizes = list(block_sizes or [None])
         task_args = {"eos": eos} if task == "infill" else {}
         points = sweep(list(zip(names, models)), task, examples, settings, thresholds=thresholds, windows=windows,
-                       batch_sizes=batch_sizes, warmup=warmup, clock=clock or "wall", seed=seed, speculate=speculate,
-                       **task_args)
+                       batch_sizes=batch_sizes, block_sizes=block_sizes, warmup=warmup, clock=clock or "wall",
+                       seed=seed, speculate=speculate, **task_args)
         fixed = _decode_record(settings, clock=clock, seed=seed, **task_args)
         meta.update(data=_source_name(task, data, level), split=split or "test", examples=len(examples),
                     skipped_too_long=skipped, warmup=warmup, thresholds=thresholds, windows=windows,
-                    batch_sizes=batch_sizes, speculate=speculate, decode=fixed)
+                    block_sizes=block_sizes, batch_sizes=batch_sizes, speculate=speculate, decode=fixed)
     table = markdown_table(points)
     folder.mkdir(parents=True, exist_ok=True)
     md = write_text(folder / "bench.md", table, "--out")

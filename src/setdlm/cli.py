@@ -193,13 +193,14 @@ def _constraint(args):
 # ---------------------------------------------------------------------------------------------------------
 
 
-TASKS = ("likelihood", "reasoning", "infill")
+TASKS = ("likelihood", "reasoning", "infill", "parallel")
+_DECODING = ("reasoning", "infill", "parallel")
 # flag -> the tasks it applies to (flags left at their default apply anywhere); the decoding settings apply
-# to reasoning and infill, those of generate only (the budget, EOS stop, stop strings, cache order) to reasoning
-_TASK_FLAGS = {"level": ("reasoning",), "split": ("reasoning", "infill"), "n": ("reasoning", "infill"),
-               "hidden": ("infill",), "eos": ("infill",), "predictions": ("reasoning", "infill"),
-               "bf16": ("likelihood",), "clock": ("reasoning", "infill"),
-               **{name: ("reasoning",) if name in GENERATE_ONLY else ("reasoning", "infill") for name in SETTINGS}}
+# to the decoding tasks, those of generate only (the budget, EOS stop, stop strings, cache order) to those
+# that generate (reasoning and the parallel suite)
+_TASK_FLAGS = {"level": ("reasoning",), "split": _DECODING, "n": _DECODING, "hidden": ("infill",), "eos": ("infill",),
+               "predictions": _DECODING, "bf16": ("likelihood",), "clock": _DECODING,
+               **{name: ("reasoning", "parallel") if name in GENERATE_ONLY else _DECODING for name in SETTINGS}}
 
 
 def _check_task_flags(args) -> DecodeSettings:
@@ -249,17 +250,18 @@ def _add_task_flags(p, *, settings: tuple[str, ...], task_default: str | None) -
                    "built-in corpus (default: shakespeare)")
     p.add_argument("--level", choices=tuple(PRESETS), default=None, help="reasoning: difficulty of the "
                    "generated problems (default medium)")
-    p.add_argument("--split", choices=SPLITS, default=None, help="reasoning/infill: split drawn from (default test)")
-    p.add_argument("--n", type=_positive_int, default=None, help="reasoning/infill: examples (default 200 problems, "
-                   "or every infilling window that fits the context)")
+    p.add_argument("--split", choices=SPLITS, default=None, help="reasoning/infill/parallel: split drawn from "
+                   "(default test)")
+    p.add_argument("--n", type=_positive_int, default=None, help="reasoning/infill/parallel: examples (default 200 "
+                   "problems or parallel-suite examples, or every infilling window that fits the context)")
     p.add_argument("--hidden", type=int, choices=(1, 3), default=None, help="infill: hidden sentences of 5 "
                    "(default 1)")
     p.add_argument("--eos", action="store_true", help="infill: EOS after the suffix (each window a whole document)")
-    p.add_argument("--clock", choices=("wall", "cpu"), default=None, help="reasoning/infill: time decoding by "
+    p.add_argument("--clock", choices=("wall", "cpu"), default=None, help="decoding tasks: time decoding by "
                    "wall clock (default, the paper's) or by CPU time (steady on a shared CPU)")
     notes = {name: "/".join(_TASK_FLAGS[name]) + ": " for name in settings}
-    notes["max_new_tokens"] = "reasoning (default: what the longest prompt leaves of L): "
-    notes["cache_order"] = "reasoning (the paper's GSM8K runs: reveal): "
+    notes["max_new_tokens"] = "reasoning/parallel (default: what the longest prompt leaves of L): "
+    notes["cache_order"] = "reasoning/parallel (the paper's GSM8K runs: reveal): "
     _add_settings_flags(p, settings, notes=notes)
     p.set_defaults(**{name: None for name in SETTINGS if name not in settings})
 
@@ -308,7 +310,8 @@ def _bench(args) -> int:
     settings = _check_task_flags(args)
     run = bench_checkpoints(args.checkpoints, args.task, args.out, settings, title=args.title,
                             thresholds=args.thresholds, windows=args.windows, batch_sizes=args.batch_sizes,
-                            warmup=args.warmup, speculate=args.sweep_speculate, **_task_args(args))
+                            block_sizes=args.block_sizes, warmup=args.warmup, speculate=args.sweep_speculate,
+                            **_task_args(args))
     print(run.table, end="")
     print(f"wrote {', '.join(map(str, run.files))}", file=sys.stderr)
     return 0
@@ -317,8 +320,8 @@ def _bench(args) -> int:
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help=_bench.__doc__.splitlines()[0], description=_bench.__doc__)
     p.add_argument("checkpoints", nargs="+", help="checkpoint or training run folders (one curve each)")
-    _add_task_flags(p, settings=tuple(k for k in SETTINGS if k not in ("threshold", "window", "speculate")),  # swept
-                    task_default=None)
+    swept = ("threshold", "window", "block_size", "speculate")  # setdlm.bench.SWEPT + speculate (not imported here: it loads torch)
+    _add_task_flags(p, settings=tuple(k for k in SETTINGS if k not in swept), task_default=None)
     p.add_argument("--out", required=True, help="folder for bench.md, bench.json and bench.png")
     p.add_argument("--title", default=None, help="title of the plot (default: the task)")
     p.add_argument("--thresholds", type=_list_of(float, "--thresholds"), default=None,
@@ -327,6 +330,8 @@ def _add_bench(sub) -> None:
                    help="setdlm: comma-separated windows w, 'D' for the model's D (default D)")
     p.add_argument("--speculate", dest="sweep_speculate", action="store_true", help="setdlm: also run each window w > 1 as lossless "
                    "self-speculative decoding (the output of w = 1, threshold off)")
+    p.add_argument("--block-sizes", type=_list_of(int, "--block-sizes"), default=None,
+                   help="bd3lm/mdlm: comma-separated decoding block sizes, 'D' for the model's own S (default D)")
     p.add_argument("--batch-sizes", type=_list_of(int, "--batch-sizes"), default=None,
                    help="comma-separated rows per call (default 1: per-example tokens/s, the paper's number)")
     p.add_argument("--warmup", type=int, default=None, help="examples timed but not counted in tokens/s "

