@@ -43,12 +43,16 @@ test-slow: $(VENV)/.test $(VENV)/.browser
 demo: $(VENV)/.demo
 	$(PY) -m setdlm demo
 
-# the reproduction study (hours on a CPU; resumable): train, evaluate, write the report
+# the reproduction study (hours on a CPU; resumable): train, evaluate, write the report; then the paper's
+# protocol (one AR base, every family fine-tuned from it) and its learning curves
 study: $(VENV)/.demo
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/study.py train
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/evaluate_study.py
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/evaluate_study.py --respeed
 	$(PY) benchmarks/study/report.py
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/protocol.py base
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/protocol.py finetune
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/protocol.py curves
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -127,3 +127,35 @@ def test_page_with_the_shipped_model_and_screenshot(tmp_path):
     finally:
         driver.quit()
     print("screenshot:", tmp_path / "serve-page.png")
+
+
+def test_page_marks_the_positions_a_regex_constraint_chose(tmp_path):
+    """A regex typed on the page constrains the decode (the server's ``regex`` field); the page outlines
+    exactly the positions whose token the constraint chose, as the decoder's trace records them."""
+    pytest.importorskip("outlines_core")
+    import re
+
+    from selenium.webdriver.common.by import By
+
+    from setdlm.data.tokenizers import char_tokenizer
+    from setdlm.decoding.constraint import regex
+
+    from support import tiny
+
+    model = tiny("setdlm", char_tokenizer(["abcdefghijklmnopqrstuvwxyz0123456789 -"]), L=48, seed=7)
+    pattern = "[0-9]{2}-[a-c]{3}"
+    want = generate(model, "to be or", max_new_tokens=12, threshold=0.3, constraint=regex(pattern), trace=True)
+    start = len(want.sequences[0]) - len(want.tokens[0])
+    chosen = sorted(p - start for t in want.trace[0] for p in t.constrained_positions)
+    assert chosen and re.fullmatch(pattern, want.texts[0])  # the random model's own choices break the pattern
+    driver = _browser(tmp_path)
+    try:
+        with running(model, "tiny") as (url, _):
+            _decode_on_page(driver, url, "to be or", dict(max_tokens=12, threshold=0.3, regex=pattern, replay_ms=5))
+            marked = driver.execute_script("return [...document.querySelectorAll('#canvas .slot')]"
+                                           ".flatMap((e, i) => e.classList.contains('con') ? [i] : [])")
+            assert marked == chosen
+            assert driver.find_element(By.ID, "text").text == want.texts[0]
+            assert driver.find_element(By.ID, "n_con").text == str(len(chosen))
+    finally:
+        driver.quit()

@@ -123,32 +123,32 @@ def curves(root: Path, only: list[str] | None, split: str) -> None:
     if out.exists():
         done = {(r["run"], r["step"], r["setting"]) for r in map(json.loads, out.read_text().splitlines())}
     examples = reasoning_split(split, N_TEST, level="medium", seed=0)
-    for family in FAMILIES:
-        if only and family not in only:
+    points = [("base-ar", BASE_STEPS, root / "base-ar" / "checkpoints" / f"step-{BASE_STEPS:08d}")]  # the start
+    points += [(f, step, root / f"ft-{f}" / "checkpoints" / f"step-{step:08d}") for f in FAMILIES for step in BUDGETS]
+    for family, step, ckpt in points:
+        if (only and family not in only) or not ckpt.is_dir():
             continue
-        for step in BUDGETS:
-            ckpt = root / f"ft-{family}" / "checkpoints" / f"step-{step:08d}"
-            if not ckpt.is_dir():
+        model = None
+        for tau in TAUS:
+            setting = "tau-off" if tau is None else f"tau-{tau}"
+            if (family, step, setting) in done:
                 continue
-            model = None
-            for tau in TAUS:
-                setting = "tau-off" if tau is None else f"tau-{tau}"
-                if (family, step, setting) in done:
-                    continue
-                model = model or setdlm.load(str(ckpt))
-                kw = {} if tau is None else {"threshold": tau}
-                if model.family.family == "mdlm":
-                    kw["block_size"] = 32
-                r = evaluate.reasoning(model, examples, settings=DecodeSettings(**kw), batch_size=32, seed=0,
-                                       progress=False)
-                row = {"run": family, "step": step, "setting": setting, "split": split, "accuracy": r.accuracy,
-                       "nfe_per_example": r.run.nfe_per_example, "tokens_per_step": r.run.tokens_per_step}
-                if tau is None:
-                    row["bound_ppl"] = json.loads(subprocess.run(
-                        ["setdlm", "eval", str(ckpt)], check=True, capture_output=True, text=True).stdout).get("ppl")
-                with open(out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-                print(f"[curves] {family:14s} step {step:5d} {setting:8s} acc={row['accuracy']:.3f}", flush=True)
+            model = model or setdlm.load(str(ckpt))
+            if tau is not None and model.family.family == "ar":
+                continue  # AR commits one token per step: tau does not apply
+            kw = {} if tau is None else {"threshold": tau}
+            if model.family.family == "mdlm":
+                kw["block_size"] = 32
+            r = evaluate.reasoning(model, examples, settings=DecodeSettings(**kw), batch_size=32, seed=0,
+                                   progress=False)
+            row = {"run": family, "step": step, "setting": setting, "split": split, "accuracy": r.accuracy,
+                   "nfe_per_example": r.run.nfe_per_example, "tokens_per_step": r.run.tokens_per_step}
+            if tau is None:
+                row["bound_ppl"] = json.loads(subprocess.run(
+                    ["setdlm", "eval", str(ckpt)], check=True, capture_output=True, text=True).stdout).get("ppl")
+            with open(out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(f"[curves] {family:14s} step {step:5d} {setting:8s} acc={row['accuracy']:.3f}", flush=True)
 
 
 def main() -> None:

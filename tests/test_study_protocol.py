@@ -1,0 +1,38 @@
+"""The paper's protocol at our scale (benchmarks/study/protocol.py): one recipe for every fine-tuned family,
+each initialised from the same AR base, and a learning curve that reads the checkpoints of one run."""
+
+import importlib.util
+from pathlib import Path
+
+STUDY = Path(__file__).parents[1] / "benchmarks" / "study"
+
+
+def _protocol():
+    spec = importlib.util.spec_from_file_location("protocol", STUDY / "protocol.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _flags(cmd: list[str]) -> dict[str, str]:
+    return {a: b for a, b in zip(cmd, cmd[1:] + [""]) if a.startswith("--")}
+
+
+def test_every_family_is_fine_tuned_from_the_one_base_with_one_recipe(tmp_path):
+    p = _protocol()
+    base = _flags(p.base_command(tmp_path))
+    assert base["--family"] == "ar" and base["--out"] == str(tmp_path / "base-ar")
+    assert base["--data"].endswith("arith_all_train.jsonl")
+    recipes = []
+    for family, fam_flags in p.FAMILIES.items():
+        f = _flags(p.finetune_command(tmp_path, family))
+        assert f["--init-from"] == str(tmp_path / "base-ar") and f["--out"] == str(tmp_path / f"ft-{family}")
+        assert f["--data"].endswith("reason_medium_train.jsonl")
+        recipe = {k: v for k, v in f.items() if k not in ("--out", *fam_flags[::2])}
+        recipes.append(recipe)
+    assert all(r == recipes[0] for r in recipes)  # same data, steps, batch, lr schedule and seed
+    r = recipes[0]
+    assert r["--lr-schedule"] == "constant" and int(r["--steps"]) == max(p.BUDGETS) == p.FT_STEPS
+    # every budget of the curve is a checkpoint the run keeps
+    every, keep = int(r["--save-every"]), int(r["--keep"])
+    assert all(b % every == 0 for b in p.BUDGETS) and keep >= p.FT_STEPS // every
