@@ -85,8 +85,14 @@ def base_command(root: Path) -> list[str]:
             *ARCH, *BASE]
 
 
+def base_of(root: Path) -> Path:
+    """The base the fine-tunes start from: this machine's run, else the committed copy of its final weights
+    (``results/base-ar``: the pretraining took 94 minutes of a shared 2-core CPU; no need to repeat it)."""
+    return root / "base-ar" if (root / "base-ar").is_dir() or not (RESULTS / "base-ar").is_dir() else RESULTS / "base-ar"
+
+
 def finetune_command(root: Path, family: str) -> list[str]:
-    return ["setdlm", "train", "--out", str(root / f"ft-{family}"), "--init-from", str(root / "base-ar"),
+    return ["setdlm", "train", "--out", str(root / f"ft-{family}"), "--init-from", str(base_of(root)),
             "--data", str(root / "data/reason_medium_train.jsonl"), "--length", str(L), *FAMILIES[family],
             *FINETUNE]
 
@@ -123,7 +129,8 @@ def curves(root: Path, only: list[str] | None, split: str) -> None:
     if out.exists():
         done = {(r["run"], r["step"], r["setting"]) for r in map(json.loads, out.read_text().splitlines())}
     examples = reasoning_split(split, N_TEST, level="medium", seed=0)
-    points = [("base-ar", BASE_STEPS, root / "base-ar" / "checkpoints" / f"step-{BASE_STEPS:08d}")]  # the start
+    base = root / "base-ar" / "checkpoints" / f"step-{BASE_STEPS:08d}"
+    points = [("base-ar", BASE_STEPS, base if base.is_dir() else RESULTS / "base-ar")]  # the start
     points += [(f, step, root / f"ft-{f}" / "checkpoints" / f"step-{step:08d}") for f in FAMILIES for step in BUDGETS]
     for family, step, ckpt in points:
         if (only and family not in only) or not ckpt.is_dir():
@@ -168,7 +175,8 @@ def main() -> None:
         write_data(root)
     elif args.stage == "base":
         write_data(root)
-        run(root, "base-ar", base_command(root), BASE_STEPS)
+        if base_of(root) == root / "base-ar":
+            run(root, "base-ar", base_command(root), BASE_STEPS)
     elif args.stage == "finetune":
         write_data(root)
         for family in FAMILIES:
