@@ -63,8 +63,10 @@ def test_readme_demo_runs_on_tiny_models(tiny_models, tmp_path):
     for part in ("1. Shakespeare", "2. A hidden line", "3. An arithmetic word problem", "4. Live"):
         assert part in r.stdout
     # the live table has a row per setting: AR once, BD3LM and SetDLM at three thresholds each
-    rows = [l for l in r.stdout.splitlines() if l.startswith("| arith-")]
+    live = r.stdout.split("4. Live")[1].split("AUP over")[0]  # the table; the AUP of each curve follows it
+    rows = [l for l in live.splitlines() if l.startswith("| arith-")]
     assert len(rows) == 7, r.stdout
+    assert "AUP over τ" in r.stdout
     png = (tmp_path / "demo" / "pareto.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") > 100
 
