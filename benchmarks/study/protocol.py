@@ -1,6 +1,6 @@
 """The paper's protocol at our scale: one pretrained base, every family fine-tuned from it.
 
-``python benchmarks/study/protocol.py {data,base,finetune,curves,commands} [--root DIR] [--only NAMES]``
+``python benchmarks/study/protocol.py {data,base,finetune,curves,commands} [--root DIR] [--only NAMES] [--until STEP]``
 
 The paper never trains a diffusion model from scratch: every family is fine-tuned from the same pretrained
 base (Qwen3-1.7B-Base) with the same data, steps, batch and learning-rate schedule (paper §5.2, Table 2).
@@ -101,17 +101,30 @@ def finished(out: Path, steps: int) -> bool:
     return (out / "checkpoints" / f"step-{steps:08d}").is_dir()
 
 
-def run(root: Path, name: str, cmd: list[str], steps: int) -> None:
+def run(root: Path, name: str, cmd: list[str], steps: int, until: int | None = None) -> None:
+    """Run (or resume) one training run; with ``until``, stop it once that checkpoint is on disk.
+
+    The fine-tuning rate is constant after warm-up, so stopping at a budget and resuming later trains exactly
+    the run that was never stopped (checkpoints are written atomically; ``--resume`` restores the data order).
+    """
     out = root / name
-    if finished(out, steps):
+    if finished(out, until or steps):
         print(f"[protocol] {name}: done", flush=True)
         return
     if (out / "checkpoints").is_dir():
         cmd = ["setdlm", "train", "--out", str(out), "--resume"]
     with open(root / "commands.log", "a") as f:
         f.write(json.dumps({"run": name, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "cmd": shlex.join(cmd)}) + "\n")
-    print(f"[protocol] {name}: {shlex.join(cmd)}", flush=True)
-    subprocess.run(cmd, check=True)
+    print(f"[protocol] {name}: {shlex.join(cmd)}" + (f" (until step {until})" if until else ""), flush=True)
+    proc = subprocess.Popen(cmd)
+    while until and proc.poll() is None and not finished(out, until):
+        time.sleep(5)  # a driver, not a test: wait for the budget's checkpoint
+    if until and proc.poll() is None:
+        proc.terminate()
+        proc.wait()
+        return
+    if proc.wait() != 0:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
 
 
 def curves(root: Path, only: list[str] | None, split: str) -> None:
@@ -163,6 +176,7 @@ def main() -> None:
     ap.add_argument("stage", choices=["data", "base", "finetune", "curves", "commands"])
     ap.add_argument("--root", default="runs/protocol", help="run folders (keep them out of the work tree)")
     ap.add_argument("--only", nargs="*", help="family names, e.g. ar setdlm-smax8")
+    ap.add_argument("--until", type=int, help="finetune: stop each run at this step (round-robin budgets)")
     ap.add_argument("--split", default="test", choices=["validation", "test"], help="curves: problems scored")
     args = ap.parse_args()
     root = Path(args.root)
@@ -181,7 +195,7 @@ def main() -> None:
         write_data(root)
         for family in FAMILIES:
             if not args.only or family in args.only:
-                run(root, f"ft-{family}", finetune_command(root, family), FT_STEPS)
+                run(root, f"ft-{family}", finetune_command(root, family), FT_STEPS, args.until)
     else:
         curves(root, args.only, args.split)
 
