@@ -20,7 +20,7 @@ fixtures built on these.
 Optional dependencies (transformers, uvicorn) are imported inside the helpers that need them.
 """
 
-from .cli import SRC, assert_one_line_error, png_size, run, subprocess_env, write_hamlet
+from .cli import SRC, assert_one_line_error, png_size, run, study_script, subprocess_env, write_hamlet
 from .models import FAMILY_KW, make_model, save_tiny, tiny, tiny_hf, tiny_model
 from .recording import (Call, Counting, Failing, Gated, Recorder, Scripted, SlowStart, failing, gated, recorded,
                         scripted)

@@ -1,14 +1,17 @@
 """Running ``setdlm`` as a user does: in-process with its exit code and output, or as a child process on this
 checkout's sources; the inputs and outputs those runs share (a text file, a PNG)."""
 
+import importlib.util
 import os
 import struct
+import sys
 from pathlib import Path
 
 from setdlm.cli import main
 from setdlm.data import shakespeare_works
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
+STUDY = Path(__file__).resolve().parents[2] / "benchmarks" / "study"
 
 
 def subprocess_env() -> dict:
@@ -49,3 +52,12 @@ def png_size(path) -> tuple[int, int]:
     assert data[12:16] == b"IHDR"
     assert data[-8:-4] == b"IEND"
     return struct.unpack(">II", data[16:24])
+
+
+def study_script(name: str):
+    """The module of ``benchmarks/study/NAME.py`` (a script, not a package), loaded fresh."""
+    spec = importlib.util.spec_from_file_location(name, STUDY / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up by name
+    spec.loader.exec_module(mod)
+    return mod
