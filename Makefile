@@ -44,7 +44,7 @@ demo: $(VENV)/.demo
 	$(PY) -m setdlm demo
 
 # the reproduction study (hours on a CPU; resumable): train, evaluate, write the report; then the paper's
-# protocol (one AR base, every family fine-tuned from it) and its learning curves
+# protocol (one AR base, every family fine-tuned from it), its learning curves and the error analysis
 study: $(VENV)/.demo
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/study.py train
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/evaluate_study.py
@@ -53,6 +53,8 @@ study: $(VENV)/.demo
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/protocol.py base
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/protocol.py finetune
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/protocol.py curves
+	$(PY) benchmarks/study/learning_curves.py
+	$(PY) benchmarks/study/error_analysis.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -1,6 +1,6 @@
 """Why SetDLM trails AR at this size: where the fine-tuned models' answers go wrong (issue 22, item 2).
 
-``python benchmarks/study/error_analysis.py [--root /work/runs/protocol] [--n 500] [--steps 1500]``
+``python benchmarks/study/error_analysis.py [--root /work/runs/protocol] [--n 500] [--steps 1500] [--light]``
 
 Every number is measured on the ``validation`` split of the ``medium`` word problems (never the test split),
 greedy, with the checkpoints of the protocol's fine-tunes (``benchmarks/study/protocol.py``): the AR fine-tune
@@ -262,6 +262,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--root", default="runs/protocol", help="the protocol's run folders")
     ap.add_argument("--n", type=int, default=500, help="validation problems per configuration")
     ap.add_argument("--steps", type=int, nargs="+", default=[1500], help="fine-tuning budgets analysed")
+    ap.add_argument("--light", action="store_true", help="only w = 1 and w = D for SetDLM, and only --steps "
+                                                         "(a trend over budgets)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--out", default=str(RESULTS / "error_analysis"), help="writes OUT.json and OUT.md")
     args = ap.parse_args(argv)
@@ -273,8 +275,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     examples = reasoning_split("validation", args.n, level=LEVEL, seed=0)
     rows = []
-    for run, decodes in (("ar", (("left to right", {}),)), ("setdlm-smax8", SETDLM_DECODES)):
-        for step, path in checkpoints(Path(args.root), run, args.steps, newest=True):
+    setdlm_decodes = SETDLM_DECODES[:2] if args.light else SETDLM_DECODES
+    for run, decodes in (("ar", (("left to right", {}),)), ("setdlm-smax8", setdlm_decodes)):
+        for step, path in checkpoints(Path(args.root), run, args.steps, newest=not args.light):
             model = setdlm.load(str(path))
             for label, settings in decodes:
                 r = {"run": run, "step": step, "decode": label,
