@@ -225,13 +225,15 @@ def summary(rows: list[dict]) -> str:
         return "—" if v is None else f"{100 * v:.1f}%"
 
     md = ["| model | step | decode | accuracy | tokens/step | gapped commits | error rate, in-order clean commits "
-          "| error rate, gapped clean commits | first error in reasoning lines |",
-          "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+          "| error rate, gapped clean commits | first error in reasoning lines | first wrong commit gapped |",
+          "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        c = r["clean_commits"]
+        c, g = r["clean_commits"], r["first_wrong_commit_gap"]
+        gapped = sum(v for k, v in g.items() if k not in ("0", "none"))
         md.append(f"| {r['run']} | {r['step']} | {r['decode']} | {pct(r['accuracy'])} | {r['tokens_per_step']:.2f} | "
                   f"{pct(r['gapped_commits'])} | {pct(c['in-order']['error_rate'])} (n={c['in-order']['n']}) | "
-                  f"{pct(c['gapped']['error_rate'])} (n={c['gapped']['n']}) | {pct(r['first_error_in_reasoning'])} |")
+                  f"{pct(c['gapped']['error_rate'])} (n={c['gapped']['n']}) | {pct(r['first_error_in_reasoning'])} | "
+                  f"{gapped} of {sum(g.values())} |")
     fields = ("carry", "op", "operand", "eq", "result", "newline", "marker", "answer", "eos")
     md += ["", "Per-token error rate by field (first divergences / tokens of that field reached with a correct "
                "prefix; the field's share of the wrong answers' first errors in brackets):", "",
@@ -240,6 +242,12 @@ def summary(rows: list[dict]) -> str:
         h = r["hazard"]
         cells = [f"{pct(h[f]['rate'])} ({h[f]['first_errors']})" if f in h else "—" for f in fields]
         md.append(f"| {r['run']} | {r['step']} | {r['decode']} | " + " | ".join(cells) + " |")
+    md += ["", "The digits wrong answers get wrong first (the four most common, of all first errors):", "",
+           "| model | step | decode | first errors by digit |", "|---|---:|---|---|"]
+    for r in rows:
+        top = list(r["first_error_digit"].items())[:4]
+        md.append(f"| {r['run']} | {r['step']} | {r['decode']} | " + "; ".join(f"{k}: {v}" for k, v in top)
+                  + f" (of {sum(r['first_error_field'].values())}) |")
     md += ["", "Error rate of the computed result digits by the line's operation:", "",
            "| model | step | decode | + | - | * | / |", "|---|---:|---|---:|---:|---:|---:|"]
     for r in rows:
