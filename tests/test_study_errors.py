@@ -84,3 +84,40 @@ def test_left_to_right_decodes_never_gap():
         assert r["gapped_commits"] == 0.0 and r["first_wrong_commit_gap"] == {"0": 1}, family
         assert r["clean_commits"]["in-order"] == {"n": 12, "error_rate": pytest.approx(1 / 12)}, family
         assert set(r["query_by_gap"]) == {"0"}, family
+
+
+def test_the_summary_renders_the_figures():
+    ea = _module()
+    r = ea.analyse(_model("setdlm", WRONG), [EX], {"threshold": 0.9}, batch_size=1, seed=0)
+    md = ea.summary([{"run": "setdlm-smax8", "step": 7, "decode": "w=2, tau 0.9", **r}])
+    assert "| setdlm-smax8 | 7 | w=2, tau 0.9 | 0.0% | 2.00 |" in md
+    assert "| 100.0% | 1 of 1 |" in md  # first error in a reasoning line; its commit was gapped
+    assert "result digit 2 of 2: 1 (of 1)" in md
+    assert "| 0.0% (0/1) | — | 50.0% (1/2) | — |" in md  # result digits by operation: "+" right, "*" 1 of 2
+
+
+def test_main_reads_the_protocol_folders_and_writes_json_and_markdown(tmp_path):
+    """Random tiny checkpoints in the protocol's layout (ft-NAME/checkpoints/step-N): the newest SetDLM one
+    past --steps is analysed too, and --light keeps w = 1 and w = D."""
+    import json
+
+    from setdlm.data.tasks import reasoning_split
+
+    ea = _module()
+    texts = [e.prompt + e.completion for e in reasoning_split("validation", 50, level="medium", seed=0)]
+    tok = char_tokenizer(texts + ["0123456789+-*/=# \n"])
+    for run, family, steps in (("ar", "ar", (10,)), ("setdlm-smax8", "setdlm", (10, 20))):
+        for s in steps:
+            tiny(family, tok, L=192).save(str(tmp_path / f"ft-{run}" / "checkpoints" / f"step-{s:08d}"))
+    out = tmp_path / "ea"
+    ea.main(["--root", str(tmp_path), "--n", "3", "--steps", "10", "--batch-size", "2", "--out", str(out)])
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [(r["run"], r["step"]) for r in rows] == [("ar", 10)] + [("setdlm-smax8", s)
+                                                                   for s in (10, 20) for _ in ea.SETDLM_DECODES]
+    assert all(r["n"] == 3 and r["accuracy"] == 0.0 for r in rows)  # random weights solve nothing
+    assert "validation split, 3 medium problems" in out.with_suffix(".md").read_text()
+    ea.main(["--root", str(tmp_path), "--n", "2", "--steps", "10", "--light", "--out", str(out)])
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [(r["step"], r["decode"]) for r in rows] == [(10, "left to right"), (10, "w=1"), (10, "w=4 (D)")]
+    with pytest.raises(SystemExit, match="no checkpoint"):
+        ea.main(["--root", str(tmp_path / "none"), "--n", "1", "--out", str(out)])
