@@ -161,7 +161,8 @@ def analyse(model, examples, settings: dict, *, batch_size: int, seed: int) -> d
             n_right += ok
             cut = next((j for j, t in enumerate(pred) if t == eos), len(pred) - 1)
             d = first_divergence(pred[:cut + 1], ref)
-            for j in range(len(ref) if d is None else d + 1):
+            # tokens reached with a right prefix: all of a right row, a wrong row's up to its first error
+            for j in range(len(ref) if d is None else d + (not ok)):
                 reached[sl[j].field] += 1
                 op_reached[sl[j].op] += sl[j].field == "result"
             row_commits, queries = commits(trace, len(p), len(p) + cut + 1, ref)
