@@ -546,6 +546,7 @@ def _convert(args) -> int:
 
     from .convert import convert_reference
     from .checkpoint import read_config
+    from .family import get_family
 
     for flag in ("D", "M"):
         v = getattr(args, flag)
@@ -556,7 +557,7 @@ def _convert(args) -> int:
                             base=args.base, dtype=dtype, revision=args.revision)
     cfg = read_config(out)
     fam = cfg["family"]
-    extra = f" D={fam['D']} M={fam['M']}" if fam["family"] == "setdlm" else ""
+    extra = f" D={fam['D']} M={fam['M']}" if "D" in get_family(fam["family"]).config_fields else ""
     print(f"wrote {out}: {fam['family']} L={fam['length']}{extra}, {cfg['backbone']} backbone, "
           f"mask id {fam['mask_token_id']}, tokenizer of {cfg['tokenizer']['vocab_size']} tokens")
     return 0

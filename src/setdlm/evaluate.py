@@ -154,7 +154,7 @@ def infill_row(model: Model, example: InfillExample, *, eos: bool = False) -> tu
     suffix is empty for AR models, which condition on the prefix only."""
     tok = _tokenizer(model)
     pre, mid, suf = encode_infill(example, tok)
-    if model.family.family == "ar":
+    if model.family.spec.left_to_right:  # AR infilling conditions on the prefix only (docs/method.md §4.6)
         return start_ids(tok) + pre, len(mid), []
     return start_ids(tok) + pre, len(mid), suf + (_eos(tok) if eos else [])
 

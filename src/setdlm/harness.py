@@ -246,7 +246,7 @@ class SetDLMLM(LM):
             for ctx, cont in chunk:
                 cont = cont[-(self.L - 1):] if cont else cont
                 rows.append((ctx[-(self.L - len(cont)):] if len(ctx) + len(cont) > self.L else ctx, cont))
-            width = self.L if fam.family != "ar" else max(len(c) + len(t) for c, t in rows)
+            width = max(len(c) + len(t) for c, t in rows) if fam.spec.left_to_right else self.L
             B = len(rows)
             ids = torch.full((B, width), self._pad, dtype=torch.long)
             valid = torch.zeros(B, width, dtype=torch.bool)
@@ -273,10 +273,10 @@ class SetDLMLM(LM):
         SetDLM, all False for MDLM/BD3LM)."""
         capture = _Capture(backbone)
         out = compute_loss(capture, fam, batch, train=False, generator=generator)
-        if fam.family not in ("ar", "setdlm"):
+        if not fam.spec.ordered:
             return out.nll, torch.zeros_like(batch.attention_mask)
         lp = log_probs(capture.logits, fam.mask_token_id)
-        if fam.family == "ar":
+        if fam.spec.left_to_right:
             pred = torch.zeros_like(batch.input_ids)
             pred[:, 1:] = lp[:, :-1].argmax(-1)
             return out.nll, pred == batch.input_ids

@@ -35,7 +35,7 @@ from .output import GenerationOutput
 from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings, applicable
 from .state import DecodeConfig, DecodeState, stop_index
 
-DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}
+DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}  # by the registry's Family.decoder
 applicable_knobs = applicable
 
 
@@ -303,13 +303,13 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
                          "torch.device('meta') or init_empty_weights): load real weights first, e.g. setdlm.load(...)")
     stops = _stops(model, settings.stop)
     sampling = settings.sampling(fam.mask_token_id, _eos_ids(model, settings.eos_token_id))
-    window = (settings.window or fam.D) if fam.family == "setdlm" else 1
-    block_size = (settings.block_size or fam.block_size) if fam.family in ("bd3lm", "mdlm") else 1
-    for name, v in (("window", window), ("block_size", block_size)):
+    window, block_size = fam.spec.decode_sizes(fam, settings.window, settings.block_size)
+    sizes = {"window": window, "block_size": block_size}
+    for name, v in sizes.items():
         if v >= 2**62:  # torch indexes with int64: a larger size overflows before any memory check could
             raise ValueError(f"{name} must be below 2**62, got {v}")
-    if fam.family in ("setdlm", "bd3lm"):  # their cache holds room for 2 windows / blocks beyond the context
-        _check_cache_fits(model, *(("window", window) if fam.family == "setdlm" else ("block_size", block_size)))
+    if fam.spec.cache_holds is not None:  # SetDLM/BD3LM: the cache holds room for 2 windows / blocks beyond L
+        _check_cache_fits(model, fam.spec.cache_holds, sizes[fam.spec.cache_holds])
     return DecodeConfig(sampling, fam.length, mode=mode, stop_on_eos=mode == "generate" and not settings.ignore_eos,
                         window=window, block_size=block_size, cache_order=cache_order, stop=stops,
                         tokenizer=model.tokenizer, trace=trace, speculate=bool(settings.speculate))
@@ -318,7 +318,7 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
 def decoder_of(fam, cfg: DecodeConfig):
     """The decoder module (``init`` and ``step``) of a state: the family's, or the self-speculative SetDLM
     decoder (``decoding/speculative.py``) when ``cfg.speculate``."""
-    return speculative if cfg.speculate else DECODERS[fam.family]
+    return speculative if cfg.speculate else DECODERS[fam.spec.decoder]
 
 
 def _check_cache_fits(model, name: str, n: int) -> None:
@@ -331,7 +331,7 @@ def _check_cache_fits(model, name: str, n: int) -> None:
 
 def _reveal_order(fam, cfg: DecodeConfig) -> bool:
     """Does this SetDLM state cache new tokens in reveal order (the other families ignore the cache order)?"""
-    return fam.family == "setdlm" and cfg.cache_order == "reveal"
+    return fam.spec.reveal_cache_order and cfg.cache_order == "reveal"
 
 
 def needs_seed(fam, cfg: DecodeConfig, times=None) -> bool:

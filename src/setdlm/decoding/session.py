@@ -235,7 +235,7 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
         raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens})"
                          f"{f' + suffix ({len(suf)} tokens)' if suf else ''} exceed the context length {width}")
     cfg = decode_config(model, settings, mode=mode, cache_order=cache_order, trace=True)
-    if fam.family == "setdlm" and cache_order == "reveal" and max_new_tokens > fam.length:
+    if fam.spec.reveal_cache_order and cache_order == "reveal" and max_new_tokens > fam.length:
         raise ValueError(f"cache_order='reveal' needs max_new_tokens <= L={fam.length}, got {max_new_tokens}")
     seeds = _seeds(seed, 1, needs_seed(fam, cfg))
     row = Row(ids + [fam.mask_token_id] * max_new_tokens + suf, cfg, seeds[0] if seeds else None, len(ids),

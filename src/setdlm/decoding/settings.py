@@ -41,12 +41,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+from ..family import using
 from .constraint import Constraint
 from .sampling import Sampling
 
-# setting -> the families it applies to (the others are a ValueError when set)
-FAMILIES = {"window": ("setdlm",), "block_size": ("bd3lm", "mdlm"), "threshold": ("setdlm", "bd3lm", "mdlm"),
-            "speculate": ("setdlm",)}
+# setting -> the families it applies to (the others are a ValueError when set): the family registry's
+# decode_settings (setdlm.family), read per setting
+FAMILIES = {name: using("decode_settings", name) for name in ("window", "block_size", "threshold", "speculate")}
 # fill and infill decode the gaps they are given: no budget, EOS stop or cache order
 GENERATE_ONLY = ("max_new_tokens", "ignore_eos", "stop", "cache_order")
 DEFAULT_MAX_NEW_TOKENS = 64  # generate's budget when max_new_tokens is None
