@@ -29,7 +29,6 @@ import typing
 from pathlib import Path
 
 from .command import Parser, run
-from .data.prompt import encode_prompt
 from .data.sources import iter_jsonl
 from .decoding.settings import FAMILIES, GENERATE_ONLY, DecodeSettings
 from .outputs import write_text
@@ -416,12 +415,7 @@ def _generate(args) -> int:
         from .chat import chat_prompt
 
         prompts = [chat_prompt(model.tokenizer, p) for p in prompts]
-    L = model.family.length
-    for i, p in enumerate(prompts):  # the command's rule: a prompt leaves room for one new token at least
-        n = len(p) if isinstance(p, list) else len(encode_prompt(model.tokenizer, p))
-        if n >= L:
-            raise ValueError(f"prompt {i} is {n} tokens long, which leaves no room in the context length L={L}")
-    from .decoding import generate
+    from .decoding import generate  # which checks each prompt's length (setdlm.data.prompt.check_prompt_fits)
 
     traced = bool(args.show_order or args.trace)
     out = generate(model, prompts, settings, seed=args.seed, trace=traced, progress=True)

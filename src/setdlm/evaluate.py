@@ -41,7 +41,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .batch import Batch
-from .data.prompt import encode_prompt, start_ids
+from .data.prompt import check_prompt_fits, encode_prompt, start_ids
 from .data.parallel import PARALLEL_TASKS, ParallelExample
 from .data.tasks import InfillExample, ReasoningExample, encode_infill
 from .decoding.settings import DecodeSettings
@@ -189,9 +189,7 @@ def _budget(model: Model, prompts: list[list[int]], max_new_tokens: int | None) 
     so that no row's result depends on the others)."""
     L = model.family.length
     i = max(range(len(prompts)), key=lambda j: len(prompts[j]))
-    if len(prompts[i]) >= L:
-        raise ValueError(f"prompt {i} is {len(prompts[i])} tokens long, which leaves no room in the context "
-                         f"length L={L}")
+    check_prompt_fits(len(prompts[i]), L, f"prompt {i}")
     return L - len(prompts[i]) if max_new_tokens is None else max_new_tokens  # checked by DecodeSettings
 
 
@@ -388,13 +386,13 @@ def reasoning_steps(model: Model, examples: Sequence[ReasoningExample], settings
 def _completion_steps(model: Model, examples: list, settings: DecodeSettings, what: str, *, seed: int | None, **opts):
     """Decode each example's completion from its prompt (:func:`prompt_ids`); returns ``(predictions, run,
     budget)``, every prediction cut at its first EOS."""
-    from .decoding.api import _eos_ids
+    from .decoding.api import eos_ids
 
     tok = _tokenizer(model)
     prompts = [prompt_ids(model, e) for e in examples]
     outs, run, budget = yield from _generate_steps(model, prompts, settings, seed=seed,
                                                    desc=f"{model.family.family} {what}", **opts)
-    return _texts(outs, tok, _eos_ids(model, settings.eos_token_id)), run, budget
+    return _texts(outs, tok, eos_ids(model, settings.eos_token_id)), run, budget
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
 from .batch import Batch
-from .data.prompt import start_ids
+from .data.prompt import max_prompt_tokens, start_ids
 from .decoding import generate
 from .decoding.settings import DecodeSettings
 from .evaluate import bound_generator
@@ -184,7 +184,8 @@ class SetDLMLM(LM):
             if kw.get("do_sample") or (kw.get("temperature") or 0.0) > 0:
                 sampling = {"temperature": float(kw.get("temperature") or 1.0),
                             "top_p": float(kw.get("top_p") or 1.0), "top_k": int(kw.get("top_k") or 0)}
-            prompts = {i: self._context(requests[i].args[0])[-(self.L - 1):] for i in idx}  # room for a token
+            room = max_prompt_tokens(self.L)  # left-truncated to the prompt-length rule: room for a token
+            prompts = {i: self._context(requests[i].args[0])[-room:] for i in idx}
             for lo in range(0, len(idx), self.batch_size):
                 rows = idx[lo:lo + self.batch_size]
                 by_len: dict[int, list[int]] = {}  # prompt + output must fit the context length L
