@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .command import Parser, run
 from .data.sources import iter_jsonl
-from .decoding.settings import FAMILIES, GENERATE_ONLY, DecodeSettings
+from .decoding.settings import FAMILIES, GENERATE_ONLY, DecodeSettings, default_max_new_tokens
 from .outputs import write_text
 
 
@@ -467,7 +467,7 @@ def _order_text(tok, row: dict, colour: bool) -> str:
 
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help=_generate.__doc__.splitlines()[0])
-    _add_decoding_flags(p, defaults={"max_new_tokens": 128})
+    _add_decoding_flags(p, defaults={"max_new_tokens": default_max_new_tokens("cli")})
     p.add_argument("--prompt", action="append", help="a prompt (repeatable; \"\" for unconditional)")
     p.add_argument("--input", default=None, help="prompts, one per line (or .jsonl with 'prompt'); - for stdin")
     p.add_argument("--show-order", action="store_true", help="print each token coloured by the step that decided "
@@ -648,7 +648,8 @@ def _add_demo(sub) -> None:
                    "(default: the shipped models)")
     p.add_argument("--out", default="demo", help="folder for the plot (default: demo)")
     p.add_argument("--n", type=int, default=24, help="problems in the live table (default 24)")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="length of the Shakespeare continuation")
+    p.add_argument("--max-new-tokens", type=int, default=default_max_new_tokens("demo"),
+                   help="length of the Shakespeare continuation")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_demo)
 

@@ -44,7 +44,7 @@ from .batch import Batch
 from .data.prompt import check_prompt_fits, encode_prompt, start_ids
 from .data.parallel import PARALLEL_TASKS, ParallelExample
 from .data.tasks import InfillExample, ReasoningExample, encode_infill
-from .decoding.settings import DecodeSettings
+from .decoding.settings import DecodeSettings, default_max_new_tokens
 from .lm import Model
 from .metrics import LikelihoodSummary, ThroughputStats, extract_answer, rouge, throughput_stats
 from .objectives import compute_loss
@@ -190,7 +190,9 @@ def _budget(model: Model, prompts: list[list[int]], max_new_tokens: int | None) 
     L = model.family.length
     i = max(range(len(prompts)), key=lambda j: len(prompts[j]))
     check_prompt_fits(len(prompts[i]), L, f"prompt {i}")
-    return L - len(prompts[i]) if max_new_tokens is None else max_new_tokens  # checked by DecodeSettings
+    if max_new_tokens is not None:  # checked by DecodeSettings
+        return max_new_tokens
+    return default_max_new_tokens("evaluate", room=L - len(prompts[i]))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from ..seeds import check_seed
 from . import ar, bd3lm, mdlm, setdlm, speculative
 from .constrained import row_constraints
 from .output import GenerationOutput
-from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings, applicable
+from .settings import DecodeSettings, applicable, default_max_new_tokens
 from .state import DecodeConfig, DecodeState, stop_index
 
 DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}  # by the registry's Family.decoder
@@ -68,7 +68,7 @@ def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: in
     ``trace`` belong to the call.
     """
     settings = DecodeSettings.of(settings, knobs, "generate")
-    max_new_tokens = settings.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+    max_new_tokens = settings.max_new_tokens or default_max_new_tokens("generate")
     ids = encode_prompts(model, prompts, "prompt", add_bos=True)
     # a lower bound of the canvas's memory (the token lists, the canvas and its masks: >= 34 bytes a position)
     check_fits(f"decoding {len(ids)} rows of up to {max_new_tokens:,} new tokens",

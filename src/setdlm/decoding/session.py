@@ -29,7 +29,7 @@ from ..data.prompt import check_prompt_fits, encode_prompts
 from .api import decode_config, decoder_of, device_of, needs_seed, row_seeds, row_text, start
 from .constrained import RowConstraint, row_constraints
 from .output import StepTrace
-from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings
+from .settings import DecodeSettings, default_max_new_tokens
 from .state import DecodeConfig, DecodeState
 
 
@@ -221,7 +221,8 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
     such as ``stop`` are a ValueError). Touches no session state."""
     settings = DecodeSettings.of(settings, knobs, "prepare")
     mode = "generate" if suffix is None else "fill"
-    max_new_tokens, cache_order = settings.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, settings.cache_order or "position"
+    max_new_tokens = settings.max_new_tokens or default_max_new_tokens("generate")
+    cache_order = settings.cache_order or "position"
     if mode == "fill":
         settings = replace(settings, max_new_tokens=None)
     settings.check_for(model.family.family, mode)

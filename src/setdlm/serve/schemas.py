@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..chat import ROLES, chat_prompt
 from ..data.prompt import check_prompt_fits, encode_prompts
 from ..seeds import SEED_RANGE
-from ..decoding.settings import DecodeSettings
+from ..decoding.settings import DecodeSettings, default_max_new_tokens
 
 
 class APIError(Exception):
@@ -84,7 +84,7 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(key)
     if max_tokens is None:
-        max_tokens = min(64, width - fixed)
+        max_tokens = default_max_new_tokens("server", room=width - fixed)
     elif not _is_int(max_tokens) or max_tokens < 1:
         raise APIError(400, f"{key} must be a positive integer, got {_short(max_tokens)}", key)
     elif fixed + max_tokens > width:
