@@ -16,7 +16,7 @@ family     fields used                            schedule                      
 =========  =====================================  ==========================================  =======
 
 *streams*: the sequences of length L a training row feeds the backbone (BD3LM and SetDLM see the clean
-sequence and the noisy one, docs/method.md §3.2). The decode settings each family takes are the table in
+sequence and the noisy one, docs/method.md §2.3, §2.8). The decode settings each family takes are the table in
 :mod:`setdlm.decoding.settings`.
 
 ``keep_clean_bos`` (SetDLM only, default off): train the way the paper's LM1B/OWT models were trained,
@@ -41,7 +41,7 @@ class Family:
     config_fields: tuple[str, ...]  # the FamilyConfig fields the family uses (the others stay None / False)
     train_flags: tuple[str, ...]  # the training options (TrainConfig fields) that apply to it
     decode_settings: tuple[str, ...]  # the family-specific DecodeSettings fields that apply to it
-    streams: int  # sequences of length L per training row: 1, or 2 (clean + noisy, docs/method.md §3.2)
+    streams: int  # sequences of length L per training row: 1, or 2 (clean + noisy, docs/method.md §2.3, §2.8)
     objective: str  # the training loss: a key of setdlm.objectives.OBJECTIVES
     decoder: str  # the decoder: a key of setdlm.decoding.api.DECODERS
     cache_holds: str | None  # the decode size its KV cache holds twice beyond L ("window", "block_size"), or None
