@@ -200,7 +200,7 @@ def test_pad_pairs_context_and_truncation():
     assert ds.attention_mask.tolist() == [[True] * 5 + [False], [True] * 6]
     b = ds.batch([1, 0])
     assert b.targets.tolist()[0] == [False, False, True, True, True, True]
-    with pytest.raises(ValueError, match="example 0: prompt of 6 tokens"):
+    with pytest.raises(ValueError, match="example 0: prompt is 6 tokens long, which leaves no room"):
         pad_pairs([([7] * 5, [9])], 6, bos_id=1, eos_id=2, pad_id=0)
 
 

@@ -83,7 +83,7 @@ def test_bad_arguments_raise_clear_errors():
             generate(model, PROMPTS, **kw)
     with pytest.raises(ValueError, match="empty batch"):
         generate(model, [])
-    with pytest.raises(ValueError, match="longer than the context length L=48"):
+    with pytest.raises(ValueError, match="prompt 0 is 49 tokens long, which leaves no room for a new token in the context length L=48"):
         generate(model, [[1] * 49])
     with pytest.raises(ValueError, match="is a string but the model has no tokenizer"):
         generate(model, ["hello"])

@@ -124,7 +124,7 @@ def test_concurrent_requests_each_get_their_own_result(server):
     ({"prompt": 5}, 400, "prompt", "string or a list"),
     ({"prompt": ""}, 400, "prompt", "empty"),
     ({"prompt": "hi", "model": "other"}, 404, "model", "not found"),
-    ({"prompt": "a" * 60}, 400, "prompt", "context length is 48"),
+    ({"prompt": "a" * 60}, 400, "prompt", "leaves no room for a new token in the context length L=48"),
     ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "positive integer"),
     ({"prompt": "hi", "max_tokens": 10**9}, 400, "max_tokens", "at most 45 new tokens"),
     ({"prompt": "hi", "max_tokens": "5"}, 400, "max_tokens", "positive integer"),

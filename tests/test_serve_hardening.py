@@ -86,7 +86,7 @@ def get(url, path="/health", host=None):
     (b'{"prompt": "hi", "response_format": {"type": "yaml"}}', "response_format", "type must be"),
     (b'{"prompt": "hi", "suffix": "end", "stop": "x"}', "stop", "does not apply with a suffix"),
     (b'{"prompt": "hi", "suffix": 5}', "suffix", "must be a string"),
-    (b'{"prompt": "hi", "suffix": "' + b"a" * 46 + b'"}', "prompt", "prompt and suffix have 49 tokens"),
+    (b'{"prompt": "hi", "suffix": "' + b"a" * 46 + b'"}', "prompt", "prompt + suffix is 49 tokens long"),
     (b'{"prompt": "hi", "echo": "yes"}', "echo", "bool"),
     (b'{"prompt": "hi", "seed": ' + str(2**64).encode() + b', "temperature": 0.5}', "seed", "2**64 - 1"),
 ])

@@ -29,9 +29,8 @@ import typing
 from pathlib import Path
 
 from .command import Parser, run
-from .data.prompt import encode_prompt
 from .data.sources import iter_jsonl
-from .decoding.settings import FAMILIES, GENERATE_ONLY, DecodeSettings
+from .decoding.settings import FAMILIES, GENERATE_ONLY, DecodeSettings, default_max_new_tokens
 from .outputs import write_text
 
 
@@ -416,12 +415,7 @@ def _generate(args) -> int:
         from .chat import chat_prompt
 
         prompts = [chat_prompt(model.tokenizer, p) for p in prompts]
-    L = model.family.length
-    for i, p in enumerate(prompts):  # the command's rule: a prompt leaves room for one new token at least
-        n = len(p) if isinstance(p, list) else len(encode_prompt(model.tokenizer, p))
-        if n >= L:
-            raise ValueError(f"prompt {i} is {n} tokens long, which leaves no room in the context length L={L}")
-    from .decoding import generate
+    from .decoding import generate  # which checks each prompt's length (setdlm.data.prompt.check_prompt_fits)
 
     traced = bool(args.show_order or args.trace)
     out = generate(model, prompts, settings, seed=args.seed, trace=traced, progress=True)
@@ -473,7 +467,7 @@ def _order_text(tok, row: dict, colour: bool) -> str:
 
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help=_generate.__doc__.splitlines()[0])
-    _add_decoding_flags(p, defaults={"max_new_tokens": 128})
+    _add_decoding_flags(p, defaults={"max_new_tokens": default_max_new_tokens("cli")})
     p.add_argument("--prompt", action="append", help="a prompt (repeatable; \"\" for unconditional)")
     p.add_argument("--input", default=None, help="prompts, one per line (or .jsonl with 'prompt'); - for stdin")
     p.add_argument("--show-order", action="store_true", help="print each token coloured by the step that decided "
@@ -546,6 +540,7 @@ def _convert(args) -> int:
 
     from .convert import convert_reference
     from .checkpoint import read_config
+    from .family import get_family
 
     for flag in ("D", "M"):
         v = getattr(args, flag)
@@ -556,7 +551,7 @@ def _convert(args) -> int:
                             base=args.base, dtype=dtype, revision=args.revision)
     cfg = read_config(out)
     fam = cfg["family"]
-    extra = f" D={fam['D']} M={fam['M']}" if fam["family"] == "setdlm" else ""
+    extra = f" D={fam['D']} M={fam['M']}" if "D" in get_family(fam["family"]).config_fields else ""
     print(f"wrote {out}: {fam['family']} L={fam['length']}{extra}, {cfg['backbone']} backbone, "
           f"mask id {fam['mask_token_id']}, tokenizer of {cfg['tokenizer']['vocab_size']} tokens")
     return 0
@@ -653,7 +648,8 @@ def _add_demo(sub) -> None:
                    "(default: the shipped models)")
     p.add_argument("--out", default="demo", help="folder for the plot (default: demo)")
     p.add_argument("--n", type=int, default=24, help="problems in the live table (default 24)")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="length of the Shakespeare continuation")
+    p.add_argument("--max-new-tokens", type=int, default=default_max_new_tokens("demo"),
+                   help="length of the Shakespeare continuation")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_demo)
 

@@ -42,18 +42,21 @@ def _rule(title: str) -> None:
     print(f"\n== {title} " + "=" * max(0, 76 - len(title)))
 
 
-def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int = 24, max_new_tokens: int = 48,
-             progress: bool = True) -> dict:
-    """Run the four parts; returns the numbers it printed (the live table as bench points)."""
+def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int = 24,
+             max_new_tokens: int | None = None, progress: bool = True) -> dict:
+    """Run the four parts; returns the numbers it printed (the live table as bench points). ``max_new_tokens``:
+    the Shakespeare continuation's length (None: the demo's default, docs/decoding.md)."""
     from . import bench, evaluate
     from .data.sources import infill_from_source
     from .data.tasks import reasoning_split
     from .decoding import DecodeSettings
+    from .decoding.settings import default_max_new_tokens
     from .metrics import extract_answer
     from .outputs import check_folder
 
     if not (isinstance(n, int) and n >= 3):
         raise ValueError(f"the demo needs at least 3 problems for its table, got n={n}")
+    max_new_tokens = default_max_new_tokens("demo") if max_new_tokens is None else max_new_tokens
     if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     check_folder(out)

@@ -41,10 +41,10 @@ import torch
 from tqdm.auto import tqdm
 
 from .batch import Batch
-from .data.prompt import encode_prompt, start_ids
+from .data.prompt import check_prompt_fits, encode_prompt, start_ids
 from .data.parallel import PARALLEL_TASKS, ParallelExample
 from .data.tasks import InfillExample, ReasoningExample, encode_infill
-from .decoding.settings import DecodeSettings
+from .decoding.settings import DecodeSettings, default_max_new_tokens
 from .lm import Model
 from .metrics import LikelihoodSummary, ThroughputStats, extract_answer, rouge, throughput_stats
 from .objectives import compute_loss
@@ -154,7 +154,7 @@ def infill_row(model: Model, example: InfillExample, *, eos: bool = False) -> tu
     suffix is empty for AR models, which condition on the prefix only."""
     tok = _tokenizer(model)
     pre, mid, suf = encode_infill(example, tok)
-    if model.family.family == "ar":
+    if model.family.spec.left_to_right:  # AR infilling conditions on the prefix only (docs/method.md §4.6)
         return start_ids(tok) + pre, len(mid), []
     return start_ids(tok) + pre, len(mid), suf + (_eos(tok) if eos else [])
 
@@ -189,10 +189,10 @@ def _budget(model: Model, prompts: list[list[int]], max_new_tokens: int | None) 
     so that no row's result depends on the others)."""
     L = model.family.length
     i = max(range(len(prompts)), key=lambda j: len(prompts[j]))
-    if len(prompts[i]) >= L:
-        raise ValueError(f"prompt {i} is {len(prompts[i])} tokens long, which leaves no room in the context "
-                         f"length L={L}")
-    return L - len(prompts[i]) if max_new_tokens is None else max_new_tokens  # checked by DecodeSettings
+    check_prompt_fits(len(prompts[i]), L, f"prompt {i}")
+    if max_new_tokens is not None:  # checked by DecodeSettings
+        return max_new_tokens
+    return default_max_new_tokens("evaluate", room=L - len(prompts[i]))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -388,13 +388,13 @@ def reasoning_steps(model: Model, examples: Sequence[ReasoningExample], settings
 def _completion_steps(model: Model, examples: list, settings: DecodeSettings, what: str, *, seed: int | None, **opts):
     """Decode each example's completion from its prompt (:func:`prompt_ids`); returns ``(predictions, run,
     budget)``, every prediction cut at its first EOS."""
-    from .decoding.api import _eos_ids
+    from .decoding.api import eos_ids
 
     tok = _tokenizer(model)
     prompts = [prompt_ids(model, e) for e in examples]
     outs, run, budget = yield from _generate_steps(model, prompts, settings, seed=seed,
                                                    desc=f"{model.family.family} {what}", **opts)
-    return _texts(outs, tok, _eos_ids(model, settings.eos_token_id)), run, budget
+    return _texts(outs, tok, eos_ids(model, settings.eos_token_id)), run, budget
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,9 @@ from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
 from .batch import Batch
-from .data.prompt import start_ids
+from .data.prompt import max_prompt_tokens, start_ids
 from .decoding import generate
-from .decoding.settings import DecodeSettings
+from .decoding.settings import DecodeSettings, default_max_new_tokens
 from .evaluate import bound_generator
 from .loading import load
 from .objectives import compute_loss, log_probs
@@ -106,7 +106,7 @@ class SetDLMLM(LM):
         # a DecodeSettings from Python, or its fields as model_args; per request: + max_gen_toks, until, sampling
         self.settings = DecodeSettings.of(settings, given, "SetDLMLM")
         self.settings.check_for(self.model.family.family)
-        self.max_new_tokens = self.settings.max_new_tokens or 256  # when a request gives no max_gen_toks
+        self.max_new_tokens = self.settings.max_new_tokens or default_max_new_tokens("harness")  # no max_gen_toks
         self.samples, self.seed, self.add_bos = samples, seed, add_bos
         self.boxed, self.paper, self.enable_thinking = boxed or gsm8k_paper, gsm8k_paper, enable_thinking
         from tokenizers import Tokenizer as Backend
@@ -184,7 +184,8 @@ class SetDLMLM(LM):
             if kw.get("do_sample") or (kw.get("temperature") or 0.0) > 0:
                 sampling = {"temperature": float(kw.get("temperature") or 1.0),
                             "top_p": float(kw.get("top_p") or 1.0), "top_k": int(kw.get("top_k") or 0)}
-            prompts = {i: self._context(requests[i].args[0])[-(self.L - 1):] for i in idx}  # room for a token
+            room = max_prompt_tokens(self.L)  # left-truncated to the prompt-length rule: room for a token
+            prompts = {i: self._context(requests[i].args[0])[-room:] for i in idx}
             for lo in range(0, len(idx), self.batch_size):
                 rows = idx[lo:lo + self.batch_size]
                 by_len: dict[int, list[int]] = {}  # prompt + output must fit the context length L
@@ -246,7 +247,7 @@ class SetDLMLM(LM):
             for ctx, cont in chunk:
                 cont = cont[-(self.L - 1):] if cont else cont
                 rows.append((ctx[-(self.L - len(cont)):] if len(ctx) + len(cont) > self.L else ctx, cont))
-            width = self.L if fam.family != "ar" else max(len(c) + len(t) for c, t in rows)
+            width = max(len(c) + len(t) for c, t in rows) if fam.spec.left_to_right else self.L
             B = len(rows)
             ids = torch.full((B, width), self._pad, dtype=torch.long)
             valid = torch.zeros(B, width, dtype=torch.bool)
@@ -273,10 +274,10 @@ class SetDLMLM(LM):
         SetDLM, all False for MDLM/BD3LM)."""
         capture = _Capture(backbone)
         out = compute_loss(capture, fam, batch, train=False, generator=generator)
-        if fam.family not in ("ar", "setdlm"):
+        if not fam.spec.ordered:
             return out.nll, torch.zeros_like(batch.attention_mask)
         lp = log_probs(capture.logits, fam.mask_token_id)
-        if fam.family == "ar":
+        if fam.spec.left_to_right:
             pred = torch.zeros_like(batch.input_ids)
             pred[:, 1:] = lp[:, :-1].argmax(-1)
             return out.nll, pred == batch.input_ids

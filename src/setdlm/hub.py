@@ -149,10 +149,6 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
 # model card
 # ---------------------------------------------------------------------------------------------------------
 
-_FAMILY_NAMES = {"ar": "autoregressive (AR)", "mdlm": "masked diffusion (MDLM)", "bd3lm": "block diffusion (BD3LM)",
-                 "setdlm": "set diffusion (SetDLM)"}
-
-
 def _table(rows: Sequence[Mapping]) -> str:
     cols = list(dict.fromkeys(k for r in rows for k in r))
     fmt = (lambda v: f"{v:.4g}" if isinstance(v, float) else str(v))
@@ -176,25 +172,17 @@ def bench_table(bench) -> str:
     return _table(rows)
 
 
-def _schedule_line(fam: dict) -> str:
+def _family(fam: dict):
+    """The :class:`~setdlm.family.FamilyConfig` of config.json's ``family`` (its registry entry: ``.spec``)."""
     from .family import FamilyConfig
 
-    f = FamilyConfig.from_dict(fam)
-    L = f.length
-    if f.family == "setdlm":
-        s = f.schedule()
-        return (f"position-offset schedule, L = {L}, D = {f.D} (target parallelism), M = {f.M} (sets of at most "
-                f"{f.M} tokens: \"S ≤ {f.M}\"), k = {s.k:.4g}, b = {s.b:.4g}; decode with window w = D = {f.D}")
-    if f.family == "bd3lm":
-        return f"blocks of S = {f.block_size}, L = {L}"
-    if f.family == "mdlm":
-        return f"L = {L}, semi-autoregressive decoding sub-block {f.block_size}"
-    return f"left to right, L = {L}"
+    return FamilyConfig.from_dict(fam)
 
 
 def model_card(config: Mapping, *, bench=None, repo_id: str | None = None) -> str:
     """The README.md of a checkpoint whose ``config.json`` is ``config`` (see :mod:`setdlm.checkpoint`)."""
     fam = config["family"]
+    family = _family(fam)
     arch = config["architecture"]
     training = config.get("training") or {}
     source = config.get("source") or {}
@@ -213,10 +201,10 @@ def model_card(config: Mapping, *, bench=None, repo_id: str | None = None) -> st
                     f"vocabulary {arch['vocab_size']})")
     name = repo_id or source.get("name") or "setdlm model"
     lines = front + ["", f"# {name}", "",
-                     f"A {_FAMILY_NAMES[fam['family']]} language model in the "
+                     f"A {family.spec.title} language model in the "
                      "[setdlm](https://pypi.org/project/setdlm/) format.", "",
                      "| | |", "|---|---|", f"| family | `{fam['family']}` |",
-                     f"| schedule | {_schedule_line(fam)} |", f"| backbone | {backbone} |",
+                     f"| schedule | {family.spec.describe(family)} |", f"| backbone | {backbone} |",
                      f"| tokenizer | {tok.get('kind', '?')}, {tok.get('vocab_size', '?')} tokens, MASK id "
                      f"{fam['mask_token_id']} |", f"| weights | {config.get('dtype', '?')}"
                      f"{', EMA weights included' if config.get('ema') else ''} |"]

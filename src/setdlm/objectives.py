@@ -178,25 +178,41 @@ def setdlm_loss(model: Backbone, batch: Batch, mask_token_id: int, schedule: Sta
     return LossOutput(loss, nll, scored, order)
 
 
+def _ar(model: Backbone, family: FamilyConfig, batch: Batch, train: bool, *, generator, antithetic) -> LossOutput:
+    return ar_loss(model, batch, family.mask_token_id)
+
+
+def _setdlm(model: Backbone, family: FamilyConfig, batch: Batch, train: bool, *, generator, antithetic) -> LossOutput:
+    out = setdlm_loss(model, batch, family.mask_token_id, family.schedule(), generator=generator,
+                      keep_clean_bos=family.keep_clean_bos)
+    if not train:  # the bound counts the targets only: a kept BOS (the first rank) is dropped
+        mask = batch.targets & ~clean_bos(batch) if family.keep_clean_bos else batch.targets
+        nll = out.nll * mask  # (B, L)
+        out = LossOutput(nll.sum() / mask.sum().clamp(min=1), nll, mask, out.order)
+    return out
+
+
+def _mdlm(model: Backbone, family: FamilyConfig, batch: Batch, train: bool, *, generator, antithetic) -> LossOutput:
+    L = batch.input_ids.shape[1]
+    return masked_diffusion_loss(model, batch, family.mask_token_id, LinearSchedule(L, L), two_stream=False,
+                                 train=train, generator=generator, antithetic=antithetic)
+
+
+def _bd3lm(model: Backbone, family: FamilyConfig, batch: Batch, train: bool, *, generator, antithetic) -> LossOutput:
+    L = batch.input_ids.shape[1]
+    return masked_diffusion_loss(model, batch, family.mask_token_id, LinearSchedule(L, family.block_size),
+                                 two_stream=True, train=train, generator=generator, antithetic=antithetic)
+
+
+# the registry's Family.objective -> the loss (setdlm.family)
+OBJECTIVES = {"ar": _ar, "mdlm": _mdlm, "bd3lm": _bd3lm, "setdlm": _setdlm}
+
+
 def compute_loss(model: Backbone, family: FamilyConfig, batch: Batch, *, train: bool = True,
                  generator: torch.Generator | None = None, antithetic: bool = False) -> LossOutput:
-    """The family's objective on a batch. ``train=False`` returns the likelihood bound as ``loss``."""
+    """The family's objective on a batch (its registry entry's ``objective``). ``train=False`` returns the
+    likelihood bound as ``loss``."""
     L = batch.input_ids.shape[1]
     if L > family.length:
         raise ValueError(f"batch length {L} exceeds the model's context length {family.length}")
-    if family.family == "ar":
-        return ar_loss(model, batch, family.mask_token_id)
-    if family.family == "setdlm":
-        out = setdlm_loss(model, batch, family.mask_token_id, family.schedule(), generator=generator,
-                          keep_clean_bos=family.keep_clean_bos)
-        if not train:  # the bound counts the targets only: a kept BOS (the first rank) is dropped
-            mask = batch.targets & ~clean_bos(batch) if family.keep_clean_bos else batch.targets
-            nll = out.nll * mask  # (B, L)
-            out = LossOutput(nll.sum() / mask.sum().clamp(min=1), nll, mask, out.order)
-        return out
-    if family.family == "mdlm":
-        return masked_diffusion_loss(model, batch, family.mask_token_id, LinearSchedule(L, L),
-                                     two_stream=False, train=train, generator=generator, antithetic=antithetic)
-    S = family.block_size
-    return masked_diffusion_loss(model, batch, family.mask_token_id, LinearSchedule(L, S), two_stream=True,
-                                 train=train, generator=generator, antithetic=antithetic)
+    return OBJECTIVES[family.spec.objective](model, family, batch, train, generator=generator, antithetic=antithetic)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ..batch import Batch
+from .prompt import check_prompt_fits
 
 
 @dataclass
@@ -123,9 +124,7 @@ def pad_pairs(pairs: list[tuple[list[int], list[int]]], length: int, *, bos_id: 
     for i, (p, c) in enumerate(pairs):
         prompt = ([bos_id] if bos_id is not None else []) + list(p)
         comp = list(c) + ([eos_id] if eos_id is not None else [])
-        if len(prompt) >= length:
-            raise ValueError(f"example {i}: prompt of {len(prompt)} tokens leaves no room for a completion "
-                             f"in the context length L={length}")
+        check_prompt_fits(len(prompt), length, f"example {i}: prompt")  # room for one completion token at least
         if not comp:
             raise ValueError(f"example {i}: empty completion")
         if len(prompt) + len(comp) > length:

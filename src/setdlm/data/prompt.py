@@ -22,9 +22,19 @@ EOS when a tokenizer has no BOS). Chat messages go through :func:`setdlm.chat.ch
 ``tokenizer`` is any object with ``encode(text) -> list[int]`` and ``bos_token_id`` / ``eos_token_id``
 (None when absent), e.g. :class:`setdlm.data.tokenizers.Tokenizer` or the Hugging Face adapter; a
 ``"transformers"`` one also has ``encode_special(text, add_special_tokens=True)``.
+
+:func:`encode_prompts` turns what a caller gives (strings, token-id lists, tensors, numpy arrays; one or a
+batch) into checked token-id lists for a model: ``generate`` / ``infill`` / ``fill``, decoding sessions and
+the server. :func:`check_prompt_fits` is the one prompt-length rule: a prompt must leave room for at least
+one new token in the context, ``n <= L - 1`` (docs/decoding.md, "Prompt length").
 """
 
 from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
 
 
 def start_ids(tokenizer, *, eos_fallback: bool = False) -> list[int]:
@@ -49,3 +59,81 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     if follows_transformers(tokenizer):  # special tokens' strings in the text are those tokens, as there
         return list(tokenizer.encode_special(text, add_special_tokens=True))
     return start_ids(tokenizer) + list(tokenizer.encode(text))
+
+
+def max_prompt_tokens(length: int) -> int:
+    """The longest prompt a context of ``length`` (L) tokens takes: ``L - 1``, room for one new token."""
+    return length - 1
+
+
+def check_prompt_fits(n_prompt: int, length: int, what: str = "prompt") -> None:
+    """The prompt-length rule of every entry point (``generate``, sessions, the CLI, the server, the
+    evaluators): a ``ValueError`` naming ``what`` when ``n_prompt`` tokens leave no room for a new token in a
+    context of ``length`` (L) tokens, i.e. unless ``n_prompt <= L - 1``. A prompt of L tokens would be
+    decodable only by evicting its first tokens before the first new one is predicted (docs/method.md §4.5),
+    so it is refused rather than silently truncated."""
+    if n_prompt > max_prompt_tokens(length):
+        raise ValueError(f"{what} is {n_prompt} tokens long, which leaves no room for a new token in the context "
+                         f"length L={length} (at most {max_prompt_tokens(length)} fit)")
+
+
+def is_token_id(t) -> bool:
+    """A token id: a Python or numpy integer, never a bool."""
+    return isinstance(t, numbers.Integral) and not isinstance(t, (bool, np.bool_))
+
+
+def vocab_size(model) -> int | None:
+    """The vocabulary of ``model``'s backbone (its output size), for checking token ids; None when it does
+    not say."""
+    bb = model.backbone
+    v = getattr(bb, "vocab_size", None) or getattr(getattr(bb, "config", None), "vocab_size", None)
+    return v if isinstance(v, int) else None
+
+
+def encode_prompts(model, items, what: str = "prompt", *, add_bos: bool = False,
+                   allow_empty: bool = False) -> list[list[int]]:
+    """Strings or token-id lists (tensors, numpy arrays) -> token-id lists for ``model`` (an object with
+    ``tokenizer`` and ``backbone``); one item alone is wrapped into a batch. A string is encoded by
+    :func:`encode_prompt` with ``add_bos`` (its BOS convention), else by ``tokenizer.encode`` alone. Every id
+    must lie in the backbone's vocabulary; an empty item becomes ``[BOS]`` unless ``allow_empty``. Bad input
+    is a ``TypeError`` / ``ValueError`` naming ``what`` and the item's index."""
+    if isinstance(items, np.ndarray):  # numpy token ids: as a tensor of them
+        items = torch.from_numpy(items) if items.dtype.kind in "iu" else items.tolist()
+    if not isinstance(items, (str, list, tuple, torch.Tensor)):
+        raise TypeError(f"{what}{'es' if what.endswith('x') else 's'} must be strings or token-id lists, got "
+                        f"{type(items).__name__}"
+                        + ("; decode the bytes first (b.decode('utf-8'))" if isinstance(items, (bytes, bytearray)) else ""))
+    if isinstance(items, str) or (isinstance(items, (list, tuple)) and items and is_token_id(items[0])):
+        items = [items]
+    if isinstance(items, torch.Tensor):
+        items = items.tolist() if items.dim() == 2 else [items.tolist()]
+    items = list(items)
+    if not items:
+        raise ValueError(f"empty batch: no {what}s given")
+    tok = model.tokenizer
+    vocab = vocab_size(model)
+    out = []
+    for i, x in enumerate(items):
+        if isinstance(x, np.ndarray):
+            x = x.tolist()
+        if not isinstance(x, (str, list, tuple, torch.Tensor)):
+            raise TypeError(f"{what} {i} must be a string or a list of token ids, got {type(x).__name__}"
+                            + ("; decode the bytes first" if isinstance(x, (bytes, bytearray)) else ""))
+        if isinstance(x, str):
+            if tok is None:
+                raise ValueError(f"{what} {i} is a string but the model has no tokenizer; pass token ids")
+            x = encode_prompt(tok, x) if add_bos else tok.encode(x)
+        if isinstance(x, torch.Tensor):
+            x = x.tolist()
+        x = list(x)
+        if not all(is_token_id(t) and t >= 0 for t in x):
+            raise ValueError(f"{what} {i} must hold non-negative integer token ids, got {x[:8]!r}")
+        x = [int(t) for t in x]  # numpy integers become ints
+        if vocab is not None and x and max(x) >= vocab:
+            raise ValueError(f"{what} {i} holds token id {max(x)}, outside the model's vocabulary of {vocab}")
+        if not x and not allow_empty:
+            x = start_ids(tok) if tok is not None else []
+            if not x:
+                raise ValueError(f"{what} {i} is empty and no BOS token is known to start it")
+        out.append(x)
+    return out

@@ -18,7 +18,6 @@ Every input is checked before any decoding: prompts must be strings or token-id 
 
 from __future__ import annotations
 
-import numbers
 import time
 from collections.abc import Sequence
 
@@ -26,16 +25,16 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..data.prompt import encode_prompt, start_ids
+from ..data.prompt import check_prompt_fits, encode_prompts, is_token_id, vocab_size
 from ..resources import check_fits
 from ..seeds import check_seed
 from . import ar, bd3lm, mdlm, setdlm, speculative
 from .constrained import row_constraints
 from .output import GenerationOutput
-from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings, applicable
+from .settings import DecodeSettings, applicable, default_max_new_tokens
 from .state import DecodeConfig, DecodeState, stop_index
 
-DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}
+DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}  # by the registry's Family.decoder
 applicable_knobs = applicable
 
 
@@ -69,11 +68,11 @@ def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: in
     ``trace`` belong to the call.
     """
     settings = DecodeSettings.of(settings, knobs, "generate")
-    max_new_tokens = settings.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
-    ids = _encode_all(model, prompts, "prompt", add_bos=True)
+    max_new_tokens = settings.max_new_tokens or default_max_new_tokens("generate")
+    ids = encode_prompts(model, prompts, "prompt", add_bos=True)
     # a lower bound of the canvas's memory (the token lists, the canvas and its masks: >= 34 bytes a position)
     check_fits(f"decoding {len(ids)} rows of up to {max_new_tokens:,} new tokens",
-               34 * sum(len(p) + max_new_tokens for p in ids), _device(model.backbone), "lower max_new_tokens")
+               34 * sum(len(p) + max_new_tokens for p in ids), device_of(model.backbone), "lower max_new_tokens")
     mask_id = model.family.mask_token_id
     for i, p in enumerate(ids):
         if mask_id in p:
@@ -90,8 +89,8 @@ def infill(model, prefixes, suffixes, lengths: int | Sequence[int], **kwargs) ->
     middles, ``out.sequences`` the whole rows, ``out.texts`` the decoded middles. Add BOS/EOS to the
     prefix/suffix yourself if your model was trained with them; a string prefix gets the tokenizer's BOS
     as :func:`generate` does. Keyword arguments: as :func:`fill`."""
-    pre = _encode_all(model, prefixes, "prefix", add_bos=True)
-    suf = _encode_all(model, suffixes, "suffix", allow_empty=True)
+    pre = encode_prompts(model, prefixes, "prefix", add_bos=True)
+    suf = encode_prompts(model, suffixes, "suffix", allow_empty=True)
     if len(pre) != len(suf):
         raise ValueError(f"got {len(pre)} prefixes but {len(suf)} suffixes")
     if isinstance(lengths, int) and not isinstance(lengths, bool):
@@ -130,7 +129,7 @@ def fill(model, sequences, settings: DecodeSettings | None = None, *, seed: int 
     ``out.tokens`` lists the filled tokens left to right. Settings: as :func:`generate` (``settings=`` or
     keywords); ``max_new_tokens``, ``stop``, ``ignore_eos`` and ``cache_order`` are a ``ValueError`` here."""
     settings = DecodeSettings.of(settings, knobs, "fill")
-    ids = _encode_all(model, sequences, "sequence")
+    ids = encode_prompts(model, sequences, "sequence")
     mask_id = model.family.mask_token_id
     L = model.family.length
     for i, s in enumerate(ids):
@@ -159,13 +158,13 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
     if batch_size is not None and not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     for i, (s, n) in enumerate(zip(sequences, n_targets)):  # fill checked its rows' lengths already
-        if mode == "generate" and len(s) - n > fam.length:
-            raise ValueError(f"prompt {i} has {len(s) - n} tokens, longer than the context length L={fam.length}")
-    seeds = _seeds(seed, B, needs_seed(fam, cfg, times))
+        if mode == "generate":
+            check_prompt_fits(len(s) - n, fam.length, f"prompt {i}")
+    seeds = row_seeds(seed, B, needs_seed(fam, cfg, times))
     # every row's constraint compiled and checked satisfiable before any decoding
     constraints = row_constraints(settings.constraints(B), sequences, targets, mode, model.tokenizer,
                                   cfg.sampling.eos_token_ids if cfg.stop_on_eos else ())
-    device = _device(backbone)
+    device = device_of(backbone)
     bs = batch_size or B
     results, forwards, st = {}, 0, None
     bar = tqdm(total=sum(n_targets), disable=None if progress else True, desc=f"{fam.family} decoding",
@@ -186,7 +185,7 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
                 forwards += st.forwards
     except KeyboardInterrupt:  # Ctrl-C: keep the rows that had finished
         done = {**results, **(st.results if st is not None else {})}
-        texts = {i: _text(model.tokenizer, r, stops) for i, r in done.items()} if model.tokenizer else None
+        texts = {i: row_text(model.tokenizer, r, stops) for i, r in done.items()} if model.tokenizer else None
         raise DecodingInterrupted({i: r.tokens for i, r in done.items()}, texts, B) from None
     finally:
         backbone.train(was_training)
@@ -195,7 +194,7 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
     rows = [results[i] for i in range(B)]
     texts = None
     if model.tokenizer is not None:
-        texts = [_text(model.tokenizer, r, stops) for r in rows]
+        texts = [row_text(model.tokenizer, r, stops) for r in rows]
     return GenerationOutput(tokens=[r.tokens for r in rows], sequences=[r.sequence for r in rows], texts=texts,
                             finish_reason=[r.finish_reason for r in rows], nfe=forwards,
                             row_nfe=[r.nfe for r in rows], row_committed=[r.committed for r in rows],
@@ -227,7 +226,9 @@ def _decode_chunk(backbone, st: DecodeState, fam, times, bar, n_targets: list[in
             bar.update(base + done - bar.n)
 
 
-def _text(tokenizer, r, stops) -> str:
+def row_text(tokenizer, r, stops) -> str:
+    """The text of a finished row ``r``: its tokens decoded, without the EOS that ended it, cut before the
+    stop string that ended it."""
     toks = r.tokens
     if r.finish_reason == "eos":
         toks = toks[:-1]
@@ -237,79 +238,23 @@ def _text(tokenizer, r, stops) -> str:
     return text
 
 
-def _vocab_size(model) -> int | None:
-    """The backbone's vocabulary (its output size), for checking token ids; None when it does not say."""
-    bb = model.backbone
-    v = getattr(bb, "vocab_size", None) or getattr(getattr(bb, "config", None), "vocab_size", None)
-    return v if isinstance(v, int) else None
-
-
-def _encode_all(model, items, what: str, allow_empty: bool = False, add_bos: bool = False) -> list[list[int]]:
-    """Strings or token-id lists → token-id lists; one item alone is wrapped into a batch."""
-    if isinstance(items, np.ndarray):  # numpy token ids: as a tensor of them
-        items = torch.from_numpy(items) if items.dtype.kind in "iu" else items.tolist()
-    if not isinstance(items, (str, list, tuple, torch.Tensor)):
-        raise TypeError(f"{what}{'es' if what.endswith('x') else 's'} must be strings or token-id lists, got "
-                        f"{type(items).__name__}"
-                        + ("; decode the bytes first (b.decode('utf-8'))" if isinstance(items, (bytes, bytearray)) else ""))
-    if isinstance(items, str) or (isinstance(items, (list, tuple)) and items and _is_id(items[0])):
-        items = [items]
-    if isinstance(items, torch.Tensor):
-        items = items.tolist() if items.dim() == 2 else [items.tolist()]
-    items = list(items)
-    if not items:
-        raise ValueError(f"empty batch: no {what}s given")
-    tok = model.tokenizer
-    vocab = _vocab_size(model)
-    out = []
-    for i, x in enumerate(items):
-        if isinstance(x, np.ndarray):
-            x = x.tolist()
-        if not isinstance(x, (str, list, tuple, torch.Tensor)):
-            raise TypeError(f"{what} {i} must be a string or a list of token ids, got {type(x).__name__}"
-                            + ("; decode the bytes first" if isinstance(x, (bytes, bytearray)) else ""))
-        if isinstance(x, str):
-            if tok is None:
-                raise ValueError(f"{what} {i} is a string but the model has no tokenizer; pass token ids")
-            x = encode_prompt(tok, x) if add_bos else tok.encode(x)
-        if isinstance(x, torch.Tensor):
-            x = x.tolist()
-        x = list(x)
-        if not all(_is_id(t) and t >= 0 for t in x):
-            raise ValueError(f"{what} {i} must hold non-negative integer token ids, got {x[:8]!r}")
-        x = [int(t) for t in x]  # numpy integers become ints
-        if vocab is not None and x and max(x) >= vocab:
-            raise ValueError(f"{what} {i} holds token id {max(x)}, outside the model's vocabulary of {vocab}")
-        if not x and not allow_empty:
-            x = start_ids(tok) if tok is not None else []
-            if not x:
-                raise ValueError(f"{what} {i} is empty and no BOS token is known to start it")
-        out.append(x)
-    return out
-
-
-def _is_id(t) -> bool:
-    """A token id: a Python or numpy integer, never a bool."""
-    return isinstance(t, numbers.Integral) and not isinstance(t, (bool, np.bool_))
-
-
 def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: str, trace: bool) -> DecodeConfig:
     """The decoders' per-state configuration: ``settings`` checked against the model (stop strings need its
     tokenizer, EOS ids its vocabulary) with the family's defaults filled in (``window`` = ``D`` for SetDLM,
     ``block_size`` = ``family.block_size`` for BD3LM/MDLM, 1 where unused)."""
     fam = model.family
-    if _device(model.backbone).type == "meta":
+    if device_of(model.backbone).type == "meta":
         raise ValueError("the model's weights are on the meta device (an empty model, built under "
                          "torch.device('meta') or init_empty_weights): load real weights first, e.g. setdlm.load(...)")
     stops = _stops(model, settings.stop)
-    sampling = settings.sampling(fam.mask_token_id, _eos_ids(model, settings.eos_token_id))
-    window = (settings.window or fam.D) if fam.family == "setdlm" else 1
-    block_size = (settings.block_size or fam.block_size) if fam.family in ("bd3lm", "mdlm") else 1
-    for name, v in (("window", window), ("block_size", block_size)):
+    sampling = settings.sampling(fam.mask_token_id, eos_ids(model, settings.eos_token_id))
+    window, block_size = fam.spec.decode_sizes(fam, settings.window, settings.block_size)
+    sizes = {"window": window, "block_size": block_size}
+    for name, v in sizes.items():
         if v >= 2**62:  # torch indexes with int64: a larger size overflows before any memory check could
             raise ValueError(f"{name} must be below 2**62, got {v}")
-    if fam.family in ("setdlm", "bd3lm"):  # their cache holds room for 2 windows / blocks beyond the context
-        _check_cache_fits(model, *(("window", window) if fam.family == "setdlm" else ("block_size", block_size)))
+    if fam.spec.cache_holds is not None:  # SetDLM/BD3LM: the cache holds room for 2 windows / blocks beyond L
+        _check_cache_fits(model, fam.spec.cache_holds, sizes[fam.spec.cache_holds])
     return DecodeConfig(sampling, fam.length, mode=mode, stop_on_eos=mode == "generate" and not settings.ignore_eos,
                         window=window, block_size=block_size, cache_order=cache_order, stop=stops,
                         tokenizer=model.tokenizer, trace=trace, speculate=bool(settings.speculate))
@@ -318,7 +263,7 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
 def decoder_of(fam, cfg: DecodeConfig):
     """The decoder module (``init`` and ``step``) of a state: the family's, or the self-speculative SetDLM
     decoder (``decoding/speculative.py``) when ``cfg.speculate``."""
-    return speculative if cfg.speculate else DECODERS[fam.family]
+    return speculative if cfg.speculate else DECODERS[fam.spec.decoder]
 
 
 def _check_cache_fits(model, name: str, n: int) -> None:
@@ -326,12 +271,12 @@ def _check_cache_fits(model, name: str, n: int) -> None:
     entries beyond the context, cannot fit the device: a lower bound from the bytes of one cache entry."""
     probe = model.backbone.new_cache(1, capacity=1)
     entry = sum(t.numel() * t.element_size() for t in [*probe.k, *probe.v, probe.pos])  # bytes of one position
-    check_fits(f"decoding with {name}={n:,}", 2 * n * entry, _device(model.backbone), f"lower {name}")
+    check_fits(f"decoding with {name}={n:,}", 2 * n * entry, device_of(model.backbone), f"lower {name}")
 
 
 def _reveal_order(fam, cfg: DecodeConfig) -> bool:
     """Does this SetDLM state cache new tokens in reveal order (the other families ignore the cache order)?"""
-    return fam.family == "setdlm" and cfg.cache_order == "reveal"
+    return fam.spec.reveal_cache_order and cfg.cache_order == "reveal"
 
 
 def needs_seed(fam, cfg: DecodeConfig, times=None) -> bool:
@@ -402,35 +347,38 @@ def end_of_turn_ids(model) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _eos_ids(model, eos_token_id) -> tuple[int, ...]:
+def eos_ids(model, eos_token_id) -> tuple[int, ...]:
+    """The EOS ids a decode stops at: ``eos_token_id`` (an id or a list of them, checked against the model's
+    vocabulary), or the model's :func:`end_of_turn_ids` when None."""
     if eos_token_id is None:
         return end_of_turn_ids(model)
     ids = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
-    vocab = _vocab_size(model) or float("inf")
+    vocab = vocab_size(model) or float("inf")
     if not all(isinstance(e, int) and 0 <= e < vocab for e in ids):
         raise ValueError(f"eos_token_id must be a token id (or a list of them) in the model's vocabulary, got "
                          f"{eos_token_id!r}")
     return ids
 
 
-def _seeds(seed, B: int, needed: bool = True) -> list[int] | None:
+def row_seeds(seed, B: int, needed: bool = True) -> list[int] | None:
     """One seed per row: ``seed`` checked (an int or numpy integer, or one per row; never a bool; within
     torch's seed range, :func:`setdlm.seeds.check_seed`) or, when none is given, drawn from torch's global RNG
     (``torch.manual_seed`` applies); None when the rows do not sample (a given seed is still checked)."""
     if seed is None:
         return torch.randint(0, 2**62, (B,)).tolist() if needed else None
-    if _is_id(seed):  # an int, or a numpy integer
+    if is_token_id(seed):  # an int, or a numpy integer
         seeds = [check_seed(int(seed))] * B
     else:
         if isinstance(seed, (str, bytes)) or not isinstance(seed, (Sequence, torch.Tensor, np.ndarray)):
             raise TypeError(f"seed must be an int or one int per row ({B}), got {type(seed).__name__} {seed!r}")
-        seeds = [int(s) if _is_id(s) else s for s in seed]
+        seeds = [int(s) if is_token_id(s) else s for s in seed]
         if len(seeds) != B:
             raise ValueError(f"seed must be an int or one int per row ({B}), got {seed!r}")
         seeds = [check_seed(s, f"seed[{i}]") for i, s in enumerate(seeds)]
     return seeds if needed else None
 
 
-def _device(backbone) -> torch.device:
+def device_of(backbone) -> torch.device:
+    """The device of ``backbone``'s weights (CPU for a backbone without parameters)."""
     p = next(iter(backbone.parameters()), None)
     return p.device if p is not None else torch.device("cpu")

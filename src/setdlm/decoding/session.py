@@ -25,10 +25,11 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from .api import _device, _encode_all, _seeds, _text, decode_config, decoder_of, needs_seed, start
+from ..data.prompt import check_prompt_fits, encode_prompts
+from .api import decode_config, decoder_of, device_of, needs_seed, row_seeds, row_text, start
 from .constrained import RowConstraint, row_constraints
 from .output import StepTrace
-from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings
+from .settings import DecodeSettings, default_max_new_tokens
 from .state import DecodeConfig, DecodeState
 
 
@@ -85,7 +86,7 @@ class Session:
         self.width = width if width is not None else model.family.length
         if not (isinstance(self.width, int) and self.width >= 2):
             raise ValueError(f"width must be an integer >= 2, got {self.width!r}")
-        self.device = _device(model.backbone)
+        self.device = device_of(model.backbone)
         self.groups: dict[tuple, DecodeState] = {}  # config key → the running rows of that config
         self.pending: list[int] = []  # rows added, joining at the next step
         self.rows: dict[int, Row] = {}
@@ -147,7 +148,7 @@ class Session:
                     ev = RowStep(row, len(r.trace) - 1, r.trace[-1])
                     if row in st.results:
                         res = st.results.pop(row)
-                        text = _text(self.model.tokenizer, res, r.config.stop) if self.model.tokenizer else None
+                        text = row_text(self.model.tokenizer, res, r.config.stop) if self.model.tokenizer else None
                         ev.done = RowDone(res.tokens, text, res.finish_reason, len(r.trace), res.committed)
                         del self.rows[row]
                     events.append(ev)
@@ -220,24 +221,26 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
     such as ``stop`` are a ValueError). Touches no session state."""
     settings = DecodeSettings.of(settings, knobs, "prepare")
     mode = "generate" if suffix is None else "fill"
-    max_new_tokens, cache_order = settings.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, settings.cache_order or "position"
+    max_new_tokens = settings.max_new_tokens or default_max_new_tokens("generate")
+    cache_order = settings.cache_order or "position"
     if mode == "fill":
         settings = replace(settings, max_new_tokens=None)
     settings.check_for(model.family.family, mode)
     width = width if width is not None else model.family.length
     fam = model.family
-    (ids,) = _encode_all(model, [prompt], "prompt", add_bos=True)
-    suf = [] if suffix is None else _encode_all(model, [suffix], "suffix", allow_empty=True)[0]
+    (ids,) = encode_prompts(model, [prompt], "prompt", add_bos=True)
+    suf = [] if suffix is None else encode_prompts(model, [suffix], "suffix", allow_empty=True)[0]
     if fam.mask_token_id in ids or fam.mask_token_id in suf:
         raise ValueError(f"the {'prompt' if fam.mask_token_id in ids else 'suffix'} contains the MASK id "
                          f"{fam.mask_token_id}")
+    check_prompt_fits(len(ids) + len(suf), width, "prompt + suffix" if suf else "prompt")
     if len(ids) + max_new_tokens + len(suf) > width:
         raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens})"
                          f"{f' + suffix ({len(suf)} tokens)' if suf else ''} exceed the context length {width}")
     cfg = decode_config(model, settings, mode=mode, cache_order=cache_order, trace=True)
-    if fam.family == "setdlm" and cache_order == "reveal" and max_new_tokens > fam.length:
+    if fam.spec.reveal_cache_order and cache_order == "reveal" and max_new_tokens > fam.length:
         raise ValueError(f"cache_order='reveal' needs max_new_tokens <= L={fam.length}, got {max_new_tokens}")
-    seeds = _seeds(seed, 1, needs_seed(fam, cfg))
+    seeds = row_seeds(seed, 1, needs_seed(fam, cfg))
     row = Row(ids + [fam.mask_token_id] * max_new_tokens + suf, cfg, seeds[0] if seeds else None, len(ids),
               suffix_length=len(suf))
     (row.constraint,) = row_constraints(settings.constraints(1), [row.sequence], [row.targets()], mode,

@@ -20,8 +20,8 @@ setting                families            meaning
 ``top_p``, ``top_k``   all                 nucleus (1.0 = off), top-k (0 = off)
 ``repetition_penalty`` all                 HF's multiplicative rule (1.0 = off)
 ``length_penalty``     all                 ``(start, factor)``: EOS boost (docs/method.md §5.3)
-``max_new_tokens``     all (generate)      new tokens per row (None: the caller's default, 64 for ``generate``,
-                                           what the prompt leaves of the context for ``evaluate.reasoning``);
+``max_new_tokens``     all (generate)      new tokens per row (None: the entry point's default,
+                                           :func:`default_max_new_tokens`: 64 for ``generate``);
                                            ``fill``/``infill`` decode the gaps they are given instead
 ``eos_token_id``       all                 default the tokenizer's; generate stops at it, fill uses it only
                                            for the length penalty
@@ -41,15 +41,50 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+from ..family import using
 from .constraint import Constraint
 from .sampling import Sampling
 
-# setting -> the families it applies to (the others are a ValueError when set)
-FAMILIES = {"window": ("setdlm",), "block_size": ("bd3lm", "mdlm"), "threshold": ("setdlm", "bd3lm", "mdlm"),
-            "speculate": ("setdlm",)}
+# setting -> the families it applies to (the others are a ValueError when set): the family registry's
+# decode_settings (setdlm.family), read per setting
+FAMILIES = {name: using("decode_settings", name) for name in ("window", "block_size", "threshold", "speculate")}
 # fill and infill decode the gaps they are given: no budget, EOS stop or cache order
 GENERATE_ONLY = ("max_new_tokens", "ignore_eos", "stop", "cache_order")
-DEFAULT_MAX_NEW_TOKENS = 64  # generate's budget when max_new_tokens is None
+
+# entry point -> (its max_new_tokens when none is given, what that is in words); None: the room the prompt
+# leaves of the context. docs/decoding.md's "Defaults of max_new_tokens" table is this one (a test checks it).
+MAX_NEW_TOKENS_DEFAULTS = {
+    "generate": (64, "`generate`, `Model.generate`, `Session.add` / `prepare`"),
+    "cli": (128, "`setdlm generate` (`--max-new-tokens`)"),
+    "server": (64, "the server (`max_tokens`; the room: what prompt and suffix leave)"),
+    "evaluate": (None, "`evaluate.reasoning` / `parallel`, `setdlm eval` (the room: what the longest prompt leaves)"),
+    "harness": (256, "the lm-eval adapter (`setdlm.harness`), when a task sets no `max_gen_toks`"),
+    "demo": (48, "`setdlm demo` (`--max-new-tokens`)"),
+}
+_CAPPED = ("server",)  # entry points whose default is at most the room
+
+
+def default_max_new_tokens(entry_point: str, room: int | None = None) -> int:
+    """``max_new_tokens`` of ``entry_point`` (a key of :data:`MAX_NEW_TOKENS_DEFAULTS`) when the caller gives
+    none; ``room`` (what the prompt leaves of the context) is needed where the default depends on it."""
+    if entry_point not in MAX_NEW_TOKENS_DEFAULTS:
+        raise ValueError(f"unknown entry point {entry_point!r}; choose one of {', '.join(MAX_NEW_TOKENS_DEFAULTS)}")
+    n = MAX_NEW_TOKENS_DEFAULTS[entry_point][0]
+    if n is not None and entry_point not in _CAPPED:
+        return n
+    if room is None:
+        raise ValueError(f"the default max_new_tokens of {entry_point!r} depends on the room the prompt leaves; "
+                         "pass room")
+    return room if n is None else min(n, room)
+
+
+def max_new_tokens_table() -> str:
+    """The Markdown table of :data:`MAX_NEW_TOKENS_DEFAULTS` (docs/decoding.md)."""
+    rows = ["| entry point | default `max_new_tokens` |", "|---|---|"]
+    for name, (n, where) in MAX_NEW_TOKENS_DEFAULTS.items():
+        value = "the room" if n is None else f"min({n}, the room)" if name in _CAPPED else str(n)
+        rows.append(f"| {where} | {value} |")
+    return "\n".join(rows)
 
 
 def _positive_int(v) -> bool:

@@ -16,9 +16,9 @@ import math
 from dataclasses import dataclass, field
 
 from ..chat import ROLES, chat_prompt
-from ..decoding.api import _encode_all
+from ..data.prompt import check_prompt_fits, encode_prompts
 from ..seeds import SEED_RANGE
-from ..decoding.settings import DecodeSettings
+from ..decoding.settings import DecodeSettings, default_max_new_tokens
 
 
 class APIError(Exception):
@@ -77,13 +77,14 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     ids = _messages_ids(body, model) if chat else _prompt_ids(body, model)
     suffix = None if chat else _suffix_ids(body, model)
     fixed = len(ids) + len(suffix or ())  # prompt and suffix tokens
-    if fixed >= width:
-        raise APIError(400, f"the prompt{' and suffix' if suffix else ''} have {fixed} tokens; the context length is "
-                            f"{width} (room for at least one new token is needed)", "messages" if chat else "prompt")
+    try:  # the one prompt-length rule (setdlm.data.prompt), worded as Python and the CLI word it
+        check_prompt_fits(fixed, width, "prompt + suffix" if suffix else "prompt")
+    except ValueError as e:
+        raise APIError(400, str(e), "messages" if chat else "prompt") from None
     key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(key)
     if max_tokens is None:
-        max_tokens = min(64, width - fixed)
+        max_tokens = default_max_new_tokens("server", room=width - fixed)
     elif not _is_int(max_tokens) or max_tokens < 1:
         raise APIError(400, f"{key} must be a positive integer, got {_short(max_tokens)}", key)
     elif fixed + max_tokens > width:
@@ -234,7 +235,7 @@ def _suffix_ids(body: dict, model) -> list[int] | None:
         if body.get(name) not in (None, False):
             raise APIError(400, f"{name} does not apply with a suffix: the middle is exactly max_tokens long", name)
     try:
-        ids = _encode_all(model, [suffix], "suffix", allow_empty=True)[0]
+        ids = encode_prompts(model, [suffix], "suffix", allow_empty=True)[0]
     except (ValueError, KeyError, IndexError) as e:
         raise APIError(400, f"suffix cannot be encoded: {e}", "suffix") from None
     if model.family.mask_token_id in ids:
@@ -264,7 +265,7 @@ def _messages_ids(body: dict, model) -> list[int]:
 def _encode(model, prompt, param: str) -> list[int]:
     """Token ids as ``generate`` builds them ([BOS] + encode(text) for a string)."""
     try:
-        return _encode_all(model, [prompt], "prompt", add_bos=True)[0]
+        return encode_prompts(model, [prompt], "prompt", add_bos=True)[0]
     except (ValueError, KeyError, IndexError) as e:
         raise APIError(400, f"{param} cannot be encoded: {e}", param) from None
 
