@@ -105,8 +105,8 @@ class FamilyArgs:
     def family_config(self, length: int, mask_token_id: int) -> FamilyConfig:
         """The :class:`FamilyConfig` these knobs give at context length ``length`` (checks them against it)."""
         f = self.family
-        return FamilyConfig(f, length=length, mask_token_id=mask_token_id,
-                            block_size=self.block_size if f == "mdlm" else (self.block_size or self.D) if f == "bd3lm" else None,
+        block = {"mdlm": self.block_size, "bd3lm": self.block_size or self.D}.get(f)
+        return FamilyConfig(f, length=length, mask_token_id=mask_token_id, block_size=block,
                             D=self.D if f == "setdlm" else None, M=self.M if f == "setdlm" else None,
                             k=self.k if f == "setdlm" else None,
                             keep_clean_bos=self.keep_clean_bos and f == "setdlm")

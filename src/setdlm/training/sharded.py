@@ -3,10 +3,10 @@
 
 An FSDP run's checkpoint folder holds ``config.json``, the tokenizer, ``training_state.json`` and the model
 card like any other, and ``sharded/`` (one ``.distcp`` file per process and DCP's ``.metadata``) in place of
-``model.safetensors``, ``ema.safetensors`` and ``optimizer.safetensors``. ``--resume`` loads it into a run
-of any number of processes (DCP reshards). :func:`consolidate` (``python -m setdlm.training.export
-FOLDER``, one process, no GPU) adds the single-file weights that ``setdlm.load`` reads.
-Multi-node runs need ``--out`` on a file system that every node sees.
+``model.safetensors``, ``ema.safetensors`` and ``optimizer.safetensors``. ``--resume`` loads it into any
+number of processes (DCP reshards; the same number continues the run bitwise). :func:`consolidate`
+(``python -m setdlm.training.export FOLDER``, one process, no GPU) adds the single-file weights that
+``setdlm.load`` reads. Multi-node runs need ``--out`` on a file system that every node sees.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def read_skeleton(folder: Path, config: dict) -> ckpt.Stored:
     sharded checkpoint's ``config.json`` describes."""
     arch, fam = ckpt.parse_configs(folder, config)
     vocab = arch.vocab_size if isinstance(arch, TransformerConfig) else arch["vocab_size"]
-    return ckpt.Stored(ckpt.build_backbone(config, arch), fam, ckpt.load_checkpoint_tokenizer(folder, config, vocab, fam))
+    tokenizer = ckpt.load_checkpoint_tokenizer(folder, config, vocab, fam)
+    return ckpt.Stored(ckpt.build_backbone(config, arch), fam, tokenizer)
 
 
 def consolidate(path: str | Path) -> Path:
