@@ -143,3 +143,10 @@ def test_sigkill_then_resume_equals_uninterrupted(runs, tmp_path):
     (la, ea), (lb, eb) = _log(root / "fsdp"), _log(crashed)
     assert [(r["step"], r["loss"], r["grad_norm"]) for r in la] == [(r["step"], r["loss"], r["grad_norm"]) for r in lb]
     assert ea == eb
+
+
+def test_fsdp_needs_torchrun(tmp_path, monkeypatch):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with pytest.raises(ValueError, match="strategy fsdp shards over the processes of torchrun"):
+        train(TrainConfig(out=str(tmp_path / "r"), strategy="fsdp"))
+    assert not (tmp_path / "r").exists()  # refused before anything was written
