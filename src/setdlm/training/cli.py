@@ -4,6 +4,7 @@ configuration (:func:`~setdlm.training.config.config_fields`), defaults from ``-
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..family import FAMILIES
@@ -48,7 +49,7 @@ def run_train(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} applies to {' and '.join(families)}, not to family "
                              f"{cfg.objective.family!r}")
     result = train(cfg)
-    if result.eval is not None:
+    if result.eval is not None and os.environ.get("RANK", "0") == "0":  # once, not once per process
         e = result.eval
         print(f"step {result.step}: loss {result.loss:.4f}, held-out nelbo {e['nelbo']:.4f} nats/token "
               f"(ppl {e['ppl']:.2f}), {result.tokens_per_second:,.0f} tokens/s; checkpoint {result.checkpoint}")
