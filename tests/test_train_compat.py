@@ -12,8 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 import setdlm
+from setdlm.evaluate import likelihood
 from setdlm.training import (CheckpointArgs, DataArgs, EvalArgs, FamilyArgs, ModelArgs, OptimArgs, SystemArgs,
-                             TrainConfig, config_fields, resume_config, train)
+                             TrainConfig, config_fields, heldout_of, resume_config, train)
 from setdlm.training.cli import build_parser
 
 from support import write_hamlet
@@ -120,3 +121,21 @@ def test_flat_and_grouped_construction_agree():
         TrainConfig(out="r", eval_ema=True)
     with pytest.raises(ValueError, match="M"):  # the family's knobs against the data's context length
         TrainConfig(out="r", length=8, D=2, M=16)
+
+
+def test_eval_ema_scores_the_ema_weights_and_leaves_the_raw_ones(tmp_path):
+    """``eval_ema`` evaluates with the EMA weights swapped into the model for the evaluation only: the bound
+    logged is the saved EMA weights' bound, and training goes on from the raw weights as without it."""
+    kw = dict(data=write_hamlet(tmp_path / "hamlet.txt", 4000), family="setdlm", D=2, length=32, hidden_size=16,
+              n_layers=1, n_heads=2, batch_size=4, lr=3e-3, warmup=1, ema=0.9, dropout=0.1, steps=4, eval_every=2,
+              save_every=0, eval_fraction=0.1, eval_max=8, eval_batch_size=8, log_every=1)
+    plain = train(TrainConfig(out=str(tmp_path / "plain"), **kw))
+    swapped = train(TrainConfig(out=str(tmp_path / "ema"), eval_ema=True, **kw))
+    for name in ("model", "ema"):
+        a, b = (load_file(r.checkpoint / f"{name}.safetensors") for r in (plain, swapped))
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    ema = setdlm.load(swapped.checkpoint, ema=True)
+    args = json.loads((swapped.checkpoint / "config.json").read_text())["training"]
+    bound = likelihood(ema, heldout_of(args, ema.tokenizer).batches(8), seed=args["eval_seed"], progress=False)
+    assert bound.nats_per_token == pytest.approx(swapped.eval["nelbo"], rel=1e-9)
+    assert swapped.eval["nelbo"] != plain.eval["nelbo"]
