@@ -36,7 +36,7 @@ def shipped(name: str, args) -> list[str]:
     from setdlm.bench import task_examples
     from setdlm.data import build_dataset, read_source
     from setdlm.evaluate import reasoning
-    from setdlm.train import likelihood
+    from setdlm.evaluate import likelihood
 
     models = {q: load(name, quantize=None if q == "fp32" else q) for q in PRECISIONS}
     ref = models["fp32"]
@@ -48,7 +48,7 @@ def shipped(name: str, args) -> list[str]:
         examples, _ = task_examples("reasoning", [ref], n=args.problems, seed=0)
     out = []
     for q, m in models.items():
-        nll = likelihood(m.backbone, m.family, rows, batch_size=16, seed=1, progress=False)["nelbo"]
+        nll = likelihood(m, rows.batches(16), seed=1, progress=False).nats_per_token
         pos, whole = agreement(greedy["fp32"], greedy[q])
         acc = f"{100 * reasoning(m, examples, progress=False).accuracy:.0f}%" if name.startswith("arith") else "-"
         out.append(f"| {name} | {q} | {nll:.4f} | {100 * pos:.1f}% / {100 * whole:.0f}% | {acc} |")

@@ -29,10 +29,10 @@ def test_missing_package_names_the_pip_line(smollm_missing, capsys):
 
 def test_train_init_from_accepts_the_name(smollm_missing, tmp_path):
     """--init-from resolves the packaged name (here up to the missing package), not 'no such folder'."""
-    from setdlm.train import load_init
+    from setdlm.loading import load_for_training
 
     with pytest.raises(ValueError, match=PIP):
-        load_init("smollm2-135m")
+        load_for_training("smollm2-135m")
 
 
 def test_files_that_are_not_gguf(tmp_path):

@@ -1,4 +1,4 @@
-"""One likelihood estimator (issue 13 item 4): the trainer's held-out bound (``setdlm.train.likelihood``),
+"""One likelihood estimator (issue 13 item 4): the trainer's held-out bound (its rows in batches, as a row),
 ``setdlm eval`` and the lm-eval adapter's scorer all go through ``setdlm.evaluate.likelihood`` and give the
 same number for one checkpoint, one seed and one batch size."""
 
@@ -12,7 +12,6 @@ from setdlm import load as load_checkpoint
 from setdlm.cli import main as cli
 from setdlm.data import build_dataset, char_tokenizer, read_source
 from setdlm.evaluate import likelihood
-from setdlm.train import likelihood as train_likelihood
 
 from support import make_model
 
@@ -30,7 +29,7 @@ def test_three_routes_give_one_number(tmp_path, capsys, family, kw):
     data = build_dataset(read_source(str(tmp_path / "text.txt")), model.tokenizer, L)
     assert len(data) > 2 * BATCH and not data.attention_mask[-1].all()  # several batches, the last row padded
 
-    trainer = train_likelihood(model.backbone, model.family, data, batch_size=BATCH, seed=SEED)
+    trainer = likelihood(model, data.batches(BATCH), seed=SEED, progress=False).bound_row()  # as the trainer logs it
     assert cli(["eval", str(tmp_path / "ck"), "--data", str(tmp_path / "text.txt"), "--seed", str(SEED),
                 "--batch-size", str(BATCH)]) == 0
     eval_cli = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -52,5 +51,5 @@ def test_three_routes_give_one_number(tmp_path, capsys, family, kw):
     tokens = sum(len(c) for _, c in pairs)
     assert tokens == trainer["tokens"]
     assert -sum(ll for ll, _ in scores) / tokens == pytest.approx(trainer["nelbo"], rel=1e-12)
-    other = train_likelihood(model.backbone, model.family, data, batch_size=BATCH, seed=SEED + 1)
+    other = likelihood(model, data.batches(BATCH), seed=SEED + 1, progress=False).bound_row()
     assert other["nelbo"] != trainer["nelbo"]  # the seed matters: the agreement is not a coincidence

@@ -9,7 +9,8 @@ import torch
 
 import setdlm
 from setdlm import checkpoint as ckpt
-from setdlm.train import heldout_of, likelihood
+from setdlm.evaluate import likelihood
+from setdlm.training import heldout_of
 
 from support import subprocess_env, write_hamlet
 
@@ -39,6 +40,6 @@ def test_torchrun_two_processes(tmp_path):
     # the bound the two processes computed together (each a share of the batches) is the one-process bound
     logged = [r for r in rows if r.get("split") == "heldout"][-1]
     args = ckpt.read_config(run)["training"]
-    alone = likelihood(model.backbone, model.family, heldout_of(args, model.tokenizer),
-                       batch_size=args["eval_batch_size"], seed=args["eval_seed"])
+    alone = likelihood(model, heldout_of(args, model.tokenizer).batches(args["eval_batch_size"]),
+                       seed=args["eval_seed"], progress=False).bound_row()
     assert alone["tokens"] == logged["tokens"] and alone["nelbo"] == pytest.approx(logged["nelbo"], rel=1e-9)

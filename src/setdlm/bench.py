@@ -195,7 +195,7 @@ def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, se
 
 
 def likelihood_point(label: str, model: Model, result: dict) -> BenchPoint:
-    """A likelihood result (``setdlm.train.likelihood``'s dict, ``nelbo`` in nats/token) as a point."""
+    """A likelihood result (:meth:`setdlm.metrics.LikelihoodSummary.bound_row`, ``nelbo`` in nats/token) as a point."""
     return BenchPoint(model=label, family=model.family.family, task="likelihood", setting=Setting(),
                       quality=result["nelbo"], tokens_per_second=None, tokens_per_second_std=None, nfe=None,
                       tokens_per_step=None, result=result)
@@ -541,7 +541,8 @@ def checkpoint_likelihood(model: Model, training: dict, *, data: str | None = No
     None, on the held-out rows of the run that ``training`` (:func:`training_args`) describes. Unset
     ``batch_size``/``seed``/``bf16`` default to the run's own evaluation settings."""
     from .data import build_dataset, read_source
-    from .train import heldout_of, likelihood
+    from .evaluate import likelihood
+    from .training.data import heldout_of
 
     if data is not None:
         rows = build_dataset(read_source(data), model.tokenizer, model.family.length)
@@ -552,7 +553,7 @@ def checkpoint_likelihood(model: Model, training: dict, *, data: str | None = No
     bs = batch_size or training.get("eval_batch_size", 16)
     seed = training.get("eval_seed", 1) if seed is None else seed
     bf16 = bf16 or bool(training.get("bf16", False))
-    res = likelihood(model.backbone, model.family, rows, batch_size=bs, seed=seed, bf16=bf16, progress=True)
+    res = likelihood(model, rows.batches(bs), seed=seed, bf16=bf16, progress=True).bound_row()
     return {"task": "likelihood", "family": model.family.family, **res}
 
 

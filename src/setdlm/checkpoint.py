@@ -8,6 +8,8 @@ A checkpoint folder holds::
     tokenizer.json         the tokenizer (+ tokenizer_config.json naming its special tokens)
     training_state.json    step, data position, optimizer hyper-parameters, ... (to resume training)
     optimizer.safetensors  the optimizer's tensors (AdamW moments)
+    sharded/               instead of the three files of tensors: an FSDP run's sharded checkpoint
+                           (torch.distributed.checkpoint), converted by python -m setdlm.training.export
 
     README.md              a model card: family, schedule, training data, results (Hugging Face Hub ready)
 
@@ -49,6 +51,7 @@ from .resources import check_fits
 
 CONFIG, WEIGHTS, EMA_WEIGHTS, CARD = "config.json", "model.safetensors", "ema.safetensors", "README.md"
 STATE, OPTIMIZER, LATEST = "training_state.json", "optimizer.safetensors", "latest"
+SHARDED = "sharded"  # the torch.distributed.checkpoint folder of an FSDP run's checkpoint (setdlm.training.sharded)
 FORMAT, FORMAT_VERSION = "setdlm", 1
 
 
@@ -82,9 +85,10 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def _fsync_tree(folder: Path) -> None:
-    for p in folder.iterdir():
-        with open(p, "rb") as f:
-            os.fsync(f.fileno())
+    for p in folder.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
 
 
 def is_checkpoint(folder: Path) -> bool:
@@ -212,8 +216,6 @@ def save(path: str | Path, model, *, ema: dict[str, Tensor] | None = None,
     network and a token; ``private``, ``token``, ``commit_message`` go to the upload). The optimizer state
     is not uploaded. ``source``: where the weights came from (recorded in config.json, e.g. by convert).
     """
-    from .hub import model_card
-
     dst = Path(path)
     if getattr(model.backbone, "quantization", None):
         raise ValueError(f"a {model.backbone.quantization}-quantized backbone decodes only and is not saved; "
@@ -224,26 +226,51 @@ def save(path: str | Path, model, *, ema: dict[str, Tensor] | None = None,
     config = model_config_dict(model, training_args, source)
     config["ema"] = ema is not None
     weights = unique_state_dict(model.backbone)
+
+    def fill(tmp: Path) -> None:
+        save_file(_contiguous(weights), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        if ema is not None:
+            save_file(_contiguous({k: ema[k] for k in weights}), str(tmp / EMA_WEIGHTS), metadata={"format": "pt"})
+        state = training_state
+        if optimizer_state is not None:
+            tensors, meta = flatten_optimizer_state(optimizer_state)
+            save_file(tensors, str(tmp / OPTIMIZER), metadata={"format": "pt"})
+            state = {**(training_state or {}), "optimizer": meta}
+        write_description(tmp, model, config, state, bench=bench, repo_id=push_to_hub)
+
+    write_folder(dst, fill)
+    if push_to_hub is not None:
+        from .hub import push_folder
+
+        push_folder(dst, push_to_hub, private=private, token=token, commit_message=commit_message)
+    return dst
+
+
+def write_description(folder: Path, model, config: dict, training_state: dict | None, *, bench=None,
+                      repo_id: str | None = None) -> None:
+    """The files of a checkpoint besides its tensors: tokenizer, ``training_state.json``, ``config.json`` and
+    the model card."""
+    from .hub import model_card
+
+    model.tokenizer.save(folder)
+    if training_state is not None:
+        (folder / STATE).write_text(json.dumps(training_state, indent=2) + "\n", encoding="utf-8")
+    (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    (folder / CARD).write_text(model_card(config, bench=bench, repo_id=repo_id), encoding="utf-8")
+
+
+def write_folder(dst: Path, fill) -> Path:
+    """Write the checkpoint folder ``dst`` atomically (the module docstring): ``fill(tmp)`` writes its files
+    into a temporary folder next to ``dst``, which then replaces it; on an error nothing of it is kept."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     remove_partial(dst)  # what a save killed halfway left
     tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f"{partial_folder(dst, 'tmp').name}-"))
     try:
         mask = umask()
         tmp.chmod(0o777 & ~mask)  # an ordinary folder's permissions, not mkdtemp's 0700
-        save_file(_contiguous(weights), str(tmp / WEIGHTS), metadata={"format": "pt"})
-        if ema is not None:
-            save_file(_contiguous({k: ema[k] for k in weights}), str(tmp / EMA_WEIGHTS), metadata={"format": "pt"})
-        model.tokenizer.save(tmp)
-        if optimizer_state is not None:
-            tensors, meta = flatten_optimizer_state(optimizer_state)
-            save_file(tensors, str(tmp / OPTIMIZER), metadata={"format": "pt"})
-            training_state = {**(training_state or {}), "optimizer": meta}
-        if training_state is not None:
-            (tmp / STATE).write_text(json.dumps(training_state, indent=2) + "\n", encoding="utf-8")
-        (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        (tmp / CARD).write_text(model_card(config, bench=bench, repo_id=push_to_hub), encoding="utf-8")
-        for f in tmp.iterdir():  # safetensors writes 0600: an ordinary file's permissions instead
-            f.chmod(0o666 & ~mask)
+        fill(tmp)
+        for f in tmp.rglob("*"):  # safetensors writes 0600: an ordinary file's permissions instead
+            f.chmod((0o777 if f.is_dir() else 0o666) & ~mask)
         _fsync_tree(tmp)
         _commit_dir(tmp, dst)
     except BaseException as e:
@@ -252,10 +279,6 @@ def save(path: str | Path, model, *, ema: dict[str, Tensor] | None = None,
             raise ValueError(f"{dst}: cannot write the checkpoint ({str(e).splitlines()[0]}); nothing of it was "
                              "kept, an earlier checkpoint there is intact") from None
         raise
-    if push_to_hub is not None:
-        from .hub import push_folder
-
-        push_folder(dst, push_to_hub, private=private, token=token, commit_message=commit_message)
     return dst
 
 
@@ -552,6 +575,9 @@ def read(folder: str | Path, *, ema: bool = False, family: str | None = None, de
     tok = load_checkpoint_tokenizer(folder, cfg, vocab, fam)
     backbone = build_backbone(cfg, arch)
     file = folder / (EMA_WEIGHTS if ema else WEIGHTS)
+    if not file.exists() and (folder / SHARDED).is_dir():
+        raise ValueError(f"{folder}: a sharded checkpoint of an FSDP run; convert it to one file first: "
+                         f"python -m setdlm.training.export {folder}")
     sd = read_tensors(file, expected_shapes(backbone), " (this checkpoint kept no EMA weights)" if ema else "")
     saved = sd[next(iter(sd))].dtype
     backbone.to(saved)

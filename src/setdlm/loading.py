@@ -84,3 +84,44 @@ def _load(path, *, ema, family, device, dtype, revision, **reference) -> Model:
     if reference:
         raise ValueError(f"{path}: is a setdlm checkpoint; {sorted(reference)} apply only to the authors' layout")
     return Model(*checkpoint.read(folder, ema=ema, family=family, device=device, dtype=dtype))
+
+
+def _is_name(name: str) -> bool:
+    """``name`` names a model rather than a local path: a shipped model, a packaged GGUF model or a Hub id."""
+    return name in pretrained.available() or name in gguf.PACKAGED or hub.is_hub_id(name)
+
+
+def load_for_training(name_or_path: str):
+    """``(backbone, tokenizer)`` to start training from (``TrainConfig(init_from=...)``, docs/method.md §2.9):
+    anything :func:`locate` finds in our format or the authors' layout (any family, DiT or HF backbone), or a
+    ``transformers`` causal LM (Llama, Qwen2/3, GPT-2; a local folder, or a Hub id, which needs network), given
+    a MASK token when its tokenizer has none. Weights in float32, in training mode."""
+    from .data import Tokenizer
+
+    p = Path(name_or_path).expanduser()
+    if not p.exists() and not _is_name(str(name_or_path)):
+        raise ValueError(f"{name_or_path!r}: no such folder, and not a shipped model, a packaged GGUF model or a "
+                         "Hub id")
+    folder = locate(name_or_path)
+    if checkpoint.is_checkpoint(folder) or convert.is_reference_folder(folder):
+        model = load(folder, dtype=torch.float32)
+        if not isinstance(model.tokenizer, Tokenizer):
+            raise ValueError(f"{name_or_path!r}: no tokenizer found with the weights")
+        return model.backbone.train(), model.tokenizer
+    if folder.is_dir():  # a local folder or a Hub snapshot: check the weights before transformers reads them
+        weights = sorted(folder.glob("*.safetensors"))
+        pickles = [f for f in folder.iterdir() if f.suffix in checkpoint.PICKLE_SUFFIXES]
+        if not weights and pickles:
+            checkpoint.refuse_pickle(pickles[0])
+            raise ValueError(f"{pickles[0]}: setdlm loads safetensors weights only; convert it to safetensors")
+        for f in weights:
+            checkpoint.check_safetensors(f)
+    try:
+        from .hf import load_pretrained, setdlm_tokenizer
+
+        import transformers  # noqa: F401 (checked here, so the error can say how to install it)
+    except ImportError:
+        raise ValueError(f'{name_or_path!r} is a Hugging Face model, which needs transformers: '
+                         'pip install "setdlm[hf]" (in a checkout: pip install -e ".[hf]")') from None
+    backbone, tok, _ = load_pretrained(str(folder) if p.exists() else name_or_path, dtype=torch.float32)
+    return backbone.train(), setdlm_tokenizer(tok.hf)

@@ -137,6 +137,14 @@ class LikelihoodSummary:
         return {**asdict(self), "nats_per_token": self.nats_per_token, "ppl": self.ppl,
                 "bits_per_token": self.bits_per_token}
 
+    def bound_row(self) -> dict:
+        """The fields of the trainer's held-out metrics row and of ``setdlm eval``'s likelihood line: ``nelbo``
+        (nats per token), ``ppl``, ``bpd`` (bits per token), ``tokens``, and ``loss`` (the mean of the
+        per-batch bounds, the reference's ``loss``)."""
+        nelbo = self.nats_per_token
+        return {"nelbo": nelbo, "ppl": math.exp(min(nelbo, 700)), "bpd": nelbo / math.log(2), "tokens": self.tokens,
+                "loss": self.batch_mean}
+
 
 # ---------------------------------------------------------------------------------------------------------
 # throughput

@@ -1,6 +1,6 @@
 """Training presets by name (docs/method.md §2.9 for the paper's sizes).
 
-A preset is a set of :class:`setdlm.train.TrainConfig` values; anything given on the command line (or as a
+A preset is a set of :class:`setdlm.training.TrainConfig` values; anything given on the command line (or as a
 keyword to ``TrainConfig.from_preset``) overrides it.
 
 ==========  ======================================================================================

@@ -1,0 +1,73 @@
+"""``setdlm train`` and ``python -m setdlm.train``: one parser, one flag per field of the training
+configuration (:func:`~setdlm.training.config.config_fields`), defaults from ``--preset``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..family import FAMILIES
+from .config import FAMILY_KNOBS, STRATEGIES, TrainConfig, config_fields, field_type
+from .loop import train
+from .run_folder import interrupted_note, resume_config
+
+_CHOICES = {"family": FAMILIES, "lr_schedule": ("constant", "cosine"), "strategy": STRATEGIES}
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """One flag per field of :class:`TrainConfig` (``--preset`` among them); ``p`` must be made with
+    ``argument_default=argparse.SUPPRESS``, so that only the flags given override the preset."""
+    from ..presets import PRESETS
+
+    for f in config_fields():
+        flag = "--" + (f.name if f.name in ("D", "M", "k") else f.name.replace("_", "-"))
+        kind, help_ = field_type(f.name), f.metadata.get("help", "")
+        if f.name == "preset":
+            p.add_argument(flag, choices=tuple(PRESETS), help="tiny (CPU, seconds), small (probe size), lm1b, owt")
+        elif kind is bool:  # --flag / --no-flag: a preset may turn one on (keep_clean_bos)
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_)
+        elif f.name == "out":
+            p.add_argument(flag, required=True, help=help_)
+        else:
+            p.add_argument(flag, type=kind, choices=_CHOICES.get(f.name), help=help_)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Train a model (any family) on your text or a built-in corpus; resumable, torchrun-ready."""
+    from ..presets import PRESETS
+
+    given = {f.name: getattr(args, f.name) for f in config_fields() if hasattr(args, f.name)}  # flags given only
+    if given.get("preset", "tiny") not in PRESETS:
+        raise ValueError(f"unknown preset {given['preset']!r}; choose one of {', '.join(PRESETS)}")
+    if given.get("resume"):  # the saved configuration; only the flags given are compared with it
+        cfg = resume_config(given.pop("out"), **given)
+    else:
+        cfg = TrainConfig.from_preset(given.pop("preset", "tiny"), **given)
+    for name, families in FAMILY_KNOBS.items():
+        if name in given and cfg.objective.family not in families:
+            raise ValueError(f"--{name.replace('_', '-')} applies to {' and '.join(families)}, not to family "
+                             f"{cfg.objective.family!r}")
+    result = train(cfg)
+    if result.eval is not None and os.environ.get("RANK", "0") == "0":  # once, not once per process
+        e = result.eval
+        print(f"step {result.step}: loss {result.loss:.4f}, held-out nelbo {e['nelbo']:.4f} nats/token "
+              f"(ppl {e['ppl']:.2f}), {result.tokens_per_second:,.0f} tokens/s; checkpoint {result.checkpoint}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m setdlm.train`` (the same flags as ``setdlm train``)."""
+    from ..command import Parser
+
+    p = Parser(prog="setdlm train", argument_default=argparse.SUPPRESS,
+               description=run_train.__doc__ + " Defaults come from --preset; every flag overrides it.")
+    add_train_arguments(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..command import run
+
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return run("train", lambda: run_train(args), lambda e: interrupted_note(args.out))

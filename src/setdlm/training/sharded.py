@@ -1,0 +1,106 @@
+"""Sharded checkpoints of an FSDP run (docs/training.md, "FSDP2"), written with ``torch.distributed.checkpoint``
+(DCP): every process writes its shards of the parameters, AdamW moments and EMA, none gathers the model.
+
+An FSDP run's checkpoint folder holds ``config.json``, the tokenizer, ``training_state.json`` and the model
+card like any other, and ``sharded/`` (one ``.distcp`` file per process and DCP's ``.metadata``) in place of
+``model.safetensors``, ``ema.safetensors`` and ``optimizer.safetensors``. ``--resume`` loads it into any
+number of processes (DCP reshards; the same number continues the run bitwise). :func:`consolidate`
+(``python -m setdlm.training.export FOLDER``, one process, no GPU) adds the single-file weights that
+``setdlm.load`` reads. Multi-node runs need ``--out`` on a file system that every node sees.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from .. import checkpoint as ckpt
+from ..model import TransformerConfig
+from .distributed import Dist
+
+
+def _state(net: nn.Module, optimizer, ema: dict | None) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, optim = get_state_dict(net, optimizer)  # (sharded) tensors by parameter name
+    return {"model": model, "optim": optim, **({"ema": ema} if ema is not None else {})}
+
+
+def save_sharded(dst: Path, model, net: nn.Module, optimizer, ema: dict | None, training_args: dict,
+                 training_state: dict, dist: Dist) -> Path:
+    """Write the checkpoint folder ``dst`` (atomically, as every checkpoint): collective, every process
+    calls it. ``model``: the :class:`~setdlm.lm.Model` whose config and tokenizer are recorded."""
+    import torch.distributed.checkpoint as dcp
+
+    state = _state(net, optimizer, ema)
+    if not dist.main:  # rank 0 names the temporary folder that all write into
+        where = [None]
+        torch.distributed.broadcast_object_list(where, 0)
+        dcp.save(state, checkpoint_id=Path(where[0]) / ckpt.SHARDED)
+        torch.distributed.barrier()
+        return dst
+    config = ckpt.model_config_dict(model, training_args)
+    config["ema"] = ema is not None
+
+    def fill(tmp: Path) -> None:
+        torch.distributed.broadcast_object_list([str(tmp)], 0)
+        dcp.save(state, checkpoint_id=tmp / ckpt.SHARDED)
+        ckpt.write_description(tmp, model, config, training_state)
+
+    ckpt.write_folder(dst, fill)
+    torch.distributed.barrier()
+    return dst
+
+
+def load_sharded(folder: Path, net: nn.Module, optimizer, ema: dict | None) -> None:
+    """Load a sharded checkpoint into the (sharded) ``net``, ``optimizer`` and ``ema`` in place: collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = _state(net, optimizer, ema)
+    dcp.load(state, checkpoint_id=folder / ckpt.SHARDED)
+    set_state_dict(net, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def is_sharded(folder: Path) -> bool:
+    return (Path(folder) / ckpt.SHARDED).is_dir()
+
+
+def read_skeleton(folder: Path, config: dict) -> ckpt.Stored:
+    """The backbone (freshly initialised, to be filled by :func:`load_sharded`), family and tokenizer that a
+    sharded checkpoint's ``config.json`` describes."""
+    arch, fam = ckpt.parse_configs(folder, config)
+    vocab = arch.vocab_size if isinstance(arch, TransformerConfig) else arch["vocab_size"]
+    tokenizer = ckpt.load_checkpoint_tokenizer(folder, config, vocab, fam)
+    return ckpt.Stored(ckpt.build_backbone(config, arch), fam, tokenizer)
+
+
+def consolidate(path: str | Path) -> Path:
+    """Write ``model.safetensors`` (and ``ema.safetensors``) into the sharded checkpoint ``path`` (a checkpoint
+    folder, or a run folder: its latest), so that ``setdlm.load`` reads it; one process, on the CPU. The
+    sharded files stay (``--resume`` reads them). Returns the checkpoint folder."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = ckpt.resolve(path)
+    if not is_sharded(folder):
+        raise ValueError(f"{folder}: not a sharded checkpoint (no {ckpt.SHARDED}/ folder)")
+    config = ckpt.read_config(folder)
+    backbone = read_skeleton(folder, config).backbone
+    weights = ckpt.unique_state_dict(backbone)
+    state = {"model": backbone.state_dict()}
+    if config.get("ema"):
+        state["ema"] = {k: torch.empty_like(v, dtype=torch.float32) for k, v in weights.items()}
+    with warnings.catch_warnings():  # DCP says that it reads in one process: that is the intent here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=folder / ckpt.SHARDED)  # no process group: this process reads every shard
+    files = {ckpt.WEIGHTS: weights, **({ckpt.EMA_WEIGHTS: state["ema"]} if "ema" in state else {})}
+    for name, tensors in files.items():
+        tmp = folder / f".{name}.tmp-{os.getpid()}"
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, folder / name)
+    return folder
