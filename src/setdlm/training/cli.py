@@ -8,7 +8,7 @@ import os
 import sys
 
 from ..family import FAMILIES
-from .config import FAMILY_KNOBS, STRATEGIES, TrainConfig, config_fields, field_type
+from .config import STRATEGIES, family_knobs, TrainConfig, config_fields, field_type
 from .loop import train
 from .run_folder import interrupted_note, resume_config
 
@@ -44,8 +44,9 @@ def run_train(args: argparse.Namespace) -> int:
         cfg = resume_config(given.pop("out"), **given)
     else:
         cfg = TrainConfig.from_preset(given.pop("preset", "tiny"), **given)
-    for name, families in FAMILY_KNOBS.items():
-        if name in given and cfg.objective.family not in families:
+    for name in given:
+        families = family_knobs(name)
+        if families and cfg.objective.family not in families:
             raise ValueError(f"--{name.replace('_', '-')} applies to {' and '.join(families)}, not to family "
                              f"{cfg.objective.family!r}")
     result = train(cfg)

@@ -8,8 +8,8 @@ flag each (``--hidden-size``), and the keys of the ``"training"`` section that e
 one, and :meth:`TrainConfig.to_dict` writes them; a checkpoint written before a field existed resumes with
 that field's default. Inside the package the groups are read: ``cfg.optim.steps``.
 
-The family's knobs (which apply to which family, how many streams a family trains on) are this module's
-:data:`FAMILY_KNOBS` and :func:`streams`, the trainer's only tests of a family's name.
+Which knobs apply to which family and how many streams a family trains on come from the family registry
+(:mod:`setdlm.family`), read through :func:`family_knobs` and :func:`streams`.
 """
 
 from __future__ import annotations
@@ -19,19 +19,21 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from ..family import FAMILIES, FamilyConfig
+from ..family import FAMILIES, FamilyConfig, family_from_flags, get_family, using
 from ..model import TransformerConfig
 from ..presets import preset as preset_values
 
 STRATEGIES = ("ddp", "fsdp")
-# the flags that apply to some families only (the others refuse them on the command line)
-FAMILY_KNOBS = {"D": ("setdlm",), "M": ("setdlm",), "k": ("setdlm",), "block_size": ("bd3lm", "mdlm"),
-                "keep_clean_bos": ("setdlm",)}
+
+
+def family_knobs(name: str) -> tuple[str, ...]:
+    """The families a training flag applies to (empty: every family); the others refuse it on the command line."""
+    return using("train_flags", name)
 
 
 def streams(family: str) -> int:
     """Positions a training row feeds per token: 2 for the two-stream families (clean + noisy copies)."""
-    return 2 if family in ("setdlm", "bd3lm") else 1
+    return get_family(family).streams
 
 
 def _f(help: str, **kw):
@@ -104,12 +106,7 @@ class FamilyArgs:
 
     def family_config(self, length: int, mask_token_id: int) -> FamilyConfig:
         """The :class:`FamilyConfig` these knobs give at context length ``length`` (checks them against it)."""
-        f = self.family
-        block = {"mdlm": self.block_size, "bd3lm": self.block_size or self.D}.get(f)
-        return FamilyConfig(f, length=length, mask_token_id=mask_token_id, block_size=block,
-                            D=self.D if f == "setdlm" else None, M=self.M if f == "setdlm" else None,
-                            k=self.k if f == "setdlm" else None,
-                            keep_clean_bos=self.keep_clean_bos and f == "setdlm")
+        return family_from_flags(self.family, length, mask_token_id, asdict(self))
 
 
 @dataclass
