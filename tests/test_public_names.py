@@ -64,7 +64,7 @@ def test_deprecated_model_config_is_transformer_config():
 
 
 def test_resolver_finds_what_is_missing():
-    assert resolve("setdlm.bench.evaluate_checkpoint") and resolve("setdlm.decoding.generate")
+    assert resolve("setdlm.evaluation.evaluate_checkpoint") and resolve("setdlm.decoding.generate")
     assert not resolve("setdlm.schedules.identity_order") and not resolve("setdlm.nothing_here")
 
 

@@ -18,6 +18,8 @@ import os
 import stat
 from pathlib import Path
 
+from .errors import UserError
+
 STREAM_ROOTS = ("/dev/", "/proc/")  # /dev/stdout, /dev/fd/N, /proc/self/fd/N: an open stream, not a file
 
 
@@ -50,23 +52,23 @@ def _existing_parent(p: Path) -> Path:
 def _check_creatable(p: Path, flag: str) -> None:
     parent = _existing_parent(p)
     if not parent.is_dir():
-        raise ValueError(f"{flag} {str(p)!r}: {str(parent)!r} is a file, so nothing can be created below it")
+        raise UserError(f"{flag} {str(p)!r}: {str(parent)!r} is a file, so nothing can be created below it")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {str(p)!r}: folder {str(parent)!r} is not writable")
+        raise UserError(f"{flag} {str(p)!r}: folder {str(parent)!r} is not writable")
 
 
 def check_file(path: str | Path, flag: str = "--output") -> Path:
     """``path`` as a file that can be written: not a folder, under a folder that exists or can be created."""
     p = Path(path)
     if p.is_dir():
-        raise ValueError(f"{flag} {str(p)!r} is a folder; name a file")
+        raise UserError(f"{flag} {str(p)!r} is a folder; name a file")
     if is_stream(p):
         if not os.access(p, os.W_OK):
-            raise ValueError(f"{flag} {str(p)!r}: not writable")
+            raise UserError(f"{flag} {str(p)!r}: not writable")
         return p
     p = _target(p)
     if p.exists() and not os.access(p.parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {str(p)!r}: folder {str(p.parent)!r} is not writable")
+        raise UserError(f"{flag} {str(p)!r}: folder {str(p.parent)!r} is not writable")
     if not p.exists():
         _check_creatable(p, flag)
     return p
@@ -76,10 +78,10 @@ def check_folder(path: str | Path, flag: str = "--out") -> Path:
     """``path`` as a folder to write files into: an existing writable folder, or one that can be created."""
     p = Path(path)
     if p.exists() and not p.is_dir():
-        raise ValueError(f"{flag} {str(p)!r} exists and is not a folder")
+        raise UserError(f"{flag} {str(p)!r} exists and is not a folder")
     if p.is_dir():
         if not os.access(p, os.W_OK | os.X_OK):
-            raise ValueError(f"{flag} {str(p)!r}: folder is not writable")
+            raise UserError(f"{flag} {str(p)!r}: folder is not writable")
     else:
         _check_creatable(p, flag)
     return p
@@ -100,5 +102,5 @@ def write_text(path: str | Path, text: str, flag: str = "--output") -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(target, text)
     except OSError as e:
-        raise ValueError(f"{flag} {str(p)!r}: cannot write ({e.strerror or e})") from None
+        raise UserError(f"{flag} {str(p)!r}: cannot write ({e.strerror or e})") from None
     return p

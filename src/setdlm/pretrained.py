@@ -20,6 +20,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from .errors import UserError
+
 DEFAULT = "shakespeare-setdlm-smax8"
 
 
@@ -37,7 +39,7 @@ def path(name: str = DEFAULT) -> Path:
     p = root() / name
     if not (p / "config.json").is_file():
         have = ", ".join(available()) or "none in this installation"
-        raise ValueError(f"no shipped model {name!r}; shipped models: {have}")
+        raise UserError(f"no shipped model {name!r}; shipped models: {have}")
     return p
 
 
