@@ -46,6 +46,7 @@ from torch import Tensor
 from .errors import UserError
 from .family import FamilyConfig
 from .model import TransformerConfig, Transformer
+from .outputs import umask, write_text_atomic  # noqa: F401  (ckpt.write_text_atomic: the run folder's files)
 from .resources import check_fits
 
 CONFIG, WEIGHTS, EMA_WEIGHTS, CARD = "config.json", "model.safetensors", "ema.safetensors", "README.md"
@@ -56,30 +57,6 @@ FORMAT, FORMAT_VERSION = "setdlm", 1
 # ---------------------------------------------------------------------------------------------------------
 # atomic writes
 # ---------------------------------------------------------------------------------------------------------
-
-
-def umask() -> int:
-    """The process's file-mode creation mask (read by setting it and putting it back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, flush it to disk, then rename it over ``path``.
-    The file gets the permissions of an ordinary new file (0666 less the umask), not ``mkstemp``'s 0600."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _fsync_tree(folder: Path) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from . import pretrained
 from .errors import UserError
 
 LM, LM_BASELINES = "shakespeare-setdlm-smax8", ("shakespeare-ar", "shakespeare-bd3lm-s4")
@@ -34,7 +33,7 @@ def _loader(models: str | Path | None):
                             "the shipped models)", fields=("models",))
 
     def get(name: str):
-        return load(Path(models) / name) if models is not None else pretrained.load(name)
+        return load(Path(models) / name if models is not None else name)
 
     return get
 

@@ -81,9 +81,6 @@ class TransformerConfig:
         return cls.from_dict(json.loads(s))
 
 
-ModelConfig = TransformerConfig  # deprecated: the old name (it configures Transformer, not setdlm.Model)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # KV cache (docs/method.md §3.3)
 # ---------------------------------------------------------------------------------------------------------

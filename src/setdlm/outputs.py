@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from .errors import UserError
@@ -90,8 +91,6 @@ def check_folder(path: str | Path, flag: str = "--out") -> Path:
 def write_text(path: str | Path, text: str, flag: str = "--output") -> Path:
     """Write ``text`` atomically (its parents created), through a symlink, or into a stream (module
     docstring); an ``OSError`` becomes a one-line ``ValueError``."""
-    from .checkpoint import write_text_atomic
-
     p = Path(path)
     try:
         if is_stream(p):
@@ -104,3 +103,27 @@ def write_text(path: str | Path, text: str, flag: str = "--output") -> Path:
     except OSError as e:
         raise UserError(f"{flag} {str(p)!r}: cannot write ({e.strerror or e})") from None
     return p
+
+
+def umask() -> int:
+    """The process's file-mode creation mask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, flush it to disk, then rename it over ``path``.
+    The file gets the permissions of an ordinary new file (0666 less the umask), not ``mkstemp``'s 0600."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~umask())
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

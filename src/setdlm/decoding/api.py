@@ -10,7 +10,8 @@ and ``backbone.new_cache(batch, capacity)`` are used, so any backbone honouring 
 The settings are one :class:`~setdlm.decoding.settings.DecodeSettings` (``settings=``, or its fields as
 keyword arguments); which family uses which setting is the table in ``decoding/settings.py`` and
 docs/decoding.md; a setting set for a family that does not use it is a ``ValueError``, as in the CLI
-(docs/errors.md). :func:`applicable_knobs` keeps those that apply, to sweep one setting over every family.
+(docs/errors.md). :func:`~setdlm.decoding.settings.applicable` keeps those that apply, to sweep one setting over
+every family.
 
 Every input is checked before any decoding: prompts must be strings or token-id lists (bytes and None are a
 ``TypeError``), token ids must lie in the model's vocabulary, lengths must be positive integers.
@@ -33,11 +34,10 @@ from ..seeds import check_seed
 from . import ar, bd3lm, mdlm, setdlm, speculative
 from .constrained import row_constraints
 from .output import GenerationOutput
-from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings, applicable
+from .settings import DEFAULT_MAX_NEW_TOKENS, DecodeSettings
 from .state import DecodeConfig, DecodeState, stop_index
 
 DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}
-applicable_knobs = applicable
 
 
 def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: int | Sequence[int] | None = None,
