@@ -239,6 +239,8 @@ def test_serve_guide_session_example_runs():
     import re
     from pathlib import Path
 
-    doc = (Path(__file__).parent.parent / "docs" / "serve.md").read_text()
+    from support import SRC
+
+    doc = (Path(SRC).parent / "docs" / "serve.md").read_text()
     (code,) = [b for b in re.findall(r"```python\n(.*?)```", doc, flags=re.S) if "Session(" in b]
     exec(compile(code, "docs/serve.md", "exec"), {})
