@@ -296,7 +296,7 @@ def test_eval_infill_matches_the_library(ckpts, tmp_path, capsys):
     ("eval", ["--task", "reasoning", "--n", "0"], ["--n: must be a positive integer, got '0'"]),
     ("eval", ["--task", "bogus"], ["--task: invalid choice: 'bogus'"]),
     ("eval", ["--task", "infill", "--hidden", "2"], ["--hidden: invalid choice: 2"]),
-    ("bench", ["--task", "likelihood", "--thresholds", "0.9", "--out", "OUT"], ["--thresholds/--windows"]),
+    ("bench", ["--task", "likelihood", "--thresholds", "0.9", "--out", "OUT"], ["--thresholds, --windows, --block-sizes, --batch-sizes, --warmup and --speculate apply"]),
     ("bench", ["--task", "reasoning", "--thresholds", "0.9,x", "--out", "OUT"], ["'x' is not a number"]),
     ("bench", ["--task", "reasoning", "--thresholds", "1.5", "--level", "easy", "--n", "2", "--out", "OUT"],
      [r"thresholds must lie in (0, 1]"]),

@@ -450,7 +450,7 @@ def write_json(points: Sequence[BenchPoint], path: str | Path, **meta) -> Path:
 
     doc = {**meta, "versions": {"setdlm": __version__, "torch": torch.__version__, "python": platform.python_version()},
            "points": [p.to_dict() for p in points], "aup": [a.to_dict() for a in aup_scores(points)]}
-    return write_text(path, json.dumps(doc, indent=2) + "\n", "--out")
+    return write_text(path, json.dumps(doc, indent=2) + "\n", "out")
 
 
 def fixed_settings(settings: DecodeSettings | None, knobs: dict, models: Sequence[Model], task: str,

@@ -25,8 +25,8 @@ class UserError(ValueError):
 
 def as_flags(error: UserError) -> str:
     """The message of ``error`` with each name of ``error.fields`` written as its command-line flag
-    (``max_new_tokens`` -> ``--max-new-tokens``); names inside other words or paths are left alone."""
+    (``max_new_tokens`` -> ``--max-new-tokens``); names inside other words, paths or quotes are left alone."""
     text = str(error)
     for name in error.fields:
-        text = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", "--" + name.replace("_", "-"), text)
+        text = re.sub(rf"(?<![\w.\-/'\"]){re.escape(name)}(?![\w.\-/'\"])", "--" + name.replace("_", "-"), text)
     return text

@@ -87,4 +87,4 @@ def write_predictions(path: str | Path, examples: Sequence, result) -> Path:
                          "correct": extract_answer(pred) == e.answer})
         else:
             rows.append({"prefix": e.prefix, "suffix": e.suffix, "reference": e.middle, "prediction": pred})
-    return write_text(path, "".join(json.dumps(r) + "\n" for r in rows), "--predictions")
+    return write_text(path, "".join(json.dumps(r) + "\n" for r in rows), "predictions")

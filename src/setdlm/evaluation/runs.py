@@ -66,7 +66,7 @@ def evaluate_checkpoint(checkpoint: str | Path, task: TaskSpec | str = "likeliho
     spec.check_settings(settings)
     _check_options(spec, clock=clock, batch_size=batch_size, bf16=bf16, predictions=predictions)
     if predictions is not None:
-        check_file(predictions, "--predictions")
+        check_file(predictions, "predictions")
     model = load(checkpoint, ema=ema, device=device, quantize=quantize)
     if spec.task == "likelihood":
         return checkpoint_likelihood(model, training_args(checkpoint), data=spec.data, batch_size=batch_size,
@@ -125,9 +125,9 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: TaskSpec | str, o
     spec, knobs = TaskSpec.of(task, keywords)
     settings = DecodeSettings.of(settings, knobs, "bench_checkpoints")
     if not spec.decoding and (thresholds or windows or batch_sizes or block_sizes or warmup is not None or speculate):
-        raise UserError("thresholds/windows/block_sizes/batch_sizes/warmup/speculate apply to the decoding tasks "
-                        f"({'/'.join(DECODING_TASKS)})", fields=("thresholds", "windows", "block_sizes",
-                                                                 "batch_sizes", "warmup", "speculate"))
+        swept = ("thresholds", "windows", "block_sizes", "batch_sizes", "warmup", "speculate")
+        raise UserError(f"{', '.join(swept[:-1])} and {swept[-1]} apply to the decoding tasks "
+                        f"({'/'.join(DECODING_TASKS)})", fields=swept)
     spec.check_settings(settings)
     _check_options(spec, clock=clock, batch_size=None, bf16=False, predictions=None)
     folder = check_folder(out)
@@ -160,7 +160,7 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: TaskSpec | str, o
                     batch_sizes=batch_sizes, speculate=speculate, decode=fixed)
     table = bench.markdown_table(points)
     folder.mkdir(parents=True, exist_ok=True)
-    md = write_text(folder / "bench.md", table, "--out")
+    md = write_text(folder / "bench.md", table, "out")
     js = bench.write_json(points, folder / "bench.json", **meta)
     png = bench.plot(points, folder / "bench.png", title=title)
     return BenchRun(points, table, (md, js, png))
