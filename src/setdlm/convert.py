@@ -531,8 +531,8 @@ def convert_reference(src: str | Path, out: str | Path, *, tokenizer=None, D: in
                         "noise_config)")
     model = load_reference_model(folder, name=str(src), tokenizer=tokenizer, D=D, M=M, base=base, dtype=dtype)
     if model.tokenizer is None:
-        raise UserError(f"{src}: no tokenizer found; pass one (--tokenizer DIR or a Hub name such as gpt2, "
-                        "bert-base-uncased, Qwen/Qwen3-1.7B-Base)")
+        raise UserError(f"{src}: no tokenizer found; pass one (tokenizer DIR or a Hub name such as gpt2, "
+                        "bert-base-uncased, Qwen/Qwen3-1.7B-Base)", fields=("tokenizer",))
     source = {"name": str(src), "layout": "kuleshov-group/setdlms", "revision": revision}
     return save(out, model, source=source)
 

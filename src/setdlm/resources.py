@@ -32,7 +32,7 @@ def resolve_device(spec: str | torch.device | None, local_rank: int = 0) -> torc
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise UserError(f"device {str(spec)!r}: CUDA is not available on this machine (this torch build or "
-                            "driver sees no GPU); use --device cpu")
+                            "driver sees no GPU); use device cpu", fields=("device",))
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise UserError(f"device {str(spec)!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
     elif dev.type not in ("cpu", "mps"):
