@@ -23,7 +23,7 @@ $(VENV)/.demo: $(VENV)/.base
 	$(PY) -m pip install -q -e ".[plot,eval]"
 	touch $@
 
-# the decode-order page is tested in the OS Chromium (tests/test_serve_page.py skips without it): install it
+# the decode-order page is tested in the OS Chromium (tests/serve/test_serve_page.py skips without it): install it
 # where that is possible (root with apt-get), and never fail where it is not
 $(VENV)/.browser: $(VENV)/.base
 	-(command -v chromium && command -v chromedriver) >/dev/null || { [ "$$(id -u)" = 0 ] && \

@@ -33,10 +33,10 @@ def agreement(ref: list[list[int]], got: list[list[int]]) -> tuple[float, float]
 
 
 def shipped(name: str, args) -> list[str]:
-    from setdlm.bench import task_examples
     from setdlm.data import build_dataset, read_source
     from setdlm.evaluate import reasoning
     from setdlm.evaluate import likelihood
+    from setdlm.evaluation import TaskSpec, task_examples
 
     models = {q: load(name, quantize=None if q == "fp32" else q) for q in PRECISIONS}
     ref = models["fp32"]
@@ -45,7 +45,7 @@ def shipped(name: str, args) -> list[str]:
     prompts = [r[:16].tolist() for r in rows.input_ids[: args.prompts]]
     greedy = {q: generate(m, prompts, max_new_tokens=32, ignore_eos=True).tokens for q, m in models.items()}
     if name.startswith("arith"):
-        examples, _ = task_examples("reasoning", [ref], n=args.problems, seed=0)
+        examples, _ = task_examples(TaskSpec("reasoning", n=args.problems, seed=0), [ref])
     out = []
     for q, m in models.items():
         nll = likelihood(m, rows.batches(16), seed=1, progress=False).nats_per_token

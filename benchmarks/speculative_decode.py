@@ -24,10 +24,10 @@ import time
 import torch
 
 import setdlm
-from setdlm.bench import task_examples
 from setdlm.data.prompt import encode_prompt
 from setdlm.decoding import generate
 from setdlm.evaluate import prompt_ids
+from setdlm.evaluation import TaskSpec, task_examples
 
 MODELS = {"arith": ("arith-setdlm-smax8", "arith-ar"), "shakespeare": ("shakespeare-setdlm-smax8", "shakespeare-ar")}
 
@@ -35,9 +35,9 @@ MODELS = {"arith": ("arith-setdlm-smax8", "arith-ar"), "shakespeare": ("shakespe
 def prompts(task: str, model, n: int) -> tuple[list[list[int]], dict]:
     """Token-id prompts of the task and the generate settings they are decoded with."""
     if task == "arith":
-        examples, _ = task_examples("reasoning", [model], n=n)
+        examples, _ = task_examples(TaskSpec("reasoning", n=n), [model])
         return [prompt_ids(model, e) for e in examples], {"max_new_tokens": 96}  # at most what the prompt leaves
-    examples, _ = task_examples("infill", [model])
+    examples, _ = task_examples(TaskSpec("infill"), [model])
     return [encode_prompt(model.tokenizer, e.prefix)[:16] for e in examples[:n]], {"max_new_tokens": 64,
                                                                                       "ignore_eos": True}
 

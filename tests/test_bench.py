@@ -8,7 +8,8 @@ import time
 import pytest
 
 import setdlm
-from setdlm import bench, evaluate
+from setdlm import bench, evaluate, evaluation
+from setdlm.evaluation import TaskSpec
 from setdlm.data import read_source, shakespeare_works
 from setdlm.data.sources import infill_from_source
 from setdlm.data.tasks import infill_examples, reasoning_split, split_of
@@ -86,7 +87,7 @@ def test_bench_two_checkpoints_writes_table_json_and_png(ckpts, tmp_path, capsys
 def test_bench_points_match_the_library(ckpts):
     """One sweep point = evaluate.reasoning at that setting (the deterministic numbers)."""
     models = [("setdlm", setdlm.load(ckpts["setdlm"]))]
-    examples, skipped = bench.task_examples("reasoning", [m for _, m in models], level="easy", n=4)
+    examples, skipped = evaluation.task_examples(TaskSpec("reasoning", level="easy", n=4), [m for _, m in models])
     assert skipped == 0 and examples == reasoning_split("test", 4, level="easy")
     pts = bench.sweep(models, "reasoning", examples, thresholds=[0.5], batch_sizes=[2], warmup=2, progress=False,
                       max_new_tokens=8)
@@ -153,32 +154,32 @@ def test_bench_infill_and_likelihood(ckpts, tmp_path, capsys):
 
 
 def test_python_entry_points_are_what_the_cli_runs(ckpts, tmp_path, capsys):
-    """``setdlm eval``/``bench`` only parse and print: bench.evaluate_checkpoint and bench.bench_checkpoints give
+    """``setdlm eval``/``bench`` only parse and print: evaluation.evaluate_checkpoint and bench_checkpoints give
     the same numbers from Python, and check their arguments themselves (ValueError before any loading)."""
     code, stdout, err = run(["eval", ckpts["ar"], "--data", ckpts["text"], "--seed", "3"], capsys)
     assert code == 0, err
-    got = bench.evaluate_checkpoint(ckpts["ar"], data=ckpts["text"], seed=3)
+    got = evaluation.evaluate_checkpoint(ckpts["ar"], data=ckpts["text"], seed=3)
     assert got == json.loads(stdout) and got["task"] == "likelihood" and got["nelbo"] > 0
-    held = bench.evaluate_checkpoint(ckpts["ar"])  # the run's own held-out rows, seed and batch size
+    held = evaluation.evaluate_checkpoint(ckpts["ar"])  # the run's own held-out rows, seed and batch size
     assert held["tokens"] == 278 and held["nelbo"] != got["nelbo"]
-    res = bench.evaluate_checkpoint(ckpts["setdlm"], "reasoning", level="easy", n=3, max_new_tokens=8, threshold=0.5)
+    res = evaluation.evaluate_checkpoint(ckpts["setdlm"], "reasoning", level="easy", n=3, max_new_tokens=8, threshold=0.5)
     ref = evaluate.reasoning(setdlm.load(ckpts["setdlm"]), reasoning_split("test", 3, level="easy"),
                              threshold=0.5, max_new_tokens=8, progress=False)
     assert res["accuracy"] == ref.accuracy and res["decode"] == {"threshold": 0.5, "max_new_tokens": 8}
     assert {k: res[k] for k in DETERMINISTIC} == {k: ref.to_dict()[k] for k in DETERMINISTIC}
-    made = bench.bench_checkpoints([ckpts["ar"], ckpts["setdlm"]], "likelihood", tmp_path / "l", data=ckpts["text"],
+    made = evaluation.bench_checkpoints([ckpts["ar"], ckpts["setdlm"]], "likelihood", tmp_path / "l", data=ckpts["text"],
                                    seed=3)
     assert made.points[0].quality == got["nelbo"] and [p.model for p in made.points] == ["ar-run", "setdlm-rand"]
     assert made.files[0].read_text() == made.table and all(f.exists() for f in made.files)
-    for call, needle in [(lambda: bench.evaluate_checkpoint(ckpts["ar"], "bogus"), "unknown task 'bogus'"),
-                         (lambda: bench.evaluate_checkpoint(ckpts["ar"], "reasoning", window=2),
+    for call, needle in [(lambda: evaluation.evaluate_checkpoint(ckpts["ar"], "bogus"), "unknown task 'bogus'"),
+                         (lambda: evaluation.evaluate_checkpoint(ckpts["ar"], "reasoning", window=2),
                           "window applies to setdlm models, not to this 'ar' model"),
-                         (lambda: bench.bench_checkpoints([ckpts["ar"]], "likelihood", tmp_path / "x", warmup=1),
+                         (lambda: evaluation.bench_checkpoints([ckpts["ar"]], "likelihood", tmp_path / "x", warmup=1),
                           "apply to the decoding tasks")]:
         with pytest.raises(ValueError, match=needle):
             call()
     assert not (tmp_path / "x").exists()
-    assert bench.labels(["a/run", "b/run", "c/run/checkpoints/step-1"]) == ["run#1", "run#2", "run#3"]
+    assert evaluation.labels(["a/run", "b/run", "c/run/checkpoints/step-1"]) == ["run#1", "run#2", "run#3"]
 
 
 def test_one_settings_object_through_evaluate_and_bench(ckpts, tmp_path):
@@ -209,16 +210,16 @@ def test_one_settings_object_through_evaluate_and_bench(ckpts, tmp_path):
         k: a.to_dict()[k] for k in DETERMINISTIC}
     with pytest.raises(ValueError, match=r"the sweep sets threshold: give it as thresholds=\[...\]"):
         bench.sweep([("m", model)], "reasoning", examples, s, thresholds=[0.5], progress=False)
-    res = bench.evaluate_checkpoint(ckpts["setdlm"], "reasoning", DecodeSettings(threshold=0.5, max_new_tokens=7),
+    res = evaluation.evaluate_checkpoint(ckpts["setdlm"], "reasoning", DecodeSettings(threshold=0.5, max_new_tokens=7),
                                     level="easy", n=3)
-    kw = bench.evaluate_checkpoint(ckpts["setdlm"], "reasoning", level="easy", n=3, threshold=0.5, max_new_tokens=7)
+    kw = evaluation.evaluate_checkpoint(ckpts["setdlm"], "reasoning", level="easy", n=3, threshold=0.5, max_new_tokens=7)
     untimed = [k for k in res if k not in ("seconds", "speed")]
     assert {k: res[k] for k in untimed} == {k: kw[k] for k in untimed} and set(res) == set(kw)
     assert res["decode"] == {"threshold": 0.5, "max_new_tokens": 7}
-    with pytest.raises(ValueError, match="decoding settings apply to the decoding tasks"):
-        bench.bench_checkpoints([ckpts["ar"]], "likelihood", tmp_path / "x", DecodeSettings(temperature=0.5))
+    with pytest.raises(ValueError, match="temperature applies to task reasoning/infill/parallel, not likelihood"):
+        evaluation.bench_checkpoints([ckpts["ar"]], "likelihood", tmp_path / "x", DecodeSettings(temperature=0.5))
     with pytest.raises(ValueError, match="the sweep sets window"):  # before any model is loaded
-        bench.bench_checkpoints(["no-such-checkpoint"], "reasoning", tmp_path / "x", window=2)
+        evaluation.bench_checkpoints(["no-such-checkpoint"], "reasoning", tmp_path / "x", window=2)
     assert not (tmp_path / "x").exists()
 
 
@@ -281,13 +282,13 @@ def test_eval_infill_matches_the_library(ckpts, tmp_path, capsys):
     ("eval", ["--task", "infill", "--level", "easy"], ["--level applies to --task reasoning, not infill"]),
     ("eval", ["--task", "reasoning", "--hidden", "3"], ["--hidden applies to --task infill, not reasoning"]),
     ("eval", ["--task", "likelihood", "--threshold", "0.9"], ["--threshold applies to --task reasoning/infill/parallel"]),
-    ("eval", ["--task", "reasoning", "--threshold", "1.5"], ["--threshold must be in (0, 1], got 1.5"]),
+    ("eval", ["--task", "reasoning", "--threshold", "1.5"], ["--threshold must lie in (0, 1] or be None (off), got 1.5"]),
     ("eval", ["--task", "reasoning", "--data", "MISSING"], ["GSM8K file", "does not exist"]),
     ("eval", ["--task", "reasoning", "--data", "MISSING", "--level", "easy"], ["--level applies to generated"]),
     ("eval", ["--task", "reasoning", "--level", "hard", "--n", "2"], ["problems fit the context length L=128"]),
     ("eval", ["--task", "infill", "--data", "MISSING"], ["neither an existing file or folder nor a built-in"]),
-    ("eval", ["--task", "infill", "--n", "1000"], ["of 149 infill examples fit the context length L=128; ask for n"]),
-    ("eval", ["--task", "reasoning", "--block-size", "4"], ["block_size applies to bd3lm/mdlm", "'setdlm'"]),
+    ("eval", ["--task", "infill", "--n", "1000"], ["of 149 infill examples fit the context length L=128; ask for --n <="]),
+    ("eval", ["--task", "reasoning", "--block-size", "4"], ["--block-size applies to bd3lm/mdlm models, not to this 'setdlm' model"]),
     ("eval", ["--task", "infill", "--stop", "x"], ["--stop applies to --task reasoning/parallel, not infill"]),
     ("eval", ["--task", "reasoning", "--max-new-tokens", "0"], ["--max-new-tokens must be a positive integer, got 0"]),
     ("bench", ["--task", "infill", "--max-new-tokens", "4", "--out", "OUT"],
@@ -295,7 +296,7 @@ def test_eval_infill_matches_the_library(ckpts, tmp_path, capsys):
     ("eval", ["--task", "reasoning", "--n", "0"], ["--n: must be a positive integer, got '0'"]),
     ("eval", ["--task", "bogus"], ["--task: invalid choice: 'bogus'"]),
     ("eval", ["--task", "infill", "--hidden", "2"], ["--hidden: invalid choice: 2"]),
-    ("bench", ["--task", "likelihood", "--thresholds", "0.9", "--out", "OUT"], ["--thresholds/--windows"]),
+    ("bench", ["--task", "likelihood", "--thresholds", "0.9", "--out", "OUT"], ["--thresholds, --windows, --block-sizes, --batch-sizes, --warmup and --speculate apply"]),
     ("bench", ["--task", "reasoning", "--thresholds", "0.9,x", "--out", "OUT"], ["'x' is not a number"]),
     ("bench", ["--task", "reasoning", "--thresholds", "1.5", "--level", "easy", "--n", "2", "--out", "OUT"],
      [r"thresholds must lie in (0, 1]"]),

@@ -100,9 +100,9 @@ def ckpts(tmp_path_factory):
     ("generate", ["--prompt", "abcdefghijklmnopq"], ["prompt 0 is 18 tokens long", "L=16"]),
     ("generate", ["--prompt", "ab", "--prompt", "a" * 15], ["prompt 1 is 16 tokens long"]),
     ("generate", ["--prompt", "ab", "--max-new-tokens", "0"], ["--max-new-tokens must be a positive integer, got 0"]),
-    ("generate", ["--prompt", "ab", "--top-p", "0"], ["--top-p must be in (0, 1], got 0.0"]),
-    ("generate", ["--prompt", "ab", "--temperature", "-1"], ["--temperature must be >= 0, got -1.0"]),
-    ("generate", ["--prompt", "ab", "--threshold", "1.5"], ["--threshold must be in (0, 1], got 1.5"]),
+    ("generate", ["--prompt", "ab", "--top-p", "0"], ["--top-p must lie in (0, 1], got 0.0"]),
+    ("generate", ["--prompt", "ab", "--temperature", "-1"], ["--temperature must be a finite number >= 0, got -1.0"]),
+    ("generate", ["--prompt", "ab", "--threshold", "1.5"], ["--threshold must lie in (0, 1] or be None (off), got 1.5"]),
     ("generate", ["--prompt", "ab", "--block-size", "4"], ["--block-size applies to bd3lm/mdlm", "'setdlm'"]),
     ("generate", ["--input", "LATIN1"], ["latin1.txt: not UTF-8 text (byte 0xe9 at offset 3)"]),
     ("generate", ["--input", "MISSING"], ["input file", "missing.txt", "does not exist"]),
@@ -127,11 +127,11 @@ def test_decode_bad_inputs(cmd, args, needles, ckpts, tmp_path, capsys):
 
 def test_decode_flag_for_the_wrong_family_and_missing_checkpoint(ckpts, tmp_path, capsys):
     code, _, err = run(["generate", ckpts["ar"], "--prompt", "ab", "--window", "2"], capsys)
-    assert_one_line_error(code, err, "--window applies to setdlm models; this checkpoint is 'ar'")
+    assert_one_line_error(code, err, "--window applies to setdlm models, not to this 'ar' model")
     code, _, err = run(["generate", str(tmp_path / "nope"), "--prompt", "ab"], capsys)
     assert_one_line_error(code, err, "nope", "does not exist")
     code, _, err = run(["eval", ckpts["ar"]], capsys)  # saved by Model.save: no training data recorded
-    assert_one_line_error(code, err, "records no training data: pass --data")
+    assert_one_line_error(code, err, "records no training run (its held-out rows): pass --data")
 
 
 def test_non_utf8_stdin_is_one_line_exit_2(ckpts, tmp_path):

@@ -105,7 +105,7 @@ def test_shipped_models_load_and_decode():
 
 @shipped
 def test_generate_and_infill_default_to_the_shipped_setdlm():
-    m = pretrained.load()
+    m = setdlm.load(pretrained.DEFAULT)
     direct = m.generate(["ROMEO."], max_new_tokens=6, ignore_eos=True)
     r = subprocess.run([sys.executable, "-m", "setdlm", "generate", "--prompt", "ROMEO.", "--max-new-tokens", "6",
                         "--ignore-eos"], capture_output=True, text=True)

@@ -10,7 +10,7 @@ import torch
 
 from setdlm import Model
 from setdlm.data.tasks import InfillExample, ReasoningExample, reasoning_split
-from setdlm.decoding import applicable_knobs, generate
+from setdlm.decoding import applicable, generate
 from setdlm.decoding import infill as decode_infill
 from setdlm.evaluate import (fits, infill, infill_row, infill_steps, interleave, prompt_ids, reasoning,
                              reasoning_steps, throughput)
@@ -44,12 +44,12 @@ def test_reasoning_scores_a_scripted_model(family):
     P = len(prompt_ids(tiny(family, TOK), PROBLEMS[0]))
     assert all(len(prompt_ids(tiny(family, TOK), e)) == P for e in PROBLEMS)
     model = scripted(tiny(family, TOK), _script(P, "3+4=7\n#### 7"), filler=TOK.encode("x")[0])
-    for kw in ({}, {**applicable_knobs(family, threshold=0.5), "batch_size": 2}):
+    for kw in ({}, {**applicable(family, threshold=0.5), "batch_size": 2}):
         res = reasoning(model, PROBLEMS, progress=False, **kw)
         assert res.predictions == ("3+4=7\n#### 7",) * 5
         assert res.correct == 3 and res.accuracy == pytest.approx(0.6) and res.run.n == 5
         assert res.run.generated_tokens == 5 * (len("3+4=7\n#### 7") + 1)  # EOS included, prompt excluded
-    fast = reasoning(model, PROBLEMS, progress=False, **applicable_knobs(family, threshold=0.5, window=4))
+    fast = reasoning(model, PROBLEMS, progress=False, **applicable(family, threshold=0.5, window=4))
     if family != "ar":  # a confident model commits several tokens per step under a threshold
         assert fast.run.tokens_per_step > 1.5 and fast.run.nfe_per_example < len("3+4=7\n#### 7") + 1
 
@@ -154,7 +154,7 @@ def test_infill_of_the_true_middle_scores_rouge_one(family):
     truth = pre + TOK.encode(STORY.middle) + TOK.encode(STORY.suffix)
     assert m == len(STORY.middle) and pre[0] == TOK.bos_token_id
     res = infill(scripted(model, truth, filler=0), [STORY] * 3, batch_size=2, progress=False,
-                 **applicable_knobs(family, threshold=0.5))
+                 **applicable(family, threshold=0.5))
     assert res.predictions == (STORY.middle,) * 3
     assert (res.rouge1, res.rouge2, res.rougeL) == (1.0, 1.0, 1.0)
     assert res.run.generated_tokens == 3 * m

@@ -328,3 +328,79 @@ def test_every_module_imports_on_its_own(mods, imports):
     assert list(report) == order
     failed = {m: msg for m, msg in report.items() if msg.startswith("fail")}
     assert not failed, "modules that do not import on their own:\n" + "\n".join(f"{m}: {v}" for m, v in failed.items())
+
+
+# -- layering and size ----------------------------------------------------------------------------------------
+
+TRAINING = ("setdlm.train", "setdlm.training")
+
+
+def _is_training(module: str) -> bool:
+    return any(module == t or module.startswith(t + ".") for t in TRAINING)
+
+
+def test_evaluation_never_reaches_the_training_code(mods, imports):
+    """``setdlm eval``/``bench`` and the evaluation package stand on the library, never on the trainer: no
+    import chain from ``setdlm.evaluation`` (lazy imports and parent packages included) reaches
+    ``setdlm.train`` or the ``setdlm.training`` package."""
+    graph = {m: {t for t, _, _ in found["module"] + found["function"] if t != m} for m, found in imports.items()}
+    for m in list(graph):  # importing a module runs its parent packages first
+        parts = m.split(".")
+        graph[m] |= {".".join(parts[:i]) for i in range(1, len(parts))}
+    starts = [m for m in mods if m == "setdlm.evaluation" or m.startswith("setdlm.evaluation.")]
+    assert {"setdlm.evaluation.spec", "setdlm.evaluation.runs", "setdlm.evaluation.likelihood"} <= set(starts)
+    bad = {m: sorted(t for t in reached(graph, m) if _is_training(t)) for m in starts}
+    assert not any(bad.values()), f"evaluation modules reaching the training code: {bad}"
+
+
+_EVAL_CHILD = r"""
+import json, sys
+from setdlm.evaluation import evaluate_checkpoint
+res = evaluate_checkpoint("shakespeare-ar", data=sys.argv[1], batch_size=4)
+print(json.dumps({"nelbo": res["nelbo"], "training": sorted(m for m in sys.modules
+                                                             if m == "setdlm.train" or m.startswith("setdlm.training"))}))
+"""
+
+
+def test_an_evaluation_runs_without_loading_the_training_code(tmp_path):
+    """The same, observed: a likelihood evaluation of a shipped checkpoint leaves no training module in
+    ``sys.modules``."""
+    from setdlm import pretrained
+
+    if "shakespeare-ar" not in pretrained.available():
+        pytest.skip("no shipped models in this installation")
+    text = tmp_path / "t.txt"
+    text.write_text("ROMEO. But soft, what light through yonder window breaks?\n" * 8)
+    env = dict(os.environ, PYTHONPATH=str(SRC.parent), OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-c", _EVAL_CHILD, str(text)], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["nelbo"] > 0 and out["training"] == []
+
+
+MAX_LINES = 500
+# modules allowed above MAX_LINES, each one concept that honestly needs the room
+LONG_MODULES = {
+    "setdlm.checkpoint": "the one on-disk format: write atomically, read and validate every field of config.json, "
+                         "the safetensors header and the tokenizer, with an error naming each defect",
+    "setdlm.convert": "the paper authors' checkpoint layout (DiT and Qwen3 HF backbones): the key map, the config "
+                      "translation and its checks, in one place so that the two layouts cannot drift",
+    "setdlm.evaluate": "the measurements (likelihood bound, reasoning, infilling, the parallel suite, throughput) "
+                       "sharing one batched decoding pass and one result type",
+    # PENDING (the lead removes it when setdlm/training/ lands): train.py is being split into the
+    # setdlm.training package by another change
+    "setdlm.train": "pending: being split into setdlm/training/",
+}
+
+
+def test_no_module_is_too_long(mods):
+    """Modules stay readable top to bottom: at most MAX_LINES lines, except the few of LONG_MODULES (which
+    the CLI and the sweep library are not)."""
+    lines = {m: len(p.read_text(encoding="utf-8").splitlines()) for m, p in mods.items()}
+    long = {m: n for m, n in lines.items() if n > MAX_LINES and m not in LONG_MODULES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}; split them by concept"
+    assert lines["setdlm.cli"] <= 400, f"cli.py has {lines['setdlm.cli']} lines; it only parses and prints"
+    assert "setdlm.bench" not in LONG_MODULES and "setdlm.cli" not in LONG_MODULES
+    stale = [m for m in LONG_MODULES if m in lines and lines[m] <= MAX_LINES]
+    assert not stale, f"no longer long, drop them from LONG_MODULES: {stale}"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import setdlm
-from setdlm import bench, evaluate
+from setdlm import evaluate, evaluation
 from setdlm.data import read_source
 from setdlm.data.parallel import PARALLEL_TASKS, ParallelExample, _latin_squares, parallel_split
 from setdlm.data.prompt import encode_prompt
@@ -152,8 +152,8 @@ def test_bad_parallel_arguments(args, needles, ckpts, capsys):
 
 
 def test_parallel_data_is_refused_before_any_loading(tmp_path):
-    for call in (lambda: bench.bench_checkpoints(["no-such-checkpoint"], "parallel", tmp_path / "x", data="f.jsonl"),
-                 lambda: bench.evaluate_checkpoint("no-such-checkpoint", "parallel", data="f.jsonl")):
-        with pytest.raises(ValueError, match="--data does not apply to --task parallel"):
+    for call in (lambda: evaluation.bench_checkpoints(["no-such-checkpoint"], "parallel", tmp_path / "x", data="f.jsonl"),
+                 lambda: evaluation.evaluate_checkpoint("no-such-checkpoint", "parallel", data="f.jsonl")):
+        with pytest.raises(ValueError, match="data does not apply to task parallel"):
             call()
     assert not (tmp_path / "x").exists()

@@ -57,14 +57,20 @@ def test_every_public_name_imports(package):
     assert set(mod.__all__) <= set(ns)
 
 
-def test_deprecated_model_config_is_transformer_config():
-    from setdlm.model import ModelConfig
+def test_retired_aliases_are_gone():
+    """One name per thing: the old aliases were retired (TransformerConfig, setdlm.decoding.applicable,
+    setdlm.loading.load)."""
+    import setdlm.decoding
+    import setdlm.model
+    import setdlm.pretrained
 
-    assert ModelConfig is setdlm.TransformerConfig and "ModelConfig" not in setdlm.__all__
+    assert not hasattr(setdlm.model, "ModelConfig") and not hasattr(setdlm, "ModelConfig")
+    assert not hasattr(setdlm.decoding, "applicable_knobs") and setdlm.decoding.applicable
+    assert not hasattr(setdlm.pretrained, "load") and setdlm.load is setdlm.loading.load
 
 
 def test_resolver_finds_what_is_missing():
-    assert resolve("setdlm.bench.evaluate_checkpoint") and resolve("setdlm.decoding.generate")
+    assert resolve("setdlm.evaluation.evaluate_checkpoint") and resolve("setdlm.decoding.generate")
     assert not resolve("setdlm.schedules.identity_order") and not resolve("setdlm.nothing_here")
 
 

@@ -1,8 +1,5 @@
-"""Citations in the repository point at docs/method.md, and every cited section exists there.
-
-The package used to cite an internal specification and design notes that are not part of the
-repository; ``scripts/fix_citations.py`` rewrites those citations to docs/method.md.
-"""
+"""Citations in the repository point at docs/method.md, and every cited section exists there (never at
+documents outside the repository)."""
 
 from __future__ import annotations
 
@@ -57,11 +54,10 @@ def _ends(rng: str) -> list[str]:
 
 
 def test_no_citation_of_documents_outside_the_repository():
-    # Fails until scripts/fix_citations.py has been run over the tree.
     hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()[:100]}"
             for p in _files() for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
             if OLD.search(line)]
-    assert not hits, "cite docs/method.md instead (python scripts/fix_citations.py):\n" + "\n".join(hits)
+    assert not hits, "cite docs/method.md instead:\n" + "\n".join(hits)
 
 
 def test_method_sections_are_numbered_like_the_citations_expect():

@@ -2,15 +2,14 @@
 
 The public names are those of ``__all__`` here and in the subpackages ``setdlm.data``, ``setdlm.decoding``
 and ``setdlm.serve``, plus the documented functions of the modules the docs name (``setdlm.evaluate``,
-``setdlm.bench``, ``setdlm.train``, ...). ``ModelConfig`` is the deprecated old name of
-:class:`TransformerConfig`, still importable so that older code keeps working.
+``setdlm.bench``, ``setdlm.evaluation``, ``setdlm.train``, ...).
 """
 
 from .backbone import Backbone
 from .loading import load
 from .family import FAMILIES, FamilyConfig
 from .lm import Model
-from .model import KVCache, ModelConfig, Transformer, TransformerConfig
+from .model import KVCache, Transformer, TransformerConfig
 from .batch import Batch
 from .objectives import LossOutput, compute_loss
 from .schedules import LinearSchedule, StaggeredSchedule

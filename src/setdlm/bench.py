@@ -17,10 +17,11 @@ side, one decoding call of each in turn) gives
 * for a speculative SetDLM point, TPF is the mean accepted length (tokens committed per verifying forward),
   and the table adds forwards per token.
 
-The likelihood task has nothing to sweep: one bound (nats/token) per model. ``setdlm bench`` wraps
-:func:`sweep`, :func:`markdown_table`, :func:`plot` and :func:`write_json` (:func:`read_json` reads the
-points back, e.g. to plot several runs together); the plot needs matplotlib (extra ``plot``), imported only
-when a plot is drawn.
+The likelihood task has nothing to sweep: one bound (nats/token) per model. ``setdlm bench``
+(:func:`setdlm.evaluation.bench_checkpoints`, checkpoints by path) wraps :func:`sweep`,
+:func:`markdown_table`, :func:`plot` and :func:`write_json` (:func:`read_json` reads the points back, e.g.
+to plot several runs together); the plot needs matplotlib (extra ``plot``), imported only when a plot is
+drawn.
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from .decoding.settings import FAMILIES, DecodeSettings
+from .errors import UserError
 from .lm import Model
 
 THRESHOLDS = (None, 0.99, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)  # docs/method.md §5.2: None = off (τ = 1e6)
-TASKS = ("reasoning", "infill", "likelihood", "parallel")
 DECODING_TASKS = ("reasoning", "infill", "parallel")
 QUALITY = {"reasoning": "accuracy", "infill": "rougeL", "likelihood": "nats_per_token", "parallel": "accuracy"}
 
@@ -75,22 +76,22 @@ def check_settings(thresholds: Sequence[float | None], windows: Sequence[int | N
         try:
             DecodeSettings(threshold=t)
         except ValueError:
-            raise ValueError(f"thresholds must lie in (0, 1] (or be None for off), got {t}") from None
+            raise UserError(f"thresholds must lie in (0, 1] (or be None for off), got {t}") from None
     for w in windows:
         try:
             DecodeSettings(window=w)
         except ValueError:
-            raise ValueError(f"windows must be positive integers (or None for D), got {w!r}") from None
+            raise UserError(f"windows must be positive integers (or None for D), got {w!r}") from None
     for s in block_sizes:
         try:
             DecodeSettings(block_size=s)
         except ValueError:
-            raise ValueError(f"block sizes must be positive integers (or None for the model's), got {s!r}") from None
+            raise UserError(f"block sizes must be positive integers (or None for the model's), got {s!r}") from None
     for b in batch_sizes:
         if not (isinstance(b, int) and b >= 1):
-            raise ValueError(f"batch sizes must be positive integers, got {b!r}")
+            raise UserError(f"batch sizes must be positive integers, got {b!r}")
     if not (isinstance(warmup, int) and warmup >= 0):
-        raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
+        raise UserError(f"warmup must be a non-negative integer, got {warmup!r}")
 
 
 def sweep_settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS,
@@ -170,11 +171,11 @@ def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, se
     from . import evaluate
 
     if task not in DECODING_TASKS:
-        raise ValueError(f"sweep task must be one of {', '.join(DECODING_TASKS)}, got {task!r} "
-                         "(likelihood: likelihood_point)")
+        raise UserError(f"sweep task must be one of {', '.join(DECODING_TASKS)}, got {task!r} "
+                        "(likelihood: likelihood_point)")
     if not models:
-        raise ValueError("no models to benchmark")
-    base = _fixed_settings(settings, knobs, [m for _, m in models], task)
+        raise UserError("no models to benchmark")
+    base = fixed_settings(settings, knobs, [m for _, m in models], task)
     check_settings(thresholds, windows, batch_sizes, warmup, block_sizes)
     steps = {"reasoning": evaluate.reasoning_steps, "parallel": evaluate.parallel_steps,
              "infill": evaluate.infill_steps}[task]
@@ -183,7 +184,7 @@ def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, se
     n = len(examples)
     for b in batch_sizes:  # fail before the sweep starts, not in its middle
         if -(-warmup // b) >= -(-n // b):
-            raise ValueError(f"warmup={warmup} examples leave none of the {n} examples to time at batch size {b}")
+            raise UserError(f"warmup={warmup} examples leave none of the {n} examples to time at batch size {b}")
     task_args = {"eos": eos} if task == "infill" else {}
     passes = [steps(model, examples, s.apply(base), batch_size=s.batch_size, warmup=-(-warmup // s.batch_size),
                     clock=clock, seed=seed, progress=False, **task_args) for _, model, s in plan]
@@ -195,7 +196,7 @@ def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, se
 
 
 def likelihood_point(label: str, model: Model, result: dict) -> BenchPoint:
-    """A likelihood result (:meth:`setdlm.metrics.LikelihoodSummary.bound_row`, ``nelbo`` in nats/token) as a point."""
+    """A likelihood result (:func:`setdlm.evaluation.checkpoint_likelihood`'s dict, ``nelbo`` in nats/token) as a point."""
     return BenchPoint(model=label, family=model.family.family, task="likelihood", setting=Setting(),
                       quality=result["nelbo"], tokens_per_second=None, tokens_per_second_std=None, nfe=None,
                       tokens_per_step=None, result=result)
@@ -241,14 +242,14 @@ def aup(rho: Sequence[float], y: Sequence[float], y_max: float | None = None, *,
     (an AR model: its accuracy)."""
     rho, y = [float(r) for r in rho], [float(v) for v in y]
     if len(rho) != len(y) or not rho:
-        raise ValueError(f"aup needs as many accuracies as TPF values, at least one: got {len(rho)} and {len(y)}")
+        raise UserError(f"aup needs as many accuracies as TPF values, at least one: got {len(rho)} and {len(y)}")
     if not all(r > 0 for r in rho):
-        raise ValueError(f"tokens per forward must be positive, got {rho}")
+        raise UserError(f"tokens per forward must be positive, got {rho}")
     if not all(0 <= v <= 100 for v in y):
-        raise ValueError(f"accuracies must be percentages in [0, 100], got {y}")
+        raise UserError(f"accuracies must be percentages in [0, 100], got {y}")
     y_max = max(y) if y_max is None else float(y_max)
     if y_max < max(y) or y_max > 100:
-        raise ValueError(f"y_max must be the highest accuracy on the task (>= {max(y)}, <= 100), got {y_max}")
+        raise UserError(f"y_max must be the highest accuracy on the task (>= {max(y)}, <= 100), got {y_max}")
     kept = aup_points(rho, y, drop)
     total = kept[0][0] * kept[0][1]
     for (r0, y0), (r1, y1) in zip(kept, kept[1:]):
@@ -335,7 +336,7 @@ def markdown_table(points: Sequence[BenchPoint]) -> str:
     accuracy of each task), tokens/s, NFE/example, TPF, forwards/token; then, for a decoding sweep, the AUP of each curve
     (:func:`aup_scores`)."""
     if not points:
-        raise ValueError("no points to tabulate")
+        raise UserError("no points to tabulate")
     task = points[0].task
     head = {"reasoning": "accuracy (%)", "parallel": "accuracy (%)", "infill": "ROUGE-L (×100)",
             "likelihood": "nats/token"}[task]
@@ -377,7 +378,7 @@ def plot(points: Sequence[BenchPoint], path: str | Path, *, title: str | None = 
     except ImportError as e:
         raise ImportError("the plot needs matplotlib: pip install 'setdlm[plot]'") from e
     if not points:
-        raise ValueError("no points to plot")
+        raise UserError("no points to plot")
     task = points[0].task
     decoding = task != "likelihood"
     fig = Figure(figsize=(12 if decoding else 7, 4.5), dpi=dpi, layout="constrained")
@@ -449,302 +450,26 @@ def write_json(points: Sequence[BenchPoint], path: str | Path, **meta) -> Path:
 
     doc = {**meta, "versions": {"setdlm": __version__, "torch": torch.__version__, "python": platform.python_version()},
            "points": [p.to_dict() for p in points], "aup": [a.to_dict() for a in aup_scores(points)]}
-    return write_text(path, json.dumps(doc, indent=2) + "\n", "--out")
+    return write_text(path, json.dumps(doc, indent=2) + "\n", "out")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# task examples shared by `setdlm eval` and `setdlm bench`
-# ---------------------------------------------------------------------------------------------------------
-
-
-def task_examples(task: str, models: Sequence[Model], *, data: str | None = None, level: str = "medium",
-                  split: str = "test", n: int | None = None, seed: int = 0, hidden: int = 1,
-                  eos: bool = False) -> tuple[list, int]:
-    """The examples of a decoding task that fit the context of every model, and how many were skipped.
-
-    reasoning: ``data`` a GSM8K-format JSONL (all of it, or its first ``n`` that fit), else ``n`` (default
-    200) generated problems of ``split`` at ``level`` drawn with ``seed``. parallel: ``n`` (default 200)
-    examples of the parallel-dependency suite, its four tasks in turn (:func:`setdlm.data.parallel.parallel_split`).
-    infill: windows of 5 sentences with the middle ``hidden`` (1 or 3) hidden from ``data`` (a text source;
-    default the built-in ``shakespeare``), ``split``, shuffled by ``seed``: the first ``n`` that fit (all
-    when None).
-    """
-    from .data.parallel import parallel_split
-    from .data.sources import infill_from_source
-    from .data.tasks import load_gsm8k_jsonl, reasoning_split
-    from .evaluate import fits
-
-    if n is not None and not (isinstance(n, int) and n >= 1):
-        raise ValueError(f"n must be a positive integer, got {n!r}")
-
-    def select(pool, limit):
-        chosen, skipped = [], 0
-        for e in pool:
-            if all(fits(m, e, eos=eos) for m in models):
-                chosen.append(e)
-                if len(chosen) == limit:
-                    break
-            else:
-                skipped += 1
-        return chosen, skipped
-
-    lengths = "/".join(sorted({str(m.family.length) for m in models}))
-    _check_data(task, data)
-    if task in ("reasoning", "parallel") and data is None:
-        want = size = n or 200
-        what = f"{level} problems" if task == "reasoning" else "parallel-suite examples"
-        while True:
-            pool = (reasoning_split(split, size, level=level, seed=seed) if task == "reasoning"
-                    else parallel_split(split, size, seed=seed))
-            chosen, skipped = select(pool, want)
-            if len(chosen) == want:
-                return chosen, skipped
-            if size >= 8 * want:
-                raise ValueError(f"only {len(chosen)} of {size} {what} fit the context length L={lengths}; "
-                                 + ("use a lower level or " if task == "reasoning" else "use ")
-                                 + "a model with a longer context")
-            size *= 2
-    if task == "reasoning":
-        if not Path(data).is_file():
-            raise ValueError(f"GSM8K file {data!r} does not exist (generated problems: --level easy|medium|hard)")
-        pool = load_gsm8k_jsonl(data)
-    elif task == "infill":
-        if hidden not in (1, 3):
-            raise ValueError(f"hidden must be 1 or 3 (of 5 sentences), got {hidden!r}")
-        pool = infill_from_source(data or "shakespeare", split, None, sentences=5, hidden=hidden, seed=seed)
-    else:
-        raise ValueError(f"unknown decoding task {task!r}; choose one of {', '.join(DECODING_TASKS)}")
-    chosen, skipped = select(pool, n)
-    if not chosen or (n is not None and len(chosen) < n):
-        raise ValueError(f"only {len(chosen)} of {len(pool)} {task} examples fit the context length L={lengths}"
-                         + (f"; ask for n <= {len(chosen)}" if chosen else ""))
-    return chosen, skipped
-
-
-# ---------------------------------------------------------------------------------------------------------
-# checkpoints by path: what `setdlm eval` and `setdlm bench` run (docs/evaluation.md)
-# ---------------------------------------------------------------------------------------------------------
-
-
-def training_args(checkpoint: str | Path) -> dict:
-    """The training arguments a checkpoint recorded ({} for one that has none, e.g. the authors' layout)."""
-    from .checkpoint import is_checkpoint, read_config
-    from .loading import locate
-
-    folder = locate(checkpoint)
-    return (read_config(folder).get("training") or {}) if is_checkpoint(folder) else {}
-
-
-def checkpoint_likelihood(model: Model, training: dict, *, data: str | None = None, batch_size: int | None = None,
-                          seed: int | None = None, bf16: bool = False, where: str = "the checkpoint") -> dict:
-    """The family's likelihood bound (docs/method.md §5.1) on ``data`` (a text source, every row) or, when
-    None, on the held-out rows of the run that ``training`` (:func:`training_args`) describes. Unset
-    ``batch_size``/``seed``/``bf16`` default to the run's own evaluation settings."""
-    from .data import build_dataset, read_source
-    from .evaluate import likelihood
-    from .training.data import heldout_of
-
-    if data is not None:
-        rows = build_dataset(read_source(data), model.tokenizer, model.family.length)
-    elif training:
-        rows = heldout_of(training, model.tokenizer)
-    else:
-        raise ValueError(f"{where} records no training data: pass --data")
-    bs = batch_size or training.get("eval_batch_size", 16)
-    seed = training.get("eval_seed", 1) if seed is None else seed
-    bf16 = bf16 or bool(training.get("bf16", False))
-    res = likelihood(model, rows.batches(bs), seed=seed, bf16=bf16, progress=True).bound_row()
-    return {"task": "likelihood", "family": model.family.family, **res}
-
-
-def _check_data(task: str, data: str | None) -> None:
-    """``data`` names a task's examples, except for the parallel suite's (generated only)."""
-    if task == "parallel" and data is not None:
-        raise ValueError("--data does not apply to --task parallel: its examples are generated "
-                         "(train on them with --data parallel)")
-
-
-def _source_name(task: str, data: str | None, level: str | None) -> str:
-    generated = "generated:parallel" if task == "parallel" else f"generated:{level or 'medium'}"
-    return data or ("shakespeare" if task == "infill" else generated)
-
-
-def write_predictions(path: str | Path, examples: Sequence, result) -> Path:
-    """One JSONL row per example: the question, answer, prediction and correctness (reasoning; the parallel
-    suite with its task), or the prefix, suffix, reference middle and prediction (infilling)."""
-    from .data.parallel import ParallelExample
-    from .data.tasks import ReasoningExample
-    from .metrics import extract_answer
-    from .outputs import write_text
-
-    rows = []
-    for e, pred in zip(examples, result.predictions):
-        if isinstance(e, ParallelExample):
-            rows.append({"task": e.task, "prompt": e.prompt, "reference": e.completion, "prediction": pred,
-                         "correct": e.correct(pred)})
-        elif isinstance(e, ReasoningExample):
-            rows.append({"question": e.question, "answer": e.answer, "prediction": pred,
-                         "correct": extract_answer(pred) == e.answer})
-        else:
-            rows.append({"prefix": e.prefix, "suffix": e.suffix, "reference": e.middle, "prediction": pred})
-    return write_text(path, "".join(json.dumps(r) + "\n" for r in rows), "--predictions")
-
-
-def _fixed_settings(settings: DecodeSettings | None, knobs: dict, models: Sequence[Model], task: str,
-                    what: str = "sweep") -> DecodeSettings:
+def fixed_settings(settings: DecodeSettings | None, knobs: dict, models: Sequence[Model], task: str,
+                   what: str = "sweep") -> DecodeSettings:
     """The decoding settings fixed for every model of a reasoning/infill evaluation, checked for each model's
     family (the table of :mod:`setdlm.decoding.settings`; infilling takes fill's settings) before any
-    decoding."""
+    decoding; a sweep's leave the settings it sweeps unset."""
     settings = DecodeSettings.of(settings, knobs, what)
     if what == "sweep":
-        _check_unswept(settings)
+        check_unswept(settings)
     for m in models:
         settings.check_for(m.family.family, "fill" if task == "infill" else "generate")
     return settings
 
 
-def _check_unswept(settings: DecodeSettings) -> None:
+def check_unswept(settings: DecodeSettings) -> None:
     """A sweep's fixed settings leave those it sweeps unset."""
     swept = [name for name in SWEPT if getattr(settings, name) is not None]
     if swept:
-        raise ValueError(f"the sweep sets {swept[0]}: give it as {swept[0]}s=[...], not in the fixed settings")
+        raise UserError(f"the sweep sets {swept[0]}: give it as {swept[0]}s=[...], not in the fixed settings")
     if settings.speculate is not None:
-        raise ValueError("the sweep sets speculate: give speculate=True to the sweep, not in the fixed settings")
-
-
-def _decode_record(settings: DecodeSettings, **task) -> dict:
-    """The settings that differ from the defaults, and the task's own decoding arguments that were given
-    (recorded as ``"decode"`` in the JSON results)."""
-    changed = {f.name: getattr(settings, f.name) for f in fields(DecodeSettings)
-               if getattr(settings, f.name) != f.default}
-    return {**changed, **{k: v for k, v in task.items() if v is not None}}
-
-
-def evaluate_checkpoint(checkpoint: str | Path, task: str = "likelihood", settings: DecodeSettings | None = None, *,
-                        data: str | None = None, level: str | None = None, split: str | None = None,
-                        n: int | None = None, hidden: int | None = None, eos: bool = False, clock: str | None = None,
-                        batch_size: int | None = None, seed: int | None = None, bf16: bool = False,
-                        ema: bool = False, device: str = "cpu", predictions: str | Path | None = None,
-                        quantize: str | None = None, **knobs) -> dict:
-    """Evaluate a checkpoint (folder, run folder or shipped name) on ``task`` and return the JSON-ready result
-    that ``setdlm eval`` prints.
-
-    likelihood: :func:`checkpoint_likelihood` (``data``, ``batch_size``, ``seed``, ``bf16``). reasoning /
-    parallel / infill: the examples of :func:`task_examples` decoded by :func:`setdlm.evaluate.reasoning` /
-    :func:`~setdlm.evaluate.parallel` / :func:`~setdlm.evaluate.infill` with ``settings`` (a :class:`~setdlm.decoding.settings.DecodeSettings`,
-    or its fields as keywords: ``threshold=``, ``window=``, ``max_new_tokens=``, ...), each example's
-    prediction written to ``predictions`` (JSONL) when given. Bad values are ``ValueError``s raised before
-    any decoding."""
-    from . import evaluate
-    from .loading import load
-    from .outputs import check_file
-
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
-    settings = DecodeSettings.of(settings, knobs, "evaluate_checkpoint")
-    if task == "likelihood" and settings != DecodeSettings():
-        raise ValueError("decoding settings apply to the decoding tasks, not to likelihood")
-    if predictions is not None:
-        check_file(predictions, "--predictions")
-    _check_data(task, data)
-    model = load(checkpoint, ema=ema, device=device, quantize=quantize)
-    if task == "likelihood":
-        return checkpoint_likelihood(model, training_args(checkpoint), data=data, batch_size=batch_size, seed=seed,
-                                     bf16=bf16, where=str(checkpoint))
-    settings = _fixed_settings(settings, {}, [model], task, "evaluate_checkpoint")
-    examples, skipped = task_examples(task, [model], data=data, level=level or "medium", split=split or "test", n=n,
-                                      seed=seed or 0, hidden=hidden or 1, eos=eos)
-    task_args = {"eos": eos} if task == "infill" else {}
-    fn = {"reasoning": evaluate.reasoning, "parallel": evaluate.parallel, "infill": evaluate.infill}[task]
-    result = fn(model, examples, settings, batch_size=batch_size or 32, clock=clock or "wall", seed=seed,
-                **task_args)
-    if predictions is not None:
-        write_predictions(predictions, examples, result)
-    decode = _decode_record(settings, clock=clock, seed=seed, **task_args)
-    return {"task": task, "family": model.family.family, "data": _source_name(task, data, level),
-            "split": split or "test", "skipped_too_long": skipped, "decode": decode, **result.to_dict()}
-
-
-def labels(paths: Sequence[str | Path]) -> list[str]:
-    """Model labels: the run folder's name (a checkpoint inside RUN/checkpoints/ is named after RUN); repeated
-    names get ``#2``, ``#3``, ..."""
-    names = []
-    for path in paths:
-        p = Path(path).resolve()
-        names.append(p.parent.parent.name if p.parent.name == "checkpoints" else p.name)
-    return [n if names.count(n) == 1 else f"{n}#{names[:i + 1].count(n)}" for i, n in enumerate(names)]
-
-
-@dataclass
-class BenchRun:
-    """What :func:`bench_checkpoints` measured and wrote."""
-
-    points: list[BenchPoint]
-    table: str  # the Markdown table (bench.md)
-    files: tuple[Path, Path, Path]  # bench.md, bench.json, bench.png
-
-
-def bench_checkpoints(checkpoints: Sequence[str | Path], task: str, out: str | Path,
-                      settings: DecodeSettings | None = None, *, title: str | None = None,
-                      thresholds: Sequence[float | None] | None = None, windows: Sequence[int | None] | None = None,
-                      batch_sizes: Sequence[int] | None = None, block_sizes: Sequence[int | None] | None = None,
-                      warmup: int | None = None, data: str | None = None,
-                      level: str | None = None, split: str | None = None, n: int | None = None,
-                      hidden: int | None = None, eos: bool = False, clock: str | None = None,
-                      seed: int | None = None, ema: bool = False, device: str = "cpu", speculate: bool = False,
-                      quantize: str | None = None,
-                      **knobs) -> BenchRun:
-    """Benchmark checkpoints on ``task`` and write ``out``/bench.md, bench.json and bench.png (what ``setdlm
-    bench`` runs). reasoning/parallel/infill: :func:`sweep` over ``thresholds`` (default :data:`THRESHOLDS`),
-    ``windows`` (None = D), ``block_sizes`` (None = the model's) and ``batch_sizes`` (default 1), with ``speculate``
-    also each SetDLM window's self-speculative decode, the first ``warmup`` examples untimed (default 50,
-    at most a quarter of the examples), the other decoding settings fixed (``settings``, a
-    :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields as keywords); likelihood: one bound per
-    checkpoint (:func:`checkpoint_likelihood` on ``data`` or each run's held-out rows). Every setting is
-    checked before any model is loaded."""
-    from .loading import load
-    from .outputs import check_folder, write_text
-
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
-    settings = DecodeSettings.of(settings, knobs, "bench_checkpoints")
-    if task == "likelihood" and (thresholds or windows or batch_sizes or block_sizes or warmup is not None):
-        raise ValueError("--thresholds/--windows/--block-sizes/--batch-sizes/--warmup apply to the decoding tasks "
-                         f"({'/'.join(DECODING_TASKS)})")
-    if task == "likelihood" and settings != DecodeSettings():
-        raise ValueError("decoding settings apply to the decoding tasks, not to likelihood")
-    folder = check_folder(out)
-    _check_data(task, data)
-    if task != "likelihood":
-        check_settings(thresholds or THRESHOLDS, windows or [None], batch_sizes or [1], 50 if warmup is None else warmup,
-                       block_sizes or [None])
-        _check_unswept(settings)
-    names = labels(checkpoints)
-    models = [load(c, ema=ema, device=device, quantize=quantize) for c in checkpoints]
-    meta = {"task": task, "checkpoints": dict(zip(names, map(str, checkpoints))),
-            "families": {lab: m.family.to_dict() for lab, m in zip(names, models)}}
-    if task == "likelihood":
-        points = [likelihood_point(lab, m, checkpoint_likelihood(m, training_args(c), data=data, seed=seed, where=str(c)))
-                  for c, lab, m in zip(checkpoints, names, models)]
-        meta["data"] = data or "each run's held-out rows"
-    else:
-        settings = _fixed_settings(settings, {}, models, task)
-        examples, skipped = task_examples(task, models, data=data, level=level or "medium", split=split or "test",
-                                          n=n, seed=seed or 0, hidden=hidden or 1, eos=eos)
-        warmup = min(50, len(examples) // 4) if warmup is None else warmup
-        thresholds, windows, batch_sizes = list(thresholds or THRESHOLDS), list(windows or [None]), list(batch_sizes or [1])
-        block_sizes = list(block_sizes or [None])
-        task_args = {"eos": eos} if task == "infill" else {}
-        points = sweep(list(zip(names, models)), task, examples, settings, thresholds=thresholds, windows=windows,
-                       batch_sizes=batch_sizes, block_sizes=block_sizes, warmup=warmup, clock=clock or "wall",
-                       seed=seed, speculate=speculate, **task_args)
-        fixed = _decode_record(settings, clock=clock, seed=seed, **task_args)
-        meta.update(data=_source_name(task, data, level), split=split or "test", examples=len(examples),
-                    skipped_too_long=skipped, warmup=warmup, thresholds=thresholds, windows=windows,
-                    block_sizes=block_sizes, batch_sizes=batch_sizes, speculate=speculate, decode=fixed)
-    table = markdown_table(points)
-    folder.mkdir(parents=True, exist_ok=True)
-    md = write_text(folder / "bench.md", table, "--out")
-    js = write_json(points, folder / "bench.json", **meta)
-    png = plot(points, folder / "bench.png", title=title)
-    return BenchRun(points, table, (md, js, png))
+        raise UserError("the sweep sets speculate: give speculate=True to the sweep, not in the fixed settings")

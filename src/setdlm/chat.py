@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+from .errors import UserError
+
 ROLES = ("system", "user", "assistant", "tool", "developer")
 SPECIAL_ROLES = ("bos", "eos", "unk", "pad", "mask")
 
@@ -32,10 +34,10 @@ def check_messages(messages) -> list[dict]:
     if isinstance(messages, str):
         return [{"role": "user", "content": messages}]
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise ValueError("messages must be a string or a non-empty list of {role, content} objects")
+        raise UserError("messages must be a string or a non-empty list of {role, content} objects")
     for i, m in enumerate(messages):
         if not (isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)):
-            raise ValueError(f"messages[{i}] must be an object with a role in {ROLES} and a string content")
+            raise UserError(f"messages[{i}] must be an object with a role in {ROLES} and a string content")
     return [dict(m) for m in messages]
 
 
@@ -49,7 +51,7 @@ def render(template: str, messages: list[dict], *, special_tokens: dict[str, str
         from jinja2.ext import loopcontrols
         from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError:
-        raise ValueError("chat templates need jinja2: pip install 'setdlm[serve]'") from None
+        raise UserError("chat templates need jinja2: pip install 'setdlm[serve]'") from None
 
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
@@ -66,7 +68,7 @@ def render(template: str, messages: list[dict], *, special_tokens: dict[str, str
         return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
                                                 **context)
     except jinja2.exceptions.TemplateError as e:
-        raise ValueError(f"chat template: {e}") from None
+        raise UserError(f"chat template: {e}") from None
 
 
 def chat_prompt(tokenizer, messages, *, add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
@@ -77,7 +79,7 @@ def chat_prompt(tokenizer, messages, *, add_generation_prompt: bool = True, **te
     template."""
     template = getattr(tokenizer, "chat_template", None)
     if not isinstance(template, str) or not template:
-        raise ValueError("the model's tokenizer has no chat template; pass a plain prompt")
+        raise UserError("the model's tokenizer has no chat template; pass a plain prompt")
     messages = check_messages(messages)
     special = {r: getattr(tokenizer, "tokens", {}).get(r) for r in SPECIAL_ROLES}
     text = render(template, messages, special_tokens=special, add_generation_prompt=add_generation_prompt,

@@ -45,8 +45,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from .errors import UserError
 from .family import FamilyConfig
 from .model import TransformerConfig, Transformer
+from .outputs import umask, write_text_atomic  # noqa: F401  (ckpt.write_text_atomic: the run folder's files)
 from .resources import check_fits
 
 CONFIG, WEIGHTS, EMA_WEIGHTS, CARD = "config.json", "model.safetensors", "ema.safetensors", "README.md"
@@ -58,30 +60,6 @@ FORMAT, FORMAT_VERSION = "setdlm", 1
 # ---------------------------------------------------------------------------------------------------------
 # atomic writes
 # ---------------------------------------------------------------------------------------------------------
-
-
-def umask() -> int:
-    """The process's file-mode creation mask (read by setting it and putting it back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, flush it to disk, then rename it over ``path``.
-    The file gets the permissions of an ordinary new file (0666 less the umask), not ``mkstemp``'s 0600."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -129,7 +107,7 @@ def _commit_dir(tmp: Path, dst: Path) -> None:
     """Move the finished folder ``tmp`` to ``dst``; an existing checkpoint at ``dst`` is replaced."""
     if dst.exists():
         if not is_checkpoint(dst):
-            raise ValueError(f"refusing to overwrite {str(dst)!r}: it exists and is not a setdlm checkpoint")
+            raise UserError(f"refusing to overwrite {str(dst)!r}: it exists and is not a setdlm checkpoint")
         old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
         os.replace(dst, old)
         os.replace(tmp, dst)
@@ -174,11 +152,11 @@ def load_weights(module: torch.nn.Module, sd: dict[str, Tensor]) -> None:
     expected = expected_shapes(module)
     missing, extra = [k for k in expected if k not in sd], [k for k in sd if k not in expected]
     if missing or extra:
-        raise ValueError(f"weights do not match the model (missing {missing[:3]}, unexpected {extra[:3]})")
+        raise UserError(f"weights do not match the model (missing {missing[:3]}, unexpected {extra[:3]})")
     result = module.load_state_dict(sd, strict=False)
     aliases = set(module.state_dict()) - set(expected)
     if set(result.missing_keys) != aliases or result.unexpected_keys:
-        raise ValueError(f"weights left unset: {sorted(set(result.missing_keys) - aliases)[:3]}")
+        raise UserError(f"weights left unset: {sorted(set(result.missing_keys) - aliases)[:3]}")
 
 
 def model_config_dict(model, training_args: dict | None = None, source: dict | None = None) -> dict:
@@ -190,8 +168,8 @@ def model_config_dict(model, training_args: dict | None = None, source: dict | N
 
         kind, arch = "hf", config_dict(backbone)
     else:
-        raise ValueError(f"saving a {type(backbone).__name__} backbone is not supported: only the setdlm DiT "
-                         "and setdlm.hf.HFBackbone")
+        raise UserError(f"saving a {type(backbone).__name__} backbone is not supported: only the setdlm DiT "
+                        "and setdlm.hf.HFBackbone")
     tok = model.tokenizer
     cfg = {"format": FORMAT, "format_version": FORMAT_VERSION, "backbone": kind,
            "architecture": arch, "family": model.family.to_dict(),
@@ -218,11 +196,11 @@ def save(path: str | Path, model, *, ema: dict[str, Tensor] | None = None,
     """
     dst = Path(path)
     if getattr(model.backbone, "quantization", None):
-        raise ValueError(f"a {model.backbone.quantization}-quantized backbone decodes only and is not saved; "
-                         "save the model loaded without quantize=")
+        raise UserError(f"a {model.backbone.quantization}-quantized backbone decodes only and is not saved; "
+                        "save the model loaded without quantize=")
     if model.tokenizer is None or not hasattr(model.tokenizer, "save"):
-        raise ValueError("a checkpoint needs the model's tokenizer (a setdlm.data.Tokenizer); model.tokenizer is "
-                         f"{type(model.tokenizer).__name__}")
+        raise UserError("a checkpoint needs the model's tokenizer (a setdlm.data.Tokenizer); model.tokenizer is "
+                        f"{type(model.tokenizer).__name__}")
     config = model_config_dict(model, training_args, source)
     config["ema"] = ema is not None
     weights = unique_state_dict(model.backbone)
@@ -276,8 +254,8 @@ def write_folder(dst: Path, fill) -> Path:
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) or type(e).__name__ == "SafetensorError":  # disk full, read-only, ...
-            raise ValueError(f"{dst}: cannot write the checkpoint ({str(e).splitlines()[0]}); nothing of it was "
-                             "kept, an earlier checkpoint there is intact") from None
+            raise UserError(f"{dst}: cannot write the checkpoint ({str(e).splitlines()[0]}); nothing of it was "
+                            "kept, an earlier checkpoint there is intact") from None
         raise
     return dst
 
@@ -312,19 +290,19 @@ def resolve(path: str | Path) -> Path:
     """A checkpoint folder, or a training run folder whose ``latest`` names one."""
     p = Path(path)
     if not p.exists():
-        raise ValueError(f"checkpoint {str(p)!r} does not exist")
+        raise UserError(f"checkpoint {str(p)!r} does not exist")
     if not p.is_dir():
-        raise ValueError(f"checkpoint {str(p)!r} is not a folder")
+        raise UserError(f"checkpoint {str(p)!r} is not a folder")
     if not (p / CONFIG).exists() and (p / LATEST).is_file():
         try:
             target = (p / LATEST).read_text(encoding="utf-8").strip()
         except UnicodeDecodeError:
-            raise ValueError(f"{p / LATEST}: not a text file (it should name a checkpoint folder, e.g. "
-                             "checkpoints/step-00000100)") from None
+            raise UserError(f"{p / LATEST}: not a text file (it should name a checkpoint folder, e.g. "
+                            "checkpoints/step-00000100)") from None
         if not target or Path(target).is_absolute() or ".." in Path(target).parts:
-            raise ValueError(f"{p / LATEST}: {target!r} is not a checkpoint folder inside {p}")
+            raise UserError(f"{p / LATEST}: {target!r} is not a checkpoint folder inside {p}")
         if not (p / target / CONFIG).exists():
-            raise ValueError(f"{p / LATEST}: points to {target!r}, which holds no {CONFIG}")
+            raise UserError(f"{p / LATEST}: points to {target!r}, which holds no {CONFIG}")
         return p / target
     return p
 
@@ -337,11 +315,11 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 def read_json(path: Path, missing: str) -> dict:
     """A JSON file, or a ``ValueError`` naming it: ``missing (<missing>)`` or ``not valid JSON``."""
     if not path.is_file():
-        raise ValueError(f"{path}: missing ({missing})")
+        raise UserError(f"{path}: missing ({missing})")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        raise UserError(f"{path}: not valid JSON ({e})") from None
 
 
 def read_config(folder: str | Path) -> dict:
@@ -351,10 +329,10 @@ def read_config(folder: str | Path) -> dict:
         hint = ("it is a Hugging Face causal LM: load it with setdlm.hf.load_pretrained, or fine-tune it with "
                 "`setdlm train --init-from`" if isinstance(cfg, dict) and "model_type" in cfg
                 else "Hugging Face models load through setdlm.hf")
-        raise ValueError(f"{path}: not a setdlm config (no \"format\": \"setdlm\"); {hint}")
+        raise UserError(f"{path}: not a setdlm config (no \"format\": \"setdlm\"); {hint}")
     for key in ("architecture", "family"):
         if not isinstance(cfg.get(key), dict):
-            raise ValueError(f"{path}: missing the {key!r} section")
+            raise UserError(f"{path}: missing the {key!r} section")
     return cfg
 
 
@@ -373,8 +351,8 @@ def check_fields(path: Path, section: str, d: dict, cls) -> None:
         if f.name not in d and f.name in _ADDED_LATER:
             continue
         if f.name not in d:
-            raise ValueError(f"{path}: {section!r} lacks the key {f.name!r}; the file is incomplete or was edited "
-                             "(re-save the model, or restore the key)")
+            raise UserError(f"{path}: {section!r} lacks the key {f.name!r}; the file is incomplete or was edited "
+                            "(re-save the model, or restore the key)")
         v, kind = d[f.name], hints[f.name]
         optional = type(None) in typing.get_args(kind)
         base = next((a for a in typing.get_args(kind) if a is not type(None)), kind)
@@ -382,7 +360,7 @@ def check_fields(path: Path, section: str, d: dict, cls) -> None:
             continue
         if (isinstance(v, bool) and base is not bool) or not isinstance(v, _KINDS.get(base, (base,))):
             want = base.__name__ + (" or null" if optional else "")
-            raise ValueError(f"{path}: {section}.{f.name} must be {want}, got {json.dumps(v)}")
+            raise UserError(f"{path}: {section}.{f.name} must be {want}, got {json.dumps(v)}")
 
 
 def parse_configs(folder: Path, cfg: dict, family: str | None = None) -> tuple[TransformerConfig | dict, FamilyConfig]:
@@ -391,25 +369,25 @@ def parse_configs(folder: Path, cfg: dict, family: str | None = None) -> tuple[T
     path = folder / CONFIG
     kind = cfg.get("backbone", "dit")
     if kind not in ("dit", "hf"):
-        raise ValueError(f"{path}: unknown backbone {kind!r} (expected 'dit' or 'hf')")
+        raise UserError(f"{path}: unknown backbone {kind!r} (expected 'dit' or 'hf')")
     if kind == "dit":
         check_fields(path, "architecture", cfg["architecture"], TransformerConfig)
     check_fields(path, "family", cfg["family"], FamilyConfig)
     try:
         arch = TransformerConfig.from_dict(cfg["architecture"]) if kind == "dit" else dict(cfg["architecture"])
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: bad architecture: {e}") from None
+        raise UserError(f"{path}: bad architecture: {e}") from None
     vocab = arch.vocab_size if kind == "dit" else arch.get("vocab_size")
     if not isinstance(vocab, int) or vocab < 1:
-        raise ValueError(f"{path}: the architecture records no vocab_size")
+        raise UserError(f"{path}: the architecture records no vocab_size")
     try:
         fam = FamilyConfig.from_dict(cfg["family"])
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: bad family config: {e}") from None
+        raise UserError(f"{path}: bad family config: {e}") from None
     if family is not None and fam.family != family:
-        raise ValueError(f"{path}: a {fam.family!r} model, but a {family!r} model was expected")
+        raise UserError(f"{path}: a {fam.family!r} model, but a {family!r} model was expected")
     if not 0 <= fam.mask_token_id < vocab:
-        raise ValueError(f"{path}: mask_token_id {fam.mask_token_id} is outside the vocabulary of {vocab}")
+        raise UserError(f"{path}: mask_token_id {fam.mask_token_id} is outside the vocabulary of {vocab}")
     return arch, fam
 
 
@@ -428,8 +406,8 @@ def is_pickle(path: Path) -> bool:
 def refuse_pickle(path: Path) -> None:
     """Pickles can run code when loaded; setdlm never unpickles one (checkpoints are safetensors)."""
     if is_pickle(path):
-        raise ValueError(f"{path}: is a pickle file (torch.save / .bin / .pt), not safetensors; setdlm does not "
-                         "load pickles, since loading one can run code. Convert it to safetensors where you trust it")
+        raise UserError(f"{path}: is a pickle file (torch.save / .bin / .pt), not safetensors; setdlm does not "
+                        "load pickles, since loading one can run code. Convert it to safetensors where you trust it")
 
 
 def check_safetensors(path: Path) -> None:
@@ -444,37 +422,37 @@ def check_safetensors(path: Path) -> None:
             n = int.from_bytes(f.read(8), "little")
             header = json.loads(f.read(n)) if 8 + n <= size else None
         if header is None:
-            raise ValueError("header runs past the end of the file")
+            raise UserError("header runs past the end of the file")
         end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
         if 8 + n + end > size:
-            raise ValueError(f"{size} bytes, but the header needs {8 + n + end}")
+            raise UserError(f"{size} bytes, but the header needs {8 + n + end}")
         with safe_open(str(path), "pt"):
             pass
     except Exception as e:  # json / safetensors raise their own error types
-        raise ValueError(f"{path}: corrupt or truncated safetensors file ({str(e).splitlines()[0]})") from None
+        raise UserError(f"{path}: corrupt or truncated safetensors file ({str(e).splitlines()[0]})") from None
 
 
 def read_tensors(path: Path, expected: dict[str, tuple] | None = None, what: str = "") -> dict[str, Tensor]:
     """Load a safetensors file; check names and shapes against ``expected`` and that values are finite."""
     if not path.is_file():
-        raise ValueError(f"{path}: missing{what}")
+        raise UserError(f"{path}: missing{what}")
     refuse_pickle(path)
     try:
         sd = load_file(str(path))
     except Exception as e:  # safetensors raises its own error type on a bad header / short file
-        raise ValueError(f"{path}: corrupt or truncated safetensors file ({str(e).splitlines()[0]})") from None
+        raise UserError(f"{path}: corrupt or truncated safetensors file ({str(e).splitlines()[0]})") from None
     if expected is not None:
         missing = [k for k in expected if k not in sd]
         extra = [k for k in sd if k not in expected]
         if missing or extra:
-            raise ValueError(f"{path}: tensors do not match config.json (missing {missing[:3]}, unexpected "
-                             f"{extra[:3]})")
+            raise UserError(f"{path}: tensors do not match config.json (missing {missing[:3]}, unexpected "
+                            f"{extra[:3]})")
         for k, shape in expected.items():
             if tuple(sd[k].shape) != shape:
-                raise ValueError(f"{path}: tensor {k!r} has shape {tuple(sd[k].shape)} but config.json implies {shape}")
+                raise UserError(f"{path}: tensor {k!r} has shape {tuple(sd[k].shape)} but config.json implies {shape}")
     for k, v in sd.items():
         if v.is_floating_point() and not torch.isfinite(v).all():
-            raise ValueError(f"{path}: tensor {k!r} holds non-finite values (corrupt file?)")
+            raise UserError(f"{path}: tensor {k!r} holds non-finite values (corrupt file?)")
     return sd
 
 
@@ -483,19 +461,19 @@ def load_checkpoint_tokenizer(folder: Path, cfg: dict, vocab_size: int, fam: Fam
 
     path = folder / TOKENIZER_FILE
     if not path.is_file():
-        raise ValueError(f"{path}: missing (the checkpoint's tokenizer)")
+        raise UserError(f"{path}: missing (the checkpoint's tokenizer)")
     tok = load_tokenizer(folder)
     if cfg.get("training") and not _records_prompt(folder):  # trained by setdlm before the convention was saved
         tok.prompt = "bos"
     recorded = (cfg.get("tokenizer") or {}).get("vocab_size")
     if recorded is not None and tok.vocab_size != recorded:
-        raise ValueError(f"{path}: vocabulary of {tok.vocab_size} tokens, but config.json records {recorded}")
+        raise UserError(f"{path}: vocabulary of {tok.vocab_size} tokens, but config.json records {recorded}")
     if tok.vocab_size > vocab_size:
-        raise ValueError(f"{path}: vocabulary of {tok.vocab_size} tokens does not fit the model's "
-                         f"vocab_size {vocab_size}")
+        raise UserError(f"{path}: vocabulary of {tok.vocab_size} tokens does not fit the model's "
+                        f"vocab_size {vocab_size}")
     if tok.mask_token_id != fam.mask_token_id:
-        raise ValueError(f"{path}: MASK token id {tok.mask_token_id} differs from the family's mask_token_id "
-                         f"{fam.mask_token_id}")
+        raise UserError(f"{path}: MASK token id {tok.mask_token_id} differs from the family's mask_token_id "
+                        f"{fam.mask_token_id}")
     return tok
 
 
@@ -529,7 +507,7 @@ def count_parameters(cfg: dict, arch: TransformerConfig | dict) -> int:
         one, two = ({**arch, key: n, **({"layer_types": types[:n]} if isinstance(types, list) else {})} for n in (1, 2))
         layers = arch.get(key)
         if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
-            raise ValueError(f"architecture.{key} must be a positive integer, got {layers!r}")
+            raise UserError(f"architecture.{key} must be a positive integer, got {layers!r}")
     with torch.device("meta"):
         a, b = (sum(p.numel() for p in build_backbone(cfg, x).parameters()) for x in (one, two))
     return a + (layers - 1) * (b - a)
@@ -542,7 +520,7 @@ def check_model_size(path: Path, cfg: dict, arch: TransformerConfig | dict, devi
     try:
         n = count_parameters(cfg, arch)
     except (ValueError, TypeError) as e:  # transformers' own check of its config
-        raise ValueError(f"{path}: bad architecture ({str(e).strip().splitlines()[-1]})") from None
+        raise UserError(f"{path}: bad architecture ({str(e).strip().splitlines()[-1]})") from None
     check_fits(f"{path}: the architecture ({n:,} parameters)", 4 * n,
                torch.device(device) if device is not None else torch.device("cpu"),
                "config.json is corrupt, or the model is too large for this machine")

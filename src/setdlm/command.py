@@ -1,9 +1,10 @@
 """How a command of ``setdlm`` (or ``python -m setdlm.train``) ends: the exit codes of docs/errors.md.
 
-Bad input is a ``ValueError``/``TypeError`` raised by the library before any work, and a file the machine
-refuses is an ``OSError``: either prints one line ``setdlm COMMAND: error: ...`` and exits with code 2.
-Ctrl-C prints one line saying what is left and exits with code 130 (the shell's code for SIGINT). Usage
-errors of the parser (:class:`Parser`) are one line with code 2 as well.
+Bad input is a :class:`setdlm.errors.UserError` raised by the library before any work (its field names
+printed as flags), and a file the machine refuses is an ``OSError``: either prints one line
+``setdlm COMMAND: error: ...`` and exits with code 2. Any other exception is a bug: Python prints its
+traceback (exit code 1). Ctrl-C prints one line saying what is left and exits with code 130 (the shell's
+code for SIGINT). Usage errors of the parser (:class:`Parser`) are one line with code 2 as well.
 """
 
 from __future__ import annotations
@@ -11,6 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+
+from .errors import UserError, as_flags
+
+# PENDING (the lead removes this when setdlm/training/ lands): train.py's checks predate UserError and raise
+# plain ValueError/TypeError; until the training package raises UserError, `train` treats them as bad input
+_PLAIN_VALUE_ERRORS = ("train",)
 
 
 class Parser(argparse.ArgumentParser):
@@ -20,18 +27,22 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def _one_line(command: str, message: str) -> int:
+    print(f"setdlm {command}: error: {message.splitlines()[0] if message else 'bad input'}", file=sys.stderr)
+    return 2
+
+
 def run(command: str, call: Callable[[], int], interrupted: Callable[[KeyboardInterrupt], str]) -> int:
-    """``call()``'s exit code, or 2 after a one-line error, or 130 after Ctrl-C with ``interrupted(e)``'s note."""
+    """``call()``'s exit code, or 2 after a one-line error, or 130 after Ctrl-C with ``interrupted(e)``'s note;
+    an exception that is not bad input propagates (its traceback shows)."""
+    user_errors = (ValueError, TypeError) if command in _PLAIN_VALUE_ERRORS else UserError
     try:
         return call()
-    except (ValueError, TypeError) as e:  # bad user input: one line, exit 2
-        print(f"setdlm {command}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
-              file=sys.stderr)
-        return 2
+    except user_errors as e:  # bad user input: one line, exit 2
+        return _one_line(command, as_flags(e) if isinstance(e, UserError) else str(e) or type(e).__name__)
     except OSError as e:  # the machine refused (a file that cannot be read or written): one line, exit 2
         where = f"{e.filename}: " if e.filename else ""
-        print(f"setdlm {command}: error: {where}{e.strerror or e}", file=sys.stderr)
-        return 2
+        return _one_line(command, f"{where}{e.strerror or e}")
     except KeyboardInterrupt as e:  # Ctrl-C: one line, the shell's exit code for SIGINT
         print(f"\nsetdlm {command}: interrupted; {interrupted(e)}", file=sys.stderr)
         return 130

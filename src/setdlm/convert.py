@@ -47,6 +47,7 @@ from torch import Tensor
 from torch import nn
 
 from .checkpoint import check_model_size, refuse_pickle
+from .errors import UserError
 from .family import FamilyConfig
 from .lm import Model
 from .model import TransformerConfig, Transformer
@@ -77,8 +78,8 @@ def convert_reference_state_dict(sd: dict[str, Tensor], config: TransformerConfi
     key or wrong shape; legacy adaLN (time-conditioned) DiTs are refused with a clear message."""
     ada = [k for k in sd if "adaLN" in k]
     if ada:
-        raise ValueError(f"checkpoint has time-conditioning (adaLN) weights, e.g. {ada[0]!r}: legacy "
-                         "BD3LM/MDLM DiT checkpoints are not supported, only the SetDLM DiT without adaLN")
+        raise UserError(f"checkpoint has time-conditioning (adaLN) weights, e.g. {ada[0]!r}: legacy "
+                        "BD3LM/MDLM DiT checkpoints are not supported, only the SetDLM DiT without adaLN")
     kmap = reference_key_map(config.n_layers)
     expected = {k: tuple(v.shape) for k, v in Transformer(config).state_dict().items()}
     out: dict[str, Tensor] = {}
@@ -86,22 +87,22 @@ def convert_reference_state_dict(sd: dict[str, Tensor], config: TransformerConfi
         if key in _BUFFERS:
             continue
         if key not in kmap:
-            raise ValueError(f"unknown key {key!r} in the reference checkpoint (not part of a "
-                             f"{config.n_layers}-layer DiT)")
+            raise UserError(f"unknown key {key!r} in the reference checkpoint (not part of a "
+                            f"{config.n_layers}-layer DiT)")
     for src, dst in kmap.items():
         if src not in sd:
-            raise ValueError(f"missing key {src!r} in the reference checkpoint")
+            raise UserError(f"missing key {src!r} in the reference checkpoint")
         t = sd[src]
         if tuple(t.shape) != expected[dst]:
-            raise ValueError(f"wrong shape for {src!r}: expected {list(expected[dst])}, got {list(t.shape)}")
+            raise UserError(f"wrong shape for {src!r}: expected {list(expected[dst])}, got {list(t.shape)}")
         out[dst] = t
     inv = sd.get("backbone.rotary_emb.inv_freq")
     if inv is not None:
         hd = config.head_dim
         ours = 1.0 / (config.rope_base ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
         if inv.shape != ours.shape or not torch.allclose(inv.float(), ours, rtol=1e-5):
-            raise ValueError("backbone.rotary_emb.inv_freq does not match rotary base "
-                             f"{config.rope_base} with head_dim {hd}")
+            raise UserError("backbone.rotary_emb.inv_freq does not match rotary base "
+                            f"{config.rope_base} with head_dim {hd}")
     return out
 
 
@@ -133,13 +134,13 @@ _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.mode
 def read_reference_config(folder: Path) -> dict:
     path = Path(folder) / "config.json"
     if not path.is_file():
-        raise ValueError(f"{path}: missing (a reference checkpoint folder needs config.json)")
+        raise UserError(f"{path}: missing (a reference checkpoint folder needs config.json)")
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        raise UserError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(cfg, dict):
-        raise ValueError(f"{path}: expected a JSON object")
+        raise UserError(f"{path}: expected a JSON object")
     return cfg
 
 
@@ -161,12 +162,12 @@ def read_reference_weights(folder: Path) -> dict[str, Tensor]:
     folder = Path(folder)
     files = sorted(folder.glob(_WEIGHT_FILES[0])) or sorted(folder.glob(_WEIGHT_FILES[1]))
     if not files:
-        raise ValueError(f"{folder}: no weights found (expected *.safetensors or pytorch_model.bin)")
+        raise UserError(f"{folder}: no weights found (expected *.safetensors or pytorch_model.bin)")
     index = _shard_index(folder, files[0].suffix)
     if index is None:
         if len(files) > 1:
-            raise ValueError(f"{folder}: {len(files)} weights files ({', '.join(f.name for f in files)}) and no "
-                             "*.index.json saying how they combine; keep one, or add the sharded-checkpoint index")
+            raise UserError(f"{folder}: {len(files)} weights files ({', '.join(f.name for f in files)}) and no "
+                            "*.index.json saying how they combine; keep one, or add the sharded-checkpoint index")
         return _read_weight_file(files[0])
     path, weight_map = index
     sd: dict[str, Tensor] = {}
@@ -174,11 +175,11 @@ def read_reference_weights(folder: Path) -> dict[str, Tensor]:
         part = _read_weight_file(folder / name)
         twice = sorted(set(part) & set(sd))
         if twice:
-            raise ValueError(f"{path}: shard {name} repeats tensors of another shard: {twice[:3]}")
+            raise UserError(f"{path}: shard {name} repeats tensors of another shard: {twice[:3]}")
         sd.update(part)
     missing = sorted({k.replace("_orig_mod.", "") for k in weight_map} - set(sd))
     if missing:
-        raise ValueError(f"{path}: tensors listed in weight_map are in no shard: {missing[:3]}")
+        raise UserError(f"{path}: tensors listed in weight_map are in no shard: {missing[:3]}")
     return sd
 
 
@@ -189,16 +190,16 @@ def _shard_index(folder: Path, suffix: str) -> tuple[Path, dict[str, str]] | Non
     if not found:
         return None
     if len(found) > 1:
-        raise ValueError(f"{folder}: several sharded-checkpoint indexes ({', '.join(f.name for f in found)})")
+        raise UserError(f"{folder}: several sharded-checkpoint indexes ({', '.join(f.name for f in found)})")
     try:
         weight_map = json.loads(found[0].read_text(encoding="utf-8")).get("weight_map")
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
-        raise ValueError(f"{found[0]}: not a sharded-checkpoint index ({e})") from None
+        raise UserError(f"{found[0]}: not a sharded-checkpoint index ({e})") from None
     if not (isinstance(weight_map, dict) and weight_map and all(isinstance(v, str) for v in weight_map.values())):
-        raise ValueError(f"{found[0]}: no weight_map (tensor name -> shard file) in the index")
+        raise UserError(f"{found[0]}: no weight_map (tensor name -> shard file) in the index")
     absent = sorted({v for v in weight_map.values() if not (folder / v).is_file()})
     if absent:
-        raise ValueError(f"{found[0]}: shard files missing from {folder}: {', '.join(absent)}")
+        raise UserError(f"{found[0]}: shard files missing from {folder}: {', '.join(absent)}")
     return found[0], weight_map
 
 
@@ -211,10 +212,10 @@ def _read_weight_file(f: Path) -> dict[str, Tensor]:
         part = load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu",
                                                                                 weights_only=True)
     except pickle.UnpicklingError:  # weights_only refused an object: never retried without it
-        raise ValueError(f"{f}: a pickle holding more than tensors; it is not loaded, since loading it could "
-                         "run code") from None
+        raise UserError(f"{f}: a pickle holding more than tensors; it is not loaded, since loading it could "
+                        "run code") from None
     except Exception as e:  # safetensors / torch raise their own error types for corrupt files
-        raise ValueError(f"{f}: cannot read the weights ({str(e).splitlines()[0]})") from None
+        raise UserError(f"{f}: cannot read the weights ({str(e).splitlines()[0]})") from None
     if isinstance(part.get("state_dict"), dict):
         part = part["state_dict"]
     return {k.replace("_orig_mod.", ""): v for k, v in part.items() if isinstance(v, Tensor)}
@@ -227,8 +228,8 @@ def backbone_kind(cfg: dict, sd: dict) -> str:
         return "hf"
     if target.endswith("DIT") or is_reference_state_dict(sd):
         return "dit"
-    raise ValueError(f"unsupported reference backbone {target or '(no _target_)'!r}: only the DiT and "
-                     "AutoModelFromPreTrained (Qwen3) checkpoints load into setdlm")
+    raise UserError(f"unsupported reference backbone {target or '(no _target_)'!r}: only the DiT and "
+                    "AutoModelFromPreTrained (Qwen3) checkpoints load into setdlm")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -247,7 +248,7 @@ def _noise_cfg(cfg: dict) -> dict:
 def reference_length(cfg: dict) -> int:
     L = _pick(cfg, "length", "model_length", "max_length", default=_pick(_backbone_cfg(cfg), "length"))
     if L is None:
-        raise ValueError("the reference config records no context length ('length')")
+        raise UserError("the reference config records no context length ('length')")
     return int(L)
 
 
@@ -258,7 +259,7 @@ def reference_keep_clean_bos(cfg: dict) -> bool:
         v = d.get("keep_clean_bos") if isinstance(d, dict) else None
         if v is not None:
             if not isinstance(v, bool):
-                raise ValueError(f"the reference config's keep_clean_bos must be true or false, got {v!r}")
+                raise UserError(f"the reference config's keep_clean_bos must be true or false, got {v!r}")
             return v
     return False
 
@@ -273,22 +274,22 @@ def reference_family(cfg: dict, name: str = "", *, mask_token_id: int, D: int | 
     if "setdlm" in cfg or any(w in hay for w in ("setdlm", "aoarm", "staggered", "easeoutpower")):
         D = D or _pick(noise, "desired_block_size") or infer_D(name)
         if D is None:
-            raise ValueError(f"cannot tell D for {name or 'this checkpoint'}: no noise desired_block_size in its "
-                             "config and no d{N}/tgt{N}/smax{2N} in its name; pass D explicitly")
+            raise UserError(f"cannot tell D for {name or 'this checkpoint'}: no noise desired_block_size in its "
+                            "config and no d{N}/tgt{N}/smax{2N} in its name; pass D explicitly")
         return FamilyConfig("setdlm", length=L, mask_token_id=mask_token_id, D=int(D), M=M or min(2 * int(D), L),
                             keep_clean_bos=reference_keep_clean_bos(cfg))
     if "bd3lm" in hay:
         m = re.search(r"(?:^|[-_])s(\d+)(?:$|[-_])", base)
         S = int(m.group(1)) if m else _pick(cfg, "block_size")
         if S is None or (int(S) >= L and not m):  # SetDLM-style configs record block_size = L
-            raise ValueError(f"cannot tell the BD3LM block size of {name or 'this checkpoint'}")
+            raise UserError(f"cannot tell the BD3LM block size of {name or 'this checkpoint'}")
         return FamilyConfig("bd3lm", length=L, mask_token_id=mask_token_id, block_size=int(S))
     if "mdlm" in hay:
         return FamilyConfig("mdlm", length=L, mask_token_id=mask_token_id)
     if re.search(r"(?:^|[^a-z0-9])ar(?:$|[^a-z0-9])", hay):
         return FamilyConfig("ar", length=L, mask_token_id=mask_token_id)
-    raise ValueError(f"cannot tell the family of {name or 'this checkpoint'} (setdlm, bd3lm, mdlm or ar) from its "
-                     "config's architectures or its name")
+    raise UserError(f"cannot tell the family of {name or 'this checkpoint'} (setdlm, bd3lm, mdlm or ar) from its "
+                    "config's architectures or its name")
 
 
 def reference_configs(cfg: dict, name: str = "", *, D: int | None = None,
@@ -297,7 +298,7 @@ def reference_configs(cfg: dict, name: str = "", *, D: int | None = None,
     ``backbone_config`` / ``noise_config``, the fixture's layout, or a flat config with the same names)."""
     bb = _backbone_cfg(cfg)
     if _pick(bb, "adaln", default=False):
-        raise ValueError("config has adaln=true: legacy time-conditioned DiTs are not supported")
+        raise UserError("config has adaln=true: legacy time-conditioned DiTs are not supported")
     mc = TransformerConfig(vocab_size=int(_pick(bb, "vocab_size", default=cfg.get("vocab_size"))),
                      hidden_size=int(_pick(bb, "hidden_size", "hidden_dim")),
                      n_heads=int(_pick(bb, "n_heads", "num_attention_heads")),
@@ -327,7 +328,7 @@ def _base_config(base: str):
     if path.is_dir():
         return AutoConfig.from_pretrained(str(path))
     if not is_hub_id(base):
-        raise ValueError(f"base model {base!r} is neither a local folder nor a Hub id")
+        raise UserError(f"base model {base!r} is neither a local folder nor a Hub id")
     try:
         return AutoConfig.from_pretrained(str(snapshot(base, allow_patterns=["config.json"])))
     except HubUnreachableError as e:
@@ -345,7 +346,7 @@ def hf_reference_state_dict(sd: dict[str, Tensor]) -> tuple[dict[str, Tensor], d
         if k in _BUFFERS or k.endswith("rotary_emb.inv_freq"):
             continue
         if not k.startswith("backbone."):
-            raise ValueError(f"unknown key {k!r} in the reference checkpoint (expected backbone.model.*)")
+            raise UserError(f"unknown key {k!r} in the reference checkpoint (expected backbone.model.*)")
         new = k[len("backbone."):]
         if new.startswith("model.model.") or new.startswith("model.lm_head."):
             new = new[len("model."):]
@@ -361,8 +362,8 @@ def reference_hf_backbone(cfg: dict, sd: dict[str, Tensor], *, base: str | None 
     bb = cfg.get("backbone_config") or {}
     base = base or bb.get("pretrained_model_name_or_path")
     if not base:
-        raise ValueError("the checkpoint names no base model (backbone_config.pretrained_model_name_or_path): "
-                         "pass base= (a folder or Hub id whose config.json gives the architecture)")
+        raise UserError("the checkpoint names no base model (backbone_config.pretrained_model_name_or_path): "
+                        "pass base= (a folder or Hub id whose config.json gives the architecture)")
     arch = json.loads(_base_config(str(base)).to_json_string(use_diff=False))
     overrides = {k: v for k, v in bb.items() if k not in _AUTOMODEL_ARGS}
     keep = bb.get("keep_bottom_n_layers", -1)
@@ -383,15 +384,15 @@ def reference_hf_backbone(cfg: dict, sd: dict[str, Tensor], *, base: str | None 
     expected = expected_shapes(backbone)
     for k in hf_sd:
         if "hf." + k not in expected:
-            raise ValueError(f"unknown key {names[k]!r} in the reference checkpoint (not part of the "
-                             f"{arch.get('model_type')} architecture of {base})")
+            raise UserError(f"unknown key {names[k]!r} in the reference checkpoint (not part of the "
+                            f"{arch.get('model_type')} architecture of {base})")
     for k, shape in expected.items():
         key = k[len("hf."):]
         if key not in hf_sd:
-            raise ValueError(f"missing key {'backbone.model.' + key!r} in the reference checkpoint")
+            raise UserError(f"missing key {'backbone.model.' + key!r} in the reference checkpoint")
         if tuple(hf_sd[key].shape) != shape:
-            raise ValueError(f"wrong shape for {names[key]!r}: expected {list(shape)}, got "
-                             f"{list(hf_sd[key].shape)}")
+            raise UserError(f"wrong shape for {names[key]!r}: expected {list(shape)}, got "
+                            f"{list(hf_sd[key].shape)}")
     load_weights(backbone, {"hf." + k: v for k, v in hf_sd.items()})
     return backbone.eval()
 
@@ -423,8 +424,8 @@ def reference_tokenizer(folder: Path, cfg: dict, name: str, *, tokenizer=None, b
 
     if isinstance(tokenizer, Tokenizer):
         if tokenizer.mask_token_id != mask_token_id:
-            raise ValueError(f"the tokenizer's MASK id {tokenizer.mask_token_id} differs from the checkpoint's "
-                             f"{mask_token_id}")
+            raise UserError(f"the tokenizer's MASK id {tokenizer.mask_token_id} differs from the checkpoint's "
+                            f"{mask_token_id}")
         return tokenizer
     spec = tokenizer
     if spec is None and any((Path(folder) / f).is_file() for f in _TOKENIZER_FILES):
@@ -436,7 +437,7 @@ def reference_tokenizer(folder: Path, cfg: dict, name: str, *, tokenizer=None, b
     path = Path(spec).expanduser()
     if not path.is_dir():
         if not (is_hub_id(spec) or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", spec)):  # "gpt2" is a Hub name
-            raise ValueError(f"tokenizer {spec!r} is neither a local folder nor a Hub name")
+            raise UserError(f"tokenizer {spec!r} is neither a local folder nor a Hub name")
         path = snapshot(spec, allow_patterns=["tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt",
                                               "*.model", "chat_template*"])
     tok = load_tokenizer(path, mask_id=mask_token_id)
@@ -472,16 +473,16 @@ def load_reference_model(path: str | Path, *, name: str | None = None, tokenizer
         backbone = reference_hf_backbone(cfg, sd, base=base)
         mask_id = _pick(cfg, "mask_token_id")
         if mask_id is None:
-            raise ValueError(f"{folder / 'config.json'}: records no mask_token_id")
+            raise UserError(f"{folder / 'config.json'}: records no mask_token_id")
         fam = reference_family(cfg, name, mask_token_id=int(mask_id), D=D, M=M)
         base = base or (cfg.get("backbone_config") or {}).get("pretrained_model_name_or_path")
     vocab = backbone.vocab_size if hasattr(backbone, "vocab_size") else backbone.config.vocab_size
     if not 0 <= fam.mask_token_id < vocab:
-        raise ValueError(f"mask_token_id {fam.mask_token_id} is outside the model's vocabulary of {vocab}")
+        raise UserError(f"mask_token_id {fam.mask_token_id} is outside the model's vocabulary of {vocab}")
     tok = None if tokenizer is _NO_TOKENIZER else reference_tokenizer(
         folder, cfg, name, tokenizer=tokenizer, base=base if kind == "hf" else None, mask_token_id=fam.mask_token_id)
     if tok is not None and tok.vocab_size > vocab:
-        raise ValueError(f"the tokenizer has {tok.vocab_size} tokens, more than the model's vocabulary of {vocab}")
+        raise UserError(f"the tokenizer has {tok.vocab_size} tokens, more than the model's vocabulary of {vocab}")
     if dtype is not None:
         backbone.to(dtype)
     return Model(backbone.eval(), fam, tok)
@@ -504,10 +505,18 @@ def convert_reference(src: str | Path, out: str | Path, *, tokenizer=None, D: in
                       M: int | None = None, base: str | None = None, dtype: torch.dtype | None = None,
                       revision: str | None = None) -> Path:
     """Write the authors' checkpoint ``src`` (a folder or Hub id) as a setdlm checkpoint at ``out``.
-    Keywords: as :func:`load_reference_model`. A tokenizer is required (a checkpoint always carries one)."""
+    Keywords: as :func:`load_reference_model` (``dtype`` also by name: ``"bfloat16"``). A tokenizer is
+    required (a checkpoint always carries one)."""
     from .checkpoint import resolve, save
     from .hub import is_hub_id, snapshot_checkpoint
 
+    for name, v in (("D", D), ("M", M)):
+        if v is not None and not (isinstance(v, int) and v >= 1):
+            raise UserError(f"{name} must be a positive integer, got {v}", fields=(name,))
+    if isinstance(dtype, str):
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise UserError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}", fields=("dtype",))
+        dtype = getattr(torch, dtype)
     local = Path(src).expanduser()
     if local.exists():
         folder = resolve(local)
@@ -516,13 +525,25 @@ def convert_reference(src: str | Path, out: str | Path, *, tokenizer=None, D: in
     else:
         folder = local
     if not folder.is_dir():
-        raise ValueError(f"reference checkpoint {str(src)!r} does not exist")
+        raise UserError(f"reference checkpoint {str(src)!r} does not exist")
     if not is_reference_folder(folder):  # a setdlm checkpoint is not one either
-        raise ValueError(f"{src}: not a checkpoint in the authors' layout (config.json has no backbone_config / "
-                         "noise_config)")
+        raise UserError(f"{src}: not a checkpoint in the authors' layout (config.json has no backbone_config / "
+                        "noise_config)")
     model = load_reference_model(folder, name=str(src), tokenizer=tokenizer, D=D, M=M, base=base, dtype=dtype)
     if model.tokenizer is None:
-        raise ValueError(f"{src}: no tokenizer found; pass one (--tokenizer DIR or a Hub name such as gpt2, "
-                         "bert-base-uncased, Qwen/Qwen3-1.7B-Base)")
+        raise UserError(f"{src}: no tokenizer found; pass one (tokenizer DIR or a Hub name such as gpt2, "
+                        "bert-base-uncased, Qwen/Qwen3-1.7B-Base)", fields=("tokenizer",))
     source = {"name": str(src), "layout": "kuleshov-group/setdlms", "revision": revision}
     return save(out, model, source=source)
+
+
+def describe(folder: str | Path) -> str:
+    """One line about a converted checkpoint: family, context length (D and M for SetDLM), backbone, mask id
+    and vocabulary (what ``setdlm convert`` prints)."""
+    from .checkpoint import read_config
+
+    cfg = read_config(folder)
+    fam = cfg["family"]
+    extra = f" D={fam['D']} M={fam['M']}" if fam.get("D") is not None else ""
+    return (f"{fam['family']} L={fam['length']}{extra}, {cfg['backbone']} backbone, mask id {fam['mask_token_id']}, "
+            f"tokenizer of {cfg['tokenizer']['vocab_size']} tokens")

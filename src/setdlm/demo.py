@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from . import pretrained
+from .errors import UserError
 
 LM, LM_BASELINES = "shakespeare-setdlm-smax8", ("shakespeare-ar", "shakespeare-bd3lm-s4")
 REASON = ("arith-ar", "arith-bd3lm-s4", "arith-setdlm-smax8")
@@ -26,14 +26,14 @@ def _loader(models: str | Path | None):
 
     if models is not None:  # a local folder, checked here: never taken for a Hub id
         if not Path(models).is_dir():
-            raise ValueError(f"--models {str(models)!r}: no such folder")
+            raise UserError(f"models {str(models)!r}: no such folder", fields=("models",))
         lacking = [name for name in (LM, *REASON) if not (Path(models) / name).is_dir()]
         if lacking:
-            raise ValueError(f"--models {str(models)!r} lacks {', '.join(lacking)} (checkpoint folders named like "
-                             "the shipped models)")
+            raise UserError(f"models {str(models)!r} lacks {', '.join(lacking)} (checkpoint folders named like "
+                            "the shipped models)", fields=("models",))
 
     def get(name: str):
-        return load(Path(models) / name) if models is not None else pretrained.load(name)
+        return load(Path(models) / name if models is not None else name)
 
     return get
 
@@ -47,18 +47,17 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
     """Run the four parts; returns the numbers it printed (the live table as bench points). ``max_new_tokens``:
     the Shakespeare continuation's length (None: the demo's default, docs/decoding.md)."""
     from . import bench, evaluate
-    from .data.sources import infill_from_source
-    from .data.tasks import reasoning_split
     from .decoding import DecodeSettings
     from .decoding.settings import default_max_new_tokens
+    from .evaluation import TaskSpec, task_examples
     from .metrics import extract_answer
     from .outputs import check_folder
 
     if not (isinstance(n, int) and n >= 3):
-        raise ValueError(f"the demo needs at least 3 problems for its table, got n={n}")
+        raise UserError(f"the demo needs at least 3 problems for its table, got n={n}")
     max_new_tokens = default_max_new_tokens("demo") if max_new_tokens is None else max_new_tokens
     if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        raise UserError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     check_folder(out)
     get = _loader(models)
     t0 = time.time()
@@ -73,10 +72,7 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
     result["continuation"] = g.texts[0]
 
     _rule("2. A hidden line of held-out Shakespeare, infilled by SetDLM S<=8 (w = M = 8)")
-    ex = next((e for e in infill_from_source("shakespeare", "test", sentences=5, hidden=1, seed=0)
-               if evaluate.fits(lm, e)), None)
-    if ex is None:
-        raise ValueError(f"no held-out Shakespeare window fits the model's context L={lm.family.length}")
+    (ex,), _ = task_examples(TaskSpec("infill", data="shakespeare", split="test", n=1, hidden=1, seed=0), [lm])
     r = evaluate.infill(lm, [ex], DecodeSettings(window=lm.family.M, repetition_penalty=1.2), batch_size=1,
                         progress=False)
     print(f"{ex.prefix.strip()}\n  >>> {r.predictions[0].strip()} <<<\n{ex.suffix.strip()}")
@@ -84,8 +80,8 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
     result["infill"] = r.predictions[0]
 
     _rule("3. An arithmetic word problem, solved by SetDLM S<=8")
-    problems = reasoning_split("test", n, level="medium", seed=0)
     solver = get(REASON[-1])
+    problems, _ = task_examples(TaskSpec("reasoning", level="medium", split="test", n=n, seed=0), [solver])
     r = evaluate.reasoning(solver, problems, DecodeSettings(cache_order="reveal"), batch_size=n, progress=False)
     ok = [extract_answer(p) == e.answer for p, e in zip(r.predictions, problems)]
     exact = [p.strip() == e.solution.strip() for p, e in zip(r.predictions, problems)]

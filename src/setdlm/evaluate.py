@@ -45,6 +45,8 @@ from .data.prompt import check_prompt_fits, encode_prompt, start_ids
 from .data.parallel import PARALLEL_TASKS, ParallelExample
 from .data.tasks import InfillExample, ReasoningExample, encode_infill
 from .decoding.settings import DecodeSettings, default_max_new_tokens
+from .decoding.settings import DecodeSettings
+from .errors import UserError
 from .lm import Model
 from .metrics import LikelihoodSummary, ThroughputStats, extract_answer, rouge, throughput_stats
 from .objectives import compute_loss
@@ -57,7 +59,7 @@ def _as_batch(b) -> Batch:
         return b
     if isinstance(b, torch.Tensor) and b.dim() == 2 and not b.is_floating_point():
         return Batch(b, torch.ones_like(b, dtype=torch.bool))
-    raise ValueError(f"a batch must be a setdlm.objectives.Batch or a (B, L) integer tensor, got {type(b).__name__}")
+    raise UserError(f"a batch must be a setdlm.objectives.Batch or a (B, L) integer tensor, got {type(b).__name__}")
 
 
 def bound_generator(seed: int, sample: int, index: int, device=None) -> torch.Generator:
@@ -89,10 +91,10 @@ def likelihood(model: Model, batches: Iterable, *, samples: int = 1, seed: int =
     under DDP each process scores every ``world``-th batch and the sums are all-reduced.
     """
     if samples < 1:
-        raise ValueError(f"samples must be >= 1, got {samples}")
+        raise UserError(f"samples must be >= 1, got {samples}")
     if samples > 1 and isinstance(batches, Iterator):
-        raise ValueError("samples > 1 passes over the data several times: give a list or a DataLoader, "
-                         "not a one-shot iterator")
+        raise UserError("samples > 1 passes over the data several times: give a list or a DataLoader, "
+                        "not a one-shot iterator")
     rank, world = (dist.rank, dist.world) if dist is not None else (0, 1)
     was_training = model.backbone.training
     model.backbone.eval()
@@ -117,9 +119,9 @@ def likelihood(model: Model, batches: Iterable, *, samples: int = 1, seed: int =
         torch.distributed.all_reduce(sums)
     nats, tokens, bounds, count = sums.cpu().unbind(-1)  # (samples,) each
     if tokens[0] == 0:
-        raise ValueError("no scored tokens in the data (empty batches, or every token padding or context)")
+        raise UserError("no scored tokens in the data (empty batches, or every token padding or context)")
     if len(set(tokens.tolist())) > 1:
-        raise ValueError(f"the data changed between passes: scored tokens per pass {[int(t) for t in tokens]}")
+        raise UserError(f"the data changed between passes: scored tokens per pass {[int(t) for t in tokens]}")
     return LikelihoodSummary(nats=float(nats.sum()) / samples, tokens=int(tokens[0]), samples=samples,
                              batch_mean=float(bounds.sum() / count.sum()))
 
@@ -131,7 +133,7 @@ def likelihood(model: Model, batches: Iterable, *, samples: int = 1, seed: int =
 
 def _tokenizer(model: Model):
     if model.tokenizer is None:
-        raise ValueError("task evaluation needs the model's tokenizer, and model.tokenizer is None")
+        raise UserError("task evaluation needs the model's tokenizer, and model.tokenizer is None")
     return model.tokenizer
 
 
@@ -170,17 +172,17 @@ def fits(model: Model, example: ReasoningExample | ParallelExample | InfillExamp
         pre, mid, suf = encode_infill(example, tok)
         n = len(start_ids(tok)) + len(pre) + len(mid) + len(suf) + (len(_eos(tok)) if eos else 0)
     else:
-        raise ValueError(f"expected a ReasoningExample, ParallelExample or InfillExample, got {type(example).__name__}")
+        raise UserError(f"expected a ReasoningExample, ParallelExample or InfillExample, got {type(example).__name__}")
     return n <= model.family.length
 
 
 def _check_examples(examples: Sequence, kind: type) -> list:
     examples = list(examples)
     if not examples:
-        raise ValueError("no examples to evaluate")
+        raise UserError("no examples to evaluate")
     bad = next((e for e in examples if not isinstance(e, kind)), None)
     if bad is not None:
-        raise ValueError(f"expected {kind.__name__} examples, got {type(bad).__name__}")
+        raise UserError(f"expected {kind.__name__} examples, got {type(bad).__name__}")
     return examples
 
 
@@ -238,15 +240,15 @@ def _decode_steps(n: int, call: Callable[[int, int], object], *, batch_size: int
     A generator that yields after every call (so that :func:`interleave` can alternate passes) and returns
     ``(outputs, run)``; the arguments are checked before the first call."""
     if not (isinstance(batch_size, int) and batch_size >= 1):
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        raise UserError(f"batch_size must be a positive integer, got {batch_size!r}")
     if not (isinstance(warmup, int) and warmup >= 0):
-        raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
+        raise UserError(f"warmup must be a non-negative integer, got {warmup!r}")
     if clock not in CLOCKS:
-        raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+        raise UserError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
     calls = -(-n // batch_size)
     if warmup >= calls:
-        raise ValueError(f"warmup={warmup} leaves none of the {calls} decoding calls ({n} examples at batch size "
-                         f"{batch_size}) to measure")
+        raise UserError(f"warmup={warmup} leaves none of the {calls} decoding calls ({n} examples at batch size "
+                        f"{batch_size}) to measure")
     outs, seconds = [], []
     with tqdm(total=n, desc=desc, unit="ex", disable=None if progress else True) as bar:
         for lo in range(0, n, batch_size):
@@ -270,7 +272,7 @@ def _decode_steps(n: int, call: Callable[[int, int], object], *, batch_size: int
 def _check_clock(model: Model, clock: str) -> None:
     device = next(model.backbone.parameters()).device
     if clock == "cpu" and device.type != "cpu":
-        raise ValueError(f"clock='cpu' times CPU work, but the model runs on {device}; use clock='wall'")
+        raise UserError(f"clock='cpu' times CPU work, but the model runs on {device}; use clock='wall'")
 
 
 def _generate_steps(model: Model, prompts: list[list[int]], settings: DecodeSettings, *, seed: int | None, **opts):
@@ -299,8 +301,8 @@ def _infill_steps(model: Model, examples: list[InfillExample], settings: DecodeS
     L = model.family.length
     for i, (pre, m, suf) in enumerate(rows):
         if len(pre) + m + len(suf) > L:
-            raise ValueError(f"infill example {i} needs {len(pre) + m + len(suf)} tokens, more than the context "
-                             f"length L={L} (select examples with setdlm.evaluate.fits)")
+            raise UserError(f"infill example {i} needs {len(pre) + m + len(suf)} tokens, more than the context "
+                            f"length L={L} (select examples with setdlm.evaluate.fits)")
     pre, lens, suf = zip(*rows)
     return (yield from _decode_steps(len(rows), lambda lo, hi: decode_infill(
         model, list(pre[lo:hi]), list(suf[lo:hi]), list(lens[lo:hi]), settings=settings, seed=seed), **opts))
@@ -524,12 +526,12 @@ def throughput_steps(model: Model, items: Sequence, settings: DecodeSettings | N
     settings = DecodeSettings.of(settings, knobs, "throughput")
     items = list(items)
     if not items:
-        raise ValueError("no prompts or examples to time")
+        raise UserError("no prompts or examples to time")
     opts = dict(seed=seed, batch_size=batch_size, warmup=warmup, progress=progress, clock=clock,
                 desc=f"{model.family.family} throughput")
     if isinstance(items[0], InfillExample):
         if settings.max_new_tokens is not None:
-            raise ValueError("max_new_tokens does not apply to infilling: the oracle length of each middle is used")
+            raise UserError("max_new_tokens does not apply to infilling: the oracle length of each middle is used")
         examples = _check_examples(items, InfillExample)
         return (yield from _infill_steps(model, examples, settings, eos=eos, **opts))[1].speed
     if isinstance(items[0], (ReasoningExample, ParallelExample)):
@@ -546,5 +548,5 @@ def _prompt(model: Model, p, i: int) -> list[int]:
     if isinstance(p, torch.Tensor):
         p = p.tolist()
     if not (isinstance(p, (list, tuple)) and all(isinstance(t, int) and t >= 0 for t in p)):
-        raise ValueError(f"item {i} is neither an example, a string nor a list of token ids: {str(p)[:40]!r}")
+        raise UserError(f"item {i} is neither an example, a string nor a list of token ids: {str(p)[:40]!r}")
     return list(p)

@@ -22,6 +22,8 @@ import os
 import shutil
 from pathlib import Path
 
+from .errors import UserError
+
 MAGIC = b"GGUF"
 CONVERTER_VERSION = 1  # part of the cache key: a change of the conversion invalidates old folders
 
@@ -47,15 +49,15 @@ def packaged_file(name: str) -> Path:
     when its package is not installed. The package is located, never imported (its own runtime is not
     needed and usually not installed)."""
     if name not in PACKAGED:
-        raise ValueError(f"no packaged GGUF model {name!r}; known: {', '.join(PACKAGED)}")
+        raise UserError(f"no packaged GGUF model {name!r}; known: {', '.join(PACKAGED)}")
     package, file, pip_line = PACKAGED[name]
     spec = importlib.util.find_spec(package)
     folders = list(spec.submodule_search_locations or []) if spec is not None else []
     for folder in folders:
         if (Path(folder) / file).is_file():
             return Path(folder) / file
-    raise ValueError(f"{name!r} needs the GGUF file of the {package.replace('_', '-')} package: `{pip_line}` "
-                     f"(it is not installed, or holds no {file})")
+    raise UserError(f"{name!r} needs the GGUF file of the {package.replace('_', '-')} package: `{pip_line}` "
+                    f"(it is not installed, or holds no {file})")
 
 
 def cache_root() -> Path:
@@ -102,9 +104,9 @@ def checkpoint_for(path: str | Path) -> Path:
 
     p = Path(path).expanduser()
     if not p.is_file():
-        raise ValueError(f"GGUF file {str(path)!r} does not exist")
+        raise UserError(f"GGUF file {str(path)!r} does not exist")
     if not is_gguf(p):
-        raise ValueError(f"{str(path)!r} is not a GGUF file (it does not start with the bytes 'GGUF')")
+        raise UserError(f"{str(path)!r} is not a GGUF file (it does not start with the bytes 'GGUF')")
     digest = file_digest(p)
     folder = cache_folder(p, digest)
     if not is_checkpoint(folder):
@@ -122,8 +124,8 @@ def read_header(path: Path):
     try:
         return GGUFReader(str(path))
     except Exception as e:  # gguf raises IndexError / ValueError / struct.error on a cut file
-        raise ValueError(f"{path}: truncated or corrupt GGUF file ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else 'no details'})") from None
+        raise UserError(f"{path}: truncated or corrupt GGUF file ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else 'no details'})") from None
 
 
 def check_tensors(path: Path, reader, hf_model, missing: list[str]) -> None:
@@ -139,9 +141,9 @@ def check_tensors(path: Path, reader, hf_model, missing: list[str]) -> None:
         return names.get_name(hf_name, try_suffixes=(".weight", ".bias")) if names is not None else None
 
     if missing:
-        raise ValueError(f"{path}: tensor {gguf_name(missing[0]) or missing[0]!r} ({missing[0]}) is missing from the "
-                         f"file{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; a GGUF file must hold "
-                         "every weight (it would be randomly initialised)")
+        raise UserError(f"{path}: tensor {gguf_name(missing[0]) or missing[0]!r} ({missing[0]}) is missing from the "
+                        f"file{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; a GGUF file must hold "
+                        "every weight (it would be randomly initialised)")
     if names is None:
         return
     expected = {gguf_name(k) for k in hf_model.state_dict()}
@@ -151,9 +153,9 @@ def check_tensors(path: Path, reader, hf_model, missing: list[str]) -> None:
     extra = [t.name for t in reader.tensors if t.name not in expected | derived]
     if extra:
         arch_name = _field(reader, "general.architecture")
-        raise ValueError(f"{path}: tensor {extra[0]!r} is not a weight of this {arch_name} "
-                         f"model{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}; the file is corrupt or "
-                         "of another architecture")
+        raise UserError(f"{path}: tensor {extra[0]!r} is not a weight of this {arch_name} "
+                        f"model{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}; the file is corrupt or "
+                        "of another architecture")
 
 
 def _field(reader, key: str) -> str | None:
@@ -188,7 +190,7 @@ def convert(path: str | Path, dst: str | Path, *, digest: str | None = None) -> 
         hf_model, info = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype="float32",
                                                               output_loading_info=True)
     except (ValueError, KeyError, NotImplementedError, IndexError) as e:  # transformers' words for an unsupported file
-        raise ValueError(f"{p}: transformers cannot load this GGUF file ({str(e).splitlines()[0]})") from None
+        raise UserError(f"{p}: transformers cannot load this GGUF file ({str(e).splitlines()[0]})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
     check_tensors(p, reader, hf_model, sorted(info.get("missing_keys") or ()))
@@ -230,5 +232,5 @@ def _transformers():
         import gguf  # noqa: F401  (transformers reads GGUF through it)
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:
-        raise ValueError(f"loading a GGUF file needs transformers and gguf ({e.name} is missing): {EXTRA}") from None
+        raise UserError(f"loading a GGUF file needs transformers and gguf ({e.name} is missing): {EXTRA}") from None
     return AutoModelForCausalLM, AutoTokenizer

@@ -46,6 +46,8 @@ from .batch import Batch
 from .data.prompt import max_prompt_tokens, start_ids
 from .decoding import generate
 from .decoding.settings import DecodeSettings, default_max_new_tokens
+from .decoding.settings import DecodeSettings
+from .errors import UserError
 from .evaluate import bound_generator
 from .loading import load
 from .objectives import compute_loss, log_probs
@@ -88,16 +90,16 @@ class SetDLMLM(LM):
                  tokenizer: str | None = None, base: str | None = None, D: int | None = None, **unused):
         super().__init__()
         if unused:
-            raise ValueError(f"unknown setdlm model_args: {', '.join(sorted(unused))}")
+            raise UserError(f"unknown setdlm model_args: {', '.join(sorted(unused))}")
         if not (isinstance(samples, int) and samples >= 1):
-            raise ValueError(f"samples must be a positive integer, got {samples!r}")
+            raise UserError(f"samples must be a positive integer, got {samples!r}")
         if dtype is not None and dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+            raise UserError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         reference = {k: v for k, v in (("tokenizer", tokenizer), ("base", base), ("D", D)) if v is not None}
         self.model = load(str(pretrained), ema=ema, device=device, dtype=_DTYPES.get(dtype), **reference)
         if self.model.tokenizer is None:
-            raise ValueError(f"{pretrained}: the model has no tokenizer; pass tokenizer=FOLDER_OR_HUB_NAME")
+            raise UserError(f"{pretrained}: the model has no tokenizer; pass tokenizer=FOLDER_OR_HUB_NAME")
         self.name = str(pretrained)
         self._device = torch.device(device)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1  # "auto" → 1
@@ -152,7 +154,7 @@ class SetDLMLM(LM):
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         template = self.model.tokenizer.chat_template
         if template is None:
-            raise ValueError(f"{self.name}: the tokenizer has no chat template; drop --apply_chat_template")
+            raise UserError(f"{self.name}: the tokenizer has no chat template; drop --apply_chat_template")
         messages = [dict(m) for m in chat_history]
         if self.paper:
             users = [i for i, m in enumerate(messages) if m.get("role") == "user"]

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .chat import chat_prompt  # noqa: F401  (setdlm.hf.chat_prompt: the one chat path, documented here first)
+from .errors import UserError
 from .hub import HubUnreachableError, hub_reachable, is_connection_failure
 from .model import KVCache, apply_rope, attention, begin_step, end_step
 
@@ -50,13 +51,13 @@ class HFBackbone(nn.Module):
         cfg = hf_model.config
         kind = getattr(cfg, "model_type", None)
         if kind not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"unsupported model_type {kind!r}; the adapter supports "
-                             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+            raise UserError(f"unsupported model_type {kind!r}; the adapter supports "
+                            f"{', '.join(SUPPORTED_MODEL_TYPES)}")
         layer_types = getattr(cfg, "layer_types", None) or ()
         if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in layer_types:
-            raise ValueError(f"{kind} config uses sliding-window attention, which the adapter does not support")
+            raise UserError(f"{kind} config uses sliding-window attention, which the adapter does not support")
         if kind == "gpt2" and getattr(cfg, "add_cross_attention", False):
-            raise ValueError("GPT-2 config has add_cross_attention=True; the adapter supports decoder-only models")
+            raise UserError("GPT-2 config has add_cross_attention=True; the adapter supports decoder-only models")
         self.hf = hf_model
         self.grad_checkpointing = False  # recompute each layer in the backward pass (setdlm train --grad-checkpointing)
         self.training = hf_model.training  # wrapping changes no mode (dropout stays off for an eval model)
@@ -153,7 +154,7 @@ class HFBackbone(nn.Module):
         base = self.hf.transformer
         n_pos = base.wpe.num_embeddings
         if position_ids.numel() and (int(position_ids.max()) >= n_pos or int(position_ids.min()) < 0):
-            raise ValueError(f"GPT-2 position ids must lie in [0, {n_pos}), got max {int(position_ids.max())}")
+            raise UserError(f"GPT-2 position ids must lie in [0, {n_pos}), got max {int(position_ids.max())}")
         x = base.drop(base.wte(input_ids) + base.wpe(position_ids))  # (B, T, d) learned absolute positions
         for i, block in enumerate(base.h):
             x = self._run_layer(self._gpt2_block, block, i, x, step, cache)
@@ -252,7 +253,7 @@ def setdlm_tokenizer(tokenizer):
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        raise ValueError(f"{type(tokenizer).__name__} is a slow tokenizer; setdlm needs a fast one (tokenizer.json)")
+        raise UserError(f"{type(tokenizer).__name__} is a slow tokenizer; setdlm needs a fast one (tokenizer.json)")
     names = {r: getattr(tokenizer, f"{r}_token", None) for r in ROLES}
     names["bos"] = names["bos"] or getattr(tokenizer, "cls_token", None)
     names["eos"] = names["eos"] or getattr(tokenizer, "sep_token", None)
@@ -288,7 +289,7 @@ def backbone_from_config(config: dict | object, dtype: torch.dtype | None = None
         d = {k: v for k, v in config.items() if k not in ("transformers_version", "_name_or_path")}
         kind = d.pop("model_type", None)
         if kind not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"unsupported model_type {kind!r}; the adapter supports {', '.join(SUPPORTED_MODEL_TYPES)}")
+            raise UserError(f"unsupported model_type {kind!r}; the adapter supports {', '.join(SUPPORTED_MODEL_TYPES)}")
         config = AutoConfig.for_model(kind, **d)
     with _no_init():
         model = AutoModelForCausalLM.from_config(config)
@@ -312,7 +313,7 @@ def load_pretrained(name_or_path: str, *, dtype: torch.dtype | None = None, devi
 
     local = os.path.isdir(os.path.expanduser(name_or_path))
     if not local and (name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1):
-        raise ValueError(f"no model folder at {name_or_path!r}")
+        raise UserError(f"no model folder at {name_or_path!r}")
     path = os.path.expanduser(name_or_path) if local else name_or_path
     offline = not local and not hub_reachable()
     kw = dict(revision=revision, cache_dir=cache_dir, local_files_only=local or offline)

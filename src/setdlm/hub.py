@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from .errors import UserError
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 # files a checkpoint needs to load: not the optimizer state, not the authors' Python sources
 _IGNORE = ["optimizer.safetensors", "training_state.json", "*.py", "*.pt", "*.ckpt", "*.msgpack", "*.h5"]
@@ -83,7 +85,7 @@ def _hub():
     try:
         import huggingface_hub
     except ImportError:
-        raise ValueError("Hugging Face Hub ids need huggingface_hub: pip install 'setdlm[hf]'") from None
+        raise UserError("Hugging Face Hub ids need huggingface_hub: pip install 'setdlm[hf]'") from None
     return huggingface_hub
 
 
@@ -102,7 +104,7 @@ def snapshot(repo_id: str, *, revision: str | None = None, cache_dir: str | None
                 f"{repo_id!r} is not a local folder and the Hugging Face Hub cannot be reached: loading a Hub id "
                 f"needs network access; otherwise pass the path of a local folder (e.g. made elsewhere with "
                 f"`hf download {repo_id} --local-dir DIR`)") from e
-        raise ValueError(f"cannot download {repo_id!r} from the Hugging Face Hub: {str(e).splitlines()[0]}") from e
+        raise UserError(f"cannot download {repo_id!r} from the Hugging Face Hub: {str(e).splitlines()[0]}") from e
     return Path(folder)
 
 
@@ -131,7 +133,7 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
     """Upload checkpoint ``folder`` to Hub repo ``repo_id`` (created if missing); returns the commit URL.
     The optimizer state and training state are left out (they only serve resuming)."""
     if not is_hub_id(repo_id):
-        raise ValueError(f"push_to_hub needs a Hub repo id 'user/name', got {repo_id!r}")
+        raise UserError(f"push_to_hub needs a Hub repo id 'user/name', got {repo_id!r}")
     hub = _hub()
     if not hub_reachable():
         raise HubUnreachableError(f"pushing to {repo_id!r} needs network access to the Hugging Face Hub; the "
@@ -168,7 +170,7 @@ def bench_table(bench) -> str:
         return _table([{"metric": k, "value": v} for k, v in bench.items()])
     rows = list(bench)
     if not all(isinstance(r, Mapping) for r in rows):
-        raise ValueError("bench must be a markdown string, a {metric: value} mapping or a list of row mappings")
+        raise UserError("bench must be a markdown string, a {metric: value} mapping or a list of row mappings")
     return _table(rows)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from . import checkpoint, convert, gguf, hub, pretrained
+from .errors import UserError
 from .lm import Model
 from .quantize import check_quantize, quantize as quantize_backbone
 from .resources import resolve_device
@@ -74,15 +75,15 @@ def _load(path, *, ema, family, device, dtype, revision, **reference) -> Model:
     folder = locate(path, revision=revision, ema=ema)
     if convert.is_reference_folder(folder):  # never one of ours ("format": "setdlm")
         if ema:
-            raise ValueError(f"{path}: the authors' checkpoints hold one set of weights (EMA already applied "
-                             "where the paper used it); drop ema=True")
+            raise UserError(f"{path}: the authors' checkpoints hold one set of weights (EMA already applied "
+                            "where the paper used it); drop ema=True")
         model = convert.load_reference_model(folder, name=str(path), dtype=dtype, **reference)
         if family is not None and model.family.family != family:
-            raise ValueError(f"{path}: a {model.family.family!r} model, but a {family!r} model was expected")
+            raise UserError(f"{path}: a {model.family.family!r} model, but a {family!r} model was expected")
         model.backbone.to(device=device)
         return model.eval()
     if reference:
-        raise ValueError(f"{path}: is a setdlm checkpoint; {sorted(reference)} apply only to the authors' layout")
+        raise UserError(f"{path}: is a setdlm checkpoint; {sorted(reference)} apply only to the authors' layout")
     return Model(*checkpoint.read(folder, ema=ema, family=family, device=device, dtype=dtype))
 
 

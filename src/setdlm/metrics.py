@@ -19,6 +19,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
+from .errors import UserError
+
 # ---------------------------------------------------------------------------------------------------------
 # exact match of the final answer (GSM8K)
 # ---------------------------------------------------------------------------------------------------------
@@ -48,7 +50,7 @@ def answer_matches(prediction: str, reference: str | int) -> bool:
     """True when the prediction's ``####`` integer equals the reference (an int or a text with ``####``)."""
     ref = reference if isinstance(reference, int) else extract_answer(reference)
     if ref is None:
-        raise ValueError(f"reference has no '#### <integer>' line: {str(reference)[-60:]!r}")
+        raise UserError(f"reference has no '#### <integer>' line: {str(reference)[-60:]!r}")
     return extract_answer(prediction) == ref
 
 
@@ -60,9 +62,9 @@ def exact_match(predictions: Sequence[str], references: Sequence[str | int]) -> 
 
 def _check_pairs(predictions: Sequence, references: Sequence) -> None:
     if len(predictions) != len(references):
-        raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
+        raise UserError(f"{len(predictions)} predictions but {len(references)} references")
     if not predictions:
-        raise ValueError("no predictions to score")
+        raise UserError("no predictions to score")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -115,11 +117,11 @@ class LikelihoodSummary:
 
     def __post_init__(self):
         if self.tokens < 1:
-            raise ValueError(f"a likelihood summary needs at least one scored token, got tokens={self.tokens}")
+            raise UserError(f"a likelihood summary needs at least one scored token, got tokens={self.tokens}")
         if not math.isfinite(self.nats):
-            raise ValueError(f"summed NLL is not finite: nats={self.nats}")
+            raise UserError(f"summed NLL is not finite: nats={self.nats}")
         if self.batch_mean is not None and not math.isfinite(self.batch_mean):
-            raise ValueError(f"mean of the batch bounds is not finite: {self.batch_mean}")
+            raise UserError(f"mean of the batch bounds is not finite: {self.batch_mean}")
 
     @property
     def nats_per_token(self) -> float:
@@ -192,19 +194,19 @@ def throughput_stats(generated_tokens: Sequence[int], seconds: Sequence[float], 
     n = len(generated_tokens)
     lengths = [len(x) for x in (seconds, nfe, committed, row_nfe) if x is not None]
     if any(m != n for m in lengths):
-        raise ValueError(f"generated_tokens, seconds, nfe, committed and row_nfe differ in length: {n}, "
-                         f"{', '.join(str(None if x is None else len(x)) for x in (seconds, nfe, committed, row_nfe))}")
+        raise UserError(f"generated_tokens, seconds, nfe, committed and row_nfe differ in length: {n}, "
+                        f"{', '.join(str(None if x is None else len(x)) for x in (seconds, nfe, committed, row_nfe))}")
     if (committed is None) != (row_nfe is None):
-        raise ValueError("give committed and row_nfe together, or neither")
+        raise UserError("give committed and row_nfe together, or neither")
     if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
+        raise UserError(f"warmup must be >= 0, got {warmup}")
     if n <= warmup:
-        raise ValueError(f"need more calls than the {warmup} warm-up calls, got {n}")
+        raise UserError(f"need more calls than the {warmup} warm-up calls, got {n}")
     toks, secs = list(generated_tokens[warmup:]), list(seconds[warmup:])
     if any(t < 0 for t in toks):
-        raise ValueError(f"generated token counts must be >= 0, got {min(toks)}")
+        raise UserError(f"generated token counts must be >= 0, got {min(toks)}")
     if any(not s > 0 for s in secs):
-        raise ValueError(f"every call must take a positive time, got {min(secs)} s")
+        raise UserError(f"every call must take a positive time, got {min(secs)} s")
     rates = [t / s for t, s in zip(toks, secs)]
     mean = sum(rates) / len(rates)
     std = math.sqrt(sum((r - mean) ** 2 for r in rates) / len(rates))

@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .errors import UserError
+
 
 @dataclass
 class TransformerConfig:
@@ -44,17 +46,17 @@ class TransformerConfig:
         for name in ("vocab_size", "hidden_size", "n_heads", "n_layers", "mlp_ratio"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"TransformerConfig.{name} must be a positive integer, got {v!r}")
+                raise UserError(f"TransformerConfig.{name} must be a positive integer, got {v!r}")
         if self.vocab_size < 2:
-            raise ValueError(f"TransformerConfig.vocab_size must be >= 2, got {self.vocab_size}")
+            raise UserError(f"TransformerConfig.vocab_size must be >= 2, got {self.vocab_size}")
         if self.hidden_size % self.n_heads:
-            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by n_heads={self.n_heads}")
+            raise UserError(f"hidden_size={self.hidden_size} is not divisible by n_heads={self.n_heads}")
         if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+            raise UserError(f"head_dim={self.head_dim} must be even for rotary embeddings")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"TransformerConfig.dropout must lie in [0, 1), got {self.dropout}")
+            raise UserError(f"TransformerConfig.dropout must lie in [0, 1), got {self.dropout}")
         if self.rope_base <= 0 or self.norm_eps <= 0:
-            raise ValueError("TransformerConfig.rope_base and norm_eps must be positive")
+            raise UserError("TransformerConfig.rope_base and norm_eps must be positive")
 
     @property
     def head_dim(self) -> int:
@@ -68,7 +70,7 @@ class TransformerConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown TransformerConfig fields: {sorted(unknown)}")
+            raise UserError(f"unknown TransformerConfig fields: {sorted(unknown)}")
         return cls(**d)
 
     def to_json(self) -> str:
@@ -77,9 +79,6 @@ class TransformerConfig:
     @classmethod
     def from_json(cls, s: str) -> "TransformerConfig":
         return cls.from_dict(json.loads(s))
-
-
-ModelConfig = TransformerConfig  # deprecated: the old name (it configures Transformer, not setdlm.Model)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from .backbone import Backbone
 from .batch import Batch
+from .errors import UserError
 from .family import FamilyConfig
 from .masks import bd3lm_two_stream_mask, bidirectional_mask, causal_mask, setdlm_two_stream_mask, two_stream_set_mask
 from .schedules import LinearSchedule, StaggeredSchedule
@@ -214,5 +215,5 @@ def compute_loss(model: Backbone, family: FamilyConfig, batch: Batch, *, train: 
     likelihood bound as ``loss``."""
     L = batch.input_ids.shape[1]
     if L > family.length:
-        raise ValueError(f"batch length {L} exceeds the model's context length {family.length}")
+        raise UserError(f"batch length {L} exceeds the model's context length {family.length}")
     return OBJECTIVES[family.spec.objective](model, family, batch, train, generator=generator, antithetic=antithetic)

@@ -4,7 +4,8 @@
 minutes; :func:`check_file` and :func:`check_folder` refuse a path that cannot be written *before* that
 (a folder where a file is expected, a file in the way of a folder, a parent that is not writable), and
 :func:`write_text` turns a write that fails anyway (disk full, read-only file system) into a one-line
-``ValueError`` naming the path.
+``UserError`` naming the path. ``name``: the argument the path was given as (``output``, ``out``), which the
+command line spells as its flag.
 
 What the path names is honoured, never replaced: a symlink is written through (its target replaced
 atomically, the link kept), and a FIFO, a terminal, a device node or ``/dev/stdout`` / ``/dev/fd/N`` is
@@ -16,7 +17,10 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
+
+from .errors import UserError
 
 STREAM_ROOTS = ("/dev/", "/proc/")  # /dev/stdout, /dev/fd/N, /proc/self/fd/N: an open stream, not a file
 
@@ -47,49 +51,48 @@ def _existing_parent(p: Path) -> Path:
     return parent
 
 
-def _check_creatable(p: Path, flag: str) -> None:
+def _check_creatable(p: Path, name: str) -> None:
     parent = _existing_parent(p)
     if not parent.is_dir():
-        raise ValueError(f"{flag} {str(p)!r}: {str(parent)!r} is a file, so nothing can be created below it")
+        raise UserError(f"{name} {str(p)!r}: {str(parent)!r} is a file, so nothing can be created below it",
+                        fields=(name,))
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {str(p)!r}: folder {str(parent)!r} is not writable")
+        raise UserError(f"{name} {str(p)!r}: folder {str(parent)!r} is not writable", fields=(name,))
 
 
-def check_file(path: str | Path, flag: str = "--output") -> Path:
+def check_file(path: str | Path, name: str = "output") -> Path:
     """``path`` as a file that can be written: not a folder, under a folder that exists or can be created."""
     p = Path(path)
     if p.is_dir():
-        raise ValueError(f"{flag} {str(p)!r} is a folder; name a file")
+        raise UserError(f"{name} {str(p)!r} is a folder; name a file", fields=(name,))
     if is_stream(p):
         if not os.access(p, os.W_OK):
-            raise ValueError(f"{flag} {str(p)!r}: not writable")
+            raise UserError(f"{name} {str(p)!r}: not writable", fields=(name,))
         return p
     p = _target(p)
     if p.exists() and not os.access(p.parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {str(p)!r}: folder {str(p.parent)!r} is not writable")
+        raise UserError(f"{name} {str(p)!r}: folder {str(p.parent)!r} is not writable", fields=(name,))
     if not p.exists():
-        _check_creatable(p, flag)
+        _check_creatable(p, name)
     return p
 
 
-def check_folder(path: str | Path, flag: str = "--out") -> Path:
+def check_folder(path: str | Path, name: str = "out") -> Path:
     """``path`` as a folder to write files into: an existing writable folder, or one that can be created."""
     p = Path(path)
     if p.exists() and not p.is_dir():
-        raise ValueError(f"{flag} {str(p)!r} exists and is not a folder")
+        raise UserError(f"{name} {str(p)!r} exists and is not a folder", fields=(name,))
     if p.is_dir():
         if not os.access(p, os.W_OK | os.X_OK):
-            raise ValueError(f"{flag} {str(p)!r}: folder is not writable")
+            raise UserError(f"{name} {str(p)!r}: folder is not writable", fields=(name,))
     else:
-        _check_creatable(p, flag)
+        _check_creatable(p, name)
     return p
 
 
-def write_text(path: str | Path, text: str, flag: str = "--output") -> Path:
+def write_text(path: str | Path, text: str, name: str = "output") -> Path:
     """Write ``text`` atomically (its parents created), through a symlink, or into a stream (module
     docstring); an ``OSError`` becomes a one-line ``ValueError``."""
-    from .checkpoint import write_text_atomic
-
     p = Path(path)
     try:
         if is_stream(p):
@@ -100,5 +103,29 @@ def write_text(path: str | Path, text: str, flag: str = "--output") -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(target, text)
     except OSError as e:
-        raise ValueError(f"{flag} {str(p)!r}: cannot write ({e.strerror or e})") from None
+        raise UserError(f"{name} {str(p)!r}: cannot write ({e.strerror or e})", fields=(name,)) from None
     return p
+
+
+def umask() -> int:
+    """The process's file-mode creation mask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, flush it to disk, then rename it over ``path``.
+    The file gets the permissions of an ordinary new file (0666 less the umask), not ``mkstemp``'s 0600."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~umask())
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

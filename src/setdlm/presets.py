@@ -21,6 +21,8 @@ adapter, not these presets. ``lm1b``/``owt`` fetch their tokenizer from the Hub 
 
 from __future__ import annotations
 
+from .errors import UserError
+
 _PAPER_DIT = dict(hidden_size=768, n_layers=12, n_heads=12, dropout=0.1, batch_size=512, lr=3e-4, warmup=2500,
                   lr_schedule="constant", beta1=0.9, beta2=0.999, weight_decay=0.0, clip=1.0, ema=0.9999,
                   bf16=True, steps=1_000_000, eval_every=10_000, save_every=10_000, eval_batch_size=16,
@@ -38,5 +40,5 @@ PRESETS: dict[str, dict] = {
 
 def preset(name: str) -> dict:
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        raise UserError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return dict(PRESETS[name])

@@ -2,7 +2,7 @@
 
 They come from the reproduction study (``benchmarks/study``; ``benchmarks/RESULTS.md`` lists the command
 that trained each) and are stored in bf16 under ``setdlm/pretrained/<name>/`` in the ordinary checkpoint
-layout, so ``setdlm.load`` reads them like any other checkpoint:
+layout, so ``setdlm.load`` (:func:`setdlm.loading.load`) reads them by name like any other checkpoint:
 
 ======================================  ========================================================
 ``shakespeare-setdlm-smax8``            SetDLM S≤8 (D=4, M=8) on the built-in Shakespeare (BPE)
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+
+from .errors import UserError
 
 DEFAULT = "shakespeare-setdlm-smax8"
 
@@ -37,13 +39,6 @@ def path(name: str = DEFAULT) -> Path:
     p = root() / name
     if not (p / "config.json").is_file():
         have = ", ".join(available()) or "none in this installation"
-        raise ValueError(f"no shipped model {name!r}; shipped models: {have}")
+        raise UserError(f"no shipped model {name!r}; shipped models: {have}")
     return p
 
-
-def load(name: str = DEFAULT, **kwargs):
-    """A shipped model (keyword arguments as :func:`setdlm.checkpoint.read`: they are in our format)."""
-    from .checkpoint import read
-    from .lm import Model
-
-    return Model(*read(path(name), **kwargs))

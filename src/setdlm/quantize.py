@@ -28,6 +28,8 @@ import warnings
 import torch
 from torch import Tensor, nn
 
+from .errors import UserError
+
 QUANTIZATIONS = ("int8", "int4")
 INT4_GROUP = 32
 
@@ -35,7 +37,7 @@ INT4_GROUP = 32
 def check_quantize(quantize: str | None) -> str | None:
     """``quantize`` if it names a supported scheme (or is None), else a ValueError naming the choices."""
     if quantize is not None and quantize not in QUANTIZATIONS:
-        raise ValueError(f"quantize must be one of {', '.join(QUANTIZATIONS)} (or None), got {quantize!r}")
+        raise UserError(f"quantize must be one of {', '.join(QUANTIZATIONS)} (or None), got {quantize!r}")
     return quantize
 
 
@@ -110,8 +112,8 @@ class Int4Linear(QuantizedLinear):
         super().__init__(weight, bias)
         N, K = weight.shape
         if K % INT4_GROUP:
-            raise ValueError(f"int4 needs the input width of every linear layer to be a multiple of {INT4_GROUP}, "
-                             f"got {K}")
+            raise UserError(f"int4 needs the input width of every linear layer to be a multiple of {INT4_GROUP}, "
+                            f"got {K}")
         Np = -(-N // 16) * 16
         w = torch.cat([weight.float(), weight.new_zeros(Np - N, K, dtype=torch.float32)])  # (Np, K)
         g = w.view(Np, K // INT4_GROUP, INT4_GROUP)
@@ -139,10 +141,10 @@ def quantize(backbone: nn.Module, quantize: str) -> nn.Module:
     embedding it shares keeps full precision."""
     kernel = KERNELS[check_quantize(quantize)]
     if getattr(backbone, "quantization", None):
-        raise ValueError(f"the backbone is already {backbone.quantization}-quantized")
+        raise UserError(f"the backbone is already {backbone.quantization}-quantized")
     p = next(backbone.parameters())
     if p.device.type != "cpu":
-        raise ValueError(f"quantize={quantize!r} runs on the CPU; the backbone is on {p.device}")
+        raise UserError(f"quantize={quantize!r} runs on the CPU; the backbone is on {p.device}")
     targets = [(name, m) for name, m in backbone.named_modules() if _weight_of(m) is not None]
     for name, m in targets:
         parent, _, attr = name.rpartition(".")

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import UserError
+
 
 def resolve_device(spec: str | torch.device | None, local_rank: int = 0) -> torch.device:
     """``spec`` (``None``/``"auto"``: CUDA when available, else CPU) as a usable ``torch.device``."""
@@ -26,15 +28,15 @@ def resolve_device(spec: str | torch.device | None, local_rank: int = 0) -> torc
     try:
         dev = torch.device(f"cuda:{local_rank}" if spec == "cuda" else spec)
     except (RuntimeError, TypeError):
-        raise ValueError(f"unknown device {spec!r}; use auto, cpu, cuda or cuda:N") from None
+        raise UserError(f"unknown device {spec!r}; use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {str(spec)!r}: CUDA is not available on this machine (this torch build or "
-                             "driver sees no GPU); use --device cpu")
+            raise UserError(f"device {str(spec)!r}: CUDA is not available on this machine (this torch build or "
+                            "driver sees no GPU); use device cpu", fields=("device",))
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {str(spec)!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+            raise UserError(f"device {str(spec)!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
     elif dev.type not in ("cpu", "mps"):
-        raise ValueError(f"unsupported device {str(spec)!r}; use auto, cpu, cuda or cuda:N")
+        raise UserError(f"unsupported device {str(spec)!r}; use auto, cpu, cuda or cuda:N")
     return dev
 
 
@@ -66,7 +68,7 @@ def check_fits(what: str, needed: float, device: torch.device, hint: str) -> Non
     """A ``ValueError`` when the lower-bound estimate ``needed`` (bytes) exceeds the device's memory."""
     have = memory_bytes(device)
     if needed > have:
-        raise ValueError(f"{what} needs at least {_gib(needed)} but {device.type} memory is {_gib(have)}; {hint}")
+        raise UserError(f"{what} needs at least {_gib(needed)} but {device.type} memory is {_gib(have)}; {hint}")
 
 
 def native_bf16(device: torch.device) -> bool:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from .errors import UserError
+
 _EPS64 = torch.finfo(torch.float64).eps
 
 
@@ -48,7 +50,7 @@ def sample_t(
     (``global_offset + row``), so that each example covers its own 1/G slice of [0, 1).
     """
     if batch < 1 or n_blocks < 1:
-        raise ValueError(f"sample_t needs batch >= 1 and n_blocks >= 1, got batch={batch}, n_blocks={n_blocks}")
+        raise UserError(f"sample_t needs batch >= 1 and n_blocks >= 1, got batch={batch}, n_blocks={n_blocks}")
     u = torch.rand(batch, n_blocks, generator=generator, dtype=torch.float64, device=device)  # (B, nb)
     if antithetic:
         g = global_batch or batch
@@ -117,11 +119,11 @@ class StaggeredSchedule:
 
     def __post_init__(self):
         if self.L < 1:
-            raise ValueError(f"schedule length L must be >= 1, got {self.L}")
+            raise UserError(f"schedule length L must be >= 1, got {self.L}")
         if not (0.0 < self.b <= 1.0):
-            raise ValueError(f"width b must lie in (0, 1], got {self.b}")
+            raise UserError(f"width b must lie in (0, 1], got {self.b}")
         if not (self.k > 0 and math.isfinite(self.k)):
-            raise ValueError(f"shape k must be positive and finite, got {self.k}")
+            raise UserError(f"shape k must be positive and finite, got {self.k}")
         L = self.L
         i = torch.arange(L, dtype=torch.float64)
         loc = (1.0 - self.b) * (L - 1 - i) / (L - 1) if L > 1 else torch.zeros(1, dtype=torch.float64)
@@ -137,17 +139,17 @@ class StaggeredSchedule:
         M = 2 * D if M is None else M
         for name, v in (("L", L), ("D", D), ("M", M)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+                raise UserError(f"{name} must be a positive integer, got {v!r}")
         if D > M:
-            raise ValueError(f"D (target parallelism) must be <= M (max set size), got D={D}, M={M}")
+            raise UserError(f"D (target parallelism) must be <= M (max set size), got D={D}, M={M}")
         if M > L:
-            raise ValueError(f"M (max set size) must be <= L (context length), got M={M}, L={L}")
+            raise UserError(f"M (max set size) must be <= L (context length), got M={M}, L={L}")
         A = D / (2 * L)
         if k is not None:
             b = A * (k + 1) / k
         elif b is not None:
             if b <= A:
-                raise ValueError(f"width b={b} must exceed the desired area D/(2L)={A}")
+                raise UserError(f"width b={b} must exceed the desired area D/(2L)={A}")
             k = A / (b - A)
         elif D not in (1, M):
             b = M / (L + M - 1)
@@ -155,9 +157,9 @@ class StaggeredSchedule:
         else:
             k, b = 1.0, 2 * A
         if not b <= 1.0 + 1e-12:
-            raise ValueError(f"schedule width b={b} > 1 for L={L}, D={D}, M={M}, k={k}")
+            raise UserError(f"schedule width b={b} > 1 for L={L}, D={D}, M={M}, k={k}")
         if abs(b * k / (k + 1) - A) >= 1e-6:
-            raise ValueError(f"schedule area b·k/(k+1)={b * k / (k + 1)} does not match D/(2L)={A}")
+            raise UserError(f"schedule area b·k/(k+1)={b * k / (k + 1)} does not match D/(2L)={A}")
         return cls(L=L, b=min(b, 1.0), k=float(k), D=D, M=M, binary=(D == 1))
 
     # -- derived quantities ------------------------------------------------------------------------------------
@@ -208,7 +210,7 @@ class StaggeredSchedule:
         """
         n = self.L if length is None else length
         if not 1 <= n <= self.L:
-            raise ValueError(f"cannot sample {n} reveal times from a schedule of length {self.L}")
+            raise UserError(f"cannot sample {n} reveal times from a schedule of length {self.L}")
         E = torch.empty(batch, n, dtype=torch.float64, device=device).exponential_(generator=generator)
         loc = self.loc.to(E.device)[self.L - n:]  # (n,)
         return loc + self.b * (-torch.expm1(-E / self.k))  # (B, n)
@@ -240,11 +242,11 @@ class LinearSchedule:
 
     def __post_init__(self):
         if self.L < 1 or self.block_size < 1:
-            raise ValueError(f"L and block_size must be >= 1, got L={self.L}, block_size={self.block_size}")
+            raise UserError(f"L and block_size must be >= 1, got L={self.L}, block_size={self.block_size}")
         if self.block_size > self.L:
-            raise ValueError(f"block size {self.block_size} exceeds the context length L={self.L}")
+            raise UserError(f"block size {self.block_size} exceeds the context length L={self.L}")
         if self.L % self.block_size:
-            raise ValueError(f"context length L={self.L} must be a multiple of the block size {self.block_size}")
+            raise UserError(f"context length L={self.L} must be a multiple of the block size {self.block_size}")
 
     @property
     def n_blocks(self) -> int:

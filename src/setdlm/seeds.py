@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 
+from .errors import UserError
+
 
 def derive_seed(*parts) -> int:
     """A 63-bit seed from any tuple of ints/strings, identical in every process."""
@@ -21,5 +23,5 @@ def check_seed(seed, name: str = "seed") -> int:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"{name} must be an integer, got {type(seed).__name__} {seed!r}")
     if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
-        raise ValueError(f"{name} must lie in [-2**63, 2**64 - 1] (torch's seeds), got {seed}")
+        raise UserError(f"{name} must lie in [-2**63, 2**64 - 1] (torch's seeds), got {seed}")
     return seed

@@ -26,6 +26,7 @@ from functools import partial
 from importlib import resources
 from typing import Callable
 
+from ..errors import UserError
 from .corpus import Corpus
 from .parallel import PARALLEL_TASKS, parallel_split
 from .tasks import PRESETS, reasoning_split, without_heldout_windows
@@ -70,7 +71,7 @@ BUILTIN: dict[str, Callable[[], Corpus]] = {"shakespeare": shakespeare, "shakesp
 def register_builtin(name: str, loader: Callable[[], Corpus]) -> None:
     """Make ``loader`` available as the data source ``name`` (e.g. a task generator with a fixed seed)."""
     if not name or "/" in name or name.startswith("hf:"):
-        raise ValueError(f"built-in source name must be a plain word, got {name!r}")
+        raise UserError(f"built-in source name must be a plain word, got {name!r}")
     BUILTIN[name] = loader
 
 
@@ -83,5 +84,5 @@ for _task in PARALLEL_TASKS:
 
 def load_builtin(name: str) -> Corpus:
     if name not in BUILTIN:
-        raise ValueError(f"unknown built-in corpus {name!r}; choose one of {', '.join(sorted(BUILTIN))}")
+        raise UserError(f"unknown built-in corpus {name!r}; choose one of {', '.join(sorted(BUILTIN))}")
     return BUILTIN[name]()

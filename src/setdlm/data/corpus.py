@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import UserError
+
 
 @dataclass
 class Corpus:
@@ -20,7 +22,7 @@ class Corpus:
 
     def __post_init__(self):
         if self.texts and self.pairs:
-            raise ValueError(f"{self.name}: mixes 'text' records with 'prompt'/'completion' records")
+            raise UserError(f"{self.name}: mixes 'text' records with 'prompt'/'completion' records")
 
     @property
     def is_pairs(self) -> bool:

@@ -34,6 +34,7 @@ import random
 from dataclasses import dataclass
 from functools import cache
 
+from ..errors import UserError
 from .tasks import _check_split, split_of
 
 PARALLEL_TASKS = ("copy", "reverse", "sort", "latin")
@@ -117,7 +118,7 @@ def _check_tasks(tasks) -> tuple[str, ...]:
     tasks = (tasks,) if isinstance(tasks, str) else tuple(tasks)
     bad = [t for t in tasks if t not in PARALLEL_TASKS]
     if bad or not tasks or len(set(tasks)) != len(tasks):
-        raise ValueError(f"tasks must be distinct members of {', '.join(PARALLEL_TASKS)}, got {tasks}")
+        raise UserError(f"tasks must be distinct members of {', '.join(PARALLEL_TASKS)}, got {tasks}")
     return tasks
 
 
@@ -128,7 +129,7 @@ def parallel_split(split: str, n: int, *, tasks: str | tuple[str, ...] = PARALLE
     _check_split(split)
     tasks = _check_tasks(tasks)
     if not (isinstance(n, int) and n >= 0):
-        raise ValueError(f"n must be a non-negative integer, got {n!r}")
+        raise UserError(f"n must be a non-negative integer, got {n!r}")
     rngs = {t: random.Random(f"setdlm-parallel:{seed}:{split}:{t}") for t in tasks}
     seen: set[str] = set()
     out = []
@@ -139,7 +140,7 @@ def parallel_split(split: str, n: int, *, tasks: str | tuple[str, ...] = PARALLE
             if ex.question not in seen and split_of(ex.question) == split:
                 break
         else:
-            raise ValueError(f"only {len(out)} distinct {split} examples of {task!r} found; ask for fewer than n={n}")
+            raise UserError(f"only {len(out)} distinct {split} examples of {task!r} found; ask for fewer than n={n}")
         seen.add(ex.question)
         out.append(ex)
     return out

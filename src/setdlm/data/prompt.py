@@ -36,6 +36,8 @@ import numbers
 import numpy as np
 import torch
 
+from ..errors import UserError
+
 
 def start_ids(tokenizer, *, eos_fallback: bool = False) -> list[int]:
     """``[BOS]`` when ``tokenizer`` has a BOS token, else ``[]``; with ``eos_fallback``, ``[EOS]`` when there
@@ -73,7 +75,7 @@ def check_prompt_fits(n_prompt: int, length: int, what: str = "prompt") -> None:
     decodable only by evicting its first tokens before the first new one is predicted (docs/method.md §4.5),
     so it is refused rather than silently truncated."""
     if n_prompt > max_prompt_tokens(length):
-        raise ValueError(f"{what} is {n_prompt} tokens long, which leaves no room for a new token in the context "
+        raise UserError(f"{what} is {n_prompt} tokens long, which leaves no room for a new token in the context "
                          f"length L={length} (at most {max_prompt_tokens(length)} fit)")
 
 
@@ -109,7 +111,7 @@ def encode_prompts(model, items, what: str = "prompt", *, add_bos: bool = False,
         items = items.tolist() if items.dim() == 2 else [items.tolist()]
     items = list(items)
     if not items:
-        raise ValueError(f"empty batch: no {what}s given")
+        raise UserError(f"empty batch: no {what}s given")
     tok = model.tokenizer
     vocab = vocab_size(model)
     out = []
@@ -121,19 +123,19 @@ def encode_prompts(model, items, what: str = "prompt", *, add_bos: bool = False,
                             + ("; decode the bytes first" if isinstance(x, (bytes, bytearray)) else ""))
         if isinstance(x, str):
             if tok is None:
-                raise ValueError(f"{what} {i} is a string but the model has no tokenizer; pass token ids")
+                raise UserError(f"{what} {i} is a string but the model has no tokenizer; pass token ids")
             x = encode_prompt(tok, x) if add_bos else tok.encode(x)
         if isinstance(x, torch.Tensor):
             x = x.tolist()
         x = list(x)
         if not all(is_token_id(t) and t >= 0 for t in x):
-            raise ValueError(f"{what} {i} must hold non-negative integer token ids, got {x[:8]!r}")
+            raise UserError(f"{what} {i} must hold non-negative integer token ids, got {x[:8]!r}")
         x = [int(t) for t in x]  # numpy integers become ints
         if vocab is not None and x and max(x) >= vocab:
-            raise ValueError(f"{what} {i} holds token id {max(x)}, outside the model's vocabulary of {vocab}")
+            raise UserError(f"{what} {i} holds token id {max(x)}, outside the model's vocabulary of {vocab}")
         if not x and not allow_empty:
             x = start_ids(tok) if tok is not None else []
             if not x:
-                raise ValueError(f"{what} {i} is empty and no BOS token is known to start it")
+                raise UserError(f"{what} {i} is empty and no BOS token is known to start it")
         out.append(x)
     return out

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..errors import UserError
 from .builtin import BUILTIN, load_builtin
 from .corpus import Corpus
 from .tasks import InfillExample, infill_examples
@@ -33,7 +34,7 @@ def read_text_file(path: Path) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise ValueError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}, line {line})") from None
+        raise UserError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}, line {line})") from None
     return text.replace("\r\n", "\n")
 
 
@@ -45,9 +46,9 @@ def iter_jsonl(text: str, name: str):
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{name}:{n}: not valid JSON ({e.msg})") from None
+            raise UserError(f"{name}:{n}: not valid JSON ({e.msg})") from None
         if not isinstance(rec, dict):
-            raise ValueError(f"{name}:{n}: expected a JSON object, got {type(rec).__name__}")
+            raise UserError(f"{name}:{n}: expected a JSON object, got {type(rec).__name__}")
         yield n, rec
 
 
@@ -58,16 +59,16 @@ def read_jsonl(path: Path) -> Corpus:
         if "prompt" in rec or "completion" in rec:
             p, c = rec.get("prompt"), rec.get("completion")
             if not (isinstance(p, str) and isinstance(c, str)):
-                raise ValueError(f"{path}:{n}: 'prompt' and 'completion' must both be strings")
+                raise UserError(f"{path}:{n}: 'prompt' and 'completion' must both be strings")
             out.pairs.append((p, c))
         elif "text" in rec:
             if not isinstance(rec["text"], str):
-                raise ValueError(f"{path}:{n}: 'text' must be a string, got {type(rec['text']).__name__}")
+                raise UserError(f"{path}:{n}: 'text' must be a string, got {type(rec['text']).__name__}")
             out.texts.append(rec["text"])
         else:
-            raise ValueError(f"{path}:{n}: record has neither 'text' nor 'prompt'/'completion' (keys: {sorted(rec)})")
+            raise UserError(f"{path}:{n}: record has neither 'text' nor 'prompt'/'completion' (keys: {sorted(rec)})")
         if out.texts and out.pairs:
-            raise ValueError(f"{path}:{n}: mixes 'text' records with 'prompt'/'completion' records")
+            raise UserError(f"{path}:{n}: mixes 'text' records with 'prompt'/'completion' records")
     return out
 
 
@@ -76,7 +77,7 @@ def read_path(path: Path) -> Corpus:
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES + (".jsonl",))
         if not files:
-            raise ValueError(f"empty corpus: folder {str(path)!r} has no .txt, .md or .jsonl files")
+            raise UserError(f"empty corpus: folder {str(path)!r} has no .txt, .md or .jsonl files")
         corpus = Corpus(name=str(path))
         for f in files:
             corpus.extend(read_path(f))
@@ -91,25 +92,25 @@ def read_hf_dataset(spec: str) -> Corpus:
     try:
         import datasets
     except ImportError:
-        raise ValueError(f"dataset 'hf:{spec}' needs the datasets package (pip install 'setdlm[datasets]')") from None
+        raise UserError(f"dataset 'hf:{spec}' needs the datasets package (pip install 'setdlm[datasets]')") from None
     name, _, split = spec.partition("@")
     name, _, config = name.partition(":")
     try:
         ds = datasets.load_dataset(name, config or None, split=split or "train")
     except Exception as e:
-        raise ValueError(f"could not load dataset 'hf:{spec}': {str(e).splitlines()[0]}") from None
+        raise UserError(f"could not load dataset 'hf:{spec}': {str(e).splitlines()[0]}") from None
     cols = set(ds.column_names)
     if {"prompt", "completion"} <= cols:
         return Corpus(pairs=list(zip(ds["prompt"], ds["completion"])), name=f"hf:{spec}")
     if "text" in cols:
         return Corpus(texts=list(ds["text"]), name=f"hf:{spec}")
-    raise ValueError(f"dataset 'hf:{spec}' has neither a 'text' nor 'prompt'/'completion' columns: {sorted(cols)}")
+    raise UserError(f"dataset 'hf:{spec}' has neither a 'text' nor 'prompt'/'completion' columns: {sorted(cols)}")
 
 
 def read_source(spec: str) -> Corpus:
     """Resolve a source spec (see the module docstring). Raises ``ValueError`` on an empty corpus."""
     if not isinstance(spec, str) or not spec:
-        raise ValueError(f"data source must be a path, a built-in name or hf:NAME, got {spec!r}")
+        raise UserError(f"data source must be a path, a built-in name or hf:NAME, got {spec!r}")
     if spec.startswith("hf:"):
         corpus = read_hf_dataset(spec[3:])
     elif Path(spec).exists():
@@ -117,13 +118,13 @@ def read_source(spec: str) -> Corpus:
     elif spec in BUILTIN:
         corpus = load_builtin(spec)
     else:
-        raise ValueError(f"data source {spec!r} is neither an existing file or folder nor a built-in corpus "
-                         f"({', '.join(sorted(BUILTIN))})")
+        raise UserError(f"data source {spec!r} is neither an existing file or folder nor a built-in corpus "
+                        f"({', '.join(sorted(BUILTIN))})")
     if corpus.is_pairs:
         if all(not (p or c) for p, c in corpus.pairs):
-            raise ValueError(f"empty corpus: {spec!r} has only empty prompt/completion pairs")
+            raise UserError(f"empty corpus: {spec!r} has only empty prompt/completion pairs")
     elif not any(t.strip() for t in corpus.texts):
-        raise ValueError(f"empty corpus: {spec!r} has no text")
+        raise UserError(f"empty corpus: {spec!r} has no text")
     return corpus
 
 
@@ -133,5 +134,5 @@ def infill_from_source(source: str, split: str, n: int | None = None, **kwargs) 
     lines, so no window spans two of them."""
     corpus = read_source(source)
     if corpus.is_pairs:
-        raise ValueError(f"{source!r} holds prompt/completion pairs; infilling needs running text")
+        raise UserError(f"{source!r} holds prompt/completion pairs; infilling needs running text")
     return infill_examples("\n\n".join(corpus.texts), split, n, **kwargs)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..errors import UserError
 from ..metrics import extract_answer
 
 SPLITS = ("train", "validation", "test")
@@ -52,7 +53,7 @@ def split_of(text: str) -> str:
 
 def _check_split(split: str) -> None:
     if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+        raise UserError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -75,16 +76,16 @@ class ReasoningConfig:
     def __post_init__(self):
         (s0, s1), (v0, v1) = self.steps, self.values
         if not 1 <= s0 <= s1:
-            raise ValueError(f"steps must be (lo, hi) with 1 <= lo <= hi, got {self.steps}")
+            raise UserError(f"steps must be (lo, hi) with 1 <= lo <= hi, got {self.steps}")
         if not 1 <= v0 <= v1:
-            raise ValueError(f"values must be (lo, hi) with 1 <= lo <= hi, got {self.values}")
+            raise UserError(f"values must be (lo, hi) with 1 <= lo <= hi, got {self.values}")
         bad = [op for op in self.operations if op not in OPERATIONS]
         if bad or not self.operations or len(set(self.operations)) != len(self.operations):
-            raise ValueError(f"operations must be distinct members of {OPERATIONS}, got {self.operations}")
+            raise UserError(f"operations must be distinct members of {OPERATIONS}, got {self.operations}")
         if self.max_factor < 2:
-            raise ValueError(f"max_factor must be >= 2, got {self.max_factor}")
+            raise UserError(f"max_factor must be >= 2, got {self.max_factor}")
         if self.max_result < v0:
-            raise ValueError(f"max_result must be >= the smallest value {v0}, got {self.max_result}")
+            raise UserError(f"max_result must be >= the smallest value {v0}, got {self.max_result}")
 
 
 PRESETS = {
@@ -103,7 +104,7 @@ def reasoning_config(level: str | ReasoningConfig) -> ReasoningConfig:
     if isinstance(level, ReasoningConfig):
         return level
     if level not in PRESETS:
-        raise ValueError(f"unknown difficulty {level!r}; choose one of {', '.join(PRESETS)} or a ReasoningConfig")
+        raise UserError(f"unknown difficulty {level!r}; choose one of {', '.join(PRESETS)} or a ReasoningConfig")
     return PRESETS[level]
 
 
@@ -159,9 +160,9 @@ def apply_operation(value: int, op: str, operand: int) -> int:
         return value * operand
     if op == "/":
         if operand == 0 or value % operand:
-            raise ValueError(f"{value}/{operand} is not an exact integer division")
+            raise UserError(f"{value}/{operand} is not an exact integer division")
         return value // operand
-    raise ValueError(f"unknown operation {op!r}; choose one of {OPERATIONS}")
+    raise UserError(f"unknown operation {op!r}; choose one of {OPERATIONS}")
 
 
 def _operands(value: int, op: str, cfg: ReasoningConfig) -> list[int]:
@@ -191,7 +192,7 @@ def _sample_chain(rng: random.Random, cfg: ReasoningConfig) -> tuple[int, list[t
             steps.append((op, operand))
         else:
             return start, steps
-    raise ValueError(f"no problem satisfies {cfg}: widen values, operations or max_result")
+    raise UserError(f"no problem satisfies {cfg}: widen values, operations or max_result")
 
 
 def make_problem(start: int, steps: Sequence[tuple[str, int]], rng: random.Random) -> ReasoningExample:
@@ -216,7 +217,7 @@ def reasoning_split(split: str, n: int, *, level: str | ReasoningConfig = "easy"
     """``n`` distinct generated problems of ``split`` at a difficulty preset or config, deterministic in seed."""
     _check_split(split)
     if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+        raise UserError(f"n must be >= 0, got {n}")
     cfg = reasoning_config(level)
     rng = random.Random(f"setdlm-reasoning:{seed}:{split}")
     out, seen, misses = [], set(), 0
@@ -226,8 +227,8 @@ def reasoning_split(split: str, n: int, *, level: str | ReasoningConfig = "easy"
         if ex.question in seen or split_of(ex.question) != split:
             misses += 1
             if misses > 1000 + 100 * n:
-                raise ValueError(f"only {len(out)} distinct {split} problems found for {cfg}; ask for fewer "
-                                 f"than n={n} or widen the config")
+                raise UserError(f"only {len(out)} distinct {split} problems found for {cfg}; ask for fewer "
+                                f"than n={n} or widen the config")
             continue
         seen.add(ex.question)
         out.append(ex)
@@ -249,15 +250,15 @@ def load_gsm8k_jsonl(path: str | Path, *, strip_calculator: bool = False) -> lis
                 rec = json.loads(line)
                 question, solution = rec["question"], rec["answer"]
             except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{i}: not a JSON object with 'question' and 'answer' ({e})") from None
+                raise UserError(f"{path}:{i}: not a JSON object with 'question' and 'answer' ({e})") from None
             if strip_calculator:
                 solution = re.sub(r"<<[^>]*>>", "", solution)
             answer = extract_answer(solution)
             if answer is None:
-                raise ValueError(f"{path}:{i}: answer has no '#### <integer>' line")
+                raise UserError(f"{path}:{i}: answer has no '#### <integer>' line")
             out.append(ReasoningExample(question, solution, answer))
     if not out:
-        raise ValueError(f"{path}: no examples")
+        raise UserError(f"{path}: no examples")
     return out
 
 
@@ -269,7 +270,7 @@ def gsm_symbolic(split: str, n: int, *, seed: int = 0, **kwargs) -> list[Reasoni
     """
     _check_split(split)
     if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+        raise UserError(f"n must be >= 0, got {n}")
     try:
         import reasoning_gym
     except ImportError as e:
@@ -289,7 +290,7 @@ def gsm_symbolic(split: str, n: int, *, seed: int = 0, **kwargs) -> list[Reasoni
         if len(out) >= n:
             return out[:n]
         if size >= 64 * (n + 16):
-            raise ValueError(f"only {len(out)} distinct {split} problems from gsm_symbolic, asked for {n}")
+            raise UserError(f"only {len(out)} distinct {split} problems from gsm_symbolic, asked for {n}")
         size *= 2
 
 
@@ -349,7 +350,7 @@ class InfillExample:
 def make_infill(window: Sequence[str], hidden: int) -> InfillExample:
     """Hide the middle ``hidden`` of ``window``'s sentences (the left context gets the smaller half)."""
     if not 1 <= hidden <= len(window) - 2:
-        raise ValueError(f"hidden must be in [1, {len(window) - 2}] for {len(window)} sentences, got {hidden}")
+        raise UserError(f"hidden must be in [1, {len(window) - 2}] for {len(window)} sentences, got {hidden}")
     a = (len(window) - hidden) // 2
     b = a + hidden
     return InfillExample(" ".join(window[:a]), " " + " ".join(window[a:b]), " " + " ".join(window[b:]))
@@ -380,9 +381,9 @@ def infill_examples(text: str, split: str, n: int | None = None, *, sentences: i
     """
     _check_split(split)
     if sentences < 3:
-        raise ValueError(f"sentences must be >= 3 (a prefix, a middle and a suffix), got {sentences}")
+        raise UserError(f"sentences must be >= 3 (a prefix, a middle and a suffix), got {sentences}")
     if not 1 <= hidden <= sentences - 2:
-        raise ValueError(f"hidden must be in [1, {sentences - 2}] for {sentences} sentences, got {hidden}")
+        raise UserError(f"hidden must be in [1, {sentences - 2}] for {sentences} sentences, got {hidden}")
     pool, seen = [], set()
     for w in _windows(text, sentences, max_chars, min_words):
         t = " ".join(w)
@@ -393,8 +394,8 @@ def infill_examples(text: str, split: str, n: int | None = None, *, sentences: i
     if n is None:
         return pool
     if not 0 <= n <= len(pool):
-        raise ValueError(f"asked for n={n} {split} examples but the text gives {len(pool)} "
-                         f"({sentences}-sentence windows, max_chars={max_chars})")
+        raise UserError(f"asked for n={n} {split} examples but the text gives {len(pool)} "
+                        f"({sentences}-sentence windows, max_chars={max_chars})")
     return pool[:n]
 
 
@@ -404,7 +405,7 @@ def infill_from_file(path: str | Path, split: str, n: int | None = None, **kwarg
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     return infill_examples(text, split, n, **kwargs)
 
 

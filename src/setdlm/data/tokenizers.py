@@ -28,6 +28,8 @@ import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as _HFTokenizer
 
+from ..errors import UserError
+
 PAD, BOS, EOS, MASK, UNK = "<|pad|>", "<|bos|>", "<|eos|>", "<|mask|>", "<|unk|>"
 ROLES = ("bos", "eos", "pad", "mask", "unk")
 PROMPT_CONVENTIONS = ("bos", "transformers")
@@ -46,12 +48,12 @@ class Tokenizer:
         # "transformers", a pretrained model's own tokenization; by default "transformers" for kind "hf"
         self.prompt = prompt or ("transformers" if kind == "hf" else "bos")
         if self.prompt not in PROMPT_CONVENTIONS:
-            raise ValueError(f"prompt convention must be one of {PROMPT_CONVENTIONS}, got {prompt!r}")
+            raise UserError(f"prompt convention must be one of {PROMPT_CONVENTIONS}, got {prompt!r}")
         self.chat_template = chat_template  # a Hugging Face chat template (Jinja), kept for tools that use one
         self.tokens = {"bos": bos, "eos": eos, "pad": pad, "mask": mask, "unk": unk}
         for role, tok in self.tokens.items():
             if tok is not None and backend.token_to_id(tok) is None:
-                raise ValueError(f"{role} token {tok!r} is not in the tokenizer's vocabulary")
+                raise UserError(f"{role} token {tok!r} is not in the tokenizer's vocabulary")
         if mask is None:  # diffusion needs a MASK token: add one
             name = MASK
             while backend.token_to_id(name) is not None:
@@ -185,7 +187,7 @@ def _specials(with_unk: bool = False) -> list[AddedToken]:
 def train_bpe(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2) -> Tokenizer:
     """Byte-level BPE with ``vocab_size`` entries (special tokens included) learnt from ``texts``."""
     if not isinstance(vocab_size, int) or vocab_size < 256 + 4:
-        raise ValueError(f"BPE vocab_size must be an integer >= 260 (256 bytes + 4 special tokens), got {vocab_size!r}")
+        raise UserError(f"BPE vocab_size must be an integer >= 260 (256 bytes + 4 special tokens), got {vocab_size!r}")
     tok = _HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -222,16 +224,16 @@ def load_tokenizer(folder: str | Path, *, mask_id: int | None = None) -> Tokeniz
     the MASK token, or, one past the vocabulary, a new ``<|mask|>`` is added there."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise ValueError(f"tokenizer folder {str(folder)!r} does not exist")
+        raise UserError(f"tokenizer folder {str(folder)!r} does not exist")
     path = folder / TOKENIZER_FILE
     if not path.is_file():
         if any(any(folder.glob(p)) for p in ("vocab.*", "*.model", "merges.txt")):
             return _convert_slow(folder)
-        raise ValueError(f"{path}: missing (no tokenizer in {str(folder)!r})")
+        raise UserError(f"{path}: missing (no tokenizer in {str(folder)!r})")
     try:
         backend = _HFTokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception on bad JSON
-        raise ValueError(f"{path}: not a valid tokenizer file ({str(e).splitlines()[0]})") from None
+        raise UserError(f"{path}: not a valid tokenizer file ({str(e).splitlines()[0]})") from None
     names: dict[str, str | None] = {}
     kind, template, prompt = "hf", None, None
     for fname in ("special_tokens_map.json", CONFIG_FILE):  # the config wins
@@ -240,7 +242,7 @@ def load_tokenizer(folder: str | Path, *, mask_id: int | None = None) -> Tokeniz
             try:
                 cfg = json.loads(p.read_text(encoding="utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ValueError(f"{p}: not valid JSON ({e})") from None
+                raise UserError(f"{p}: not valid JSON ({e})") from None
             names.update({r: _token_name(cfg[f"{r}_token"]) for r in ROLES + ("cls", "sep") if f"{r}_token" in cfg})
             kind = cfg.get("setdlm_kind", kind)
             prompt = cfg.get("setdlm_prompt", prompt)
@@ -267,8 +269,8 @@ def _mask_name(backend: _HFTokenizer, current: str | None, mask_id: int, where: 
         return backend.id_to_token(mask_id)
     if mask_id == n:
         return None
-    raise ValueError(f"{where}: the tokenizer has {n} tokens, so MASK id {mask_id} is neither one of them nor the "
-                     "next one")
+    raise UserError(f"{where}: the tokenizer has {n} tokens, so MASK id {mask_id} is neither one of them nor the "
+                    "next one")
 
 
 def _convert_slow(folder: Path) -> Tokenizer:
@@ -276,12 +278,12 @@ def _convert_slow(folder: Path) -> Tokenizer:
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise ValueError(f"{folder}: has no tokenizer.json; converting a slow tokenizer needs transformers "
-                         "(pip install 'setdlm[hf]')") from None
+        raise UserError(f"{folder}: has no tokenizer.json; converting a slow tokenizer needs transformers "
+                        "(pip install 'setdlm[hf]')") from None
     try:
         hf = AutoTokenizer.from_pretrained(str(folder), use_fast=True)
     except Exception as e:
-        raise ValueError(f"{folder}: could not convert the slow tokenizer ({str(e).splitlines()[0]})") from None
+        raise UserError(f"{folder}: could not convert the slow tokenizer ({str(e).splitlines()[0]})") from None
     names = {r: getattr(hf, f"{r}_token", None) for r in ROLES}
     return Tokenizer(hf.backend_tokenizer, kind="hf", **names)
 
@@ -291,13 +293,13 @@ def from_hub(name: str) -> Tokenizer:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise ValueError(f"loading tokenizer {name!r} from the Hub needs huggingface_hub "
-                         "(pip install 'setdlm[hf]')") from None
+        raise UserError(f"loading tokenizer {name!r} from the Hub needs huggingface_hub "
+                        "(pip install 'setdlm[hf]')") from None
     try:
         folder = snapshot_download(name, allow_patterns=["tokenizer*", "special_tokens_map.json", "vocab*",
                                                          "merges.txt", "*.model"])
     except Exception as e:
-        raise ValueError(f"could not download tokenizer {name!r} from the Hub: {str(e).splitlines()[0]}") from None
+        raise UserError(f"could not download tokenizer {name!r} from the Hub: {str(e).splitlines()[0]}") from None
     return load_tokenizer(folder)
 
 
@@ -311,4 +313,4 @@ def build_tokenizer(spec: str, texts: list[str] | None = None, *, vocab_size: in
         return from_hub(spec[3:])
     if Path(spec).is_dir():
         return load_tokenizer(spec)
-    raise ValueError(f"unknown tokenizer {spec!r}: use bpe, char, a tokenizer folder or hf:NAME")
+    raise UserError(f"unknown tokenizer {spec!r}: use bpe, char, a tokenizer folder or hf:NAME")

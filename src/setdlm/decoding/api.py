@@ -10,7 +10,8 @@ and ``backbone.new_cache(batch, capacity)`` are used, so any backbone honouring 
 The settings are one :class:`~setdlm.decoding.settings.DecodeSettings` (``settings=``, or its fields as
 keyword arguments); which family uses which setting is the table in ``decoding/settings.py`` and
 docs/decoding.md; a setting set for a family that does not use it is a ``ValueError``, as in the CLI
-(docs/errors.md). :func:`applicable_knobs` keeps those that apply, to sweep one setting over every family.
+(docs/errors.md). :func:`~setdlm.decoding.settings.applicable` keeps those that apply, to sweep one setting over
+every family.
 
 Every input is checked before any decoding: prompts must be strings or token-id lists (bytes and None are a
 ``TypeError``), token ids must lie in the model's vocabulary, lengths must be positive integers.
@@ -26,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data.prompt import check_prompt_fits, encode_prompts, is_token_id, vocab_size
+from ..errors import UserError
 from ..resources import check_fits
 from ..seeds import check_seed
 from . import ar, bd3lm, mdlm, setdlm, speculative
@@ -35,7 +37,6 @@ from .settings import DecodeSettings, applicable, default_max_new_tokens
 from .state import DecodeConfig, DecodeState, stop_index
 
 DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}  # by the registry's Family.decoder
-applicable_knobs = applicable
 
 
 def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: int | Sequence[int] | None = None,
@@ -76,7 +77,7 @@ def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: in
     mask_id = model.family.mask_token_id
     for i, p in enumerate(ids):
         if mask_id in p:
-            raise ValueError(f"prompt {i} contains the MASK id {mask_id}; use fill() for masked inputs")
+            raise UserError(f"prompt {i} contains the MASK id {mask_id}; use fill() for masked inputs")
     sequences = [p + [mask_id] * max_new_tokens for p in ids]
     targets = [[False] * len(p) + [True] * max_new_tokens for p in ids]
     return _run(model, sequences, targets, settings, mode="generate", seed=seed, batch_size=batch_size,
@@ -92,7 +93,7 @@ def infill(model, prefixes, suffixes, lengths: int | Sequence[int], **kwargs) ->
     pre = encode_prompts(model, prefixes, "prefix", add_bos=True)
     suf = encode_prompts(model, suffixes, "suffix", allow_empty=True)
     if len(pre) != len(suf):
-        raise ValueError(f"got {len(pre)} prefixes but {len(suf)} suffixes")
+        raise UserError(f"got {len(pre)} prefixes but {len(suf)} suffixes")
     if isinstance(lengths, int) and not isinstance(lengths, bool):
         lens = [lengths] * len(pre)
     elif isinstance(lengths, (list, tuple)):
@@ -100,17 +101,17 @@ def infill(model, prefixes, suffixes, lengths: int | Sequence[int], **kwargs) ->
     else:
         raise TypeError(f"lengths must be an int or a list of ints (one per row), got {type(lengths).__name__}")
     if len(lens) != len(pre):
-        raise ValueError(f"got {len(lens)} lengths for {len(pre)} rows")
+        raise UserError(f"got {len(lens)} lengths for {len(pre)} rows")
     for i, m in enumerate(lens):
         if not isinstance(m, int) or isinstance(m, bool):
             raise TypeError(f"lengths[{i}] must be an int, got {type(m).__name__} {m!r}")
         if m < 1:
-            raise ValueError(f"lengths[{i}] must be a positive integer (tokens to fill), got {m}")
+            raise UserError(f"lengths[{i}] must be a positive integer (tokens to fill), got {m}")
     L = model.family.length
     for i, (p, m, s) in enumerate(zip(pre, lens, suf)):
         if len(p) + m + len(s) > L:
-            raise ValueError(f"row {i}: prefix + {m} infilled tokens + suffix = {len(p) + m + len(s)} tokens, more "
-                             f"than the context length L={L}")
+            raise UserError(f"row {i}: prefix + {m} infilled tokens + suffix = {len(p) + m + len(s)} tokens, more "
+                            f"than the context length L={L}")
     mask_id = model.family.mask_token_id
     return fill(model, [p + [mask_id] * m + s for p, m, s in zip(pre, lens, suf)], **kwargs)
 
@@ -134,7 +135,7 @@ def fill(model, sequences, settings: DecodeSettings | None = None, *, seed: int 
     L = model.family.length
     for i, s in enumerate(ids):
         if len(s) > L:
-            raise ValueError(f"sequence {i} has {len(s)} tokens, more than the context length L={L}")
+            raise UserError(f"sequence {i} has {len(s)} tokens, more than the context length L={L}")
     return _run(model, ids, [[t == mask_id for t in s] for s in ids], settings, mode="fill", seed=seed,
                 batch_size=batch_size, reveal_times=reveal_times, progress=progress, trace=trace)
 
@@ -149,14 +150,14 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
     n_targets = [sum(t) for t in targets]  # positions to decode per row
     times = _reveal_times(reveal_times, n_targets)
     if settings.speculate and times is not None:
-        raise ValueError("speculate caches tokens in position order, as the left-to-right decode it reproduces; "
-                         "reveal_times do not apply")
+        raise UserError("speculate caches tokens in position order, as the left-to-right decode it reproduces; "
+                        "reveal_times do not apply")
     cfg = decode_config(model, settings, mode=mode, cache_order=_cache_order(settings.cache_order, times),
                         trace=trace)
     stops = cfg.stop
     B = len(sequences)
     if batch_size is not None and not (isinstance(batch_size, int) and batch_size >= 1):
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        raise UserError(f"batch_size must be a positive integer, got {batch_size!r}")
     for i, (s, n) in enumerate(zip(sequences, n_targets)):  # fill checked its rows' lengths already
         if mode == "generate":
             check_prompt_fits(len(s) - n, fam.length, f"prompt {i}")
@@ -244,7 +245,7 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
     ``block_size`` = ``family.block_size`` for BD3LM/MDLM, 1 where unused)."""
     fam = model.family
     if device_of(model.backbone).type == "meta":
-        raise ValueError("the model's weights are on the meta device (an empty model, built under "
+        raise UserError("the model's weights are on the meta device (an empty model, built under "
                          "torch.device('meta') or init_empty_weights): load real weights first, e.g. setdlm.load(...)")
     stops = _stops(model, settings.stop)
     sampling = settings.sampling(fam.mask_token_id, eos_ids(model, settings.eos_token_id))
@@ -252,7 +253,7 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
     sizes = {"window": window, "block_size": block_size}
     for name, v in sizes.items():
         if v >= 2**62:  # torch indexes with int64: a larger size overflows before any memory check could
-            raise ValueError(f"{name} must be below 2**62, got {v}")
+            raise UserError(f"{name} must be below 2**62, got {v}")
     if fam.spec.cache_holds is not None:  # SetDLM/BD3LM: the cache holds room for 2 windows / blocks beyond L
         _check_cache_fits(model, fam.spec.cache_holds, sizes[fam.spec.cache_holds])
     return DecodeConfig(sampling, fam.length, mode=mode, stop_on_eos=mode == "generate" and not settings.ignore_eos,
@@ -295,7 +296,7 @@ def start(backbone, st: DecodeState, fam, times=None) -> None:
 def _cache_order(cache_order, times) -> str:
     """The SetDLM cache order: ``"position"`` by default, ``"reveal"`` with explicit reveal times."""
     if times is not None and cache_order == "position":
-        raise ValueError("reveal_times order the cache by reveal time; they contradict cache_order='position'")
+        raise UserError("reveal_times order the cache by reveal time; they contradict cache_order='position'")
     return "reveal" if times is not None else cache_order or "position"
 
 
@@ -306,12 +307,12 @@ def _reveal_times(reveal_times, n_targets: list[int]) -> list[torch.Tensor] | No
         return None
     if isinstance(reveal_times, torch.Tensor):
         if reveal_times.dim() != 2:
-            raise ValueError(f"reveal_times must be (rows, positions), got a tensor of shape {tuple(reveal_times.shape)}")
+            raise UserError(f"reveal_times must be (rows, positions), got a tensor of shape {tuple(reveal_times.shape)}")
         reveal_times = list(reveal_times)
     if isinstance(reveal_times, (str, bytes)) or not isinstance(reveal_times, Sequence):
         raise TypeError(f"reveal_times must be one sequence of times per row, got {type(reveal_times).__name__}")
     if len(reveal_times) != len(n_targets):
-        raise ValueError(f"reveal_times has {len(reveal_times)} rows, but {len(n_targets)} rows are decoded")
+        raise UserError(f"reveal_times has {len(reveal_times)} rows, but {len(n_targets)} rows are decoded")
     out = []
     for i, (row, n) in enumerate(zip(reveal_times, n_targets)):
         try:
@@ -319,10 +320,10 @@ def _reveal_times(reveal_times, n_targets: list[int]) -> list[torch.Tensor] | No
         except (TypeError, ValueError):
             raise TypeError(f"reveal_times row {i} must hold numbers, got {str(row)[:40]!r}") from None
         if t.dim() != 1 or t.numel() != n:
-            raise ValueError(f"reveal_times row {i} has shape {tuple(t.shape)}, but the row generates {n} "
-                             f"positions: give one time per position")
+            raise UserError(f"reveal_times row {i} has shape {tuple(t.shape)}, but the row generates {n} "
+                            f"positions: give one time per position")
         if not bool(torch.isfinite(t).all()):
-            raise ValueError(f"reveal_times row {i} holds a value that is not finite")
+            raise UserError(f"reveal_times row {i} holds a value that is not finite")
         out.append(t)
     return out
 
@@ -330,7 +331,7 @@ def _reveal_times(reveal_times, n_targets: list[int]) -> list[torch.Tensor] | No
 def _stops(model, stops: tuple[str, ...]) -> tuple[str, ...]:
     """The checked stop strings of the settings, which need the model's tokenizer."""
     if stops and model.tokenizer is None:
-        raise ValueError("stop strings need a tokenizer to decode the text; the model has none")
+        raise UserError("stop strings need a tokenizer to decode the text; the model has none")
     return stops
 
 
@@ -355,8 +356,8 @@ def eos_ids(model, eos_token_id) -> tuple[int, ...]:
     ids = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
     vocab = vocab_size(model) or float("inf")
     if not all(isinstance(e, int) and 0 <= e < vocab for e in ids):
-        raise ValueError(f"eos_token_id must be a token id (or a list of them) in the model's vocabulary, got "
-                         f"{eos_token_id!r}")
+        raise UserError(f"eos_token_id must be a token id (or a list of them) in the model's vocabulary, got "
+                        f"{eos_token_id!r}")
     return ids
 
 
@@ -373,7 +374,7 @@ def row_seeds(seed, B: int, needed: bool = True) -> list[int] | None:
             raise TypeError(f"seed must be an int or one int per row ({B}), got {type(seed).__name__} {seed!r}")
         seeds = [int(s) if is_token_id(s) else s for s in seed]
         if len(seeds) != B:
-            raise ValueError(f"seed must be an int or one int per row ({B}), got {seed!r}")
+            raise UserError(f"seed must be an int or one int per row ({B}), got {seed!r}")
         seeds = [check_seed(s, f"seed[{i}]") for i, s in enumerate(seeds)]
     return seeds if needed else None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import UserError
 from ..masks import decode_causal_mask
 from .state import DecodeState, forward, prefill as prefill_positions
 
@@ -19,7 +20,7 @@ from .state import DecodeState, forward, prefill as prefill_positions
 def init(backbone, st: DecodeState) -> None:
     """Cache every token before the last one preceding the first MASK, causally."""
     if bool((st.first_masked < 1).any()):
-        raise ValueError("AR decoding needs at least one token before the first MASK position")
+        raise UserError("AR decoding needs at least one token before the first MASK position")
     st.cache = backbone.new_cache(st.batch, capacity=min(st.canvas, st.cfg.context_length) + 1)
     end = st.first_masked - 1  # (B,) cache everything before the last clean token
     prefill_positions(backbone, st, st.pos < end[:, None])

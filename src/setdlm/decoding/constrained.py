@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..errors import UserError
 from .constraint import Constraint, TokenAutomaton, automaton
 
 
@@ -202,11 +203,11 @@ def row_constraints(constraints, sequences: list[list[int]], targets: list[list[
         rc = RowConstraint(c, automaton(c, tokenizer), lo, hi, eos_ids if mode == "generate" else ())
         if not rc.completable(seq[lo:hi], tgt[lo:hi]):
             if mode == "generate":
-                raise ValueError(f"row {i}: {c!r} has no match of at most {hi - lo} tokens (max_new_tokens) with this "
-                                 f"tokenizer{'' if rc.eos else ' and without EOS, exactly that many'}; raise "
-                                 f"max_new_tokens")
-            raise ValueError(f"row {i}: {c!r} cannot be matched by the {hi - lo} tokens from the first to the last "
-                             f"MASK of the row (exactly that many, with its context between gaps)")
+                raise UserError(f"row {i}: {c!r} has no match of at most {hi - lo} tokens (max_new_tokens) with this "
+                                f"tokenizer{'' if rc.eos else ' and without EOS, exactly that many'}; raise "
+                                f"max_new_tokens")
+            raise UserError(f"row {i}: {c!r} cannot be matched by the {hi - lo} tokens from the first to the last "
+                            f"MASK of the row (exactly that many, with its context between gaps)")
         out.append(rc)
     return out
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..errors import UserError
+
 DEFAULT_MAX_DEPTH = 3  # JSON Schema: depth to which recursive references are unrolled
 # validation keywords outlines-core's regex does not enforce: refused, so that every output validates
 UNENFORCED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems", "contains",
@@ -60,16 +62,16 @@ class Constraint:
 def regex(pattern: str) -> Constraint:
     """The output must match ``pattern`` in full."""
     if not isinstance(pattern, str) or not pattern:
-        raise ValueError(f"regex must be a non-empty string, got {pattern!r}")
+        raise UserError(f"regex must be a non-empty string, got {pattern!r}")
     return Constraint("regex", pattern, pattern)
 
 
 def choice(options) -> Constraint:
     """The output must be exactly one of ``options`` (non-empty strings)."""
     if isinstance(options, str) or not isinstance(options, (list, tuple)) or not options:
-        raise ValueError(f"choice needs a non-empty list of strings, got {options!r}")
+        raise UserError(f"choice needs a non-empty list of strings, got {options!r}")
     if not all(isinstance(o, str) and o for o in options):
-        raise ValueError(f"every choice must be a non-empty string, got {list(options)!r}")
+        raise UserError(f"every choice must be a non-empty string, got {list(options)!r}")
     options = tuple(dict.fromkeys(options))
     return Constraint("choice", "(" + "|".join(_escape(o) for o in options) + ")", options)
 
@@ -85,18 +87,18 @@ def json_schema(schema, *, max_depth: int = DEFAULT_MAX_DEPTH, whitespace: str |
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
-            raise ValueError(f"json_schema: the schema is not valid JSON: {e}") from None
+            raise UserError(f"json_schema: the schema is not valid JSON: {e}") from None
     if not isinstance(schema, dict):
-        raise ValueError(f"json_schema: a schema is a JSON object, got {type(schema).__name__}")
+        raise UserError(f"json_schema: a schema is a JSON object, got {type(schema).__name__}")
     if not (isinstance(max_depth, int) and not isinstance(max_depth, bool) and max_depth >= 0):
-        raise ValueError(f"max_depth must be an integer >= 0, got {max_depth!r}")
+        raise UserError(f"max_depth must be an integer >= 0, got {max_depth!r}")
     _check_schema(schema)
     _check_enforced(schema, "(root)")
     text = json.dumps(schema)  # property order kept: outlines-core writes properties in this order
     try:
         pattern = oc.json_schema.build_regex_from_schema(text, whitespace, max_recursion_depth=max_depth)
     except (ValueError, TypeError) as e:
-        raise ValueError(f"json_schema: {e}") from None
+        raise UserError(f"json_schema: {e}") from None
     return Constraint("json_schema", pattern, text)
 
 
@@ -105,7 +107,7 @@ def json_object(*, max_depth: int = 2) -> Constraint:
     ``max_depth`` levels deep (1: scalar values only). The automaton grows steeply with the depth
     (outlines-core compiles depth 2 in about half a second, depth 3 in about half a minute)."""
     if not (isinstance(max_depth, int) and not isinstance(max_depth, bool) and max_depth >= 1):
-        raise ValueError(f"max_depth must be an integer >= 1, got {max_depth!r}")
+        raise UserError(f"max_depth must be an integer >= 1, got {max_depth!r}")
     scalar = [{"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "null"}]
 
     def value(d: int) -> dict:
@@ -115,6 +117,31 @@ def json_object(*, max_depth: int = 2) -> Constraint:
                                    {"type": "object", "additionalProperties": value(d - 1)}]}
 
     return json_schema({"type": "object", "additionalProperties": value(max_depth - 1)})
+
+
+def of_options(regex_: str | None = None, json_schema_: str | None = None,
+               choices: list[str] | None = None) -> Constraint | None:
+    """The constraint of at most one of a regular expression, a JSON Schema (inline JSON, or the path of a
+    file holding it) and a list of choices (``setdlm generate --regex/--json-schema/--choice``); None for
+    none of them."""
+    given = [n for n, v in (("regex", regex_), ("json_schema", json_schema_), ("choice", choices)) if v]
+    if len(given) > 1:
+        raise UserError(f"give one of regex, json_schema, choice, not {' and '.join(given)}",
+                        fields=("regex", "json_schema", "choice"))
+    if regex_:
+        return regex(regex_)
+    if choices:
+        return choice(choices)
+    if not json_schema_:
+        return None
+    if not json_schema_.lstrip().startswith("{"):  # a file
+        from ..data.inputs import read_text
+
+        json_schema_ = read_text(json_schema_)
+    try:
+        return json_schema(json_schema_)
+    except ValueError as e:
+        raise UserError(str(e), fields=("json_schema",)) from None
 
 
 def _escape(text: str) -> str:
@@ -132,7 +159,7 @@ def _check_schema(schema: dict) -> None:
         cls.check_schema(schema)
     except jsonschema.SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path) or "(root)"
-        raise ValueError(f"json_schema: invalid schema at {where}: {e.message}") from None
+        raise UserError(f"json_schema: invalid schema at {where}: {e.message}") from None
 
 
 def _check_enforced(schema, where: str) -> None:
@@ -146,12 +173,12 @@ def _check_enforced(schema, where: str) -> None:
         return
     for key in UNENFORCED:
         if key in schema:
-            raise ValueError(f"json_schema: {key!r} at {where} cannot be enforced by the token automaton "
-                             f"(outlines-core); remove it, or use enum, pattern or maxLength instead")
+            raise UserError(f"json_schema: {key!r} at {where} cannot be enforced by the token automaton "
+                            f"(outlines-core); remove it, or use enum, pattern or maxLength instead")
     for key, why in (("oneOf", "exactly one branch matching is not enforced; use anyOf"),
                      ("allOf", "the intersection of several schemas is not expressed; merge them into one")):
         if isinstance(schema.get(key), list) and len(schema[key]) > 1:
-            raise ValueError(f"json_schema: {key!r} with {len(schema[key])} schemas at {where}: {why}")
+            raise UserError(f"json_schema: {key!r} with {len(schema[key])} schemas at {where}: {why}")
     for key in _SUBSCHEMAS:
         if key in schema:
             _check_enforced(schema[key], f"{where}/{key}")
@@ -215,7 +242,7 @@ def automaton(constraint: Constraint, tokenizer) -> TokenAutomaton:
     if not isinstance(constraint, Constraint):
         raise TypeError(f"a constraint is made by regex(), json_schema() or choice(), got {type(constraint).__name__}")
     if tokenizer is None:
-        raise ValueError("constrained decoding needs the model's tokenizer to read tokens as text; the model has none")
+        raise UserError("constrained decoding needs the model's tokenizer to read tokens as text; the model has none")
     pieces, digest = _vocabulary(tokenizer)
     key = (constraint.pattern, digest)
     if key in _COMPILED:
@@ -240,10 +267,10 @@ def _compile(constraint: Constraint, pieces: list[bytes | None]) -> TokenAutomat
         index = oc.Index(constraint.pattern, oc.Vocabulary(fake_eos, by_bytes))
     except ValueError as e:
         if "incompatible" in str(e):
-            raise ValueError(f"{constraint!r} cannot be spelled with this tokenizer's tokens: {e}") from None
-        raise ValueError(f"{constraint!r}: invalid regular expression: {e}") from None
+            raise UserError(f"{constraint!r} cannot be spelled with this tokenizer's tokens: {e}") from None
+        raise UserError(f"{constraint!r}: invalid regular expression: {e}") from None
     except Exception as e:  # the Rust side's panics and other failures
-        raise ValueError(f"{constraint!r}: invalid regular expression: {type(e).__name__}: {e}") from None
+        raise UserError(f"{constraint!r}: invalid regular expression: {type(e).__name__}: {e}") from None
     trans = index.get_transitions()  # {state: {token: next state}}
     ids = {s: k for k, s in enumerate(sorted(set(trans) | set(index.get_final_states()) | {index.get_initial_state()}))}
     edges = [(ids[s], t, ids[d]) for s, out in trans.items() for t, d in out.items() if t != fake_eos]
@@ -277,13 +304,13 @@ def token_bytes(tokenizer) -> list[bytes | None]:
     string through GPT-2's byte alphabet; a character (or other fused) tokenizer's token is its text."""
     backend = getattr(tokenizer, "backend", None)
     if backend is None or not hasattr(backend, "get_vocab"):
-        raise ValueError("constrained decoding needs a setdlm tokenizer (setdlm.data.tokenizers); got "
-                         f"{type(tokenizer).__name__}")
+        raise UserError("constrained decoding needs a setdlm tokenizer (setdlm.data.tokenizers); got "
+                        f"{type(tokenizer).__name__}")
     decoder = json.loads(backend.to_str()).get("decoder") or {}
     kind = decoder.get("type")
     if kind not in ("ByteLevel", "Fuse", None):
-        raise ValueError(f"constrained decoding supports byte-level BPE and character tokenizers; this tokenizer's "
-                         f"decoder is {kind!r}")
+        raise UserError(f"constrained decoding supports byte-level BPE and character tokenizers; this tokenizer's "
+                        f"decoder is {kind!r}")
     special = set(getattr(tokenizer, "special_ids", ()) or ())
     added = {i: t for i, t in backend.get_added_tokens_decoder().items()}
     vocab = backend.get_vocab(with_added_tokens=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import UserError
 from ..masks import decode_full_mask
 from .state import DecodeState, forward
 
@@ -20,8 +21,8 @@ from .state import DecodeState, forward
 def init(backbone, st: DecodeState) -> None:
     """No cache: split the masked positions into sub-blocks of ``block_size``, left to right."""
     if int(st.length.max()) > st.cfg.context_length:
-        raise ValueError(f"MDLM has no cache to slide: prompt + new tokens ({int(st.length.max())}) must be "
-                         f"<= L={st.cfg.context_length}")
+        raise UserError(f"MDLM has no cache to slide: prompt + new tokens ({int(st.length.max())}) must be "
+                        f"<= L={st.cfg.context_length}")
     rank = st.target.long().cumsum(-1) - 1  # (B, N+1) rank of each target position
     st.extra["sub_block"] = torch.where(st.target, rank // st.cfg.block_size, -1)
 

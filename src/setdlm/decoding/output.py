@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import UserError
+
 
 @dataclass
 class StepTrace:
@@ -87,3 +89,37 @@ def step_record(trace: StepTrace, step: int, start: int, tokenizer=None) -> dict
     if trace.constrained_positions:
         rec["constrained"] = [p - start for p in trace.constrained_positions]
     return rec
+
+
+def trace_rows(out: GenerationOutput, tokenizer=None) -> list[list[dict]]:
+    """Every row's per-step committed sets (:func:`step_record`), positions counted from the row's first
+    generated token: what ``setdlm generate --trace`` writes (needs ``trace=True``)."""
+    if out.trace is None:
+        raise UserError("the output has no trace: decode with trace=True")
+    return [[step_record(t, k, len(out.sequences[i]) - len(out.tokens[i]), tokenizer) for k, t in enumerate(steps)]
+            for i, steps in enumerate(out.trace)]
+
+
+# ANSI 256-colour backgrounds from blue (first step) to red (last step)
+STEP_COLOURS = (21, 27, 33, 39, 45, 51, 50, 48, 46, 82, 118, 154, 190, 226, 220, 214, 208, 202, 196)
+
+
+def order_text(tokens: list[int], steps: list[dict], tokenizer, colour: bool) -> str:
+    """The decode-order view of one row (``setdlm generate --show-order``): its generated ``tokens`` left to
+    right, each coloured by the step that decided it (an ANSI background from :data:`STEP_COLOURS`) or, with
+    ``colour`` False, preceded by a plain marker ``[step]``. ``steps``: the row's :func:`step_record`\\ s. An
+    ending EOS is left out."""
+    step_of = {p: s["step"] for s in steps for p in s["positions"]}
+    n_steps = max(len(steps), 1)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    parts = []
+    for j, t in enumerate(tokens):
+        if t == eos and j == len(tokens) - 1:
+            break
+        text, k = tokenizer.decode([t]), step_of.get(j, 0)
+        if colour:
+            c = STEP_COLOURS[round(k * (len(STEP_COLOURS) - 1) / max(n_steps - 1, 1))]
+            parts.append(f"\x1b[30;48;5;{c}m{text}\x1b[0m")
+        else:
+            parts.append(f"[{k}]{text}")
+    return "".join(parts)

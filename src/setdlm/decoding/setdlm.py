@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import UserError
 from ..masks import setdlm_step_mask
 from .state import DecodeState, forward, prefill as prefill_positions
 
@@ -50,7 +51,7 @@ def reveal_rank(st: DecodeState, schedule, times: list[torch.Tensor] | None = No
     generated positions left to right, or one draw per generated position from each row's generator."""
     n = st.target.sum(-1).tolist()
     if times is None and max(n) > schedule.L:
-        raise ValueError(f"cache_order='reveal' needs max_new_tokens <= L={schedule.L}, got {max(n)}")
+        raise UserError(f"cache_order='reveal' needs max_new_tokens <= L={schedule.L}, got {max(n)}")
     key = torch.zeros(st.batch, st.canvas + 1, dtype=torch.float64, device=st.device)
     for b in range(st.batch):
         t = (times[b].to(st.device) if times is not None

@@ -42,6 +42,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from ..family import using
+from ..errors import UserError
 from .constraint import Constraint
 from .sampling import Sampling
 
@@ -124,41 +125,41 @@ class DecodeSettings:
         for name in ("window", "block_size"):
             v = getattr(self, name)
             if v is not None and not _positive_int(v):
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+                raise UserError(f"{name} must be a positive integer, got {v!r}")
         if self.threshold is not None and not (_number(self.threshold) and 0.0 < self.threshold <= 1.0):
-            raise ValueError(f"threshold must lie in (0, 1] or be None (off), got {self.threshold!r}")
+            raise UserError(f"threshold must lie in (0, 1] or be None (off), got {self.threshold!r}")
         if self.speculate is not None and not isinstance(self.speculate, bool):
             raise TypeError(f"speculate must be True, False or None, got {self.speculate!r}")
         if self.speculate and self.threshold is not None:
-            raise ValueError("speculate verifies every token against the left-to-right decode, which commits one "
-                             "token per step; threshold does not apply (leave it None)")
+            raise UserError("speculate verifies every token against the left-to-right decode, which commits one "
+                            "token per step; threshold does not apply (leave it None)")
         if self.speculate and self.cache_order == "reveal":
-            raise ValueError("speculate caches tokens in position order, as the left-to-right decode it reproduces; "
-                             "cache_order='reveal' does not apply")
+            raise UserError("speculate caches tokens in position order, as the left-to-right decode it reproduces; "
+                            "cache_order='reveal' does not apply")
         if self.speculate and self.constraint is not None:
-            raise ValueError("speculate and constraint do not combine yet: the speculative verifier does not mask "
-                             "its drafts with the constraint; decode constrained without speculate")
+            raise UserError("speculate and constraint do not combine yet: the speculative verifier does not mask "
+                            "its drafts with the constraint; decode constrained without speculate")
         if self.cache_order is not None and self.cache_order not in ("position", "reveal"):
-            raise ValueError(f"cache_order must be 'position' or 'reveal', got {self.cache_order!r}")
+            raise UserError(f"cache_order must be 'position' or 'reveal', got {self.cache_order!r}")
         if not (_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+            raise UserError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not (_number(self.top_p) and 0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
+            raise UserError(f"top_p must lie in (0, 1], got {self.top_p!r}")
         if not (isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0):
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+            raise UserError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not (_number(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+            raise UserError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
         lp = self.length_penalty
         if lp is not None:
             if not isinstance(lp, (tuple, list)) or len(lp) != 2:
                 raise TypeError(f"length_penalty must be a pair (start, factor), got {lp!r}")
             if not (isinstance(lp[0], int) and lp[0] >= 0 and _number(lp[1]) and lp[1] >= 1.0):
-                raise ValueError(f"length_penalty must be (start >= 0, factor >= 1), got {lp!r}")
+                raise UserError(f"length_penalty must be (start >= 0, factor >= 1), got {lp!r}")
             object.__setattr__(self, "length_penalty", tuple(lp))
         if isinstance(self.max_new_tokens, bool):
             raise TypeError("max_new_tokens must be an int, got bool")
         if self.max_new_tokens is not None and not _positive_int(self.max_new_tokens):
-            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+            raise UserError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         e = self.eos_token_id
         if e is not None and not isinstance(e, (int, list, tuple)):
             raise TypeError(f"eos_token_id must be a token id or a list of them, got {type(e).__name__}")
@@ -171,7 +172,7 @@ class DecodeSettings:
             raise TypeError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
         stops = (stop,) if isinstance(stop, str) else tuple(stop)
         if not all(isinstance(s, str) and s for s in stops):
-            raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+            raise UserError(f"stop must be a non-empty string or a list of them, got {stop!r}")
         object.__setattr__(self, "stop", stops)
         c = self.constraint
         if isinstance(c, list):
@@ -182,7 +183,7 @@ class DecodeSettings:
             raise TypeError("constraint must be made by setdlm.decoding.constraint.regex/json_schema/choice (or be a "
                             f"list of them, one per row, None for a free row), got {c!r}")
         if c is not None and stops:
-            raise ValueError("stop strings would cut a constrained output short of its match; give constraint or stop")
+            raise UserError("stop strings would cut a constrained output short of its match; give constraint or stop")
 
     def constraints(self, rows: int) -> list[Constraint | None] | None:
         """The constraint of each of ``rows`` rows (None: no row has one); a per-row tuple must have one
@@ -193,7 +194,7 @@ class DecodeSettings:
         if isinstance(c, Constraint):
             return [c] * rows
         if len(c) != rows:
-            raise ValueError(f"constraint has {len(c)} entries, one per row, but {rows} rows are decoded")
+            raise UserError(f"constraint has {len(c)} entries, one per row, but {rows} rows are decoded")
         return list(c)
 
     def check_for(self, family: str, mode: str = "generate") -> None:
@@ -202,16 +203,18 @@ class DecodeSettings:
         for name, fams in FAMILIES.items():
             v = getattr(self, name)
             if v is not None and v is not False and family not in fams:
-                raise ValueError(f"{name} applies to {'/'.join(fams)} models, not to this {family!r} model")
+                raise UserError(f"{name} applies to {'/'.join(fams)} models, not to this {family!r} model",
+                                fields=(name,))
         if mode == "fill":
             for name in GENERATE_ONLY:
                 if getattr(self, name) != _DEFAULTS[name]:
-                    raise ValueError(f"{name} applies to generate only; fill and infill decode every MASK")
+                    raise UserError(f"{name} applies to generate only; fill and infill decode every MASK",
+                                    fields=(name,))
 
     def sampling(self, mask_token_id: int, eos_token_ids: tuple[int, ...]) -> Sampling:
         """The logits processors and commit threshold of these settings (docs/method.md §4.3)."""
         if self.length_penalty is not None and not eos_token_ids:
-            raise ValueError("length_penalty boosts EOS but no eos_token_id is known; pass eos_token_id")
+            raise UserError("length_penalty boosts EOS but no eos_token_id is known; pass eos_token_id")
         return Sampling(mask_token_id, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                         repetition_penalty=self.repetition_penalty, length_penalty=self.length_penalty,
                         threshold=self.threshold, eos_token_ids=tuple(eos_token_ids))
@@ -228,7 +231,7 @@ class DecodeSettings:
         if not isinstance(settings, DecodeSettings):
             raise TypeError(f"settings must be a DecodeSettings, got {type(settings).__name__}")
         if keywords:
-            raise ValueError(f"give settings= or the keyword settings ({', '.join(sorted(keywords))}), not both")
+            raise UserError(f"give settings= or the keyword settings ({', '.join(sorted(keywords))}), not both")
         return settings
 
 

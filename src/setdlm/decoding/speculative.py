@@ -43,6 +43,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..errors import UserError
 from ..masks import speculative_step_mask, with_cache
 from .sampling import propose
 from .state import DecodeState, prefill as prefill_positions
@@ -53,8 +54,8 @@ def init(backbone, st: DecodeState) -> None:
     non-MASK token in ascending position, causally."""
     L = st.cfg.context_length
     if bool((st.length > L).any()):
-        raise ValueError(f"speculate needs prompt + max_new_tokens <= the context length L={L}: the left-to-right "
-                         f"decode it reproduces evicts cache entries past L (docs/method.md §4.5)")
+        raise UserError(f"speculate needs prompt + max_new_tokens <= the context length L={L}: the left-to-right "
+                        f"decode it reproduces evicts cache entries past L (docs/method.md §4.5)")
     w = st.cfg.window
     st.cache = backbone.new_cache(st.batch, capacity=min(st.canvas, L) + w * (w + 1))  # + one step's inputs
     st.extra["pending"] = torch.zeros_like(st.masked)  # (B, N+1) committed last step, not yet cached

@@ -15,6 +15,7 @@ from importlib import resources
 
 from ..decoding.output import step_record
 from ..decoding.session import prepare
+from ..errors import UserError
 from .batching import Batcher, Job, QueueFull
 from .guard import DEFAULT_MAX_BODY, LOOPBACK_HOSTS, Guard, is_loopback, log, read_json_body
 from .responses import FINISH, TextStream, chunk, completion, new_id, summary, usage
@@ -32,9 +33,9 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
     from starlette.routing import Route
 
     if not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        raise UserError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if not (isinstance(max_body, int) and max_body >= 1):
-        raise ValueError(f"max_body must be a positive number of bytes, got {max_body!r}")
+        raise UserError(f"max_body must be a positive number of bytes, got {max_body!r}")
     batcher = Batcher(model, max_batch=max_batch, max_queue=max_queue)
     created = int(time.time())
     page = resources.files("setdlm.serve").joinpath("static/index.html").read_text(encoding="utf-8")
@@ -193,11 +194,18 @@ def serve(model_path: str, *, host: str = "127.0.0.1", port: int = 8000, max_bat
     try:
         import uvicorn
     except ImportError:
-        raise ValueError("serving needs the optional extra: pip install 'setdlm[serve]'") from None
+        raise UserError("serving needs the optional extra: pip install 'setdlm[serve]'") from None
     from ..loading import load
 
+    for field_, v, lo in (("max_batch", max_batch, 1), ("max_queue", max_queue, 0)):
+        if not (isinstance(v, int) and v >= lo):
+            raise UserError(f"{field_} must be >= {lo}, got {v}", fields=(field_,))
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise UserError(f"timeout must be > 0 seconds, got {timeout}", fields=("timeout",))
+    if not (isinstance(max_body, int) and max_body > 0):
+        raise UserError(f"max_body must be > 0 bytes, got {max_body}")
     if not (isinstance(grace, (int, float)) and grace >= 0):
-        raise ValueError(f"grace must be a number of seconds >= 0, got {grace!r}")
+        raise UserError(f"grace must be a number of seconds >= 0, got {grace!r}", fields=("grace",))
     check_listen(host, port)  # before the model loads: a busy port is one line, not minutes later
     if is_loopback(host):
         allowed = LOOPBACK_HOSTS + tuple(h.lower() for h in allow_hosts)
@@ -216,18 +224,18 @@ def check_listen(host: str, port: int) -> None:
     import socket
 
     if not (isinstance(port, int) and 0 <= port <= 65535):
-        raise ValueError(f"port must be an integer in [0, 65535], got {port!r}")
+        raise UserError(f"port must be an integer in [0, 65535], got {port!r}")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as e:
-        raise ValueError(f"host {host!r}: not an address of this machine ({e})") from None
+        raise UserError(f"host {host!r}: not an address of this machine ({e})") from None
     family, kind, proto, _, addr = infos[0]
     with socket.socket(family, kind, proto) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
             s.bind(addr)
         except OSError as e:
-            raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+            raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
 def _model_name(path: str) -> str:

@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..decoding.session import Row, RowStep, Session
+from ..errors import UserError
 
 
 class QueueFull(Exception):
@@ -51,7 +52,7 @@ class Batcher:
 
     def __init__(self, model, *, max_batch: int = 16, max_queue: int = 64):
         if not (isinstance(max_batch, int) and max_batch >= 1 and isinstance(max_queue, int) and max_queue >= 0):
-            raise ValueError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch!r}, {max_queue!r}")
+            raise UserError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch!r}, {max_queue!r}")
         self.session = Session(model)
         self.max_batch, self.max_queue = max_batch, max_queue
         self._cv = threading.Condition()

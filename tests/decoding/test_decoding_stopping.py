@@ -4,7 +4,7 @@ through a tokenizer, and clear errors for bad arguments."""
 import pytest
 
 from setdlm import Model
-from setdlm.decoding import applicable_knobs, generate
+from setdlm.decoding import applicable, generate
 
 from support import BOS, EOS, MASK, PROMPTS, CharTokenizer, tiny_model
 
@@ -29,7 +29,7 @@ def test_max_new_tokens_and_texts(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_eos_ends_a_row_once_everything_before_it_is_decoded(family):
     model = tiny_model(family, seed=2)
-    tau = applicable_knobs(family, threshold=0.3)
+    tau = applicable(family, threshold=0.3)
     free = generate(model, PROMPTS, max_new_tokens=10, ignore_eos=True, **tau)
     eos = free.tokens[1][4]  # a token the model generates
     out = generate(model, PROMPTS, max_new_tokens=10, eos_token_id=eos, **tau)

@@ -4,7 +4,6 @@ window [f, f + w), clean-first-then-masks input order, the tokens of step i cach
 step i + 1 with the masks' K/V dropped, and one token per NFE. Runs on each way of reaching the weights (``reference_sources.SOURCES``)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -12,9 +11,8 @@ from setdlm import Model
 from setdlm.decoding import generate
 
 from support import recorded
-from support.reference_sources import SOURCES, reference_model
+from support.reference_sources import FIX, SOURCES, reference_model
 
-FIX = Path(__file__).parent / "fixtures" / "reference-dit-tiny"
 CASE = json.loads((FIX / "expected.json").read_text())["setdlm_generate_w2_tau_off"]
 
 

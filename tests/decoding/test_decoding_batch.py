@@ -3,7 +3,7 @@ ragged prompts, rows finishing at different steps (EOS, threshold) and leaving t
 
 import pytest
 
-from setdlm.decoding import applicable_knobs, generate
+from setdlm.decoding import applicable, generate
 
 from support import PROMPTS, recorded, tiny_model
 
@@ -28,7 +28,7 @@ def _same(batch, alone):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_batch_equals_rows_alone(family):
     model = tiny_model(family, seed=2)  # a seed whose random model gives every family varied rows
-    kw = dict(max_new_tokens=10, **applicable_knobs(family, threshold=0.3))
+    kw = dict(max_new_tokens=10, **applicable(family, threshold=0.3))
     kw["eos_token_id"] = _eos_for(model, **kw)
     batch = generate(model, PROMPTS, **kw)
     _same(batch, [generate(model, [p], **kw) for p in PROMPTS])
@@ -40,7 +40,7 @@ def test_greedy_batch_equals_rows_alone(family):
 def test_sampled_batch_equals_rows_alone_with_per_row_seeds(family):
     model = tiny_model(family)
     seeds = [7, 8, 9]
-    kw = dict(max_new_tokens=10, eos_token_id=3, **SAMPLED, **applicable_knobs(family, threshold=0.5))
+    kw = dict(max_new_tokens=10, eos_token_id=3, **SAMPLED, **applicable(family, threshold=0.5))
     kw["eos_token_id"] = _eos_for(model, seed=seeds, **kw)
     batch = generate(model, PROMPTS, seed=seeds, **kw)
     assert "eos" in batch.finish_reason

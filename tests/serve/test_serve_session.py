@@ -4,7 +4,7 @@ steps next to rows of other lengths and settings, gives what ``generate`` gives 
 import pytest
 import torch
 
-from setdlm.decoding import applicable_knobs, generate
+from setdlm.decoding import applicable, generate
 from setdlm.decoding.session import Session
 
 from support import BOS, CharTokenizer, failing, tiny_model
@@ -65,7 +65,7 @@ def _drive(session, requests, cancel_at=None):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rows_joining_and_leaving_decode_as_alone(family):
     model = _model(family)
-    reqs = _endings(model, [(p, applicable_knobs(family, **kw), at) for p, kw, at in REQUESTS])
+    reqs = _endings(model, [(p, applicable(family, **kw), at) for p, kw, at in REQUESTS])
     done, seen = _drive(Session(model), reqs)
     reasons = set()
     for i, (p, kw, _) in enumerate(reqs):
@@ -94,10 +94,10 @@ def test_infilling_rows_decode_as_infill_alone(family):
     model = _model(family)
     s = Session(model)
     reqs = [("to be", " the end", dict(max_new_tokens=6, threshold=0.3)),
-            ("a", "zz", applicable_knobs(family, max_new_tokens=9, seed=4, **SAMPLED)),
+            ("a", "zz", applicable(family, max_new_tokens=9, seed=4, **SAMPLED)),
             ("or not", None, dict(max_new_tokens=8, threshold=0.3)),
             ("xy", ".", dict(max_new_tokens=5, threshold=0.3))]
-    rows = {s.add(p, suffix=suf, **applicable_knobs(family, **kw)): i for i, (p, suf, kw) in enumerate(reqs)}
+    rows = {s.add(p, suffix=suf, **applicable(family, **kw)): i for i, (p, suf, kw) in enumerate(reqs)}
     done = {}
     while len(s):
         for ev in s.step():
@@ -105,7 +105,7 @@ def test_infilling_rows_decode_as_infill_alone(family):
             if ev.done is not None:
                 done[rows[ev.row]] = ev.done
     for i, (p, suf, kw) in enumerate(reqs):
-        kw = applicable_knobs(family, **kw)
+        kw = applicable(family, **kw)
         if suf is None:
             assert done[i].tokens == generate(model, p, **kw).tokens[0]
             continue
@@ -239,6 +239,8 @@ def test_serve_guide_session_example_runs():
     import re
     from pathlib import Path
 
-    doc = (Path(__file__).parent.parent / "docs" / "serve.md").read_text()
+    from support import SRC
+
+    doc = (Path(SRC).parent / "docs" / "serve.md").read_text()
     (code,) = [b for b in re.findall(r"```python\n(.*?)```", doc, flags=re.S) if "Session(" in b]
     exec(compile(code, "docs/serve.md", "exec"), {})

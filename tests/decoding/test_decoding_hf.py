@@ -8,7 +8,7 @@ mask or a MASK state left in the cache is off by ~1e-1."""
 import pytest
 
 from setdlm import FamilyConfig, Model
-from setdlm.decoding import applicable_knobs, generate
+from setdlm.decoding import applicable, generate
 
 from support import PROMPTS, assert_setdlm_steps_exact, recorded, tiny_hf
 
@@ -23,7 +23,7 @@ MASK = 99  # the tiny HF models have 100 ids
 @pytest.mark.parametrize("family", ["ar", "mdlm", "bd3lm", "setdlm"])
 def test_batch_equals_rows_alone_on_hf_backbones(kind, family):
     model = Model(hf.HFBackbone(tiny_hf(kind)), FamilyConfig(family, 32, MASK, D=2, block_size=4))
-    kw = dict(max_new_tokens=8, ignore_eos=True, **applicable_knobs(family, threshold=0.2))
+    kw = dict(max_new_tokens=8, ignore_eos=True, **applicable(family, threshold=0.2))
     batch = generate(model, PROMPTS, **kw)
     assert batch.tokens == [generate(model, [p], **kw).tokens[0] for p in PROMPTS]
     assert [len(t) for t in batch.tokens] == [8, 8, 8]

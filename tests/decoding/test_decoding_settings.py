@@ -117,17 +117,22 @@ def test_a_session_row_follows_the_same_table():
 
 
 def test_cli_flags_become_one_settings_object():
-    from setdlm.cli import _decode_settings
+    from setdlm.errors import UserError, as_flags
+    from setdlm.flags import decode_settings
 
     parser = build_parser()
     args = parser.parse_args(["generate", "--prompt", "a", "--threshold", "0.5", "--stop", ".", "--length-penalty", "3",
                               "1.5", "--eos-token-id", "2", "--top-k", "4", "--ignore-eos"])
-    assert _decode_settings(args, "bd3lm") == DecodeSettings(threshold=0.5, stop=(".",), length_penalty=(3, 1.5),
-                                                             eos_token_id=(2,), top_k=4, ignore_eos=True,
-                                                             max_new_tokens=128)
-    with pytest.raises(ValueError, match="--threshold applies to setdlm/bd3lm/mdlm models; this checkpoint is 'ar'"):
-        _decode_settings(args, "ar")
+    settings = decode_settings(args)
+    assert settings == DecodeSettings(threshold=0.5, stop=(".",), length_penalty=(3, 1.5), eos_token_id=(2,), top_k=4,
+                                      ignore_eos=True, max_new_tokens=128)
+    settings.check_for("bd3lm")
+    with pytest.raises(UserError) as e:  # the library's words; the command line prints the field as its flag
+        settings.check_for("ar")
+    assert str(e.value) == "threshold applies to setdlm/bd3lm/mdlm models, not to this 'ar' model"
+    assert as_flags(e.value) == "--threshold applies to setdlm/bd3lm/mdlm models, not to this 'ar' model"
     bad = parser.parse_args(["infill", "--prefix", "a", "--length", "2", "--length-penalty", "x", "1"])
-    with pytest.raises(ValueError, match="--length-penalty takes START FACTOR"):
-        _decode_settings(bad, "setdlm")
-    assert _decode_settings(parser.parse_args(["infill", "--prefix", "a", "--length", "2"]), "ar") == DecodeSettings()
+    with pytest.raises(UserError) as e:
+        decode_settings(bad)
+    assert as_flags(e.value).startswith("--length-penalty takes START FACTOR")
+    assert decode_settings(parser.parse_args(["infill", "--prefix", "a", "--length", "2"])) == DecodeSettings()

@@ -5,7 +5,7 @@ AR conditions on the prefix only; several gaps at arbitrary positions; strings t
 import pytest
 
 from setdlm import Model
-from setdlm.decoding import applicable_knobs, fill, generate, infill
+from setdlm.decoding import applicable, fill, generate, infill
 
 from support import MASK, CharTokenizer, recorded, tiny_model
 
@@ -16,7 +16,7 @@ LENGTHS = [5, 3, 8]
 
 @pytest.mark.parametrize("family", ["ar", "mdlm", "bd3lm", "setdlm"])
 def test_infill_fills_exactly_the_middle(family):
-    out = infill(tiny_model(family), PREFIXES, SUFFIXES, LENGTHS, trace=True, **applicable_knobs(family, threshold=0.3))
+    out = infill(tiny_model(family), PREFIXES, SUFFIXES, LENGTHS, trace=True, **applicable(family, threshold=0.3))
     for r in range(3):
         seq, mid = out.sequences[r], out.tokens[r]
         assert len(mid) == LENGTHS[r] and MASK not in mid
@@ -56,7 +56,7 @@ def test_several_gaps_at_arbitrary_positions(family):
             [MASK, 3, 9, MASK, MASK, MASK, MASK, 2]]
     if family == "ar":
         rows[1] = rows[1][1:]  # AR needs a token before its first gap
-    out = fill(tiny_model(family), rows, **applicable_knobs(family, threshold=0.3))
+    out = fill(tiny_model(family), rows, **applicable(family, threshold=0.3))
     for r, row in enumerate(rows):
         seq = out.sequences[r]
         assert len(seq) == len(row) and MASK not in seq

@@ -171,7 +171,7 @@ def test_load_and_abuse_32_clients():
 
 @pytest.mark.slow
 def test_load_32_clients_shipped_model():
-    from setdlm.pretrained import load
+    from setdlm.loading import load
 
     seconds = float(os.environ.get("SETDLM_LOAD_SECONDS", "60"))
     model = load("shakespeare-setdlm-smax8")

@@ -14,6 +14,7 @@ import setdlm
 from setdlm import Model, bench, evaluate
 from setdlm.decoding import DecodeSettings, fill, generate
 from setdlm.decoding.session import Session
+from setdlm.evaluation import TaskSpec, task_examples
 from setdlm.masks import describe, speculative_step_mask
 
 from support import (MASK, PROMPTS, CharTokenizer, active_rows, assert_cache_clean, recorded, run,
@@ -227,7 +228,7 @@ def test_bench_sweeps_speculation_beside_the_windows(tmp_path, capsys):
     assert spec.forwards_per_token < w1.forwards_per_token == 1.0 == window.forwards_per_token
     assert spec.tokens_per_step == pytest.approx(1 / spec.forwards_per_token)
     model = setdlm.load("arith-setdlm-smax8")
-    examples, _ = bench.task_examples("reasoning", [model], n=6)
+    examples, _ = task_examples(TaskSpec("reasoning", n=6), [model])
     a = evaluate.reasoning(model, examples, window=1, progress=False)
     b = evaluate.reasoning(model, examples, speculate=True, progress=False)
     assert a.predictions == b.predictions and b.run.nfe_per_example < a.run.nfe_per_example

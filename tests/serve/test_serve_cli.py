@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from setdlm.cli import main
-from setdlm.pretrained import load
+from setdlm.loading import load
 
 from support import free_port
 

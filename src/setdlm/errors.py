@@ -1,0 +1,32 @@
+"""The one error type for bad input: :class:`UserError` (docs/errors.md).
+
+The library raises :class:`UserError` where it detects bad input from its caller (a value out of range, a
+missing file, a setting of another family, a prompt too long for the context). It is a ``ValueError``, so
+``except ValueError`` keeps catching it. The commands (:func:`setdlm.command.run`) turn only these into
+one line and exit code 2; any other exception is a bug and shows its traceback.
+
+A message is worded for the library: it names a field or argument (``level``, ``max_new_tokens``), and
+``fields`` lists the names in it that the command line spells as flags (``--level``,
+``--max-new-tokens``): :func:`as_flags` rewrites them.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+class UserError(ValueError):
+    """Bad input from the caller, detected by the library; ``fields``: the argument names the message uses."""
+
+    def __init__(self, message: str, *, fields: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.fields = tuple(fields)
+
+
+def as_flags(error: UserError) -> str:
+    """The message of ``error`` with each name of ``error.fields`` written as its command-line flag
+    (``max_new_tokens`` -> ``--max-new-tokens``); names inside other words, paths or quotes are left alone."""
+    text = str(error)
+    for name in error.fields:
+        text = re.sub(rf"(?<![\w.\-/'\"]){re.escape(name)}(?![\w.\-/'\"])", "--" + name.replace("_", "-"), text)
+    return text

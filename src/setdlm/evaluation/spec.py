@@ -1,0 +1,112 @@
+"""What an evaluation measures: :class:`TaskSpec`, built once by ``setdlm eval``/``bench``, the demo and
+Python callers, and checked when built (docs/evaluation.md).
+
+A task is one of :data:`TASKS`: the likelihood bound (docs/method.md §5.1), reasoning accuracy (§5.2),
+the parallel-dependency suite, or sentence infilling (§5.4). The fields that pick its examples apply to
+some tasks only (:data:`APPLIES`); giving one to another task, or a value out of range, is a
+:class:`setdlm.errors.UserError` naming the field, raised before any model is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from ..decoding.settings import GENERATE_ONLY, DecodeSettings
+from ..errors import UserError
+
+TASKS = ("likelihood", "reasoning", "infill", "parallel")
+DECODING_TASKS = ("reasoning", "infill", "parallel")
+GENERATING_TASKS = ("reasoning", "parallel")  # the decoding tasks that generate (infilling fills a gap)
+
+# field -> the tasks it applies to; the decoding settings apply to DECODING_TASKS (those of generate only,
+# such as the budget and stop strings, to GENERATING_TASKS): see check_settings
+APPLIES = {"level": ("reasoning",), "split": DECODING_TASKS, "n": DECODING_TASKS, "hidden": ("infill",),
+           "eos": ("infill",)}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """The examples of an evaluation.
+
+    ``task``: one of :data:`TASKS`. ``data``: likelihood, a text source (default: the run's held-out rows);
+    reasoning, a GSM8K-format JSONL (default: generated problems); infill, a text source (default the
+    built-in ``shakespeare``); parallel takes none (its examples are generated). ``level`` (generated
+    problems: easy, medium, hard; default medium), ``split`` (default test), ``n`` examples (default 200
+    generated problems or suite examples; every infilling window that fits), ``hidden`` sentences of 5
+    (infill: 1 or 3, default 1), ``eos`` (infill: EOS after the suffix), ``seed`` (the example draw and
+    sampling; likelihood: the bound's orders and masks, default the run's). Unset fields are None; the
+    properties give the defaults."""
+
+    task: str = "likelihood"
+    data: str | None = None
+    level: str | None = None
+    split: str | None = None
+    n: int | None = None
+    hidden: int | None = None
+    eos: bool = False
+    seed: int | None = None
+
+    def __post_init__(self):
+        from ..data.tasks import PRESETS, SPLITS
+
+        if self.task not in TASKS:
+            raise UserError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}", fields=("task",))
+        for name, tasks in APPLIES.items():
+            if getattr(self, name) not in (None, False) and self.task not in tasks:
+                raise UserError(f"{name} applies to task {'/'.join(tasks)}, not {self.task}", fields=(name, "task"))
+        if self.task == "parallel" and self.data is not None:
+            raise UserError("data does not apply to task parallel: its examples are generated (train on them "
+                            "with data parallel)", fields=("data", "task"))
+        if self.task == "reasoning" and self.data is not None:
+            for name in ("level", "split"):
+                if getattr(self, name) is not None:
+                    raise UserError(f"{name} applies to generated problems; data {self.data} is a GSM8K file",
+                                    fields=(name, "data"))
+            if not Path(self.data).is_file():
+                raise UserError(f"GSM8K file {self.data!r} does not exist (generated problems: level "
+                                "easy|medium|hard)", fields=("level",))
+        if self.level is not None and self.level not in PRESETS:
+            raise UserError(f"level must be one of {', '.join(PRESETS)}, got {self.level!r}", fields=("level",))
+        if self.split is not None and self.split not in SPLITS:
+            raise UserError(f"split must be one of {', '.join(SPLITS)}, got {self.split!r}", fields=("split",))
+        if self.n is not None and not (isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1):
+            raise UserError(f"n must be a positive integer, got {self.n!r}", fields=("n",))
+        if self.hidden is not None and self.hidden not in (1, 3):
+            raise UserError(f"hidden must be 1 or 3 (of 5 sentences), got {self.hidden!r}", fields=("hidden",))
+        if self.seed is not None and not (isinstance(self.seed, int) and not isinstance(self.seed, bool)):
+            raise UserError(f"seed must be an integer, got {self.seed!r}", fields=("seed",))
+
+    @classmethod
+    def of(cls, task: "TaskSpec | str", keywords: dict) -> tuple["TaskSpec", dict]:
+        """``task`` (a :class:`TaskSpec`, or a task name completed by the TaskSpec fields among ``keywords``)
+        and the keywords left; a TaskSpec and its fields together is a ``UserError``."""
+        names = [f.name for f in fields(cls) if f.name != "task" and f.name in keywords]
+        rest = {k: v for k, v in keywords.items() if k not in names}
+        if isinstance(task, TaskSpec):
+            if names:
+                raise UserError(f"give a TaskSpec or its fields ({', '.join(names)}), not both")
+            return task, rest
+        return cls(task, **{k: keywords[k] for k in names}), rest
+
+    @property
+    def decoding(self) -> bool:
+        """True for the tasks that decode (all but likelihood)."""
+        return self.task in DECODING_TASKS
+
+    @property
+    def source(self) -> str:
+        """The examples' source as results record it: ``data``, or ``generated:LEVEL`` /
+        ``generated:parallel`` / ``shakespeare`` by default."""
+        if self.data is not None:
+            return self.data
+        return {"infill": "shakespeare", "parallel": "generated:parallel"}.get(self.task,
+                                                                              f"generated:{self.level or 'medium'}")
+
+    def check_settings(self, settings: DecodeSettings) -> None:
+        """Decoding settings apply to the decoding tasks; those of generate only (the budget, EOS stop, stop
+        strings, cache order) to the tasks that generate."""
+        for name in (f.name for f in fields(DecodeSettings) if getattr(settings, f.name) != f.default):
+            tasks = GENERATING_TASKS if name in GENERATE_ONLY else DECODING_TASKS
+            if self.task not in tasks:
+                raise UserError(f"{name} applies to task {'/'.join(tasks)}, not {self.task}", fields=(name, "task"))

@@ -1,0 +1,147 @@
+"""The command line's flags, derived from the library's typed objects: one flag per field of
+:class:`~setdlm.decoding.settings.DecodeSettings` (``generate``, ``infill``, ``eval``, ``bench``) and of
+:class:`~setdlm.evaluation.TaskSpec` (``eval``, ``bench``), read back into those objects. The objects check
+the values (:class:`setdlm.errors.UserError`, worded with the field names); ``setdlm`` prints the names as
+flags (:func:`setdlm.errors.as_flags`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+
+from .decoding.settings import GENERATE_ONLY, DecodeSettings
+from .errors import UserError
+
+
+def positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {s!r}")
+    return v
+
+
+def list_of(kind, what: str):
+    """argparse type: a comma-separated list; ``off`` stands for None (threshold off, window D)."""
+    def parse(s: str):
+        out = []
+        for item in s.split(","):
+            item = item.strip()
+            try:
+                out.append(None if item in ("off", "D") else kind(item))
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{what}: {item!r} is not a number") from None
+        return out
+    return parse
+
+
+def add_model_flags(p, what: str = "decode with") -> None:
+    """The flags that pick how a model is loaded: ``--ema``, ``--device``, ``--quantize``."""
+    from .quantize import QUANTIZATIONS
+
+    p.add_argument("--ema", action="store_true", help=f"{what} the EMA weights")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    p.add_argument("--quantize", choices=QUANTIZATIONS, default=None, help="decode with int8 or int4 weights on "
+                   "the CPU (docs/quantization.md; default: the stored precision)")
+
+
+
+# ---------------------------------------------------------------------------------------------------------
+# decoding settings: one flag per field of DecodeSettings (generate, infill, eval, bench)
+# ---------------------------------------------------------------------------------------------------------
+
+# the constraint is an object, not one flag: generate and infill spell it --regex / --json-schema / --choice
+SETTINGS = tuple(f.name for f in dataclasses.fields(DecodeSettings) if f.name != "constraint")
+
+
+def add_settings_flags(p, names, *, defaults: dict | None = None, notes: dict | None = None) -> None:
+    """One flag per field of :class:`DecodeSettings` in ``names``, derived from the dataclass (type, help,
+    choices) as ``train``'s flags are from ``TrainConfig``; a flag not given is None. ``defaults``: flag
+    defaults of this command; ``notes``: a prefix for a flag's help (e.g. the tasks it applies to)."""
+    hints = typing.get_type_hints(DecodeSettings)
+    for f in dataclasses.fields(DecodeSettings):
+        if f.name not in names:
+            continue
+        flag, meta = "--" + f.name.replace("_", "-"), f.metadata
+        kind = hints[f.name]
+        union = typing.get_origin(kind) in (typing.Union, types.UnionType)  # X | None, int | tuple[int, ...]
+        kinds = [a for a in typing.get_args(kind) if a is not type(None)] if union else [kind]
+        default = (defaults or {}).get(f.name)
+        help_ = (notes or {}).get(f.name, "") + meta["help"]
+        help_ += f" (default {default})" if default is not None else ""
+        if kinds[0] is bool:
+            p.add_argument(flag, action="store_true", default=None, help=help_)
+        elif "nargs" in meta:  # length_penalty START FACTOR
+            p.add_argument(flag, nargs=meta["nargs"], default=None, metavar=("START", "FACTOR"), help=help_)
+        elif typing.get_origin(kinds[-1]) is tuple:  # stop, eos_token_id: repeatable
+            p.add_argument(flag, action="append", type=typing.get_args(kinds[-1])[0], default=None, help=help_)
+        else:
+            p.add_argument(flag, type=kinds[0], choices=meta.get("choices"), default=default, help=help_)
+
+
+def decode_settings(args) -> DecodeSettings:
+    """The :class:`DecodeSettings` of the decoding flags given (and of --regex/--json-schema/--choice where
+    the command has them), each value checked by the dataclass itself; its errors name the flag."""
+    kw = {}
+    for name in SETTINGS:
+        v = getattr(args, name, None)
+        if v is None:
+            continue
+        if name == "length_penalty":
+            try:
+                v = (int(v[0]), float(v[1]))
+            except ValueError:
+                raise UserError("length_penalty takes START FACTOR (an integer and a number), got "
+                                f"{' '.join(v)}", fields=(name,)) from None
+        try:
+            DecodeSettings(**{name: v})
+        except (ValueError, TypeError) as e:  # the library's message names the field: the flag, when printed
+            raise UserError(str(e), fields=(name,)) from None
+        kw[name] = v
+    if hasattr(args, "regex"):
+        from .decoding.constraint import of_options
+
+        kw["constraint"] = of_options(args.regex, args.json_schema, args.choice)
+    return DecodeSettings(**kw)
+
+
+
+def task_spec(args):
+    """The :class:`~setdlm.evaluation.TaskSpec` of the task flags (checked when built)."""
+    from .evaluation import TaskSpec
+
+    return TaskSpec(args.task, data=args.data, level=args.level, split=args.split, n=args.n, hidden=args.hidden,
+                    eos=args.eos, seed=args.seed)
+
+
+
+def add_task_flags(p, *, settings: tuple[str, ...], task_default: str | None) -> None:
+    """Flags that pick the task's examples (the fields of TaskSpec), and the decoding ``settings`` offered."""
+    from .data.tasks import PRESETS, SPLITS
+    from .evaluation.spec import DECODING_TASKS, GENERATING_TASKS, TASKS
+
+    p.add_argument("--task", choices=TASKS, default=task_default, required=task_default is None,
+                   help="what to measure" + (f" (default {task_default})" if task_default else ""))
+    p.add_argument("--data", default=None, help="likelihood: text source (default: the run's held-out rows); "
+                   "reasoning: GSM8K-format JSONL (default: generated problems); infill: a text file, folder or "
+                   "built-in corpus (default: shakespeare)")
+    p.add_argument("--level", choices=tuple(PRESETS), default=None, help="reasoning: difficulty of the "
+                   "generated problems (default medium)")
+    p.add_argument("--split", choices=SPLITS, default=None, help="reasoning/infill/parallel: split drawn from "
+                   "(default test)")
+    p.add_argument("--n", type=positive_int, default=None, help="reasoning/infill/parallel: examples (default 200 "
+                   "problems or parallel-suite examples, or every infilling window that fits the context)")
+    p.add_argument("--hidden", type=int, choices=(1, 3), default=None, help="infill: hidden sentences of 5 "
+                   "(default 1)")
+    p.add_argument("--eos", action="store_true", help="infill: EOS after the suffix (each window a whole document)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default=None, help="decoding tasks: time decoding by "
+                   "wall clock (default, the paper's) or by CPU time (steady on a shared CPU)")
+    notes = {name: "/".join(GENERATING_TASKS if name in GENERATE_ONLY else DECODING_TASKS) + ": " for name in settings}
+    notes["max_new_tokens"] = "reasoning/parallel (default: what the longest prompt leaves of L): "
+    notes["cache_order"] = "reasoning/parallel (the paper's GSM8K runs: reveal): "
+    add_settings_flags(p, settings, notes=notes)
+    p.set_defaults(**{name: None for name in SETTINGS if name not in settings})

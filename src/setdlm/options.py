@@ -1,0 +1,119 @@
+"""The typed options of the decoding commands, built and checked before any model loads
+(``setdlm generate`` / ``setdlm infill``; ``eval`` and ``bench`` take a
+:class:`~setdlm.evaluation.TaskSpec` and a :class:`~setdlm.decoding.settings.DecodeSettings`).
+
+A command line builds one of these from its flags and hands it to :func:`generate_rows` /
+:func:`infill_rows`, which load the model, check the settings against its family and decode. Checks are the
+library's (:class:`setdlm.errors.UserError`, worded with the field names); the command line spells the
+names as its flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .decoding.settings import DecodeSettings
+from .errors import UserError
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """Which model decodes: a checkpoint folder, run folder or shipped name (None: the shipped
+    ``shakespeare-setdlm-smax8``), its EMA weights or not, the device and an optional CPU quantization."""
+
+    checkpoint: str | None = None
+    ema: bool = False
+    device: str = "cpu"
+    quantize: str | None = None
+
+    def load(self):
+        from . import pretrained
+        from .loading import load
+
+        return load(self.checkpoint or str(pretrained.path(pretrained.DEFAULT)), ema=self.ema, device=self.device,
+                    quantize=self.quantize)
+
+
+def _check_requests(requests: list, none: str, output: str | None) -> None:
+    """At least one request (else the error ``none``), and an ``output`` file that can be written."""
+    from .outputs import check_file
+
+    if not requests:
+        raise UserError(none)
+    if output is not None:
+        check_file(output)
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """``setdlm generate``: ``prompts`` decoded with ``settings`` and ``seed``; ``chat`` sends each prompt as
+    a user message through the model's chat template; ``trace`` (a JSON file) records every step's committed
+    set and ``show_order`` prints the decode-order view; ``output``: JSONL rows instead of texts."""
+
+    prompts: list[str]
+    settings: DecodeSettings = field(default_factory=DecodeSettings)
+    model: ModelChoice = field(default_factory=ModelChoice)
+    seed: int = 0
+    chat: bool = False
+    trace: str | None = None
+    show_order: bool = False
+    output: str | None = None
+
+    def __post_init__(self):
+        _check_requests(self.prompts, "no prompts to generate from", self.output)
+
+    @property
+    def traced(self) -> bool:
+        return bool(self.trace or self.show_order)
+
+
+@dataclass(frozen=True)
+class InfillOptions:
+    """``setdlm infill``: ``rows`` of (prefix, suffix, length) filled with ``settings`` and ``seed``;
+    ``output``: JSONL rows instead of texts."""
+
+    rows: list[tuple[str, str, int]]
+    settings: DecodeSettings = field(default_factory=DecodeSettings)
+    model: ModelChoice = field(default_factory=ModelChoice)
+    seed: int = 0
+    output: str | None = None
+
+    def __post_init__(self):
+        _check_requests(self.rows, "no rows to infill", self.output)
+
+
+def generate_rows(opts: GenerateOptions):
+    """Load the model and decode ``opts``: ``(output, rows, tokenizer)``, rows ``{prompt, text, tokens}``
+    (and ``steps``, the per-step records, when traced). A prompt must leave room for one new token
+    (:func:`setdlm.data.prompt.check_prompt_fits`, checked by ``generate``)."""
+    from .decoding import generate
+
+    model = opts.model.load()
+    opts.settings.check_for(model.family.family, "generate")
+    prompts = opts.prompts
+    if opts.chat:  # each prompt is one user message, rendered by the model's chat template (ids, no extra BOS)
+        from .chat import chat_prompt
+
+        prompts = [chat_prompt(model.tokenizer, p) for p in prompts]
+    out = generate(model, prompts, opts.settings, seed=opts.seed, trace=opts.traced, progress=True)
+    rows = [{"prompt": p, "text": t, "tokens": [int(x) for x in ids]}
+            for p, t, ids in zip(opts.prompts, out.texts, out.tokens)]
+    if opts.traced:
+        from .decoding.output import trace_rows
+
+        for row, steps in zip(rows, trace_rows(out, model.tokenizer)):
+            row["steps"] = steps
+    return out, rows, model.tokenizer
+
+
+def infill_rows(opts: InfillOptions):
+    """Load the model and fill ``opts``: ``(output, rows)``, rows ``{prefix, suffix, length, text, tokens}``."""
+    from .decoding import infill
+
+    model = opts.model.load()
+    opts.settings.check_for(model.family.family, "fill")
+    out = infill(model, [r[0] for r in opts.rows], [r[1] for r in opts.rows], [r[2] for r in opts.rows],
+                 settings=opts.settings, seed=opts.seed, progress=True)
+    rows = [{"prefix": p, "suffix": s, "length": n, "text": t, "tokens": [int(x) for x in ids]}
+            for (p, s, n), t, ids in zip(opts.rows, out.texts, out.tokens)]
+    return out, rows
