@@ -388,9 +388,6 @@ LONG_MODULES = {
                       "translation and its checks, in one place so that the two layouts cannot drift",
     "setdlm.evaluate": "the measurements (likelihood bound, reasoning, infilling, the parallel suite, throughput) "
                        "sharing one batched decoding pass and one result type",
-    # PENDING (the lead removes it when setdlm/training/ lands): train.py is being split into the
-    # setdlm.training package by another change
-    "setdlm.train": "pending: being split into setdlm/training/",
 }
 
 

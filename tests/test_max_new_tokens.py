@@ -27,9 +27,9 @@ def test_defaults_and_the_room():
         "generate": 64, "cli": 128, "server": 64, "evaluate": None, "harness": 256, "demo": 48}
     assert default_max_new_tokens("server", room=10) == 10 and default_max_new_tokens("server", room=100) == 64
     assert default_max_new_tokens("evaluate", room=7) == 7 and default_max_new_tokens("cli", room=3) == 128
-    with pytest.raises(ValueError, match="depends on the room the prompt leaves; pass room"):
+    with pytest.raises(TypeError, match="depends on the room the prompt leaves; pass room"):
         default_max_new_tokens("evaluate")
-    with pytest.raises(ValueError, match="unknown entry point 'repl'; choose one of generate, cli"):
+    with pytest.raises(KeyError, match="unknown entry point 'repl'; choose one of generate, cli"):
         default_max_new_tokens("repl")
 
 

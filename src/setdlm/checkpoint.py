@@ -554,7 +554,7 @@ def read(folder: str | Path, *, ema: bool = False, family: str | None = None, de
     backbone = build_backbone(cfg, arch)
     file = folder / (EMA_WEIGHTS if ema else WEIGHTS)
     if not file.exists() and (folder / SHARDED).is_dir():
-        raise ValueError(f"{folder}: a sharded checkpoint of an FSDP run; convert it to one file first: "
+        raise UserError(f"{folder}: a sharded checkpoint of an FSDP run; convert it to one file first: "
                          f"python -m setdlm.training.export {folder}")
     sd = read_tensors(file, expected_shapes(backbone), " (this checkpoint kept no EMA weights)" if ema else "")
     saved = sd[next(iter(sd))].dtype

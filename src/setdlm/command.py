@@ -15,10 +15,6 @@ from collections.abc import Callable
 
 from .errors import UserError, as_flags
 
-# PENDING (the lead removes this when setdlm/training/ lands): train.py's checks predate UserError and raise
-# plain ValueError/TypeError; until the training package raises UserError, `train` treats them as bad input
-_PLAIN_VALUE_ERRORS = ("train",)
-
 
 class Parser(argparse.ArgumentParser):
     """Usage errors as one line (``setdlm train: error: ...``), exit code 2."""
@@ -35,11 +31,10 @@ def _one_line(command: str, message: str) -> int:
 def run(command: str, call: Callable[[], int], interrupted: Callable[[KeyboardInterrupt], str]) -> int:
     """``call()``'s exit code, or 2 after a one-line error, or 130 after Ctrl-C with ``interrupted(e)``'s note;
     an exception that is not bad input propagates (its traceback shows)."""
-    user_errors = (ValueError, TypeError) if command in _PLAIN_VALUE_ERRORS else UserError
     try:
         return call()
-    except user_errors as e:  # bad user input: one line, exit 2
-        return _one_line(command, as_flags(e) if isinstance(e, UserError) else str(e) or type(e).__name__)
+    except UserError as e:  # bad user input: one line, exit 2
+        return _one_line(command, as_flags(e))
     except OSError as e:  # the machine refused (a file that cannot be read or written): one line, exit 2
         where = f"{e.filename}: " if e.filename else ""
         return _one_line(command, f"{where}{e.strerror or e}")

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 
+from .errors import UserError
 from .schedules import LinearSchedule, StaggeredSchedule
 
 
@@ -67,9 +68,9 @@ REGISTRY: dict[str, Family] = {}
 def register(family: Family) -> Family:
     """Add ``family`` to :data:`REGISTRY` under its name (a name registered twice is a ``ValueError``)."""
     if family.name in REGISTRY:
-        raise ValueError(f"family {family.name!r} is registered already")
+        raise UserError(f"family {family.name!r} is registered already")
     if family.streams not in (1, 2):
-        raise ValueError(f"family {family.name!r}: streams must be 1 or 2, got {family.streams!r}")
+        raise UserError(f"family {family.name!r}: streams must be 1 or 2, got {family.streams!r}")
     REGISTRY[family.name] = family
     return family
 
@@ -79,7 +80,7 @@ def get_family(name: str) -> Family:
     try:
         return REGISTRY[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown family {name!r}; choose one of {', '.join(REGISTRY)}") from None
+        raise UserError(f"unknown family {name!r}; choose one of {', '.join(REGISTRY)}") from None
 
 
 def using(kind: str, name: str) -> tuple[str, ...]:
@@ -98,16 +99,16 @@ def _nothing(cfg: "FamilyConfig") -> None:
 
 def _complete_setdlm(c: "FamilyConfig") -> None:
     if c.D is None:
-        raise ValueError("family 'setdlm' needs D (target parallelism)")
+        raise UserError("family 'setdlm' needs D (target parallelism)")
     if isinstance(c.D, int) and c.D > c.length:
-        raise ValueError(f"D (target parallelism) must be <= the context length L, got D={c.D}, L={c.length}")
+        raise UserError(f"D (target parallelism) must be <= the context length L, got D={c.D}, L={c.length}")
     if c.M is None:
         c.M = min(2 * c.D, c.length)
 
 
 def _complete_bd3lm(c: "FamilyConfig") -> None:
     if c.block_size is None:
-        raise ValueError("family 'bd3lm' needs block_size (S)")
+        raise UserError("family 'bd3lm' needs block_size (S)")
 
 
 def _complete_mdlm(c: "FamilyConfig") -> None:
@@ -175,20 +176,20 @@ class FamilyConfig:
     def __post_init__(self):
         spec = get_family(self.family)
         if not isinstance(self.length, int) or self.length < 1:
-            raise ValueError(f"length (context L) must be a positive integer, got {self.length!r}")
+            raise UserError(f"length (context L) must be a positive integer, got {self.length!r}")
         if self.mask_token_id is None or self.mask_token_id < 0:
-            raise ValueError(f"mask_token_id must be a non-negative token id, got {self.mask_token_id!r}")
+            raise UserError(f"mask_token_id must be a non-negative token id, got {self.mask_token_id!r}")
         for name in ("k", "b"):  # explicit schedule shape / width: positive and finite (docs/concepts.md)
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and 0 < v < float("inf")):
-                raise ValueError(f"{name} must be a positive number, got {v!r}")
+                raise UserError(f"{name} must be a positive number, got {v!r}")
         spec.complete(self)
         if self.block_size is not None and not (1 <= self.block_size <= self.length):
-            raise ValueError(f"block_size must lie in [1, L={self.length}], got {self.block_size}")
+            raise UserError(f"block_size must lie in [1, L={self.length}], got {self.block_size}")
         if not isinstance(self.keep_clean_bos, bool):
-            raise ValueError(f"keep_clean_bos must be true or false, got {self.keep_clean_bos!r}")
+            raise UserError(f"keep_clean_bos must be true or false, got {self.keep_clean_bos!r}")
         if self.keep_clean_bos and "keep_clean_bos" not in spec.config_fields:
-            raise ValueError(f"keep_clean_bos applies to family {'/'.join(using('config_fields', 'keep_clean_bos'))!r} "
+            raise UserError(f"keep_clean_bos applies to family {'/'.join(using('config_fields', 'keep_clean_bos'))!r} "
                              f"only, not to {self.family!r}")
         self.schedule()  # validates D, M, k, b and divisibility
 
@@ -209,7 +210,7 @@ class FamilyConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown FamilyConfig fields: {sorted(unknown)}")
+            raise UserError(f"unknown FamilyConfig fields: {sorted(unknown)}")
         return cls(**d)
 
 

@@ -101,20 +101,20 @@ def load_for_training(name_or_path: str):
 
     p = Path(name_or_path).expanduser()
     if not p.exists() and not _is_name(str(name_or_path)):
-        raise ValueError(f"{name_or_path!r}: no such folder, and not a shipped model, a packaged GGUF model or a "
+        raise UserError(f"{name_or_path!r}: no such folder, and not a shipped model, a packaged GGUF model or a "
                          "Hub id")
     folder = locate(name_or_path)
     if checkpoint.is_checkpoint(folder) or convert.is_reference_folder(folder):
         model = load(folder, dtype=torch.float32)
         if not isinstance(model.tokenizer, Tokenizer):
-            raise ValueError(f"{name_or_path!r}: no tokenizer found with the weights")
+            raise UserError(f"{name_or_path!r}: no tokenizer found with the weights")
         return model.backbone.train(), model.tokenizer
     if folder.is_dir():  # a local folder or a Hub snapshot: check the weights before transformers reads them
         weights = sorted(folder.glob("*.safetensors"))
         pickles = [f for f in folder.iterdir() if f.suffix in checkpoint.PICKLE_SUFFIXES]
         if not weights and pickles:
             checkpoint.refuse_pickle(pickles[0])
-            raise ValueError(f"{pickles[0]}: setdlm loads safetensors weights only; convert it to safetensors")
+            raise UserError(f"{pickles[0]}: setdlm loads safetensors weights only; convert it to safetensors")
         for f in weights:
             checkpoint.check_safetensors(f)
     try:
@@ -122,7 +122,7 @@ def load_for_training(name_or_path: str):
 
         import transformers  # noqa: F401 (checked here, so the error can say how to install it)
     except ImportError:
-        raise ValueError(f'{name_or_path!r} is a Hugging Face model, which needs transformers: '
+        raise UserError(f'{name_or_path!r} is a Hugging Face model, which needs transformers: '
                          'pip install "setdlm[hf]" (in a checkout: pip install -e ".[hf]")') from None
     backbone, tok, _ = load_pretrained(str(folder) if p.exists() else name_or_path, dtype=torch.float32)
     return backbone.train(), setdlm_tokenizer(tok.hf)

@@ -69,12 +69,12 @@ def default_max_new_tokens(entry_point: str, room: int | None = None) -> int:
     """``max_new_tokens`` of ``entry_point`` (a key of :data:`MAX_NEW_TOKENS_DEFAULTS`) when the caller gives
     none; ``room`` (what the prompt leaves of the context) is needed where the default depends on it."""
     if entry_point not in MAX_NEW_TOKENS_DEFAULTS:
-        raise ValueError(f"unknown entry point {entry_point!r}; choose one of {', '.join(MAX_NEW_TOKENS_DEFAULTS)}")
+        raise KeyError(f"unknown entry point {entry_point!r}; choose one of {', '.join(MAX_NEW_TOKENS_DEFAULTS)}")
     n = MAX_NEW_TOKENS_DEFAULTS[entry_point][0]
     if n is not None and entry_point not in _CAPPED:
         return n
     if room is None:
-        raise ValueError(f"the default max_new_tokens of {entry_point!r} depends on the room the prompt leaves; "
+        raise TypeError(f"the default max_new_tokens of {entry_point!r} depends on the room the prompt leaves; "
                          "pass room")
     return room if n is None else min(n, room)
 

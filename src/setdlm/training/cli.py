@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 
+from ..errors import UserError
 from ..family import FAMILIES
 from .config import STRATEGIES, family_knobs, TrainConfig, config_fields, field_type
 from .loop import train
@@ -39,7 +40,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     given = {f.name: getattr(args, f.name) for f in config_fields() if hasattr(args, f.name)}  # flags given only
     if given.get("preset", "tiny") not in PRESETS:
-        raise ValueError(f"unknown preset {given['preset']!r}; choose one of {', '.join(PRESETS)}")
+        raise UserError(f"unknown preset {given['preset']!r}; choose one of {', '.join(PRESETS)}")
     if given.get("resume"):  # the saved configuration; only the flags given are compared with it
         cfg = resume_config(given.pop("out"), **given)
     else:
@@ -47,7 +48,7 @@ def run_train(args: argparse.Namespace) -> int:
     for name in given:
         families = family_knobs(name)
         if families and cfg.objective.family not in families:
-            raise ValueError(f"--{name.replace('_', '-')} applies to {' and '.join(families)}, not to family "
+            raise UserError(f"--{name.replace('_', '-')} applies to {' and '.join(families)}, not to family "
                              f"{cfg.objective.family!r}")
     result = train(cfg)
     if result.eval is not None and os.environ.get("RANK", "0") == "0":  # once, not once per process

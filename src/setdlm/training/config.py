@@ -19,6 +19,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from ..errors import UserError
 from ..family import FAMILIES, FamilyConfig, family_from_flags, get_family, using
 from ..model import TransformerConfig
 from ..presets import preset as preset_values
@@ -54,13 +55,13 @@ def _check(group) -> None:
         for name in names:
             v = getattr(group, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
-                raise ValueError(f"{name} must be {what} integer, got {v!r}")
+                raise UserError(f"{name} must be {what} integer, got {v!r}")
 
 
 def _in_range(group, checks: dict[str, bool]) -> None:
     for name, ok in checks.items():
         if not ok:
-            raise ValueError(f"{name} out of range: {getattr(group, name)}")
+            raise UserError(f"{name} out of range: {getattr(group, name)}")
 
 
 @dataclass
@@ -79,7 +80,7 @@ class ModelArgs:
         _check(self)
         _in_range(self, {"dropout": 0 <= self.dropout < 1})
         if self.hidden_size % self.n_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by n_heads {self.n_heads}")
+            raise UserError(f"hidden_size {self.hidden_size} is not divisible by n_heads {self.n_heads}")
 
     def transformer_config(self, vocab_size: int) -> TransformerConfig:
         return TransformerConfig(vocab_size=vocab_size, hidden_size=self.hidden_size, n_heads=self.n_heads,
@@ -102,7 +103,7 @@ class FamilyArgs:
     def __post_init__(self):
         _check(self)
         if self.family not in FAMILIES:
-            raise ValueError(f"unknown family {self.family!r}; choose one of {', '.join(FAMILIES)}")
+            raise UserError(f"unknown family {self.family!r}; choose one of {', '.join(FAMILIES)}")
 
     def family_config(self, length: int, mask_token_id: int) -> FamilyConfig:
         """The :class:`FamilyConfig` these knobs give at context length ``length`` (checks them against it)."""
@@ -132,14 +133,14 @@ class OptimArgs:
     def __post_init__(self):
         _check(self)
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be positive, got {self.lr}")
+            raise UserError(f"lr must be positive, got {self.lr}")
         if self.lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
+            raise UserError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
         _in_range(self, {"min_lr_ratio": 0 <= self.min_lr_ratio <= 1, "weight_decay": self.weight_decay >= 0,
                          "beta1": 0 <= self.beta1 < 1, "beta2": 0 <= self.beta2 < 1, "clip": self.clip >= 0,
                          "ema": 0 <= self.ema < 1})
         if self.batch_size % self.grad_accum:
-            raise ValueError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
+            raise UserError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
 
 
 @dataclass
@@ -159,10 +160,10 @@ class DataArgs:
     def __post_init__(self):
         _check(self)
         if not isinstance(self.data, str) or not self.data.strip():
-            raise ValueError(f"data must name a text source (a file, folder, built-in corpus or hf:NAME), got "
+            raise UserError(f"data must name a text source (a file, folder, built-in corpus or hf:NAME), got "
                              f"{self.data!r}")
         if self.length < 2:
-            raise ValueError(f"length (the context length L) must be at least 2, a BOS and one token to learn, "
+            raise UserError(f"length (the context length L) must be at least 2, a BOS and one token to learn, "
                              f"got {self.length}")
         _in_range(self, {"eval_fraction": 0 < self.eval_fraction < 1})
         if Path(self.data).exists():  # recorded absolute, so that `setdlm eval` finds it from anywhere
@@ -201,7 +202,7 @@ class CheckpointArgs:
     def __post_init__(self):
         _check(self)
         if not self.out:
-            raise ValueError("out (the run folder) is required")
+            raise UserError("out (the run folder) is required")
 
 
 @dataclass
@@ -220,7 +221,7 @@ class SystemArgs:
     def __post_init__(self):
         _check(self)
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+            raise UserError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
 
 
 GROUPS = {"model": ModelArgs, "objective": FamilyArgs, "optim": OptimArgs, "corpus": DataArgs,
@@ -261,7 +262,7 @@ class TrainConfig:
                 raise TypeError(f"{group} must be a {cls.__name__}, got {type(value).__name__}")
             object.__setattr__(self, group, value)
         if self.evaluation.eval_ema and not self.optim.ema:
-            raise ValueError("eval_ema needs EMA weights: set ema > 0 (e.g. 0.999)")
+            raise UserError("eval_ema needs EMA weights: set ema > 0 (e.g. 0.999)")
         self.family_config(mask_token_id=0)  # checks D, M, k, block size against L
 
     def __getattr__(self, name: str):  # a flat name: read from its group

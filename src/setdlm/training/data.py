@@ -8,6 +8,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import UserError
 from ..data import TokenDataset, Tokenizer, build_dataset, build_tokenizer, heldout_split, read_source
 from ..family import FamilyConfig
 from .config import TrainConfig, config_fields
@@ -52,7 +53,7 @@ def check_same_data(folder: Path, recorded: str | None, setup: Setup, allow_chan
         return
     now = data_digest(setup)
     if now != recorded:
-        raise ValueError(f"cannot resume: the training data changed since {folder} (sha256 of its tokenized rows "
+        raise UserError(f"cannot resume: the training data changed since {folder} (sha256 of its tokenized rows "
                          f"{recorded[:12]}..., now {now[:12]}...); restore the data, or pass --allow-data-change "
                          "to continue on the new data")
 

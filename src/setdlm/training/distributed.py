@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..errors import UserError
 from ..resources import resolve_device
 
 
@@ -53,7 +54,7 @@ def init_dist(device: str, strategy: str = "ddp") -> Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     if strategy == "fsdp" and "MASTER_ADDR" not in os.environ:
-        raise ValueError("strategy fsdp shards over the processes of torchrun: start with torchrun "
+        raise UserError("strategy fsdp shards over the processes of torchrun: start with torchrun "
                          "--nproc-per-node N -m setdlm.train ... (docs/training.md)")
     dev = resolve_device(device, local)
     if dev.type == "cuda":
@@ -92,7 +93,7 @@ def blocks(backbone: nn.Module) -> nn.ModuleList:
         return found
     found = next((m for m in backbone.modules() if isinstance(m, nn.ModuleList)), None)
     if found is None:
-        raise ValueError(f"strategy fsdp: no list of transformer blocks in {type(backbone).__name__}")
+        raise UserError(f"strategy fsdp: no list of transformer blocks in {type(backbone).__name__}")
     return found
 
 

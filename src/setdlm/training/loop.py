@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..errors import UserError
 from .. import checkpoint as ckpt
 from ..data import Tokenizer
 from ..loading import load_for_training
@@ -108,7 +109,7 @@ def setup(cfg: TrainConfig, dist: Dist, lock: RunLock) -> tuple[TrainState, Path
     data.tokenizer.prompt = "bos"  # the rows start with BOS, so the trained model is decoded from [BOS] + text
     o = cfg.optim
     if o.batch_size % (o.grad_accum * dist.world):
-        raise ValueError(f"batch_size {o.batch_size} is not divisible by grad_accum × processes = "
+        raise UserError(f"batch_size {o.batch_size} is not divisible by grad_accum × processes = "
                          f"{o.grad_accum} × {dist.world}")
     if resume_from is None:  # a resumed run already fitted
         check_memory(cfg, init, data.tokenizer.vocab_size, dist.device, dist.world)
@@ -118,13 +119,13 @@ def setup(cfg: TrainConfig, dist: Dist, lock: RunLock) -> tuple[TrainState, Path
               file=sys.stderr)
     state = TrainState(cfg, dist, data, resume_from, init)
     if state.step >= o.steps:
-        raise ValueError(f"the checkpoint is at step {state.step}, which is not below steps={o.steps}; raise --steps")
+        raise UserError(f"the checkpoint is at step {state.step}, which is not below steps={o.steps}; raise --steps")
     if dist.main:
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
         lock.acquire()
         if check_out_dir(cfg) != resume_from:  # another process wrote here while this one prepared
-            raise ValueError(f"{out}: another run wrote a checkpoint here while this one started; choose "
+            raise UserError(f"{out}: another run wrote a checkpoint here while this one started; choose "
                              "another --out")
         truncate_log(out / METRICS, state.step)
         if resume_from is not None:

@@ -14,6 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
+from ..errors import UserError
 from .. import checkpoint as ckpt
 from .config import TrainConfig, config_fields
 
@@ -45,7 +46,7 @@ class RunLock:
             f.seek(0)
             holder = f.read().strip() or "another process"
             f.close()
-            raise ValueError(f"{self.path.parent}: another training run is writing into this folder ({holder}); "
+            raise UserError(f"{self.path.parent}: another training run is writing into this folder ({holder}); "
                              "wait for it to end or choose another --out") from None
         self.file = f
         if sign:
@@ -84,23 +85,23 @@ def check_out_dir(cfg: TrainConfig) -> Path | None:
     folder or a folder inside another run."""
     out, resume = Path(cfg.out), cfg.checkpointing.resume
     if out.exists() and not out.is_dir():
-        raise ValueError(f"out {cfg.out!r} exists and is not a folder")
+        raise UserError(f"out {cfg.out!r} exists and is not a folder")
     if ckpt.is_checkpoint(out):
-        raise ValueError(f"out {cfg.out!r} is a checkpoint folder, not a run folder; choose another --out")
+        raise UserError(f"out {cfg.out!r} is a checkpoint folder, not a run folder; choose another --out")
     for parent in out.absolute().parents:
         if (parent / ckpt.LATEST).is_file() and (parent / "checkpoints").is_dir():
-            raise ValueError(f"out {cfg.out!r} lies inside the training run {str(parent)!r}; choose a folder "
+            raise UserError(f"out {cfg.out!r} lies inside the training run {str(parent)!r}; choose a folder "
                              "outside it")
     latest = ckpt.latest_checkpoint(out) if out.is_dir() else None
     if latest is None and out.is_dir() and any((out / "checkpoints").glob("step-*")):
-        raise ValueError(f"{out / ckpt.LATEST}: missing, but {out} holds checkpoints; repair or remove it")
+        raise UserError(f"{out / ckpt.LATEST}: missing, but {out} holds checkpoints; repair or remove it")
     if latest is not None and not resume:
-        raise ValueError(f"out {cfg.out!r} already holds a training run; pass --resume or choose another folder")
+        raise UserError(f"out {cfg.out!r} already holds a training run; pass --resume or choose another folder")
     log = out / METRICS
     if log.is_file():
         rows = read_log(log)
         if rows and latest is None and not resume:  # never truncate the log of another run
-            raise ValueError(f"{log}: holds {len(rows)} rows of another run (no checkpoint yet); pass --resume to "
+            raise UserError(f"{log}: holds {len(rows)} rows of another run (no checkpoint yet); pass --resume to "
                              "restart that run, or choose another --out")
     return latest
 
@@ -113,7 +114,7 @@ def check_resumable(saved: dict, cfg: TrainConfig, where: Path) -> None:
         if f.name in TrainConfig.RESUMABLE or f.name not in saved:
             continue
         if saved[f.name] != now[f.name]:
-            raise ValueError(f"cannot resume: {f.name}={now[f.name]!r} but the checkpoint {where} was "
+            raise UserError(f"cannot resume: {f.name}={now[f.name]!r} but the checkpoint {where} was "
                              f"trained with {f.name}={saved[f.name]!r}")
 
 
@@ -128,7 +129,7 @@ def resume_config(out: str | Path, **given) -> TrainConfig:
         return TrainConfig.from_preset(given.pop("preset", "tiny"), **given, out=str(out), resume=True)
     saved = ckpt.read_config(latest).get("training") or {}
     if not saved:
-        raise ValueError(f"{latest / ckpt.CONFIG}: records no training arguments, so the run cannot resume")
+        raise UserError(f"{latest / ckpt.CONFIG}: records no training arguments, so the run cannot resume")
     names = {f.name for f in config_fields()} - {"allow_data_change"}  # given each time, never carried over
     return TrainConfig(**{**{k: v for k, v in saved.items() if k in names}, **given, "out": str(out),
                           "resume": True})
@@ -140,7 +141,7 @@ def read_log(path: Path) -> list[tuple[int, str]]:
     try:
         rows = [r for r in path.read_text(encoding="utf-8").splitlines() if r.strip()]
     except UnicodeDecodeError:
-        raise ValueError(f"{path}: not UTF-8 text; it is not a setdlm metrics log") from None
+        raise UserError(f"{path}: not UTF-8 text; it is not a setdlm metrics log") from None
     steps = []
     for n, r in enumerate(rows, 1):
         try:
@@ -148,7 +149,7 @@ def read_log(path: Path) -> list[tuple[int, str]]:
         except (json.JSONDecodeError, AttributeError):
             step = None
         if not isinstance(step, int):
-            raise ValueError(f"{path}:{n}: not a metrics row (a JSON object with an integer \"step\"); repair or "
+            raise UserError(f"{path}:{n}: not a metrics row (a JSON object with an integer \"step\"); repair or "
                              "remove the file")
         steps.append(step)
     return list(zip(steps, rows))
@@ -171,7 +172,7 @@ def append_log(out: Path, row: dict) -> None:
         with open(out / METRICS, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
     except OSError as e:  # disk full, read-only: one line naming the file
-        raise ValueError(f"{out / METRICS}: cannot write ({e.strerror or e})") from None
+        raise UserError(f"{out / METRICS}: cannot write ({e.strerror or e})") from None
 
 
 def prune(out: Path, keep: int) -> None:

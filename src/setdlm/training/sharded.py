@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from ..errors import UserError
 from .. import checkpoint as ckpt
 from ..model import TransformerConfig
 from .distributed import Dist
@@ -88,7 +89,7 @@ def consolidate(path: str | Path) -> Path:
 
     folder = ckpt.resolve(path)
     if not is_sharded(folder):
-        raise ValueError(f"{folder}: not a sharded checkpoint (no {ckpt.SHARDED}/ folder)")
+        raise UserError(f"{folder}: not a sharded checkpoint (no {ckpt.SHARDED}/ folder)")
     config = ckpt.read_config(folder)
     backbone = read_skeleton(folder, config).backbone
     weights = ckpt.unique_state_dict(backbone)
