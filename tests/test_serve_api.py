@@ -250,7 +250,7 @@ def test_a_request_whose_decode_fails_fails_alone():
     the poisoned request gets the error (a 500 naming it); both good ones get their text alone."""
     plain = _model()
     poison = plain.tokenizer.encode("x")[0]
-    model, gate = gated(failing(plain, lambda call, ids: bool((ids == poison).any())))
+    model, gate = gated(failing(plain, lambda call, ids, pos: bool((ids == poison).any())))
     prompts = ["to be", "not", "or x"]
     results = [None] * 3
     with running(model, "f", max_batch=4) as (url, app):

@@ -154,18 +154,19 @@ def gated(model: Model) -> tuple[Model, Gated]:
 
 
 class Failing(Counting):
-    """The backbone, raising ``RuntimeError`` in a forward for which ``when(call, ids)`` holds (``call``
-    counts from 1, ``ids`` (B, T) are its inputs): a decode that fails for some rows only."""
+    """The backbone, raising ``RuntimeError`` in a forward for which ``when(call, ids, pos)`` holds (``call``
+    counts from 1, ``ids`` (B, T) are its inputs at canvas positions ``pos`` (B, T); a padding slot sits at
+    the trash column, the canvas width, and its id is a leftover): a decode that fails for some rows only."""
 
     def __init__(self, inner: nn.Module, when):
         super().__init__(inner)
         self.when = when
 
-    def forward(self, ids, *args, **kwargs):
-        if self.when(self.calls + 1, ids):
+    def forward(self, ids, pos, *args, **kwargs):
+        if self.when(self.calls + 1, ids, pos):
             self.calls += 1
             raise RuntimeError(f"forward {self.calls} failed (as the test asked)")
-        return super().forward(ids, *args, **kwargs)
+        return super().forward(ids, pos, *args, **kwargs)
 
 
 def failing(model: Model, when) -> Model:
