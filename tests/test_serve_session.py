@@ -7,7 +7,7 @@ import torch
 from setdlm.decoding import applicable_knobs, generate
 from setdlm.decoding.session import Session
 
-from support import BOS, CharTokenizer, failing, tiny_model
+from support import BOS, CharTokenizer, committed_only_by, failing, tiny_model
 
 FAMILIES = ["ar", "mdlm", "bd3lm", "setdlm"]
 SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=20, repetition_penalty=1.3)
@@ -220,16 +220,6 @@ STEP_FAILS = [("to be", dict(GROUP_A, seed=1), 0), ("or not", dict(GROUP_A, seed
               ("the cat", dict(GROUP_A, seed=3), 3), ("to be", GROUP_B, 0), ("hello", GROUP_B, 2)]
 
 
-def _poison(model, requests, bad):
-    """A (canvas position, token) that row ``bad`` commits before its last step and no other row ever holds:
-    a backbone failing on inputs holding it fails the steps of that row only (a committed token is an input
-    of the row's next forwards)."""
-    outs = [generate(model, p, trace=True, **kw) for p, kw, _ in requests]
-    others = {(k, t) for i, o in enumerate(outs) if i != bad for k, t in enumerate(o.sequences[0])}
-    early = [(k, t) for s in outs[bad].trace[0][:-1] for k, t in zip(s.committed_positions, s.committed_tokens)]
-    return next(kt for kt in early if kt not in others)
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_row_whose_step_fails_fails_alone(family):
     """Rows of one setting share a state; the backbone raises on any input holding a token that only the
@@ -239,7 +229,7 @@ def test_a_row_whose_step_fails_fails_alone(family):
     session without the poisoned row."""
     plain = _model(family)
     reqs = [(p, applicable_knobs(family, **kw), at) for p, kw, at in STEP_FAILS]
-    at, poison = _poison(plain, reqs, 1)
+    at, poison = committed_only_by(plain, [(p, kw) for p, kw, _ in reqs], 1)
     model = failing(plain, lambda call, ids, pos: bool(((ids == poison) & (pos == at)).any()))
     done, seen, errors = _drive_failing(Session(model), reqs)
     assert list(errors) == [1] and "decoding failed: RuntimeError" in errors[1].error
