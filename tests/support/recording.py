@@ -173,14 +173,15 @@ def failing(model: Model, when) -> Model:
     return Model(Failing(model.backbone, when), model.family, model.tokenizer)
 
 
-def committed_only_by(model: Model, rows, bad: int) -> tuple[int, int]:
+def committed_only_by(model: Model, rows, bad: int, first_step: int = 0) -> tuple[int, int]:
     """A (canvas position, token) that row ``bad`` of ``rows`` ((prompt, generate's keywords) each, decoded
-    alone) commits before its last step and no other row ever holds: a :class:`Failing` backbone that raises
-    on inputs holding it fails the steps of that row only (a committed token is an input of the row's next
-    forwards)."""
+    alone) commits before its last step, at step ``first_step`` or later, and no other row ever holds: a
+    :class:`Failing` backbone that raises on inputs holding it fails the steps of that row only (a committed
+    token is an input of the row's next forwards)."""
     from setdlm.decoding import generate
 
     outs = [generate(model, p, trace=True, **kw) for p, kw in rows]
     others = {(k, t) for i, o in enumerate(outs) if i != bad for k, t in enumerate(o.sequences[0])}
-    early = [(k, t) for s in outs[bad].trace[0][:-1] for k, t in zip(s.committed_positions, s.committed_tokens)]
+    steps = outs[bad].trace[0][first_step:-1]
+    early = [(k, t) for s in steps for k, t in zip(s.committed_positions, s.committed_tokens)]
     return next(kt for kt in early if kt not in others)
