@@ -24,8 +24,8 @@ Optional dependencies (transformers, uvicorn) are imported inside the helpers th
 
 from .cli import SRC, assert_one_line_error, png_size, run, subprocess_env, write_hamlet
 from .models import FAMILY_KW, make_model, save_tiny, tiny, tiny_hf, tiny_model
-from .recording import (Call, Counting, Failing, Gated, Recorder, Scripted, SlowStart, committed_only_by, failing, gated,
-                        recorded, scripted)
+from .recording import (Call, Counting, Failing, Gated, Recorder, Scripted, SlowStart, committed_only_by, failing,
+                        gated, recorded, scripted)
 from .references import (active_rows, assert_bd3lm_steps_exact, assert_cache_clean, assert_setdlm_steps_exact,
                          left_to_right_setdlm, setdlm_training_logits, step_logits)
 from .serving import Output, free_port, running

@@ -10,7 +10,8 @@ one step at a time, and between two steps
   (:meth:`DecodeState.select`).
 
 Every row keeps its own seed (one generator per row), cache and stopping rules, so a row's tokens are those
-of ``generate(model, [prompt], seed=seed, ...)`` alone, whatever joins or leaves around it. Rows decode
+of ``generate(model, [prompt], seed=seed, ...)`` alone, whatever joins or leaves around it; and a row whose
+decode raises fails alone (:meth:`Session.step`). Rows decode
 in one batch only with rows of the same settings (the same :class:`DecodeConfig`: sampling, threshold,
 window, stop strings ...); a session runs one group per distinct setting, each one forward per step.
 A row's output constraint (docs/decoding.md "Constrained decoding") is its own, not part of the config:
