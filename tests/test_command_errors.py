@@ -84,7 +84,6 @@ PLAIN_VALUE_ERRORS = {
     "model.py": "the KV cache's invariants (crop length, rows, key columns)",
     "batch.py": "the batch tensors' shared shape", "data/dataset.py": "the dataset tensors' shared shape",
     "decoding/state.py": "the decoder state's canvas and joins",
-    "decoding/session.py": "PENDING: per-row failure isolation",
 }
 
 

@@ -289,6 +289,35 @@ def test_session_rows_with_different_constraints_share_forwards():
     assert re.fullmatch("a+1", done[ids[0]].text) and done[ids[2]].text in ("xyz", "zz")
 
 
+def test_constrained_rows_survive_a_step_that_fails_for_their_group_mate():
+    """Constrained rows share a state with an unconstrained row whose step fails (the backbone raises on a
+    token at a position only that row commits): each constrained row is decoded again alone, its constraint
+    starting afresh, and ends as it does alone, matching its constraint."""
+    from setdlm.decoding.session import Session
+
+    from support import committed_only_by, failing
+
+    model = tiny("setdlm", CHAR, L=64, seed=6)
+    rows = [("a", regex("a+1")), ("bcd", None), ("c", choice(["xyz", "zz"]))]
+    kw = dict(max_new_tokens=10, threshold=None)  # one token a step
+    # the step that fails comes after the constrained rows have committed two tokens each
+    at, tok = committed_only_by(model, [(p, dict(kw, constraint=c)) for p, c in rows], 1, first_step=2)
+    session = Session(failing(model, lambda call, ids, pos: bool(((ids == tok) & (pos == at)).any())), width=32)
+    ids = [session.add(p, constraint=c, **kw) for p, c in rows]
+    done, errors = {}, {}
+    while len(session):
+        for ev in session.step():
+            if ev.error is not None:
+                errors[ev.row] = ev
+            elif ev.done is not None:
+                done[ev.row] = ev.done
+    assert list(errors) == [ids[1]] and errors[ids[1]].step >= 3
+    for rid, (p, c) in zip(ids[::2], rows[::2]):
+        alone = generate(model, [p], constraint=c, **kw)
+        assert done[rid].tokens == alone.tokens[0] and done[rid].text == alone.texts[0]
+    assert re.fullmatch("a+1", done[ids[0]].text) and done[ids[2]].text in ("xyz", "zz")
+
+
 def test_cli_generate_takes_a_regex_a_json_schema_or_choices(tmp_path, capsys):
     from support import assert_one_line_error, run, save_tiny
 

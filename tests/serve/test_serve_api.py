@@ -6,7 +6,6 @@ that goes away frees its row."""
 import http.client
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -19,7 +18,7 @@ openai = pytest.importorskip("openai")
 from setdlm.chat import chat_prompt  # noqa: E402
 from setdlm.decoding import generate  # noqa: E402
 
-from support import CharTokenizer, failing, gated, running, tiny_model  # noqa: E402
+from support import CharTokenizer, committed_only_by, failing, gated, running, tiny_model  # noqa: E402
 
 TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }} {% endfor %}assistant:"
 
@@ -187,7 +186,7 @@ def test_full_queue_answers_429_with_retry_after(max_queue):
                 if i == 0:
                     gate.wait_held(0)  # the first request holds the only row
                 else:
-                    _wait(lambda: app.state.batcher.stats()["waiting"] == i)
+                    assert app.state.batcher.wait(lambda stats: stats["waiting"] == i, 60)
             status, err, headers = post(url, body)
         finally:
             gate.open()
@@ -226,32 +225,33 @@ def test_a_client_that_disconnects_frees_its_row(stream, forwards, events):
                     if resp.readline().startswith(b"data: {"):
                         got += 1
             conn.close()  # go away mid-decode
-            _wait(lambda: batcher.stats()["cancelled"] == 1)
+            assert batcher.wait(lambda stats: stats["cancelled"] == 1, 60)  # the timeouts only guard against a hang
         finally:
             gate.open()
-        _wait(lambda: batcher.stats()["running"] == 0)
+        assert batcher.wait(lambda stats: stats["running"] == 0, 60)
         assert len(batcher.session) == 0
         assert gate.calls == forwards + 1  # the held forward, then the row left: not 40 steps
         ok, out, _ = post(url, {"prompt": "to be", "max_tokens": 4})  # and the server goes on serving
         assert ok == 200 and out["choices"][0]["text"] == generate(model, "to be", max_new_tokens=4).texts[0]
 
 
-def _wait(condition, timeout: float = 60.0) -> None:
-    """Wait for a condition another thread makes true (the timeout only guards against a hang)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never became true"
-        time.sleep(0.01)
-
-
-def test_a_request_whose_decode_fails_fails_alone():
-    """The backbone fails on any input holding "x". One good request holds the (gated) decoding loop; a
-    second good one and a poisoned one then join the batch together: their joint prefill fails, and only
-    the poisoned request gets the error (a 500 naming it); both good ones get their text alone."""
+@pytest.mark.parametrize("where", ["prefill", "step"])
+def test_a_request_whose_decode_fails_fails_alone(where):
+    """One good request holds the (gated) decoding loop; a second good one and a poisoned one then join it
+    with the same settings. ``prefill``: the backbone fails on any input holding "x", which the poisoned
+    prompt holds, so the joint prefill of the two fails (retried row by row). ``step``: it fails on inputs
+    holding a token at a position that only the poisoned request's decode commits, so the shared step of
+    all three fails once it did. Either way only the poisoned request gets the error (a 500 naming it);
+    both good ones get their text alone."""
     plain = _model()
-    poison = plain.tokenizer.encode("x")[0]
-    model, gate = gated(failing(plain, lambda call, ids: bool((ids == poison).any())))
-    prompts = ["to be", "not", "or x"]
+    kw = dict(max_new_tokens=10, threshold=0.3)
+    if where == "prefill":
+        prompts, x = ["to be", "not", "or x"], plain.tokenizer.encode("x")[0]
+        model, gate = gated(failing(plain, lambda call, ids, pos: bool((ids == x).any())))
+    else:
+        prompts = ["to be", "not", "the cat"]
+        at, tok = committed_only_by(plain, [(p, kw) for p in prompts], 2)
+        model, gate = gated(failing(plain, lambda call, ids, pos: bool(((ids == tok) & (pos == at)).any())))
     results = [None] * 3
     with running(model, "f", max_batch=4) as (url, app):
         threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, post(url, {
@@ -261,16 +261,15 @@ def test_a_request_whose_decode_fails_fails_alone():
             gate.wait_held(0)  # the first request's prefill waits at the gate
             for t in threads[1:]:
                 t.start()
-            _wait(lambda: app.state.batcher.stats()["waiting"] == 2)
+            assert app.state.batcher.wait(lambda stats: stats["waiting"] == 2, 60)
         finally:
             gate.open()
         for t in threads:
             t.join(timeout=60)
+        assert app.state.batcher.stats()["peak"] == 3  # the three were in the batch together
     for i in (0, 1):
         status, body, _ = results[i]
-        alone = generate(plain, prompts[i], max_new_tokens=10, threshold=0.3)
-        assert poison not in alone.tokens[0]
-        assert status == 200 and body["choices"][0]["text"] == alone.texts[0]
+        assert status == 200 and body["choices"][0]["text"] == generate(plain, prompts[i], **kw).texts[0]
     status, body, _ = results[2]
     assert status == 500 and "decoding failed: RuntimeError" in body["error"]["message"]
 
@@ -288,15 +287,9 @@ def test_shutdown_drains_requests_in_flight_within_the_grace_period(release):
             t.start()
             gate.wait_held(0)
             app.state.server.should_exit = True
-
-            def refused():
-                try:
-                    urllib.request.urlopen(url + "/health", timeout=5)
-                    return False
-                except OSError:
-                    return True
-
-            _wait(refused)  # shutting down: no new connections
+            assert app.state.server.closed.wait(60)  # shutting down: no new connections from now on
+            with pytest.raises(OSError):
+                urllib.request.urlopen(url + "/health", timeout=5)
             if release:
                 gate.open()
             t.join(timeout=60)

@@ -5,7 +5,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from setdlm.cli import main
 from setdlm.loading import load
 
-from support import free_port
+from support import Output, free_port
 
 
 def test_show_order_marks_every_token_with_its_step_and_trace_file_holds_the_sets(tmp_path, capsys):
@@ -49,16 +48,11 @@ def test_setdlm_serve_answers_curl_like_requests():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.abspath("src"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, "-m", "setdlm", "serve", "shakespeare-setdlm-smax8", "--port", str(port),
                              "--max-batch", "4"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = Output(proc.stdout)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                health = json.loads(urllib.request.urlopen(url + "/health", timeout=2).read())
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()[-2000:]
-                time.sleep(0.2)
+        assert out.ready.wait(60) and not out.ended.is_set(), out.text()[-2000:]  # it listens
+        health = json.loads(urllib.request.urlopen(url + "/health", timeout=60).read())
         assert health["model"] == "shakespeare-setdlm-smax8" and health["max_batch"] == 4
         body = json.dumps({"prompt": "ROMEO:", "max_tokens": 16, "threshold": 0.5}).encode()
         req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})

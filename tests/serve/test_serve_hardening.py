@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -22,7 +21,7 @@ pytest.importorskip("uvicorn")
 
 from setdlm.decoding import generate  # noqa: E402
 
-from support import CharTokenizer, free_port, run, running, save_tiny, tiny_model  # noqa: E402
+from support import CharTokenizer, Output, free_port, run, running, save_tiny, tiny_model  # noqa: E402
 
 
 class HeldTokenizer(CharTokenizer):
@@ -188,17 +187,31 @@ def test_tokenizing_a_prompt_does_not_block_other_clients(server):
     assert result[0][0] == 200
 
 
+class _Heard(logging.Handler):
+    """Sets ``heard`` when the logger writes a line holding ``words``."""
+
+    def __init__(self, words: str):
+        super().__init__()
+        self.words, self.heard = words, threading.Event()
+
+    def emit(self, record):
+        if self.words in record.getMessage():
+            self.heard.set()
+
+
 def test_half_a_body_then_gone_is_one_log_line(server, caplog):
     url, model, _ = server
     host, port = url.removeprefix("http://").split(":")
-    with caplog.at_level(logging.WARNING, logger="setdlm.serve"):
-        with socket.create_connection((host, int(port))) as s:
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: 1000\r\n\r\n" + b'{"prompt": "')
-        deadline = time.monotonic() + 60
-        while not any("went away" in r.getMessage() for r in caplog.records):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+    logger, heard = logging.getLogger("setdlm.serve"), _Heard("went away")
+    logger.addHandler(heard)
+    try:
+        with caplog.at_level(logging.WARNING, logger="setdlm.serve"):
+            with socket.create_connection((host, int(port))) as s:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 1000\r\n\r\n" + b'{"prompt": "')
+            assert heard.heard.wait(60)  # the server logged it (the timeout only guards against a hang)
+    finally:
+        logger.removeHandler(heard)
     (line,) = [r.getMessage() for r in caplog.records if r.name == "setdlm.serve"]
     assert "after sending 12 bytes of its body" in line and "\n" not in line
     assert raw_post(url, b'{"prompt": "to be", "max_tokens": 4}')[0] == 200
@@ -237,16 +250,10 @@ def test_sigterm_drains_and_exits_even_when_a_client_stalls(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.abspath("src"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, "-m", "setdlm", "serve", model, "--port", str(port), "--grace", "2"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = Output(proc.stdout)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                get(url)
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()[-2000:]
-                time.sleep(0.1)
+        assert out.ready.wait(60) and not out.ended.is_set(), out.text()[-2000:]  # it listens
         stall = socket.create_connection(("127.0.0.1", port))
         stall.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                       b"Content-Length: 100\r\n\r\n{")
@@ -254,7 +261,8 @@ def test_sigterm_drains_and_exits_even_when_a_client_stalls(tmp_path):
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
         stall.close()
-        log = proc.stdout.read().decode()
+        assert out.ended.wait(60)
+        log = out.text()
         assert code in (0, -signal.SIGTERM), log[-2000:]  # uvicorn re-raises the signal once it has shut down
         assert "Traceback" not in log and "ASGI callable" not in log, log[-2000:]
         assert "POST /v1/completions: cut off, the server shut down before it finished" in log

@@ -5,7 +5,6 @@ download give the same decode. Skips cleanly where Chromium or its driver is not
 
 import json
 import shutil
-import time
 
 import pytest
 
@@ -36,18 +35,51 @@ def _browser(download_dir):
 
 def _decode_on_page(driver, url, prompt, settings):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     driver.get(url + "/")
-    WebDriverWait(driver, 20).until(lambda d: d.find_element(By.ID, "model").text not in ("", "…"))
+    _await_text(driver, "model", "t => t !== '' && t !== '…'")  # the page asked the server for its model
     for field, value in {"prompt": prompt, **settings}.items():
         el = driver.find_element(By.ID, field)
         el.clear()
         el.send_keys(str(value))
-    driver.find_element(By.ID, "go").click()
-    WebDriverWait(driver, 60).until(lambda d: d.find_element(By.ID, "status").text in ("done",) or
-                                    d.find_element(By.ID, "status").text.startswith("error"))
-    assert driver.find_element(By.ID, "status").text == "done"
+    assert _await_text(driver, "status", "t => t === 'done' || t.startsWith('error')", click="go") == "done"
+
+
+def _await_text(driver, element: str, test: str, click: str | None = None) -> str:
+    """Click the button ``click`` (if any), then block until the text of the element ``element`` passes the
+    JavaScript function ``test``; returns that text. A MutationObserver in the page answers (an event, not a
+    poll); the script timeout only turns a hang into a failure."""
+    driver.set_script_timeout(60)
+    return driver.execute_async_script("""
+        const [id, test, click, done] = [arguments[0], eval(arguments[1]), arguments[2], arguments[3]];
+        const el = document.getElementById(id);
+        const check = () => { if (test(el.textContent)) { obs.disconnect(); done(el.textContent); } };
+        const obs = new MutationObserver(check);
+        obs.observe(el, { childList: true, characterData: true, subtree: true });
+        if (click) document.getElementById(click).click();  // its handler runs now, before the check
+        check();
+    """, element, test, click)
+
+
+def _await_file(path, timeout: float = 60.0) -> None:
+    """Block until the download ``path`` is complete (it exists and no ``.crdownload`` is left: Chromium
+    renames the finished file into place). inotify wakes the test at each change of the folder; the timeout
+    only turns a hang into a failure."""
+    import ctypes
+    import os
+    import select
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK)
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    try:
+        in_create, in_close_write, in_moved_to = 0x100, 0x8, 0x80
+        assert libc.inotify_add_watch(fd, str(path.parent).encode(), in_create | in_close_write | in_moved_to) >= 0
+        while not (path.exists() and not any(path.parent.glob("*.crdownload"))):  # checked after the watch began
+            assert select.select([fd], [], [], timeout)[0], f"{path} was never written"
+            os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
 
 
 def _slots(driver):
@@ -76,18 +108,13 @@ def _check(driver, model, prompt, kw, tmp_path):
     assert driver.find_element(By.ID, "n_steps").text == str(want.row_nfe[0])
     assert float(driver.find_element(By.ID, "tps").text) == pytest.approx(want.tokens_per_step, abs=0.01)
 
-    driver.find_element(By.ID, "replay").click()  # replay redraws the same decode step by step
-    time.sleep(0.2)
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "status").text == "done")
+    # replay redraws the same decode step by step ("replaying…" as soon as it is clicked)
+    assert _await_text(driver, "status", "t => t === 'done'", click="replay") == "done"
     assert _slots(driver) == slots
 
     driver.find_element(By.ID, "save").click()
     path = tmp_path / "setdlm-decode.json"
-    deadline = time.monotonic() + 20
-    while not path.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _await_file(path)
     saved = json.loads(path.read_text())
     assert saved["text"].strip() == want.texts[0].strip()
     assert [e["setdlm"]["token_ids"] for e in saved["events"]] == [t.committed_tokens for t in want.trace[0]]

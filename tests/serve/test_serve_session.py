@@ -7,7 +7,7 @@ import torch
 from setdlm.decoding import applicable, generate
 from setdlm.decoding.session import Session
 
-from support import BOS, CharTokenizer, failing, tiny_model
+from support import BOS, CharTokenizer, committed_only_by, failing, tiny_model
 
 FAMILIES = ["ar", "mdlm", "bd3lm", "setdlm"]
 SAMPLED = dict(temperature=0.9, top_p=0.9, top_k=20, repetition_penalty=1.3)
@@ -194,7 +194,7 @@ def test_a_row_whose_prefill_fails_fails_alone():
     character, so their joint prefill fails: it is retried row by row, and only the poisoned row fails."""
     plain = _model("setdlm")
     p = plain.tokenizer.encode(POISON)[0]
-    model = failing(plain, lambda call, ids: bool((ids == p).any()))
+    model = failing(plain, lambda call, ids, pos: bool((ids == p).any()))
     kw = dict(max_new_tokens=10, threshold=0.3)
     s = Session(model)
     rows = [s.add(q, **kw) for q in ("to be", "or " + POISON, "not")]
@@ -212,15 +212,76 @@ def test_a_row_whose_prefill_fails_fails_alone():
         assert done[row].tokens == alone.tokens[0]
 
 
-def test_a_group_whose_step_fails_fails_alone():
-    """Two settings, two groups; the forward of the first group's second step raises: its rows fail, the
-    other group's rows finish exactly as alone."""
+# (prompt, settings, step at which it is added): group A samples (a seed per row), group B is greedy; the
+# poisoned row (index 1) shares group A with rows that joined before and after it
+GROUP_A = dict(max_new_tokens=12, threshold=0.3, **SAMPLED)
+GROUP_B = dict(max_new_tokens=10, threshold=0.5)
+STEP_FAILS = [("to be", dict(GROUP_A, seed=1), 0), ("or not", dict(GROUP_A, seed=2), 1),
+              ("the cat", dict(GROUP_A, seed=3), 3), ("to be", GROUP_B, 0), ("hello", GROUP_B, 2)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_row_whose_step_fails_fails_alone(family):
+    """Rows of one setting share a state; the backbone raises on any input holding a token that only the
+    poisoned row generates, so the group's step fails once that row has committed it. Only that row fails
+    (at its own step, its earlier steps reported as usual); its group-mates, which joined before and after
+    it, and the other group, finish with exactly the tokens, texts and steps they get alone and in a
+    session without the poisoned row."""
+    plain = _model(family)
+    reqs = [(p, applicable_knobs(family, **kw), at) for p, kw, at in STEP_FAILS]
+    at, poison = committed_only_by(plain, [(p, kw) for p, kw, _ in reqs], 1)
+    model = failing(plain, lambda call, ids, pos: bool(((ids == poison) & (pos == at)).any()))
+    done, seen, errors = _drive_failing(Session(model), reqs)
+    assert list(errors) == [1] and "decoding failed: RuntimeError" in errors[1].error
+    alone = generate(plain, reqs[1][0], trace=True, **reqs[1][1])
+    first = next(k for k, t in enumerate(alone.trace[0]) if at in t.committed_positions)
+    assert errors[1].step == len(seen[1]) > first  # its steps up to the one that failed, reported once each
+    assert [e.trace.committed_tokens for e in seen[1]] == [t.committed_tokens for t in alone.trace[0][: len(seen[1])]]
+    without, _, _ = _drive_failing(Session(plain), [r for i, r in enumerate(reqs) if i != 1])
+    for i, (p, kw, _) in enumerate(reqs):
+        if i == 1:
+            continue
+        alone = generate(plain, p, trace=True, **kw)
+        d = done[i]
+        assert d.tokens == alone.tokens[0] == without[i - (i > 1)].tokens and d.text == alone.texts[0], i
+        assert d.nfe == alone.row_nfe[0] == len(seen[i]) and d.finish_reason == alone.finish_reason[0]
+        assert [e.trace.committed_tokens for e in seen[i]] == [t.committed_tokens for t in alone.trace[0]]
+
+
+def _drive_failing(session, requests):
+    """``_drive`` that also collects failed rows: (done, events per row, error event per failed row)."""
+    rows, done, seen, errors, t = {}, {}, {}, {}, 0
+    while len(done) + len(errors) < len(requests):
+        for i, (p, kw, at) in enumerate(requests):
+            if at == t:
+                rows[session.add(p, **kw)] = i
+        for ev in session.step():
+            i = rows[ev.row]
+            if ev.error is not None:
+                errors[i] = ev
+                continue
+            seen.setdefault(i, []).append(ev)
+            assert ev.step == len(seen[i]) - 1  # one event per step, in order, none repeated
+            if ev.done is not None:
+                done[i] = ev.done
+        t += 1
+        assert t < 200
+    assert len(session) == 0 and not session.groups
+    return done, seen, errors
+
+
+def test_a_group_whose_step_fails_for_every_row_fails_them_all_and_no_other():
+    """The forward of the first group's second step raises, and so does every later forward of its rows,
+    stepped again alone: its rows fail at that step; the other group's rows finish exactly as alone."""
     plain = _model("setdlm")
-    # forwards: prefill A (1), prefill B (2), step A (3), step B (4), step A (5) <- fails
-    model = failing(plain, lambda call, ids: call == 5)
+    # forwards: prefill A (1), prefill B (2), step A (3), step B (4), step A (5) <- fails, and from then on
+    # every forward holding A's first prompt characters ("q", "z" after the BOS): each row's prefill again
+    marks = torch.tensor([plain.tokenizer.encode(c)[0] for c in "qz"])
+    model = failing(plain, lambda call, ids, pos: call == 5 or (call > 5 and bool((torch.isin(ids, marks)
+                                                                                   & (pos == 1)).any())))
     a, b = dict(max_new_tokens=10, threshold=0.3), dict(max_new_tokens=10, threshold=0.5)
     s = Session(model)
-    rows = [s.add("to be", **a), s.add("or not", **a), s.add("to be", **b), s.add("xyz", **b)]
+    rows = [s.add("qua", **a), s.add("zoo", **a), s.add("to be", **b), s.add("or not", **b)]
     done, errors = {}, {}
     while len(s):
         for ev in s.step():
@@ -230,7 +291,7 @@ def test_a_group_whose_step_fails_fails_alone():
                 done[ev.row] = ev.done
     assert sorted(errors) == rows[:2] and all(step == 1 for step, _ in errors.values())
     assert done[rows[2]].tokens == generate(plain, "to be", **b).tokens[0]
-    assert done[rows[3]].tokens == generate(plain, "xyz", **b).tokens[0]
+    assert done[rows[3]].tokens == generate(plain, "or not", **b).tokens[0]
     assert len(s) == 0 and not s.groups
 
 

@@ -7,11 +7,13 @@ fixtures built on these.
   decoding vocabulary), ``tiny`` (a family over a given tokenizer), ``save_tiny`` (a checkpoint for the CLI),
   ``tiny_hf`` (a transformers causal LM);
 * ``recording``         — the real backbone wrapped: ``recorded``, ``scripted``, ``Counting``, ``SlowStart``,
-  ``gated`` (forwards run when the test allows), ``failing`` (forwards that raise when the test asks);
+  ``gated`` (forwards run when the test allows), ``failing`` (forwards that raise when the test asks) and
+  ``committed_only_by`` (a token only one row's decode commits, to make that row's steps fail);
 * ``references``        — from-scratch checks of a traced decode (logits and cache per step);
 * ``cli``               — ``run`` (``setdlm ARGS`` in-process), ``assert_one_line_error``, ``subprocess_env``,
   ``write_hamlet``, ``png_size``;
-* ``serving``           — a real server on a free loopback port;
+* ``serving``           — a real server on a free loopback port (events: listening, closed), and ``Output``:
+  a ``setdlm serve`` subprocess's output read line by line (an event when it listens);
 * ``backbone_contract`` — the cache contract every backbone passes (our DiT and the Hugging Face adapter),
   imported as ``support.backbone_contract``;
 * ``reference_sources`` — the authors' reference fixture reached every way a user reaches it (imported as
@@ -22,9 +24,9 @@ Optional dependencies (transformers, uvicorn) are imported inside the helpers th
 
 from .cli import SRC, assert_one_line_error, png_size, run, study_script, subprocess_env, write_hamlet
 from .models import FAMILY_KW, make_model, save_tiny, tiny, tiny_hf, tiny_model
-from .recording import (Call, Counting, Failing, Gated, Recorder, Scripted, SlowStart, failing, gated, recorded,
-                        scripted)
+from .recording import (Call, Counting, Failing, Gated, Recorder, Scripted, SlowStart, committed_only_by, failing,
+                        gated, recorded, scripted)
 from .references import (active_rows, assert_bd3lm_steps_exact, assert_cache_clean, assert_setdlm_steps_exact,
                          left_to_right_setdlm, setdlm_training_logits, step_logits)
-from .serving import free_port, running
+from .serving import Output, free_port, running
 from .tokenizers import BOS, EOS, MASK, PAD, PROMPTS, V, CharTokenizer, task_tokenizer, tiny_tokenizer

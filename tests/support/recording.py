@@ -154,19 +154,34 @@ def gated(model: Model) -> tuple[Model, Gated]:
 
 
 class Failing(Counting):
-    """The backbone, raising ``RuntimeError`` in a forward for which ``when(call, ids)`` holds (``call``
-    counts from 1, ``ids`` (B, T) are its inputs): a decode that fails for some rows only."""
+    """The backbone, raising ``RuntimeError`` in a forward for which ``when(call, ids, pos)`` holds (``call``
+    counts from 1, ``ids`` (B, T) are its inputs at canvas positions ``pos`` (B, T); a padding slot sits at
+    the trash column, the canvas width, and its id is a leftover): a decode that fails for some rows only."""
 
     def __init__(self, inner: nn.Module, when):
         super().__init__(inner)
         self.when = when
 
-    def forward(self, ids, *args, **kwargs):
-        if self.when(self.calls + 1, ids):
+    def forward(self, ids, pos, *args, **kwargs):
+        if self.when(self.calls + 1, ids, pos):
             self.calls += 1
             raise RuntimeError(f"forward {self.calls} failed (as the test asked)")
-        return super().forward(ids, *args, **kwargs)
+        return super().forward(ids, pos, *args, **kwargs)
 
 
 def failing(model: Model, when) -> Model:
     return Model(Failing(model.backbone, when), model.family, model.tokenizer)
+
+
+def committed_only_by(model: Model, rows, bad: int, first_step: int = 0) -> tuple[int, int]:
+    """A (canvas position, token) that row ``bad`` of ``rows`` ((prompt, generate's keywords) each, decoded
+    alone) commits before its last step, at step ``first_step`` or later, and no other row ever holds: a
+    :class:`Failing` backbone that raises on inputs holding it fails the steps of that row only (a committed
+    token is an input of the row's next forwards)."""
+    from setdlm.decoding import generate
+
+    outs = [generate(model, p, trace=True, **kw) for p, kw in rows]
+    others = {(k, t) for i, o in enumerate(outs) if i != bad for k, t in enumerate(o.sequences[0])}
+    steps = outs[bad].trace[0][first_step:-1]
+    early = [(k, t) for s in steps for k, t in zip(s.committed_positions, s.committed_tokens)]
+    return next(kt for kt in early if kt not in others)

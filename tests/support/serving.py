@@ -1,11 +1,11 @@
-"""A real server on 127.0.0.1 for the serve tests: uvicorn in a thread, stopped at the end."""
+"""A real server on 127.0.0.1 for the serve tests: uvicorn in a thread, stopped at the end; and the output
+of a ``setdlm serve`` subprocess, read line by line. Tests wait on events these set, never on the clock."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import threading
-import time
 
 
 def free_port() -> int:
@@ -14,28 +14,74 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, telling the test when it listens (``ready``: startup ended, ``started`` says
+        whether it succeeded) and when it stopped listening (``closed``: SIGTERM's shutdown began)."""
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.ready, self.closed = threading.Event(), threading.Event()
+
+        async def startup(self, sockets=None):
+            try:
+                await super().startup(sockets)
+            finally:
+                self.ready.set()
+
+        async def shutdown(self, sockets=None):
+            for s in self.servers:  # what uvicorn's shutdown does first (closing twice is a no-op)
+                s.close()
+            self.closed.set()
+            await super().shutdown(sockets)
+
+    return Server
+
+
 @contextlib.contextmanager
 def running(model, name: str = "m", *, grace: float | None = None, **kwargs):
     """Serve ``model`` on a free loopback port; yields (base url, app). ``app.state.server`` is the uvicorn
-    server (``should_exit = True`` is what SIGTERM does); ``grace``: its shutdown grace period."""
+    server (``should_exit = True`` is what SIGTERM does; its ``closed`` event is set once it stops listening);
+    ``grace``: its shutdown grace period."""
     import uvicorn
 
     from setdlm.serve import create_app
 
     app = create_app(model, name, **kwargs)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                          timeout_graceful_shutdown=grace))
+    server = _server_class()(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                            timeout_graceful_shutdown=grace))
     app.state.server = server
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.02)
+    if not (server.ready.wait(60) and server.started):  # the timeout only turns a hang into a failure
+        raise RuntimeError("the test server did not start")
     try:
         yield f"http://127.0.0.1:{port}", app
     finally:
         server.should_exit = True
         thread.join(timeout=20)
+
+
+class Output:
+    """The output of a subprocess (``setdlm serve``), read line by line in a thread: ``ready`` is set when a
+    line holds ``mark`` (uvicorn's "Uvicorn running on": it listens) or the output ends (it died)."""
+
+    def __init__(self, stream, mark: str = "Uvicorn running on"):
+        self.mark, self.lines = mark, []
+        self.ready, self.ended = threading.Event(), threading.Event()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for line in iter(stream.readline, b""):
+            self.lines.append(line.decode(errors="replace"))
+            if self.mark in self.lines[-1]:
+                self.ready.set()
+        self.ended.set()
+        self.ready.set()
+
+    def text(self) -> str:
+        """Everything read so far (after the process exited and ``ended`` is set: all of it)."""
+        return "".join(self.lines)

@@ -10,7 +10,8 @@ one step at a time, and between two steps
   (:meth:`DecodeState.select`).
 
 Every row keeps its own seed (one generator per row), cache and stopping rules, so a row's tokens are those
-of ``generate(model, [prompt], seed=seed, ...)`` alone, whatever joins or leaves around it. Rows decode
+of ``generate(model, [prompt], seed=seed, ...)`` alone, whatever joins or leaves around it; and a row whose
+decode raises fails alone (:meth:`Session.step`). Rows decode
 in one batch only with rows of the same settings (the same :class:`DecodeConfig`: sampling, threshold,
 window, stop strings ...); a session runs one group per distinct setting, each one forward per step.
 A row's output constraint (docs/decoding.md "Constrained decoding") is its own, not part of the config:
@@ -21,11 +22,13 @@ can be joined; a row must therefore fit: prompt + ``max_new_tokens`` <= ``width`
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, fields, replace
 
 import torch
 
 from ..data.prompt import check_prompt_fits, encode_prompts
+from ..errors import UserError
 from .api import decode_config, decoder_of, device_of, needs_seed, row_seeds, row_text, start
 from .constrained import RowConstraint, row_constraints
 from .output import StepTrace
@@ -85,7 +88,7 @@ class Session:
         model.backbone.eval()
         self.width = width if width is not None else model.family.length
         if not (isinstance(self.width, int) and self.width >= 2):
-            raise ValueError(f"width must be an integer >= 2, got {self.width!r}")
+            raise UserError(f"width must be an integer >= 2, got {self.width!r}")
         self.device = device_of(model.backbone)
         self.groups: dict[tuple, DecodeState] = {}  # config key → the running rows of that config
         self.pending: list[int] = []  # rows added, joining at the next step
@@ -105,7 +108,7 @@ class Session:
     def add_prepared(self, row: Row) -> int:
         """Queue a row made by :func:`prepare` (which may run in another thread); returns its id."""
         if len(row.sequence) > self.width:
-            raise ValueError(f"the row has {len(row.sequence)} positions, more than the canvas width {self.width}")
+            raise UserError(f"the row has {len(row.sequence)} positions, more than the canvas width {self.width}")
         rid = self.next_id
         self.next_id += 1
         self.rows[rid] = replace(row, trace=None)  # a copy: the trace list is this session's
@@ -129,45 +132,90 @@ class Session:
 
     def step(self) -> list[RowStep]:
         """Admit the pending rows, then run one forward per group; returns one :class:`RowStep` per row that
-        took part (finished rows carry ``done`` and leave the session). A forward that raises fails only the
-        rows it decodes (their events carry ``error`` and they leave); the other groups go on."""
+        took part (finished rows carry ``done`` and leave the session). A step that raises fails only the rows
+        whose step fails alone (their events carry ``error`` and they leave); every other row of the group
+        gets the step it would have had, and the other groups go on."""
         events = self._admit()
         with torch.inference_mode():
             for key, st in list(self.groups.items()):
                 ids = st.index.tolist()
+                steps = {row: len(self.rows[row].trace) for row in ids}  # steps each row completed before
                 try:
-                    decoder_of(self.model.family, st.cfg).step(self.model.backbone, st)
-                    st.finish()
-                except Exception as e:  # this group's state is spent: its rows fail, no other row does
+                    self._advance(st)
+                except Exception as e:  # the group's state is spent: each row is stepped again alone
                     del self.groups[key]
-                    events += self._fail(ids, e)
+                    built, failed = self._one_by_one(ids, e, lambda row: self._replay(row, steps[row]), steps)
+                    events += failed
+                    for row, new in built:
+                        events += self._report(new, [row])
+                        if new.batch:
+                            self._join(key, new)
                     continue
-                self.forwards += 1
-                for row in ids:
-                    r = self.rows[row]
-                    ev = RowStep(row, len(r.trace) - 1, r.trace[-1])
-                    if row in st.results:
-                        res = st.results.pop(row)
-                        text = row_text(self.model.tokenizer, res, r.config.stop) if self.model.tokenizer else None
-                        ev.done = RowDone(res.tokens, text, res.finish_reason, len(r.trace), res.committed)
-                        del self.rows[row]
-                    events.append(ev)
+                events += self._report(st, ids)
                 if st.batch == 0:
                     del self.groups[key]
         return events
 
-    def _fail(self, rows: list[int], e: Exception) -> list[RowStep]:
-        """Drop ``rows`` after a failure; one event each, carrying the error's first line."""
+    def _advance(self, st: DecodeState) -> None:
+        """One decoding step of ``st``; the rows it finished leave the state (into ``st.results``)."""
+        decoder_of(self.model.family, st.cfg).step(self.model.backbone, st)
+        st.finish()
+        self.forwards += 1
+
+    def _report(self, st: DecodeState, rows: list[int]) -> list[RowStep]:
+        """One event per row of ``rows`` for the step ``st`` just took; the rows it finished leave the session."""
+        events = []
+        for row in rows:
+            r = self.rows[row]
+            ev = RowStep(row, len(r.trace) - 1, r.trace[-1])
+            res = st.results.pop(row, None)
+            if res is not None:
+                text = row_text(self.model.tokenizer, res, r.config.stop) if self.model.tokenizer else None
+                ev.done = RowDone(res.tokens, text, res.finish_reason, len(r.trace), res.committed)
+                del self.rows[row]
+            events.append(ev)
+        return events
+
+    def _replay(self, row: int, steps: int) -> DecodeState:
+        """``row`` alone, decoded afresh from its prompt and seed through ``steps`` + 1 steps: the state its
+        group's failed step would have left it in, exactly (a row decodes alone as it does in any batch: its
+        own generator, cache and stopping), with the same trace. Nothing is kept per step for this: it costs
+        ``steps`` + 1 one-row forwards, and only after a failure (a group's state may be half-written then)."""
+        st = self._prefill([row])
+        self.rows[row].trace = st.traces[0]
+        for _ in range(steps + 1):
+            self._advance(st)
+        return st
+
+    def _one_by_one(self, rows: list[int], e: Exception, build, steps: dict[int, int] | None = None):
+        """After ``e`` failed ``rows`` together: ``build(row)`` each row's state alone, so that only the rows that
+        fail alone fail (one event each; ``steps``: each row's steps before the failed one). Returns the built
+        ``(row, state)`` pairs and the failures' events."""
+        if len(rows) == 1:  # it failed alone already
+            return [], self._fail(rows, e, steps)
+        built, failed = [], []
+        for row in rows:
+            try:
+                built.append((row, build(row)))
+            except Exception as e1:
+                failed += self._fail([row], e1, steps)
+        return built, failed
+
+    def _fail(self, rows: list[int], e: Exception, steps: dict[int, int] | None = None) -> list[RowStep]:
+        """Drop ``rows`` after a failure (at step ``steps[row]``, 0 by default: the prefill); one event each,
+        carrying the error's first line."""
         first = (str(e).splitlines() or [""])[0]
         out = []
         for row in rows:
-            r = self.rows.pop(row)
-            out.append(RowStep(row, len(r.trace or ()), None, error=f"decoding failed: {type(e).__name__}: {first}"))
+            self.rows.pop(row)
+            out.append(RowStep(row, (steps or {}).get(row, 0), None,
+                               error=f"decoding failed: {type(e).__name__}: {first}"))
         return out
 
     def _admit(self) -> list[RowStep]:
         """Prefill the pending rows, one state per config, and join each to its running group. A prefill that
-        raises is retried row by row, so that only the rows that fail alone fail; returns their events."""
+        raises is retried row by row (:meth:`_one_by_one`), so that only the rows that fail alone fail;
+        returns their events."""
         if not self.pending:
             return []
         by_key: dict[tuple, list[int]] = {}
@@ -180,25 +228,22 @@ class Session:
                 try:
                     self._join(key, self._prefill(rows))
                 except Exception as e:
-                    if len(rows) == 1:
-                        failed += self._fail(rows, e)
-                        continue
-                    for row in rows:
-                        try:
-                            self._join(key, self._prefill([row]))
-                        except Exception as e1:
-                            failed += self._fail([row], e1)
+                    built, fails = self._one_by_one(rows, e, lambda row: self._prefill([row]))
+                    failed += fails
+                    for _, new in built:
+                        self._join(key, new)
         return failed
 
     def _prefill(self, rows: list[int]) -> DecodeState:
-        """A new state of ``rows`` (one config), prefilled; touches no session state until joined."""
+        """A new state of ``rows`` (one config), prefilled; touches no session state until joined. Each row's
+        constraint is copied: it tracks its state's progress, and a row may start again (:meth:`_replay`)."""
         rs = [self.rows[i] for i in rows]
         gens = None
         if rs[0].seed is not None:
             gens = [torch.Generator(device=self.device).manual_seed(r.seed) for r in rs]
+        cons = [copy.copy(r.constraint) for r in rs] if any(r.constraint for r in rs) else None
         new = DecodeState([r.sequence for r in rs], [r.targets() for r in rs], rs[0].config, index=rows,
-                          generators=gens, device=self.device, width=self.width,
-                          constraints=[r.constraint for r in rs] if any(r.constraint for r in rs) else None)
+                          generators=gens, device=self.device, width=self.width, constraints=cons)
         start(self.model.backbone, new, self.model.family)
         return new
 
@@ -231,15 +276,15 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
     (ids,) = encode_prompts(model, [prompt], "prompt", add_bos=True)
     suf = [] if suffix is None else encode_prompts(model, [suffix], "suffix", allow_empty=True)[0]
     if fam.mask_token_id in ids or fam.mask_token_id in suf:
-        raise ValueError(f"the {'prompt' if fam.mask_token_id in ids else 'suffix'} contains the MASK id "
+        raise UserError(f"the {'prompt' if fam.mask_token_id in ids else 'suffix'} contains the MASK id "
                          f"{fam.mask_token_id}")
     check_prompt_fits(len(ids) + len(suf), width, "prompt + suffix" if suf else "prompt")
     if len(ids) + max_new_tokens + len(suf) > width:
-        raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens})"
+        raise UserError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens})"
                          f"{f' + suffix ({len(suf)} tokens)' if suf else ''} exceed the context length {width}")
     cfg = decode_config(model, settings, mode=mode, cache_order=cache_order, trace=True)
     if fam.spec.reveal_cache_order and cache_order == "reveal" and max_new_tokens > fam.length:
-        raise ValueError(f"cache_order='reveal' needs max_new_tokens <= L={fam.length}, got {max_new_tokens}")
+        raise UserError(f"cache_order='reveal' needs max_new_tokens <= L={fam.length}, got {max_new_tokens}")
     seeds = row_seeds(seed, 1, needs_seed(fam, cfg))
     row = Row(ids + [fam.mask_token_id] * max_new_tokens + suf, cfg, seeds[0] if seeds else None, len(ids),
               suffix_length=len(suf))

@@ -87,7 +87,7 @@ class Batcher:
                 raise QueueFull(f"the batch is full and {self.max_queue} requests wait already" if self.max_queue
                                 else "the batch is full (and --max-queue 0: no request waits)")
             self._waiting.append(job)
-            self._cv.notify()
+            self._cv.notify_all()
 
     def cancel(self, job: Job) -> None:
         """Free the job's row (or its place in the queue) before the next step; a second call does nothing."""
@@ -100,7 +100,7 @@ class Batcher:
                 self._waiting.remove(job)
             else:
                 self._cancelled.append(job)
-            self._cv.notify()
+            self._cv.notify_all()
 
     def stats(self) -> dict:
         with self._cv:
@@ -108,9 +108,18 @@ class Batcher:
                     "max_queue": self.max_queue, "forwards": self.session.forwards, "row_steps": self.row_steps,
                     "peak": self.peak, "cancelled": self.cancelled}
 
+    def wait(self, condition, timeout: float | None = None) -> bool:
+        """Block until ``condition(self.stats())`` holds; it is checked again whenever a request is submitted
+        or cancelled and after every turn of the loop (a step, an admission). Returns whether it held
+        (False after ``timeout`` seconds): for a caller that must know how far the loop got, such as a drain
+        or a test, without polling."""
+        with self._cv:
+            return self._cv.wait_for(lambda: condition(self.stats()), timeout)
+
     def _loop(self) -> None:
         while True:
             with self._cv:
+                self._cv.notify_all()  # the last turn is over: wake the callers of wait
                 while not (self._stop or self._waiting or self._cancelled or self._jobs):
                     self._cv.wait()
                 if self._stop:
