@@ -228,7 +228,7 @@ def test_a_row_whose_step_fails_fails_alone(family):
     it, and the other group, finish with exactly the tokens, texts and steps they get alone and in a
     session without the poisoned row."""
     plain = _model(family)
-    reqs = [(p, applicable_knobs(family, **kw), at) for p, kw, at in STEP_FAILS]
+    reqs = [(p, applicable(family, **kw), at) for p, kw, at in STEP_FAILS]
     at, poison = committed_only_by(plain, [(p, kw) for p, kw, _ in reqs], 1)
     model = failing(plain, lambda call, ids, pos: bool(((ids == poison) & (pos == at)).any()))
     done, seen, errors = _drive_failing(Session(model), reqs)
