@@ -1,5 +1,8 @@
 """Copy the study's chosen models into the package as the embedded default (``setdlm.pretrained``):
-``python benchmarks/study/ship.py``. Weights are stored in bf16 (they load as float32); each folder's
+``python benchmarks/study/ship.py`` (the first study's runs), or ``python benchmarks/study/ship.py --protocol
+ROOT`` for the word-problem models of the paper's protocol (every family fine-tuned from one AR base,
+``protocol.py``): each family's latest budget on disk, the choice the validation split supports (accuracy
+rose with every budget for every family measured there: ``results/error_trend.md``). Weights are stored in bf16 (they load as float32); each folder's
 ``config.json`` records the training arguments and its model card the command that trained it and the
 study's numbers for it."""
 
@@ -48,7 +51,48 @@ def study_numbers(run: str) -> dict:
     return out
 
 
+PROTOCOL = {"arith-ar": "ar", "arith-setdlm-smax8": "setdlm-smax8", "arith-bd3lm-s4": "bd3lm-s4"}
+
+
+def protocol_numbers(family: str, step: int) -> dict:
+    """The protocol's measurements of ``family`` at ``step`` (``results/curves.jsonl``) for the model card."""
+    raw = Path(__file__).parent / "results" / "curves.jsonl"
+    out = {"fine-tuning steps": step}
+    for r in map(json.loads, raw.read_text().splitlines()) if raw.exists() else []:
+        if r["run"] != family or r["step"] != step:
+            continue
+        tau = "τ off" if r["setting"] == "tau-off" else f"τ {r['setting'].split('-')[1]}"
+        out[f"medium test accuracy ({tau}, 300 problems)"] = round(r["accuracy"], 4)
+        out[f"tokens per step ({tau})"] = round(r["tokens_per_step"], 2)
+        if r.get("bound_ppl"):
+            out["held-out bound PPL"] = round(r["bound_ppl"], 4)
+    return out
+
+
+def ship_protocol(root: Path) -> None:
+    from protocol import BUDGETS, finetune_command
+
+    for name, family in PROTOCOL.items():
+        steps = [b for b in BUDGETS if (root / f"ft-{family}" / "checkpoints" / f"step-{b:08d}").is_dir()]
+        if not steps:
+            print(f"{name}: no budget of ft-{family} on disk yet; kept as it is")
+            continue
+        folder = root / f"ft-{family}" / "checkpoints" / f"step-{steps[-1]:08d}"
+        model = setdlm.load(folder)
+        model.backbone.to(torch.bfloat16)
+        cmd = shlex.join(finetune_command(Path("runs/protocol"), family))
+        dest = root() / name
+        model.save(dest, training_args=read_config(folder)["training"],
+                   source={"name": f"setdlm study, the paper's protocol: {family} fine-tuned from the AR base for "
+                                   f"{steps[-1]} steps", "layout": "setdlm", "command": cmd},
+                   bench=protocol_numbers(family, steps[-1]))
+        size = sum(f.stat().st_size for f in dest.iterdir())
+        print(f"{name}: {size / 2**20:.1f} MiB from {folder}")
+
+
 def main() -> None:
+    if "--protocol" in sys.argv:
+        return ship_protocol(Path(sys.argv[sys.argv.index("--protocol") + 1]))
     for name, (dataset, family) in SHIP.items():
         run = f"{dataset}-{family}"
         folder = resolve(RUNS / run)
