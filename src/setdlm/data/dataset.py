@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ..batch import Batch
+from ..errors import UserError
 from .prompt import check_prompt_fits
 
 
@@ -90,11 +91,11 @@ def pack_documents(docs: list[list[int]], length: int, *, bos_id: int | None, eo
     (``L`` tokens without a BOS). The last row is right-padded with ``pad_id``."""
     head = 1 if bos_id is not None else 0
     if length < head + 1:
-        raise ValueError(f"context length L must be >= {head + 1}, got {length}")
+        raise UserError(f"context length L must be >= {head + 1}, got {length}")
     tail = [eos_id] if eos_id is not None else []
     parts = [np.asarray(d + tail, dtype=np.int64) for d in docs if d]
     if not parts:
-        raise ValueError("empty corpus: no tokens after tokenization")
+        raise UserError("empty corpus: no tokens after tokenization")
     flat = torch.from_numpy(np.concatenate(parts))  # (n_tokens,) the stream
     body = length - head
     n = -(-len(flat) // body)  # ceil
@@ -126,7 +127,7 @@ def pad_pairs(pairs: list[tuple[list[int], list[int]]], length: int, *, bos_id: 
         comp = list(c) + ([eos_id] if eos_id is not None else [])
         check_prompt_fits(len(prompt), length, f"example {i}: prompt")  # room for one completion token at least
         if not comp:
-            raise ValueError(f"example {i}: empty completion")
+            raise UserError(f"example {i}: empty completion")
         if len(prompt) + len(comp) > length:
             comp = comp[: length - len(prompt)]
             if eos_id is not None:
@@ -141,7 +142,7 @@ def pad_pairs(pairs: list[tuple[list[int], list[int]]], length: int, *, bos_id: 
 def build_dataset(corpus, tokenizer, length: int) -> TokenDataset:
     """Tokenize a :class:`~setdlm.data.corpus.Corpus` into rows of ``length`` (packed or padded)."""
     if not isinstance(length, int) or length < 2:
-        raise ValueError(f"context length L must be an integer >= 2, got {length!r}")
+        raise UserError(f"context length L must be an integer >= 2, got {length!r}")
     pad = _filler(tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.mask_token_id)
     kw = dict(bos_id=tokenizer.bos_token_id, eos_id=tokenizer.eos_token_id, pad_id=pad)
     if corpus.is_pairs:
@@ -157,12 +158,12 @@ def heldout_split(n: int, eval_fraction: float, *, max_eval: int | None = None,
     rows (at least 1 when the fraction is positive, at most ``max_eval``) are held out, chosen by a
     permutation seeded with ``seed`` alone."""
     if not 0.0 <= eval_fraction < 1.0:
-        raise ValueError(f"eval_fraction must lie in [0, 1), got {eval_fraction}")
+        raise UserError(f"eval_fraction must lie in [0, 1), got {eval_fraction}")
     n_eval = 0 if eval_fraction == 0 else max(1, round(n * eval_fraction))
     if max_eval is not None:
         n_eval = min(n_eval, max_eval)
     if n - n_eval < 1:
-        raise ValueError(f"corpus too small: {n} row(s) of context length; nothing left to train on after "
+        raise UserError(f"corpus too small: {n} row(s) of context length; nothing left to train on after "
                          f"holding out {n_eval} (add text or lower the context length)")
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     return perm[n_eval:].sort().values, perm[:n_eval].sort().values
