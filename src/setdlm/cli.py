@@ -621,7 +621,7 @@ def _add_quantize_flag(p) -> None:
     from .quantize import QUANTIZATIONS
 
     p.add_argument("--quantize", choices=QUANTIZATIONS, default=None, help="decode with int8 or int4 weights on "
-                   "the CPU (docs/quantization.md; default: the stored precision)")
+                   "the CPU, or a GGUF file's own (gguf) (docs/quantization.md; default: the stored precision)")
 
 
 def _default_model(args):

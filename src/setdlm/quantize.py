@@ -28,7 +28,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-QUANTIZATIONS = ("int8", "int4")
+QUANTIZATIONS = ("int8", "int4", "gguf")  # "gguf": the file's own types (setdlm.gguf_quant)
 INT4_GROUP = 32
 
 
@@ -37,6 +37,26 @@ def check_quantize(quantize: str | None) -> str | None:
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZATIONS)} (or None), got {quantize!r}")
     return quantize
+
+
+def linear_layers(module: nn.Module) -> list[tuple[str, tuple[Tensor, Tensor | None]]]:
+    """``(name, (weight (out, in), bias))`` of every linear layer inside ``module``."""
+    return [(name, w) for name, m in module.named_modules() if (w := _weight_of(m)) is not None]
+
+
+def replace_layer(root: nn.Module, name: str, layer: nn.Module) -> None:
+    """Put ``layer`` where the submodule ``name`` of ``root`` is."""
+    parent, _, attr = name.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, attr, layer)
+
+
+def check_cpu(backbone: nn.Module, quantize: str) -> None:
+    """A ValueError unless ``backbone`` is unquantized and on the CPU (where the kernels run)."""
+    if getattr(backbone, "quantization", None):
+        raise ValueError(f"the backbone is already {backbone.quantization}-quantized")
+    p = next(backbone.parameters())
+    if p.device.type != "cpu":
+        raise ValueError(f"quantize={quantize!r} runs on the CPU; the backbone is on {p.device}")
 
 
 def _weight_of(module: nn.Module) -> tuple[Tensor, Tensor | None] | None:
@@ -99,25 +119,35 @@ class Int8Linear(QuantizedLinear):
         return torch.ops.quantized.linear_dynamic(xs, self._packed, True)[:-1] * m  # 7-bit activations (fbgemm)
 
 
+def int4_groups(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``weight`` (out, in) in :class:`Int4Linear`'s layout: codes ``q`` (out, in) in 0..15 and per-group scale
+    ``s`` and minimum ``lo`` (out, in / :data:`INT4_GROUP`), ``w ≈ q·s + lo`` (the group's range in 15 steps)."""
+    N, K = weight.shape
+    if K % INT4_GROUP:
+        raise ValueError(f"int4 needs the input width of every linear layer to be a multiple of {INT4_GROUP}, "
+                         f"got {K}")
+    g = weight.float().view(N, K // INT4_GROUP, INT4_GROUP)
+    lo, hi = g.amin(-1), g.amax(-1)  # (N, K/G)
+    s = ((hi - lo) / 15).clamp(min=1e-12)
+    q = torch.round((g - lo[..., None]) / s[..., None]).clamp(0, 15).to(torch.int32).view(N, K)
+    return q, s, lo
+
+
 class Int4Linear(QuantizedLinear):
     """4-bit weights in groups of :data:`INT4_GROUP` input channels, ``w = (q − 8)·s + z`` with ``q`` in
     0..15 and a scale/offset ``(s, z)`` per group; PyTorch's weight-only int4 CPU kernel. Output channels
-    are padded to a multiple of 16 (the kernel's tile) with zero rows, dropped from the result."""
+    are padded to a multiple of 16 (the kernel's tile) with zero rows, dropped from the result. ``groups``:
+    ``(q, s, lo)`` as :func:`int4_groups` returns them, taken as they are (a GGUF file's Q4_0 / Q4_1 blocks,
+    :mod:`setdlm.gguf_quant`) instead of computed from ``weight``."""
 
     kind = "int4"
 
-    def __init__(self, weight: Tensor, bias: Tensor | None):
+    def __init__(self, weight: Tensor, bias: Tensor | None, groups: tuple[Tensor, Tensor, Tensor] | None = None):
         super().__init__(weight, bias)
-        N, K = weight.shape
-        if K % INT4_GROUP:
-            raise ValueError(f"int4 needs the input width of every linear layer to be a multiple of {INT4_GROUP}, "
-                             f"got {K}")
-        Np = -(-N // 16) * 16
-        w = torch.cat([weight.float(), weight.new_zeros(Np - N, K, dtype=torch.float32)])  # (Np, K)
-        g = w.view(Np, K // INT4_GROUP, INT4_GROUP)
-        lo, hi = g.amin(-1), g.amax(-1)  # (Np, K/G)
-        s = ((hi - lo) / 15).clamp(min=1e-12)
-        q = torch.round((g - lo[..., None]) / s[..., None]).clamp(0, 15).to(torch.int32).view(Np, K)
+        q, s, lo = groups if groups is not None else int4_groups(weight)
+        N, K = q.shape
+        pad = -(-N // 16) * 16 - N
+        q, s, lo = (torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (q.to(torch.int32), s.float(), lo.float()))
         self.register_buffer("_q", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))  # (Np, K/2) uint8
         self.register_buffer("_sz", torch.stack([s, lo + 8 * s], -1).transpose(0, 1).contiguous())  # (K/G, Np, 2)
 
@@ -137,20 +167,16 @@ def quantize(backbone: nn.Module, quantize: str) -> nn.Module:
     """Replace every linear layer of ``backbone`` (in place) by its ``quantize`` ("int8" or "int4") version;
     returns the backbone, in eval mode. CPU only. A tied output head (SmolLM2) is quantized as the head; the
     embedding it shares keeps full precision."""
-    kernel = KERNELS[check_quantize(quantize)]
-    if getattr(backbone, "quantization", None):
-        raise ValueError(f"the backbone is already {backbone.quantization}-quantized")
-    p = next(backbone.parameters())
-    if p.device.type != "cpu":
-        raise ValueError(f"quantize={quantize!r} runs on the CPU; the backbone is on {p.device}")
-    targets = [(name, m) for name, m in backbone.named_modules() if _weight_of(m) is not None]
-    for name, m in targets:
-        parent, _, attr = name.rpartition(".")
-        setattr(backbone.get_submodule(parent) if parent else backbone, attr, kernel(*_weight_of(m)))
+    if check_quantize(quantize) == "gguf":
+        raise ValueError("quantize='gguf' keeps a GGUF file's own quantization: load the file with "
+                         "setdlm.load(path, quantize='gguf')")
+    check_cpu(backbone, quantize)
+    for name, (weight, bias) in linear_layers(backbone):
+        replace_layer(backbone, name, KERNELS[quantize](weight, bias))
     backbone.quantization = quantize
     return backbone.eval()
 
 
 def quantization_of(backbone: nn.Module) -> str | None:
-    """"int8", "int4" or None: how :func:`quantize` left ``backbone``."""
+    """"int8", "int4", "gguf" or None: how :func:`quantize` (or :mod:`setdlm.gguf_quant`) left ``backbone``."""
     return getattr(backbone, "quantization", None)
