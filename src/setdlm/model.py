@@ -234,8 +234,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: fl
               dropout_p: float = 0.0) -> Tensor:
     """The one place the attention kernel is chosen: PyTorch SDPA with a boolean mask, scale 1/√hd unless
     given, optional dropout on the attention probabilities (pretrained backbones that train with it).
-    q: (B, H, T, hd); k, v: (B, H, S, hd); mask: (B, 1|H, T, S) bool."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    q: (B, H, T, hd); k, v: (B, Hkv, S, hd) with H a multiple of Hkv (grouped-query attention: query head h
+    reads KV head h // (H / Hkv), transformers' ``repeat_kv``); mask: (B, 1|H, T, S) bool.
+
+    Grouped KV heads: on the CPU SDPA reads them in place (``enable_gqa``: the same numbers as repeating them,
+    without copying the whole cache every layer and step); elsewhere they are repeated first (on CUDA a
+    boolean mask selects the memory-efficient kernel, which has no grouped-query support)."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1 and q.device.type != "cpu":
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, hd)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
+                                          enable_gqa=groups > 1)
 
 
 class Block(nn.Module):

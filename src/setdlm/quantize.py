@@ -6,12 +6,13 @@ linear layer of the DiT or of a Hugging Face backbone (q/k/v/o projections, MLPs
 ``Conv1D`` too) by one that runs a PyTorch CPU kernel on quantized weights. Embeddings, norms and the
 attention product stay in the model's precision; the KV cache keeps its dtype.
 
-- ``"int8"``: symmetric int8 weights per output channel through fbgemm's int8 GEMM
-  (``torch.ops.quantized.linear_dynamic``), activations quantized to (7-bit) uint8 **per row**. fbgemm picks
-  one activation range for the whole input tensor, so a row's output would depend on the other rows of the
-  batch and on how many tokens a step feeds; here each row is first divided by its own absolute maximum and
-  one extra row ``[1, -1, 0, ...]`` pins the tensor's range to [-1, 1], so the quantization of a row is a
-  function of that row alone and the result is multiplied back by the row's maximum.
+- ``"int8"``: symmetric int8 weights per output channel through fbgemm's int8 GEMM, activations quantized to
+  (7-bit) uint8 **per row**. fbgemm's dynamic linear (``torch.ops.quantized.linear_dynamic``) picks one
+  activation range for the whole input tensor, so a row's output would depend on the other rows of the batch
+  and on how many tokens a step feeds; here each row is first divided by its own absolute maximum, quantized
+  with the range fixed at [-1, 1] (``quantized.linear_with_input_q_dq_qweight_dq_output_fp32``, the same GEMM
+  with the activation scale given), and the result is multiplied back by the row's maximum: the quantization
+  of a row is a function of that row alone.
 - ``"int4"``: asymmetric 4-bit weights in groups of 32 input channels (the layout of GGUF's Q4_1), packed two
   per byte, through PyTorch's weight-only int4 kernel (``aten._weight_int4pack_mm_for_cpu``); activations
   stay in floating point.
@@ -30,6 +31,13 @@ from torch import Tensor, nn
 
 QUANTIZATIONS = ("int8", "int4", "gguf")  # "gguf": the file's own types (setdlm.gguf_quant)
 INT4_GROUP = 32
+# int8 activations: a row divided by its absolute maximum lies in [-1, 1], quantized to uint8 with step 2/127 and
+# zero point 64 (levels 0..128, the 7-bit range fbgemm's dynamic linear keeps on x86), then fbgemm's int8 GEMM
+# with a float32 output: torch.ops.quantized.linear_dynamic's arithmetic with the range fixed instead of read
+# from the tensor, in one op (no pinning row, no slicing).
+ACT_SCALE, ACT_ZERO = 2 / 127, 64
+_INT8_GEMM = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32
+_TINY = torch.finfo(torch.float32).tiny
 
 
 def check_quantize(quantize: str | None) -> str | None:
@@ -83,11 +91,12 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.training:
             raise RuntimeError(f"a {self.kind}-quantized backbone decodes only; train the unquantized model")
-        shape = x.shape
-        y = self._matmul(x.reshape(-1, self.in_features).float())  # (N, out)
+        shape, dtype = x.shape, x.dtype
+        x = x.reshape(-1, self.in_features)
+        y = self._matmul(x if dtype == torch.float32 else x.float())  # (N, out); no cast op when already float32
         if self.bias is not None:
             y = y + self.bias
-        return y.to(x.dtype).view(*shape[:-1], self.out_features)
+        return (y if dtype == torch.float32 else y.to(dtype)).view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind}"
@@ -106,17 +115,14 @@ class Int8Linear(QuantizedLinear):
             warnings.filterwarnings("ignore", message=".*quantized tensor creation.*")
             qw = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
         self._packed = torch.ops.quantized.linear_prepack(qw, None)
-        self._pin = torch.zeros(1, self.in_features)
-        self._pin[0, 0], self._pin[0, -1] = 1.0, -1.0  # the extra row: fixes the activation range at [-1, 1]
 
     @property
     def weight(self) -> Tensor:
         return torch.ops.quantized.linear_unpack(self._packed)[0].dequantize()
 
     def _matmul(self, x: Tensor) -> Tensor:  # x (N, in) float32 → (N, out)
-        m = x.abs().amax(1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)  # (N, 1)
-        xs = torch.cat([x / m, self._pin])  # (N + 1, in), every entry in [-1, 1]
-        return torch.ops.quantized.linear_dynamic(xs, self._packed, True)[:-1] * m  # 7-bit activations (fbgemm)
+        m = x.abs().amax(1, keepdim=True).clamp_(min=_TINY)  # (N, 1) row maxima (linalg.vector_norm: slower)
+        return _INT8_GEMM(x / m, ACT_SCALE, ACT_ZERO, self._packed) * m  # 7-bit activations, fp32 output
 
 
 def int4_groups(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -171,6 +177,8 @@ def quantize(backbone: nn.Module, quantize: str) -> nn.Module:
         raise ValueError("quantize='gguf' keeps a GGUF file's own quantization: load the file with "
                          "setdlm.load(path, quantize='gguf')")
     check_cpu(backbone, quantize)
+    if hasattr(backbone, "fuse_projections"):  # HF backbones: q/k/v and gate/up as one product each, same numbers
+        backbone.fuse_projections()
     for name, (weight, bias) in linear_layers(backbone):
         replace_layer(backbone, name, KERNELS[quantize](weight, bias))
     backbone.quantization = quantize
