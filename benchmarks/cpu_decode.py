@@ -113,6 +113,9 @@ def main(argv=None) -> None:
     p.add_argument("--q8-gguf", type=Path, help="a Q8_0 GGUF file of the same weights (llama-quantize "
                    "--allow-requantize of the packaged Q4_1 file) for llama.cpp's Q8_0 rows")
     p.add_argument("--llama-bench", help="path of a llama-bench binary: its generation rows at batch 1")
+    p.add_argument("--families", nargs="+", default=["AR", "BD3LM", "SetDLM"], choices=["AR", "BD3LM", "SetDLM"])
+    p.add_argument("--batch16-families", nargs="+", default=None, choices=["AR", "BD3LM", "SetDLM"],
+                   help="families timed at batch sizes above 1 (default: --families)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     models = {q: load("smollm2-135m", quantize=None if q == "fp32" else q) for q in args.precisions}
@@ -137,6 +140,8 @@ def main(argv=None) -> None:
             if q in ("int4", "gguf") and B > args.int4_max_batch:
                 continue
             for name, (fam, kw) in families.items():
+                if name.split()[0] not in (args.families if B == 1 else args.batch16_families or args.families):
+                    continue
                 calls[f"setdlm {name}", q, B] = (lambda m=m, fam=fam, kw=kw, B=B: timed(lambda: setdlm_call(
                     Model(m.backbone, fam, tok), prompts[:B], args.new_tokens, kw)))
         for q, file in files.items() if B == 1 else ():

@@ -210,6 +210,9 @@ class LayerNorm(nn.Module):
         self.dim = dim
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == self.weight.dtype and x.dtype in (torch.float32, torch.float64) and \
+                not torch.is_autocast_enabled(x.device.type):  # decoding: nothing to cast, no context to enter
+            return F.layer_norm(x, [self.dim], weight=self.weight, eps=self.eps)
         dt = torch.promote_types(x.dtype, torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
             y = F.layer_norm(x.to(dt), [self.dim], weight=self.weight.to(dt), eps=self.eps)
@@ -273,8 +276,10 @@ class Block(nn.Module):
             k, v = cache.update(layer, k, v, step)  # (B, H, W, hd): cached entries + this step's
         y = attention(q, k, v, mask)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, d)
-        x = x + self.dropout(self.attn_out(y))
-        return x + self.dropout(self.mlp(self.norm2(x)))
+        y = self.attn_out(y)
+        x = x + (self.dropout(y) if self.training else y)  # no dropout module call in eval
+        y = self.mlp(self.norm2(x))
+        return x + (self.dropout(y) if self.training else y)
 
 
 class Transformer(nn.Module):
@@ -364,8 +369,8 @@ def begin_step(cache: KVCache | None, position_ids: Tensor, attn_mask: Tensor | 
         if cache.batch != B:
             raise ValueError(f"cache holds {cache.batch} rows but the input has {B}")
         start = cache.lengths.clone()  # (B,)
-        C = cache.width
-        width = (int(start.max()) if B else 0) + T
+        C = int(start.max()) if B else 0  # cache.width, read once (one host sync per step on a GPU)
+        width = C + T
         cache._ensure(width)
         write_idx = start[:, None] + torch.arange(T, device=start.device)  # (B, T)
         cache.pos.scatter_(1, write_idx, position_ids.to(torch.long))
