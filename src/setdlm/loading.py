@@ -62,9 +62,10 @@ def load(path: str | Path, *, ema: bool = False, family: str | None = None, devi
     (a GGUF file only) keeps the file's own Q8_0 / Q4_0 / Q4_1 weights (:mod:`setdlm.gguf_quant`).
     """
     check_quantize(quantize)
+    source = gguf.source_file(path) if quantize == "gguf" else None  # before loading: not a GGUF file, say so
     model = _load(path, ema=ema, family=family, device=device, dtype=dtype, revision=revision, **reference)
     if quantize == "gguf":
-        keep_file_quantization(model.backbone, gguf.source_file(path))
+        keep_file_quantization(model.backbone, source)
     elif quantize is not None:
         quantize_backbone(model.backbone, quantize)
     return model
