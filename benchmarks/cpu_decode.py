@@ -6,8 +6,8 @@ against transformers' ``generate`` and llama.cpp on the same weights at the same
     pip install llama-cpp-python            # compiles llama.cpp; or its sdist's pure-Python package on
                                             # PYTHONPATH with LLAMA_CPP_LIB_PATH=<folder of a built libllama.so>
     llama-quantize --allow-requantize SmolLM2-135M-Instruct.Q4_1.gguf smollm2-q8_0.gguf Q8_0   # the Q8_0 file
-    PYTHONPATH=src python benchmarks/cpu_decode.py --threads 1 --q8-gguf smollm2-q8_0.gguf \
-        --llama-bench PATH/llama-bench          # RESULTS.md
+    PYTHONPATH=src python benchmarks/cpu_decode.py --threads 2 --families AR SetDLM --precisions fp32 int8 \
+        --q8-gguf smollm2-q8_0.gguf --llama-bench PATH/llama-bench          # RESULTS.md
 
 One process, one thread count for every tool (``torch.set_num_threads``, llama.cpp's ``n_threads`` / ``-t``),
 the same chat-formatted prompts (batch B takes the first B of 8 questions, repeated to fill 16), the same
