@@ -82,17 +82,17 @@ def test_a_broken_gguf_file_is_a_clear_error(monkeypatch, tmp_path):
 # -- a tiny Llama GGUF file written here (gguf's writer), converted for real ---------------------------------
 
 
-def write_tiny_gguf(path, *, drop: str | None = None, extra: str | None = None):
-    """A 1-layer Llama (d = 16, 2 query heads over 1 KV head) in float32 with a byte-level GPT-2 style
+def write_tiny_gguf(path, *, drop: str | None = None, extra: str | None = None, d: int = 16, qtype: str | None = None):
+    """A 1-layer Llama (width ``d``, 2 query heads over 1 KV head) in float32 with a byte-level GPT-2 style
     tokenizer and a ChatML template, as llama.cpp lays a GGUF file out; ``drop``: leave that tensor out,
-    ``extra``: add a tensor of that name."""
+    ``extra``: add a tensor of that name; ``qtype`` (e.g. "Q8_0"): every matrix stored in that GGUF type."""
     import numpy as np
-    from gguf import GGUFWriter
+    from gguf import GGMLQuantizationType, GGUFWriter, quants
     from tokenizers import pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *alphabet]
-    V, d, ff, kv = len(tokens), 16, 32, 8
+    V, ff, kv = len(tokens), 2 * d, d // 2
     w = GGUFWriter(str(path), "llama")
     w.add_name("tiny")
     for add, v in ((w.add_block_count, 1), (w.add_context_length, 64), (w.add_embedding_length, d),
@@ -115,8 +115,14 @@ def write_tiny_gguf(path, *, drop: str | None = None, extra: str | None = None):
         shapes[extra] = (d,)
     rng = np.random.default_rng(0)
     for name, shape in shapes.items():
-        if name != drop:
-            w.add_tensor(name, (rng.standard_normal(shape) * 0.02).astype(np.float32))
+        if name == drop:
+            continue
+        weights = (rng.standard_normal(shape) * 0.02).astype(np.float32)
+        if qtype is not None and len(shape) == 2:
+            t = GGMLQuantizationType[qtype]
+            w.add_tensor(name, quants.quantize(weights, t), raw_dtype=t)
+        else:
+            w.add_tensor(name, weights)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -143,3 +143,22 @@ def test_cli_quantize_flag(tmp_path, capsys):
     code, out, err = run(["generate", path, "--prompt", "ab", "--max-new-tokens", "3", "--quantize", "int8"], capsys)
     assert code == 0, err
     assert_one_line_error(*run(["generate", path, "--prompt", "ab", "--quantize", "fp8"], capsys)[::2], "--quantize")
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("q", ["int8", "int4"])
+def test_fused_projections_give_the_same_numbers(kind, q):
+    """quantize fuses q/k/v and gate/up into one product each (fewer calls per step); each output channel
+    sees the same quantized input row, so the logits equal those of the unfused quantized layers bit for bit."""
+    from setdlm import hf
+    from setdlm.quantize import KERNELS, linear_layers, replace_layer
+
+    fused = quantize(hf.HFBackbone(tiny_hf(kind)), q)
+    plain = hf.HFBackbone(tiny_hf(kind)).eval()
+    for name, (w, b) in linear_layers(plain):
+        replace_layer(plain, name, KERNELS[q](w, b))
+    attn = fused.hf.model.layers[0].self_attn
+    assert hasattr(attn, "qkv_proj") and not hasattr(attn, "q_proj")
+    ids = torch.tensor([PROMPTS[1], PROMPTS[1][::-1]])
+    with torch.no_grad():
+        assert torch.equal(fused(ids), plain(ids))

@@ -304,3 +304,20 @@ def test_int8_cache_is_exact_and_batch_equals_alone(prompts):
         for r, p in enumerate(prompts):
             alone = q.backbone(torch.tensor([p]), None, causal_mask(torch.ones(1, len(p), dtype=torch.bool)))[0]
             assert (batch[r, : len(p)] - alone).abs().max().item() <= TOL, r
+
+
+def test_gguf_quantization_keeps_the_files_blocks(smol, prompts):
+    """quantize="gguf" on the packaged file (docs/quantization.md): its 210 Q4_1 matrices go into the int4
+    kernel with the file's blocks, whose weights are the float path's (the float path is their exact
+    dequantization); the Q8_0 embedding, tied as the head, goes through int8; the cache stays exact."""
+    from setdlm.quantize import Int4Linear, Int8Linear
+
+    g = load(NAME, quantize="gguf")
+    types = g.backbone.gguf_types
+    assert sorted(set(types.values())) == ["Q4_1", "Q8_0"] and types["lm_head"] == "Q8_0"
+    assert sum(t == "Q4_1" for t in types.values()) == 210
+    ours, theirs = g.backbone.hf.model.layers[3], smol.backbone.hf.model.layers[3]
+    assert isinstance(ours.self_attn.q_proj, Int4Linear) and isinstance(g.backbone.hf.lm_head, Int8Linear)
+    for a, b in ((ours.self_attn.q_proj, theirs.self_attn.q_proj), (ours.mlp.down_proj, theirs.mlp.down_proj)):
+        assert torch.allclose(a.weight, b.weight, atol=1e-6, rtol=0)
+    _assert_setdlm_cache_exact(g, prompts)

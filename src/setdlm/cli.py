@@ -313,8 +313,8 @@ def _add_serve(sub) -> None:
                    "to finish before the server exits (default 30)")
     p.add_argument("--name", default=None, help="model id in the API (default: the folder name)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
-    p.add_argument("--quantize", choices=QUANTIZATIONS, default=None, help="serve int8 or int4 weights on the CPU "
-                   "(docs/quantization.md; default: the stored precision)")
+    p.add_argument("--quantize", choices=QUANTIZATIONS, default=None, help="serve int8 or int4 weights on the CPU, "
+                   "or a GGUF file's own (gguf) (docs/quantization.md; default: the stored precision)")
     p.set_defaults(func=_serve)
 
 

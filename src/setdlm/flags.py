@@ -46,7 +46,7 @@ def add_model_flags(p, what: str = "decode with") -> None:
     p.add_argument("--ema", action="store_true", help=f"{what} the EMA weights")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     p.add_argument("--quantize", choices=QUANTIZATIONS, default=None, help="decode with int8 or int4 weights on "
-                   "the CPU (docs/quantization.md; default: the stored precision)")
+                   "the CPU, or a GGUF file's own (gguf) (docs/quantization.md; default: the stored precision)")
 
 
 

@@ -60,6 +60,18 @@ def packaged_file(name: str) -> Path:
                     f"(it is not installed, or holds no {file})")
 
 
+def source_file(name_or_path: str | Path) -> Path:
+    """The GGUF file a name or path stands for (a packaged model's file, or the path itself); a ValueError
+    when it is neither (``quantize="gguf"`` on a model that did not come from a GGUF file)."""
+    s = str(name_or_path)
+    if s in PACKAGED and not Path(s).exists():
+        return packaged_file(s)
+    if is_gguf(s):
+        return Path(s).expanduser()
+    raise UserError(f"quantize='gguf' keeps a GGUF file's own quantization; {s!r} is not a GGUF file "
+                     "(use quantize='int8' or 'int4')")
+
+
 def cache_root() -> Path:
     """Where converted models go: ``$SETDLM_CACHE``, else ``$XDG_CACHE_HOME/setdlm``, else
     ``~/.cache/setdlm`` (the XDG base directory convention)."""

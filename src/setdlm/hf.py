@@ -109,10 +109,7 @@ class HFBackbone(nn.Module):
         B, H, T, hd = q.shape
         if cache is not None:
             k, v = cache.update(layer, k, v, step)  # (B, Hkv, W, hd)
-        groups = H // k.shape[1]
-        if groups > 1:  # GQA: query head h reads KV head h // groups (transformers' repeat_kv)
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, W, hd)
-        y = attention(q, k, v, step.mask, scale=scale, dropout_p=dropout_p if self.training else 0.0)
+        y = attention(q, k, v, step.mask, scale=scale, dropout_p=dropout_p if self.training else 0.0)  # GQA inside
         return y.transpose(1, 2).reshape(B, T, H * hd)  # (B, T, H·hd)
 
     def _llama_layers(self, input_ids: Tensor, position_ids: Tensor, step, cache: KVCache | None) -> Tensor:
@@ -130,9 +127,13 @@ class HFBackbone(nn.Module):
         B, T, _ = x.shape
         a = layer.self_attn
         h = layer.input_layernorm(x)
-        q = a.q_proj(h).view(B, T, -1, a.head_dim)  # (B, T, H, hd)
-        k = a.k_proj(h).view(B, T, -1, a.head_dim)  # (B, T, Hkv, hd)
-        v = a.v_proj(h).view(B, T, -1, a.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
+        if hasattr(a, "qkv_proj"):  # fused for quantized decoding (fuse_projections)
+            q, k, v = a.qkv_proj(h).split(a.qkv_sizes, dim=-1)
+        else:
+            q, k, v = a.q_proj(h), a.k_proj(h), a.v_proj(h)
+        q = q.view(B, T, -1, a.head_dim)  # (B, T, H, hd)
+        k = k.view(B, T, -1, a.head_dim)  # (B, T, Hkv, hd)
+        v = v.view(B, T, -1, a.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
         if hasattr(a, "q_norm"):  # Qwen3: RMSNorm over each head, before RoPE
             q, k = a.q_norm(q), a.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, H, T, hd)
@@ -140,7 +141,27 @@ class HFBackbone(nn.Module):
         scale = getattr(a, "scaling", a.head_dim ** -0.5)
         y = self._attend(q, k, v, i, step, cache, scale, getattr(a, "attention_dropout", 0.0))
         x = x + a.o_proj(y)
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        h, mlp = layer.post_attention_layernorm(x), layer.mlp
+        if hasattr(mlp, "gate_up_proj"):  # fused (fuse_projections): the same as LlamaMLP's forward
+            gate, up = mlp.gate_up_proj(h).chunk(2, dim=-1)
+            return x + mlp.down_proj(mlp.act_fn(gate) * up)
+        return x + mlp(h)
+
+    def fuse_projections(self) -> None:
+        """Each Llama/Qwen layer's q/k/v projections become one linear layer (``qkv_proj``) and its MLP's gate
+        and up projections another (``gate_up_proj``), the originals removed: fewer, wider matrix products per
+        step. Used before quantizing (:func:`setdlm.quantize.quantize`), where each output channel is computed
+        from the same quantized input row either way, so the fused layers give the same numbers bit for bit;
+        a float model is left unfused (a wider float product may round differently). After this the wrapped
+        model decodes through this backbone only (its own ``forward`` would miss the removed layers)."""
+        if self.kind == "gpt2":
+            return  # GPT-2's c_attn is already fused; its MLP has no gate
+        for layer in self.hf.model.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            a.qkv_sizes = [a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features]
+            a.qkv_proj = _concat_linear(a.q_proj, a.k_proj, a.v_proj)
+            mlp.gate_up_proj = _concat_linear(mlp.gate_proj, mlp.up_proj)
+            del a.q_proj, a.k_proj, a.v_proj, mlp.gate_proj, mlp.up_proj
 
     def _run_layer(self, fn, *args) -> Tensor:
         """``fn(*args)``, under activation checkpointing when :attr:`grad_checkpointing` is on, the
@@ -174,6 +195,17 @@ class HFBackbone(nn.Module):
         y = self._attend(q, k, v, i, step, cache, scale, a.attn_dropout.p)
         x = x + a.resid_dropout(a.c_proj(y))
         return x + block.mlp(block.ln_2(x))
+
+
+def _concat_linear(*layers: nn.Linear) -> nn.Linear:
+    """One ``nn.Linear`` whose output is the outputs of ``layers`` (same input) side by side."""
+    fused = nn.Linear(layers[0].in_features, sum(m.out_features for m in layers), bias=layers[0].bias is not None,
+                      device=layers[0].weight.device, dtype=layers[0].weight.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([m.weight for m in layers]))
+        if fused.bias is not None:
+            fused.bias.copy_(torch.cat([m.bias for m in layers]))
+    return fused
 
 
 # ---------------------------------------------------------------------------------------------------------

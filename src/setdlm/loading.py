@@ -25,6 +25,7 @@ import torch
 from . import checkpoint, convert, gguf, hub, pretrained
 from .errors import UserError
 from .lm import Model
+from .gguf_quant import keep_file_quantization
 from .quantize import check_quantize, quantize as quantize_backbone
 from .resources import resolve_device
 
@@ -58,11 +59,15 @@ def load(path: str | Path, *, ema: bool = False, family: str | None = None, devi
     ``base=`` go there). ``ema=True`` loads the EMA weights. ``family``: the family you expect (an error
     otherwise). ``dtype``: cast the weights (weights stored in bf16/fp16 load as float32 unless given).
     ``revision``: a Hub branch, tag or commit. ``quantize``: ``"int8"`` or ``"int4"`` replaces every linear
-    layer by a quantized CPU kernel for decoding (:mod:`setdlm.quantize`, docs/quantization.md).
+    layer by a quantized CPU kernel for decoding (:mod:`setdlm.quantize`, docs/quantization.md); ``"gguf"``
+    (a GGUF file only) keeps the file's own Q8_0 / Q4_0 / Q4_1 weights (:mod:`setdlm.gguf_quant`).
     """
     check_quantize(quantize)
+    source = gguf.source_file(path) if quantize == "gguf" else None  # before loading: not a GGUF file, say so
     model = _load(path, ema=ema, family=family, device=device, dtype=dtype, revision=revision, **reference)
-    if quantize is not None:
+    if quantize == "gguf":
+        keep_file_quantization(model.backbone, source)
+    elif quantize is not None:
         quantize_backbone(model.backbone, quantize)
     return model
 

@@ -209,6 +209,9 @@ class LayerNorm(nn.Module):
         self.dim = dim
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == self.weight.dtype and x.dtype in (torch.float32, torch.float64) and \
+                not torch.is_autocast_enabled(x.device.type):  # decoding: nothing to cast, no context to enter
+            return F.layer_norm(x, [self.dim], weight=self.weight, eps=self.eps)
         dt = torch.promote_types(x.dtype, torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
             y = F.layer_norm(x.to(dt), [self.dim], weight=self.weight.to(dt), eps=self.eps)
@@ -233,8 +236,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: fl
               dropout_p: float = 0.0) -> Tensor:
     """The one place the attention kernel is chosen: PyTorch SDPA with a boolean mask, scale 1/√hd unless
     given, optional dropout on the attention probabilities (pretrained backbones that train with it).
-    q: (B, H, T, hd); k, v: (B, H, S, hd); mask: (B, 1|H, T, S) bool."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    q: (B, H, T, hd); k, v: (B, Hkv, S, hd) with H a multiple of Hkv (grouped-query attention: query head h
+    reads KV head h // (H / Hkv), transformers' ``repeat_kv``); mask: (B, 1|H, T, S) bool.
+
+    Grouped KV heads: on the CPU SDPA reads them in place (``enable_gqa``: the same numbers as repeating them,
+    without copying the whole cache every layer and step); elsewhere they are repeated first (on CUDA a
+    boolean mask selects the memory-efficient kernel, which has no grouped-query support)."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1 and q.device.type != "cpu":
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, hd)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
+                                          enable_gqa=groups > 1)
 
 
 class Block(nn.Module):
@@ -263,8 +275,10 @@ class Block(nn.Module):
             k, v = cache.update(layer, k, v, step)  # (B, H, W, hd): cached entries + this step's
         y = attention(q, k, v, mask)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, d)
-        x = x + self.dropout(self.attn_out(y))
-        return x + self.dropout(self.mlp(self.norm2(x)))
+        y = self.attn_out(y)
+        x = x + (self.dropout(y) if self.training else y)  # no dropout module call in eval
+        y = self.mlp(self.norm2(x))
+        return x + (self.dropout(y) if self.training else y)
 
 
 class Transformer(nn.Module):
@@ -354,8 +368,8 @@ def begin_step(cache: KVCache | None, position_ids: Tensor, attn_mask: Tensor | 
         if cache.batch != B:
             raise ValueError(f"cache holds {cache.batch} rows but the input has {B}")
         start = cache.lengths.clone()  # (B,)
-        C = cache.width
-        width = (int(start.max()) if B else 0) + T
+        C = int(start.max()) if B else 0  # cache.width, read once (one host sync per step on a GPU)
+        width = C + T
         cache._ensure(width)
         write_idx = start[:, None] + torch.arange(T, device=start.device)  # (B, T)
         cache.pos.scatter_(1, write_idx, position_ids.to(torch.long))

@@ -6,12 +6,13 @@ linear layer of the DiT or of a Hugging Face backbone (q/k/v/o projections, MLPs
 ``Conv1D`` too) by one that runs a PyTorch CPU kernel on quantized weights. Embeddings, norms and the
 attention product stay in the model's precision; the KV cache keeps its dtype.
 
-- ``"int8"``: symmetric int8 weights per output channel through fbgemm's int8 GEMM
-  (``torch.ops.quantized.linear_dynamic``), activations quantized to (7-bit) uint8 **per row**. fbgemm picks
-  one activation range for the whole input tensor, so a row's output would depend on the other rows of the
-  batch and on how many tokens a step feeds; here each row is first divided by its own absolute maximum and
-  one extra row ``[1, -1, 0, ...]`` pins the tensor's range to [-1, 1], so the quantization of a row is a
-  function of that row alone and the result is multiplied back by the row's maximum.
+- ``"int8"``: symmetric int8 weights per output channel through fbgemm's int8 GEMM, activations quantized to
+  (7-bit) uint8 **per row**. fbgemm's dynamic linear (``torch.ops.quantized.linear_dynamic``) picks one
+  activation range for the whole input tensor, so a row's output would depend on the other rows of the batch
+  and on how many tokens a step feeds; here each row is first divided by its own absolute maximum, quantized
+  with the range fixed at [-1, 1] (``quantized.linear_with_input_q_dq_qweight_dq_output_fp32``, the same GEMM
+  with the activation scale given), and the result is multiplied back by the row's maximum: the quantization
+  of a row is a function of that row alone.
 - ``"int4"``: asymmetric 4-bit weights in groups of 32 input channels (the layout of GGUF's Q4_1), packed two
   per byte, through PyTorch's weight-only int4 kernel (``aten._weight_int4pack_mm_for_cpu``); activations
   stay in floating point.
@@ -30,8 +31,15 @@ from torch import Tensor, nn
 
 from .errors import UserError
 
-QUANTIZATIONS = ("int8", "int4")
+QUANTIZATIONS = ("int8", "int4", "gguf")  # "gguf": the file's own types (setdlm.gguf_quant)
 INT4_GROUP = 32
+# int8 activations: a row divided by its absolute maximum lies in [-1, 1], quantized to uint8 with step 2/127 and
+# zero point 64 (levels 0..128, the 7-bit range fbgemm's dynamic linear keeps on x86), then fbgemm's int8 GEMM
+# with a float32 output: torch.ops.quantized.linear_dynamic's arithmetic with the range fixed instead of read
+# from the tensor, in one op (no pinning row, no slicing).
+ACT_SCALE, ACT_ZERO = 2 / 127, 64
+_INT8_GEMM = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32
+_TINY = torch.finfo(torch.float32).tiny
 
 
 def check_quantize(quantize: str | None) -> str | None:
@@ -39,6 +47,26 @@ def check_quantize(quantize: str | None) -> str | None:
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise UserError(f"quantize must be one of {', '.join(QUANTIZATIONS)} (or None), got {quantize!r}")
     return quantize
+
+
+def linear_layers(module: nn.Module) -> list[tuple[str, tuple[Tensor, Tensor | None]]]:
+    """``(name, (weight (out, in), bias))`` of every linear layer inside ``module``."""
+    return [(name, w) for name, m in module.named_modules() if (w := _weight_of(m)) is not None]
+
+
+def replace_layer(root: nn.Module, name: str, layer: nn.Module) -> None:
+    """Put ``layer`` where the submodule ``name`` of ``root`` is."""
+    parent, _, attr = name.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, attr, layer)
+
+
+def check_cpu(backbone: nn.Module, quantize: str) -> None:
+    """A ValueError unless ``backbone`` is unquantized and on the CPU (where the kernels run)."""
+    if getattr(backbone, "quantization", None):
+        raise UserError(f"the backbone is already {backbone.quantization}-quantized")
+    p = next(backbone.parameters())
+    if p.device.type != "cpu":
+        raise UserError(f"quantize={quantize!r} runs on the CPU; the backbone is on {p.device}")
 
 
 def _weight_of(module: nn.Module) -> tuple[Tensor, Tensor | None] | None:
@@ -65,11 +93,12 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.training:
             raise RuntimeError(f"a {self.kind}-quantized backbone decodes only; train the unquantized model")
-        shape = x.shape
-        y = self._matmul(x.reshape(-1, self.in_features).float())  # (N, out)
+        shape, dtype = x.shape, x.dtype
+        x = x.reshape(-1, self.in_features)
+        y = self._matmul(x if dtype == torch.float32 else x.float())  # (N, out); no cast op when already float32
         if self.bias is not None:
             y = y + self.bias
-        return y.to(x.dtype).view(*shape[:-1], self.out_features)
+        return (y if dtype == torch.float32 else y.to(dtype)).view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind}"
@@ -88,38 +117,45 @@ class Int8Linear(QuantizedLinear):
             warnings.filterwarnings("ignore", message=".*quantized tensor creation.*")
             qw = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
         self._packed = torch.ops.quantized.linear_prepack(qw, None)
-        self._pin = torch.zeros(1, self.in_features)
-        self._pin[0, 0], self._pin[0, -1] = 1.0, -1.0  # the extra row: fixes the activation range at [-1, 1]
 
     @property
     def weight(self) -> Tensor:
         return torch.ops.quantized.linear_unpack(self._packed)[0].dequantize()
 
     def _matmul(self, x: Tensor) -> Tensor:  # x (N, in) float32 → (N, out)
-        m = x.abs().amax(1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)  # (N, 1)
-        xs = torch.cat([x / m, self._pin])  # (N + 1, in), every entry in [-1, 1]
-        return torch.ops.quantized.linear_dynamic(xs, self._packed, True)[:-1] * m  # 7-bit activations (fbgemm)
+        m = x.abs().amax(1, keepdim=True).clamp_(min=_TINY)  # (N, 1) row maxima (linalg.vector_norm: slower)
+        return _INT8_GEMM(x / m, ACT_SCALE, ACT_ZERO, self._packed) * m  # 7-bit activations, fp32 output
+
+
+def int4_groups(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``weight`` (out, in) in :class:`Int4Linear`'s layout: codes ``q`` (out, in) in 0..15 and per-group scale
+    ``s`` and minimum ``lo`` (out, in / :data:`INT4_GROUP`), ``w ≈ q·s + lo`` (the group's range in 15 steps)."""
+    N, K = weight.shape
+    if K % INT4_GROUP:
+        raise UserError(f"int4 needs the input width of every linear layer to be a multiple of {INT4_GROUP}, "
+                        f"got {K}")
+    g = weight.float().view(N, K // INT4_GROUP, INT4_GROUP)
+    lo, hi = g.amin(-1), g.amax(-1)  # (N, K/G)
+    s = ((hi - lo) / 15).clamp(min=1e-12)
+    q = torch.round((g - lo[..., None]) / s[..., None]).clamp(0, 15).to(torch.int32).view(N, K)
+    return q, s, lo
 
 
 class Int4Linear(QuantizedLinear):
     """4-bit weights in groups of :data:`INT4_GROUP` input channels, ``w = (q − 8)·s + z`` with ``q`` in
     0..15 and a scale/offset ``(s, z)`` per group; PyTorch's weight-only int4 CPU kernel. Output channels
-    are padded to a multiple of 16 (the kernel's tile) with zero rows, dropped from the result."""
+    are padded to a multiple of 16 (the kernel's tile) with zero rows, dropped from the result. ``groups``:
+    ``(q, s, lo)`` as :func:`int4_groups` returns them, taken as they are (a GGUF file's Q4_0 / Q4_1 blocks,
+    :mod:`setdlm.gguf_quant`) instead of computed from ``weight``."""
 
     kind = "int4"
 
-    def __init__(self, weight: Tensor, bias: Tensor | None):
+    def __init__(self, weight: Tensor, bias: Tensor | None, groups: tuple[Tensor, Tensor, Tensor] | None = None):
         super().__init__(weight, bias)
-        N, K = weight.shape
-        if K % INT4_GROUP:
-            raise UserError(f"int4 needs the input width of every linear layer to be a multiple of {INT4_GROUP}, "
-                            f"got {K}")
-        Np = -(-N // 16) * 16
-        w = torch.cat([weight.float(), weight.new_zeros(Np - N, K, dtype=torch.float32)])  # (Np, K)
-        g = w.view(Np, K // INT4_GROUP, INT4_GROUP)
-        lo, hi = g.amin(-1), g.amax(-1)  # (Np, K/G)
-        s = ((hi - lo) / 15).clamp(min=1e-12)
-        q = torch.round((g - lo[..., None]) / s[..., None]).clamp(0, 15).to(torch.int32).view(Np, K)
+        q, s, lo = groups if groups is not None else int4_groups(weight)
+        N, K = q.shape
+        pad = -(-N // 16) * 16 - N
+        q, s, lo = (torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (q.to(torch.int32), s.float(), lo.float()))
         self.register_buffer("_q", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))  # (Np, K/2) uint8
         self.register_buffer("_sz", torch.stack([s, lo + 8 * s], -1).transpose(0, 1).contiguous())  # (K/G, Np, 2)
 
@@ -139,20 +175,18 @@ def quantize(backbone: nn.Module, quantize: str) -> nn.Module:
     """Replace every linear layer of ``backbone`` (in place) by its ``quantize`` ("int8" or "int4") version;
     returns the backbone, in eval mode. CPU only. A tied output head (SmolLM2) is quantized as the head; the
     embedding it shares keeps full precision."""
-    kernel = KERNELS[check_quantize(quantize)]
-    if getattr(backbone, "quantization", None):
-        raise UserError(f"the backbone is already {backbone.quantization}-quantized")
-    p = next(backbone.parameters())
-    if p.device.type != "cpu":
-        raise UserError(f"quantize={quantize!r} runs on the CPU; the backbone is on {p.device}")
-    targets = [(name, m) for name, m in backbone.named_modules() if _weight_of(m) is not None]
-    for name, m in targets:
-        parent, _, attr = name.rpartition(".")
-        setattr(backbone.get_submodule(parent) if parent else backbone, attr, kernel(*_weight_of(m)))
+    if check_quantize(quantize) == "gguf":
+        raise UserError("quantize='gguf' keeps a GGUF file's own quantization: load the file with "
+                         "setdlm.load(path, quantize='gguf')")
+    check_cpu(backbone, quantize)
+    if hasattr(backbone, "fuse_projections"):  # HF backbones: q/k/v and gate/up as one product each, same numbers
+        backbone.fuse_projections()
+    for name, (weight, bias) in linear_layers(backbone):
+        replace_layer(backbone, name, KERNELS[quantize](weight, bias))
     backbone.quantization = quantize
     return backbone.eval()
 
 
 def quantization_of(backbone: nn.Module) -> str | None:
-    """"int8", "int4" or None: how :func:`quantize` left ``backbone``."""
+    """"int8", "int4", "gguf" or None: how :func:`quantize` (or :mod:`setdlm.gguf_quant`) left ``backbone``."""
     return getattr(backbone, "quantization", None)
