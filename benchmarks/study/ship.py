@@ -69,18 +69,18 @@ def protocol_numbers(family: str, step: int) -> dict:
     return out
 
 
-def ship_protocol(root: Path) -> None:
+def ship_protocol(runs: Path) -> None:
     from protocol import BUDGETS, finetune_command
 
     for name, family in PROTOCOL.items():
-        steps = [b for b in BUDGETS if (root / f"ft-{family}" / "checkpoints" / f"step-{b:08d}").is_dir()]
+        steps = [b for b in BUDGETS if (runs / f"ft-{family}" / "checkpoints" / f"step-{b:08d}").is_dir()]
         if not steps:
             print(f"{name}: no budget of ft-{family} on disk yet; kept as it is")
             continue
-        folder = root / f"ft-{family}" / "checkpoints" / f"step-{steps[-1]:08d}"
+        folder = runs / f"ft-{family}" / "checkpoints" / f"step-{steps[-1]:08d}"
         model = setdlm.load(folder)
         model.backbone.to(torch.bfloat16)
-        cmd = shlex.join(finetune_command(Path("runs/protocol"), family))
+        cmd = shlex.join(finetune_command(Path("runs/protocol"), family)).replace(f"{Path.cwd()}/", "")
         dest = root() / name
         model.save(dest, training_args=read_config(folder)["training"],
                    source={"name": f"setdlm study, the paper's protocol: {family} fine-tuned from the AR base for "
