@@ -60,5 +60,8 @@ def check_same_data(folder: Path, recorded: str | None, setup: Setup, allow_chan
 
 def heldout_of(training_args: dict, tokenizer: Tokenizer) -> TokenDataset:
     """The held-out rows a run evaluated on, rebuilt from its recorded training arguments."""
+    from ..evaluation import heldout_rows  # the one rebuild of a run's split (setdlm eval uses it too)
+
     names = {f.name for f in config_fields()}
-    return prepare_data(TrainConfig(**{k: v for k, v in training_args.items() if k in names}), tokenizer).heldout
+    cfg = TrainConfig(**{k: v for k, v in training_args.items() if k in names})  # defaults for older runs
+    return heldout_rows(cfg.to_dict(), tokenizer)
