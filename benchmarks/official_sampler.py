@@ -8,7 +8,7 @@
         --official-python /work/official-venv/bin/python --threads 1            # RESULTS.md
 
 The DiT (V = 4096, d = 256, 4 heads, 4 layers, L = 256) is setdlm's :class:`setdlm.model.Transformer`
-initialised from ``--seed``, written once with the authors' key names (``setdlm.convert.reference_key_map``
+initialised from ``--seed`` at the reference fixture's weight scales (:func:`spread_init`), written once with the authors' key names (``setdlm.convert.reference_key_map``
 inverted) into two folders in their layout (a SetDLM with D = 4 and a BD3LM with S = 4), and loaded by both
 sides from those files: setdlm by :func:`setdlm.convert.load_reference`, theirs by
 ``benchmarks/official_worker.py`` (their ``SetDLM`` / ``BD3LM`` denoiser around their DiT) in a subprocess of
@@ -41,11 +41,26 @@ from setdlm.model import Transformer, TransformerConfig
 WORKER = Path(__file__).with_name("official_worker.py")
 
 
+def spread_init(sd: dict[str, torch.Tensor], d: int, seed: int) -> None:
+    """Re-draw the weights in place at the scales of the reference fixture (tests/fixtures/reference-dit-tiny,
+    its config's ``init``): a trained-model-like spread, so that greedy decoding depends on the context. At the
+    training init (std 0.02) the random DiT's greedy output is one token everywhere and the token check is empty."""
+    g = torch.Generator().manual_seed(seed + 1000)
+    std = {"embed.weight": 1.0, "head.weight": 0.5, "head.bias": 0.1, "attn_qkv.weight": 2 / d ** 0.5,
+           "attn_out.weight": 2 / d ** 0.5, "mlp.0.weight": 1 / d ** 0.5, "mlp.2.weight": 1 / (4 * d) ** 0.5}
+    for name, w in sd.items():
+        if name.endswith(("norm1.weight", "norm2.weight", "norm_final.weight")):
+            w.copy_(1 + 0.1 * torch.randn(w.shape, generator=g))
+        elif (key := next((k for k in std if name.endswith(k)), None)) is not None:
+            w.copy_(std[key] * torch.randn(w.shape, generator=g))
+
+
 def write_reference_folders(out: Path, *, V: int, d: int, heads: int, layers: int, L: int, D: int, S: int,
                             seed: int) -> dict[str, Path]:
     """One random DiT saved twice in the authors' layout: ``setdlm`` (StaggeredNoise, D) and ``bd3lm`` (S)."""
     torch.manual_seed(seed)
     ours = Transformer(TransformerConfig(vocab_size=V, hidden_size=d, n_heads=heads, n_layers=layers)).state_dict()
+    spread_init(ours, d, seed)
     theirs = {k: ours[v].contiguous() for k, v in reference_key_map(layers).items()}
     backbone = {"_target_": "src.backbone.dit.DIT", "length": L, "causal_attention": False, "adaln": False,
                 "hidden_size": d, "cond_dim": 128, "n_heads": heads, "num_layers": layers, "dropout": 0.0,
