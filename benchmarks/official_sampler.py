@@ -8,7 +8,8 @@
         --official-python /work/official-venv/bin/python --threads 1            # RESULTS.md
 
 The DiT (V = 4096, d = 256, 4 heads, 4 layers, L = 256) is setdlm's :class:`setdlm.model.Transformer`
-initialised from ``--seed`` at the reference fixture's weight scales (:func:`spread_init`), written once with the authors' key names (``setdlm.convert.reference_key_map``
+initialised from ``--seed`` at the reference fixture's weight scales (:func:`spread_init`), written once
+with the authors' key names (``setdlm.convert.reference_key_map``
 inverted) into two folders in their layout (a SetDLM with D = 4 and a BD3LM with S = 4), and loaded by both
 sides from those files: setdlm by :func:`setdlm.convert.load_reference`, theirs by
 ``benchmarks/official_worker.py`` (their ``SetDLM`` / ``BD3LM`` denoiser around their DiT) in a subprocess of
@@ -17,8 +18,9 @@ the other environment. Decoding: greedy, threshold off (one token per forward), 
 aligned blocks. The greedy tokens of both must be identical for every prompt (else the script stops). Timing:
 batch 1 and batch B (setdlm decodes the B rows together; their ``generate`` takes one sequence, so their batch B
 is B decodes in a row), each configuration warmed up once, then ``--repeats`` rounds alternating setdlm and
-theirs, best time kept; both at ``--threads`` torch threads; their progress bars off (``disable_pbar=True``,
-as their evaluation scripts run it off rank 0).
+theirs, best time kept; both at ``--threads`` torch threads; then (SetDLM folder) the raw forward of each DiT
+on the same ids at batch 1 (no cache, full attention; w + 1 and prompt + new positions), alternated. Their
+progress bars are off (``disable_pbar=True``, as their evaluation scripts run it off rank 0).
 """
 
 from __future__ import annotations
@@ -148,7 +150,8 @@ def main() -> None:
               f"({len({t for row in mine for t in row})} distinct tokens among {sum(map(len, mine))})", flush=True)
         if same != len(prompts):
             first = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
-            raise SystemExit(f"{family}: tokens differ on prompt {first}:\n ours   {mine[first]}\n theirs {theirs[first]}")
+            raise SystemExit(f"{family}: tokens differ on prompt {first}:\n ours   {mine[first]}\n"
+                             f" theirs {theirs[first]}")
         for B in (1, args.batch):
             batch = prompts[:B]
             best = {"setdlm": float("inf"), "official": float("inf")}
@@ -166,6 +169,22 @@ def main() -> None:
             rows.append((family, B, n / best["setdlm"], n / best["official"]))
             print(f"{family} batch {B}: setdlm {n / best['setdlm']:.1f} tok/s, official "
                   f"{n / best['official']:.1f} tok/s, {best['official'] / best['setdlm']:.2f}x", flush=True)
+        if family == "setdlm":  # the raw forward of both DiTs on the same ids: where a batch-1 step's time goes
+            for T in (D + 1, args.prompt_len + args.new):  # a SetDLM step's w + 1 queries; a whole row
+                ids = [(prompts[0] + mine[0])[:T]]  # the prompt and its decoded tokens
+                x, pos = torch.tensor(ids), torch.arange(T)[None]
+                best = {"setdlm": float("inf"), "official": float("inf")}
+                for r in range(args.repeats + 1):  # the first round warms up
+                    t0 = time.perf_counter()
+                    with torch.no_grad():
+                        for _ in range(50):
+                            model.backbone(x, pos)
+                    ours_ms = (time.perf_counter() - t0) / 50 * 1e3
+                    theirs_ms = official.ask(op="forward", ids=ids, calls=50)["ms"]
+                    if r:
+                        best = {"setdlm": min(best["setdlm"], ours_ms), "official": min(best["official"], theirs_ms)}
+                print(f"raw DiT forward, batch 1, {T} positions, no cache: setdlm {best['setdlm']:.2f} ms, official "
+                      f"{best['official']:.2f} ms", flush=True)
         official.close()
     print("\n| family | batch | setdlm tok/s | official tok/s | setdlm / official |\n|---|---:|---:|---:|---:|")
     for family, B, a, b in rows:

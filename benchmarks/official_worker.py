@@ -7,7 +7,8 @@ answers JSON lines on stdin, one per line on stdout:
 
 * ``{"op": "decode", "prompts": [[...], ...], "max_new_tokens": N}`` -> ``{"tokens": [[...], ...]}``;
 * ``{"op": "time", "prompts": [...], "max_new_tokens": N, "reps": R}`` -> ``{"seconds": [...]}``, one wall time
-  per rep for decoding every prompt, one at a time (their ``generate`` asserts batch size 1).
+  per rep for decoding every prompt, one at a time (their ``generate`` asserts batch size 1);
+* ``{"op": "forward", "ids": [[...]], "calls": C}`` -> ``{"ms": m}``, the mean time of their DiT's raw forward.
 """
 
 from __future__ import annotations
@@ -79,6 +80,18 @@ def decode_one(model, gen, prompt: list[int], max_new_tokens: int) -> list[int]:
     return seq[0, len(prompt):len(prompt) + max_new_tokens].tolist()
 
 
+@torch.no_grad()
+def forward_ms(backbone, ids: list[list[int]], calls: int) -> float:
+    """Mean ms of their DiT's forward on ``ids`` (no cache, full attention, positions 0..T-1) over ``calls``."""
+    x = torch.tensor(ids)                                             # (B, T)
+    B, T = x.shape
+    pos, mask = torch.arange(T).expand(B, T), torch.ones(B, 1, T, T, dtype=torch.bool)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        backbone(x, attention_mask=mask, position_ids=pos)
+    return (time.perf_counter() - t0) / calls * 1e3
+
+
 def main() -> None:
     torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
     spec = json.loads(sys.argv[1])
@@ -96,6 +109,8 @@ def main() -> None:
                     decode_one(model, gen, p, req["max_new_tokens"])
                 seconds.append(time.perf_counter() - t0)
             reply = {"seconds": seconds}
+        elif req["op"] == "forward":
+            reply = {"ms": forward_ms(model.backbone, req["ids"], req["calls"])}
         else:
             raise SystemExit(f"official worker: unknown op {req['op']!r}")
         print(json.dumps(reply), flush=True)
