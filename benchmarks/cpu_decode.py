@@ -19,7 +19,8 @@ packaged file (Q4_1, the weights setdlm dequantises) and, with ``--q8-gguf``, a 
 by ``llama-quantize`` (the int8 comparison): through ``llama-cpp-python`` (the same prompts, prefill included,
 one sequence per call, batch 1 only) and, with ``--llama-bench``, the ``llama-bench`` binary run as a
 subprocess between the other timings (``-p 0 -n N -t T -r 1``: generation only from an empty context, its own
-timer; batch 1 only: llama-bench decodes one sequence). Each configuration runs once to warm up, then
+timer; batch 1 only: llama-bench decodes one sequence); with ``--llama-batched-bench``, ``llama-batched-bench``
+at every batch size (B sequences in one shared context, its generation phase by its own timer). Each configuration runs once to warm up, then
 ``--repeats`` times interleaved (rotated order), best time kept. Ratios in the last column are against
 transformers ``generate`` (fp32) at the same batch size.
 """
@@ -93,6 +94,19 @@ def llama_bench_call(binary: str, file: Path, n: int, threads: int):
     return n, None, test["samples_ns"][0] / 1e9
 
 
+def llama_batched_bench_call(binary: str, file: Path, n: int, threads: int, batch: int, prompt: int):
+    """One ``llama-batched-bench`` run (``batch`` sequences of a ``prompt``-token prompt, ``n`` new tokens each,
+    one shared context): (tokens, None, seconds) of its generation phase by its own timer (``T_TG``; the prompt
+    phase and model load excluded)."""
+    cmd = [binary, "-m", str(file), "-c", str(batch * (prompt + n) + 64), "-b", "2048", "-ub", "512", "-npp",
+           str(prompt), "-ntg", str(n), "-npl", str(batch), "-t", str(threads), "--output-format", "jsonl"]
+    run = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        raise SystemExit(f"llama-batched-bench failed ({run.returncode}): {run.stderr.strip().splitlines()[-1:]}")
+    row = json.loads([line for line in run.stdout.splitlines() if line.startswith("{")][-1])
+    return batch * n, None, row["t_tg"]
+
+
 def timed(call):
     """(tokens, outputs, seconds) of ``call()`` returning (tokens, outputs), wall time."""
     t0 = time.perf_counter()
@@ -113,6 +127,8 @@ def main(argv=None) -> None:
     p.add_argument("--q8-gguf", type=Path, help="a Q8_0 GGUF file of the same weights (llama-quantize "
                    "--allow-requantize of the packaged Q4_1 file) for llama.cpp's Q8_0 rows")
     p.add_argument("--llama-bench", help="path of a llama-bench binary: its generation rows at batch 1")
+    p.add_argument("--llama-batched-bench", help="path of a llama-batched-bench binary: its generation rows at "
+                   "every batch size (prompts of the chat prompts' mean length, one shared context)")
     p.add_argument("--families", nargs="+", default=["AR", "BD3LM", "SetDLM"], choices=["AR", "BD3LM", "SetDLM"])
     p.add_argument("--batch16-families", nargs="+", default=None, choices=["AR", "BD3LM", "SetDLM"],
                    help="families timed at batch sizes above 1 (default: --families)")
@@ -151,6 +167,10 @@ def main(argv=None) -> None:
             if args.llama_bench:
                 calls["llama.cpp (llama-bench, no prompt)", q, B] = lambda file=file: llama_bench_call(
                     args.llama_bench, file, args.new_tokens, args.threads)
+        for q, file in files.items() if args.llama_batched_bench else ():
+            mean = round(sum(map(len, prompts[:B])) / B)
+            calls["llama.cpp (llama-batched-bench)", q, B] = lambda file=file, B=B, mean=mean: llama_batched_bench_call(
+                args.llama_batched_bench, file, args.new_tokens, args.threads, B, mean)
     configs = list(calls)
     print(f"SmolLM2-135M-Instruct, CPU, {args.threads} threads; {args.new_tokens} new tokens per row, greedy, "
           f"stopping off; best of {args.repeats} interleaved runs after a warm-up\n")
@@ -170,7 +190,8 @@ def main(argv=None) -> None:
         print(f"| {name} | {q} | {B} | {1 / best[c]:.1f} | {ref / best[c]:.2f}x |")
     same_weights = {"int8": "Q8_0", "int4": "Q4_1", "gguf": "Q4_1"}
     for (name, q, B), t in best.items():
-        for llama in ("llama.cpp (llama-cpp-python)", "llama.cpp (llama-bench, no prompt)"):
+        for llama in ("llama.cpp (llama-cpp-python)", "llama.cpp (llama-bench, no prompt)",
+                      "llama.cpp (llama-batched-bench)"):
             if name == "setdlm AR" and (llama, same_weights.get(q), B) in best:
                 print(f"batch {B}: setdlm AR {q} = {best[llama, same_weights[q], B] / t:.2f}x {llama} "
                       f"{same_weights[q]}")
