@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -115,17 +115,39 @@ def test_sharded_checkpoint_converts_to_one_file(runs):
     assert not torch.equal(model.backbone(ids), ema.backbone(ids))
 
 
+# the run, with a gate after its checkpoint of step 5: rank 0 says so through the fifo GATE_READY, then every
+# rank blocks on the fifo GATE_HOLD that nobody writes, until the test kills the run (no clock, no polling)
+GATED_RUN = """import os, runpy, sys
+import setdlm.training.loop as loop
+real = loop.save
+def gated(state, *a, **k):
+    path = real(state, *a, **k)
+    if state.step >= 5:
+        if os.environ.get("RANK", "0") == "0":
+            with open(os.environ["GATE_READY"], "w") as f:
+                f.write("saved")
+        open(os.environ["GATE_HOLD"]).read()
+    return path
+loop.save = gated
+runpy.run_module("setdlm.train", run_name="__main__")
+"""
+
+
 def test_sigkill_then_resume_equals_uninterrupted(runs, tmp_path):
     root, data, _ = runs
     crashed = tmp_path / "crashed"
-    proc = subprocess.Popen(_torchrun(crashed, data), env=subprocess_env(), stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:  # kill right after the step-5 checkpoint lands
-        latest = crashed / "latest"
-        if latest.exists() and latest.read_text().strip() >= "checkpoints/step-00000005":
-            _kill_tree(proc.pid)
-            break
-        time.sleep(0.005)
+    script, ready, hold = tmp_path / "gated_run.py", tmp_path / "ready", tmp_path / "hold"
+    script.write_text(GATED_RUN)
+    os.mkfifo(ready)
+    os.mkfifo(hold)
+    cmd = _torchrun(crashed, data)
+    cmd[cmd.index("-m", 3):cmd.index("setdlm.train") + 1] = [str(script)]  # the gated run instead of -m setdlm.train
+    proc = subprocess.Popen(cmd, env=subprocess_env() | {"GATE_READY": str(ready), "GATE_HOLD": str(hold)},
+                            stderr=subprocess.DEVNULL)
+    saved = threading.Event()
+    threading.Thread(target=lambda: (ready.read_text(), saved.set()), daemon=True).start()
+    assert saved.wait(600), "the run never reached its step-5 checkpoint"  # a hang guard only
+    _kill_tree(proc.pid)
     assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
     killed_at = int((crashed / "latest").read_text().strip().split("-")[-1])
     assert 5 <= killed_at < 20
