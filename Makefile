@@ -44,7 +44,8 @@ demo: $(VENV)/.demo
 	$(PY) -m setdlm demo
 
 # the reproduction study (hours on a CPU; resumable): train, evaluate, write the report; then the paper's
-# protocol (one AR base, every family fine-tuned from it), its learning curves and the error analysis
+# protocol (one AR base, every family fine-tuned from it), its learning curves, the error analysis and the
+# D x size ablation
 study: $(VENV)/.demo
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/study.py train
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/evaluate_study.py
@@ -55,6 +56,10 @@ study: $(VENV)/.demo
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/protocol.py curves
 	$(PY) benchmarks/study/learning_curves.py
 	$(PY) benchmarks/study/error_analysis.py
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/ablation.py base
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/ablation.py finetune
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/ablation.py score
+	$(PY) benchmarks/study/ablation.py table
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -5,7 +5,6 @@ import math
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from setdlm.cli import main as cli
 from setdlm.train import DataOrder, TrainConfig, lr_at, train
 
 from support import subprocess_env, write_hamlet
+from support.gated_run import gated_run
 
 TINY = dict(length=32, hidden_size=32, n_layers=2, n_heads=2, batch_size=8, lr=3e-3, warmup=5, eval_fraction=0.1,
             eval_max=32, eval_batch_size=8, log_every=5)
@@ -139,17 +139,15 @@ def _cmd(out, corpus, *extra):
 def test_sigkill_then_resume_equals_uninterrupted(corpus, tmp_path):
     full, crashed = tmp_path / "full", tmp_path / "crashed"
     ref = subprocess.Popen(_cmd(full, corpus), env=subprocess_env(), stderr=subprocess.PIPE, text=True)
-    proc = subprocess.Popen(_cmd(crashed, corpus), env=subprocess_env(), stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:  # kill right after the step-10 checkpoint lands
-        latest = crashed / "latest"
-        if latest.exists() and latest.read_text().strip() >= "checkpoints/step-00000010":
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.005)
+    script, gate, saved = gated_run(tmp_path, 10)  # the run stops after its step-10 checkpoint until killed
+    cmd = _cmd(crashed, corpus)
+    cmd[1:3] = [str(script)]  # the gated run instead of -m setdlm.train
+    proc = subprocess.Popen(cmd, env=subprocess_env() | gate, stderr=subprocess.DEVNULL)
+    assert saved.wait(600), "the run never reached its step-10 checkpoint"  # a hang guard only
+    proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
     killed_at = int((crashed / "latest").read_text().strip().split("-")[-1])
-    assert 10 <= killed_at < 40
+    assert killed_at == 10
     resumed = subprocess.run(_cmd(crashed, corpus, "--resume"), env=subprocess_env(), stderr=subprocess.PIPE, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming from {crashed}/checkpoints/step-{killed_at:08d} at step {killed_at}" in resumed.stderr

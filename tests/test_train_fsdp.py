@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from setdlm.evaluate import likelihood
 from setdlm.training import TrainConfig, consolidate, heldout_of, train
 
 from support import subprocess_env, write_hamlet
+from support.gated_run import gated_run
 
 RUN = dict(family="setdlm", D=2, steps=20, length=32, hidden_size=32, n_layers=2, n_heads=2, batch_size=8, lr=3e-3,
            warmup=2, eval_every=10, save_every=5, log_every=1, eval_fraction=0.1, eval_max=16, eval_batch_size=8,
@@ -115,37 +115,13 @@ def test_sharded_checkpoint_converts_to_one_file(runs):
     assert not torch.equal(model.backbone(ids), ema.backbone(ids))
 
 
-# the run, with a gate after its checkpoint of step 5: rank 0 says so through the fifo GATE_READY, then every
-# rank blocks on the fifo GATE_HOLD that nobody writes, until the test kills the run (no clock, no polling)
-GATED_RUN = """import os, runpy, sys
-import setdlm.training.loop as loop
-real = loop.save
-def gated(state, *a, **k):
-    path = real(state, *a, **k)
-    if state.step >= 5:
-        if os.environ.get("RANK", "0") == "0":
-            with open(os.environ["GATE_READY"], "w") as f:
-                f.write("saved")
-        open(os.environ["GATE_HOLD"]).read()
-    return path
-loop.save = gated
-runpy.run_module("setdlm.train", run_name="__main__")
-"""
-
-
 def test_sigkill_then_resume_equals_uninterrupted(runs, tmp_path):
     root, data, _ = runs
     crashed = tmp_path / "crashed"
-    script, ready, hold = tmp_path / "gated_run.py", tmp_path / "ready", tmp_path / "hold"
-    script.write_text(GATED_RUN)
-    os.mkfifo(ready)
-    os.mkfifo(hold)
+    script, gate, saved = gated_run(tmp_path, 5)  # the run stops after its step-5 checkpoint until killed
     cmd = _torchrun(crashed, data)
     cmd[cmd.index("-m", 3):cmd.index("setdlm.train") + 1] = [str(script)]  # the gated run instead of -m setdlm.train
-    proc = subprocess.Popen(cmd, env=subprocess_env() | {"GATE_READY": str(ready), "GATE_HOLD": str(hold)},
-                            stderr=subprocess.DEVNULL)
-    saved = threading.Event()
-    threading.Thread(target=lambda: (ready.read_text(), saved.set()), daemon=True).start()
+    proc = subprocess.Popen(cmd, env=subprocess_env() | gate, stderr=subprocess.DEVNULL)
     assert saved.wait(600), "the run never reached its step-5 checkpoint"  # a hang guard only
     _kill_tree(proc.pid)
     assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
