@@ -1,6 +1,7 @@
 """The paper's protocol at our scale: one pretrained base, every family fine-tuned from it.
 
-``python benchmarks/study/protocol.py {data,base,finetune,curves,commands} [--root DIR] [--only NAMES] [--until STEP]``
+``python benchmarks/study/protocol.py {data,base,finetune,curves,commands} [--root DIR] [--only NAMES] [--until STEP]
+[--split validation|test] [--steps BUDGETS]``
 
 The paper never trains a diffusion model from scratch: every family is fine-tuned from the same pretrained
 base (Qwen3-1.7B-Base) with the same data, steps, batch and learning-rate schedule (paper §5.2, Table 2).
@@ -127,8 +128,8 @@ def run(root: Path, name: str, cmd: list[str], steps: int, until: int | None = N
         raise subprocess.CalledProcessError(proc.returncode, cmd)
 
 
-def curves(root: Path, only: list[str] | None, split: str) -> None:
-    """Accuracy (tau off, 0.9) and the held-out bound at every budget of every fine-tuned run."""
+def curves(root: Path, only: list[str] | None, split: str, steps: list[int] | None = None) -> None:
+    """Accuracy (tau off, 0.9) and the held-out bound at every budget (or ``steps``) of every fine-tuned run."""
     import torch
 
     import setdlm
@@ -146,7 +147,7 @@ def curves(root: Path, only: list[str] | None, split: str) -> None:
     points = [("base-ar", BASE_STEPS, base if base.is_dir() else RESULTS / "base-ar")]  # the start
     points += [(f, step, root / f"ft-{f}" / "checkpoints" / f"step-{step:08d}") for f in FAMILIES for step in BUDGETS]
     for family, step, ckpt in points:
-        if (only and family not in only) or not ckpt.is_dir():
+        if (only and family not in only) or (steps and step not in steps) or not ckpt.is_dir():
             continue
         model = None
         for tau in TAUS:
@@ -178,6 +179,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="family names, e.g. ar setdlm-smax8")
     ap.add_argument("--until", type=int, help="finetune: stop each run at this step (round-robin budgets)")
     ap.add_argument("--split", default="test", choices=["validation", "test"], help="curves: problems scored")
+    ap.add_argument("--steps", nargs="*", type=int, help="curves: only these budgets, e.g. 1500 3000")
     args = ap.parse_args()
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
@@ -197,7 +199,7 @@ def main() -> None:
             if not args.only or family in args.only:
                 run(root, f"ft-{family}", finetune_command(root, family), FT_STEPS, args.until)
     else:
-        curves(root, args.only, args.split)
+        curves(root, args.only, args.split, args.steps)
 
 
 if __name__ == "__main__":
