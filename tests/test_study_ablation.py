@@ -1,26 +1,13 @@
 """The D x size ablation (benchmarks/study/ablation.py): every cell is the protocol's fine-tuning recipe from its
 size's base, the curriculum chains its stages, and the table reads the rows it is given."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
-STUDY = Path(__file__).parents[1] / "benchmarks" / "study"
+from support.study import flags as _flags
+from support.study import load
 
 
 def _ablation():
-    sys.path.insert(0, str(STUDY))
-    try:
-        spec = importlib.util.spec_from_file_location("ablation", STUDY / "ablation.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(STUDY))
-
-
-def _flags(cmd: list[str]) -> dict[str, str]:
-    return {a: b for a, b in zip(cmd, cmd[1:] + [""]) if a.startswith("--")}
+    return load("ablation")
 
 
 def test_every_cell_is_the_protocols_recipe_from_its_sizes_base(tmp_path):

@@ -1,21 +1,13 @@
 """The paper's protocol at our scale (benchmarks/study/protocol.py): one recipe for every fine-tuned family,
 each initialised from the same AR base, and a learning curve that reads the checkpoints of one run."""
 
-import importlib.util
-from pathlib import Path
 
-STUDY = Path(__file__).parents[1] / "benchmarks" / "study"
+from support.study import flags as _flags
+from support.study import load
 
 
 def _protocol():
-    spec = importlib.util.spec_from_file_location("protocol", STUDY / "protocol.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _flags(cmd: list[str]) -> dict[str, str]:
-    return {a: b for a, b in zip(cmd, cmd[1:] + [""]) if a.startswith("--")}
+    return load("protocol")
 
 
 def test_every_family_is_fine_tuned_from_the_one_base_with_one_recipe(tmp_path):

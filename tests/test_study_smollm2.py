@@ -2,18 +2,14 @@
 bound read from the trainer's last held-out evaluation, and a rerun that skips every point already measured."""
 
 import argparse
-import importlib.util
 import json
-from pathlib import Path
 
-STUDY = Path(__file__).parents[1] / "benchmarks" / "study"
+from support.study import flags as _flags
+from support.study import load
 
 
 def _study():
-    spec = importlib.util.spec_from_file_location("smollm2_families", STUDY / "smollm2_families.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("smollm2_families")
 
 
 def _args(tmp_path, **kw):
@@ -21,10 +17,6 @@ def _args(tmp_path, **kw):
                 steps=400, batch_size=32, lr=1e-4, n_test=300, eval_batch=100, device="cpu", base_zero_shot=False,
                 deadline=None)
     return argparse.Namespace(**{**base, **kw})
-
-
-def _flags(cmd):
-    return {a: b for a, b in zip(cmd, cmd[1:] + [""]) if a.startswith("--")}
 
 
 def test_every_family_gets_one_recipe_from_one_base(tmp_path):
