@@ -45,7 +45,7 @@ demo: $(VENV)/.demo
 
 # the reproduction study (hours on a CPU; resumable): train, evaluate, write the report; then the paper's
 # protocol (one AR base, every family fine-tuned from it), its learning curves, the error analysis and the
-# D x size ablation
+# D x size ablation, the loss-weighting run and the parallel-dependency suite's models and sweep
 study: $(VENV)/.demo
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/study.py train
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/evaluate_study.py
@@ -60,6 +60,10 @@ study: $(VENV)/.demo
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/ablation.py finetune
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/ablation.py score
 	$(PY) benchmarks/study/ablation.py table
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/weighting.py finetune
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/weighting.py score
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/parallel_suite.py train
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) benchmarks/study/parallel_suite.py bench
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
