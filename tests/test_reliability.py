@@ -197,7 +197,16 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line(corpus, tmp_path):
 # -- 5. Ctrl-C: exit 130, one line saying what is left ------------------------------------------------------
 
 
-def test_ctrl_c_during_training_names_the_latest_checkpoint(corpus, tmp_path, capsys):
+@pytest.fixture
+def sigint_raises():
+    """Python's own SIGINT handler (KeyboardInterrupt) for the test, whatever the suite inherited: a suite
+    started in the background of a non-interactive shell has SIGINT ignored, and Python then keeps it so."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_ctrl_c_during_training_names_the_latest_checkpoint(corpus, tmp_path, capsys, sigint_raises):
     out = tmp_path / "run"
 
     def press_ctrl_c():  # a real SIGINT to this process once the first checkpoint is there
@@ -240,9 +249,20 @@ def test_ctrl_c_during_generation_keeps_the_rows_that_finished(ckpts):
     assert e.value.texts == {0: full.texts[0], 1: full.texts[1]}
 
 
-def test_ctrl_c_during_generate_is_one_line_exit_130(ckpts, capsys):
-    def press_ctrl_c():
-        time.sleep(1.0)
+def test_ctrl_c_during_generate_is_one_line_exit_130(ckpts, capsys, sigint_raises, monkeypatch):
+    from setdlm.model import Transformer
+
+    decoding = threading.Event()
+    forward = Transformer.forward
+
+    def observed(self, *a, **kw):  # the real forward; the gate opens once decoding has begun
+        decoding.set()
+        return forward(self, *a, **kw)
+
+    monkeypatch.setattr(Transformer, "forward", observed)
+
+    def press_ctrl_c():  # a real SIGINT once the decoder runs its forwards, however long loading took
+        decoding.wait()
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=press_ctrl_c, daemon=True).start()
