@@ -132,9 +132,9 @@ def test_a_second_training_into_the_same_folder_is_refused(corpus, tmp_path, cap
     out = tmp_path / "run"
     out.mkdir()
     holder = subprocess.Popen(  # another process holding the run's lock, as a trainer does
-        [sys.executable, "-c", "import fcntl, os, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
-         "f.write(f'pid {os.getpid()} on a host'); f.flush(); print('locked', flush=True); time.sleep(60)",
-         str(out / ".lock")], stdout=subprocess.PIPE, text=True)
+        [sys.executable, "-c", "import fcntl, os, sys; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "f.write(f'pid {os.getpid()} on a host'); f.flush(); print('locked', flush=True); sys.stdin.read()",
+         str(out / ".lock")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # holds until killed
     try:
         assert holder.stdout.readline().strip() == "locked"
         code, _, err = run(["train", "--out", str(out), "--data", corpus, "--steps", "2", *TINY], capsys)
