@@ -3,7 +3,6 @@ table, the JSON of raw numbers and a PNG that opens; the CLI reports what the li
 bad arguments are one-line errors (exit 2). Also the built-in reasoning sources and Shakespeare infilling."""
 
 import json
-import time
 
 import pytest
 
@@ -40,12 +39,10 @@ def ckpts(tmp_path_factory):
 
 def test_bench_two_checkpoints_writes_table_json_and_png(ckpts, tmp_path, capsys):
     out = tmp_path / "b"
-    t0 = time.perf_counter()
     code, stdout, err = run(["bench", ckpts["ar"], ckpts["setdlm"], "--task", "reasoning", "--level", "easy",
                              "--n", "6", "--warmup", "2", "--thresholds", "off,0.9", "--windows", "D,4",
                              "--batch-sizes", "1,3", "--max-new-tokens", "16", "--out", str(out)], capsys)
     assert code == 0, err
-    assert time.perf_counter() - t0 < 60
     # AR: τ and w do not apply (one setting per batch size); SetDLM: 2 τ × 2 w × 2 batch sizes
     lines, aup_lines = stdout.split("\n\n")[0].splitlines(), stdout.split("\n\n")[2].splitlines()
     assert lines[0] == "| model | family | τ | w | block | batch | accuracy (%) | tokens/s | NFE | TPF | forwards/token |"
