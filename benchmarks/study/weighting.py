@@ -12,7 +12,8 @@ This experiment reweights each target's cross-entropy by ``1`` when its whole le
 ``g = 0``) and by ``lam`` otherwise (a per-row weighted mean), fine-tunes SetDLM S<=8 (D = 4, M = 8) from the
 protocol's base with the protocol's recipe for the ablation's budget (750 steps), and scores it exactly as the
 ablation scores its cells (300 **validation** problems, greedy, τ off, window D; the held-out bound is the usual
-unweighted one). The control is the ablation's D = 4 cell (``results/ablation.jsonl``). The weighted loss is not
+unweighted one), and at threshold 0.9 for its tokens per forward. ``--lam 1`` scores the control, the ablation's
+D = 4 cell (the uniform loss; the protocol's SetDLM S<=8 run at 750 steps). The weighted loss is not
 part of the library: this script swaps the ``setdlm`` entry of ``setdlm.objectives.OBJECTIVES`` for the training
 process it runs, so the checkpoint is an ordinary SetDLM that loads and decodes as any other.
 """
@@ -74,7 +75,8 @@ def install(lam: float) -> None:
 
 
 def run_name(lam: float) -> str:
-    return f"ft-setdlm-d4-inorder{lam:g}"
+    """``lam = 1`` (the uniform loss) is the ablation's D = 4 cell: the protocol's SetDLM S<=8 run, same recipe."""
+    return A.run_name("0.8M", "D4") if lam == 1 else f"ft-setdlm-d4-inorder{lam:g}"
 
 
 def finetune_argv(root: Path, lam: float) -> list[str]:
@@ -95,6 +97,7 @@ def finetune(root: Path, lam: float) -> None:
 
 
 def score(root: Path, lam: float) -> None:
+    """Validation accuracy, threshold off and 0.9 (tokens per forward), and the unweighted bound."""
     import setdlm
     from setdlm import evaluate
     from setdlm.data.tasks import reasoning_split
@@ -103,14 +106,18 @@ def score(root: Path, lam: float) -> None:
     ckpt = root / run_name(lam) / "checkpoints" / f"step-{A.BUDGET:08d}"
     net = setdlm.load(str(ckpt))
     examples = reasoning_split("validation", A.N_VAL, level="medium", seed=0)
-    r = evaluate.reasoning(net, examples, batch_size=32, seed=0, progress=False)
     bound = json.loads(subprocess.run(["setdlm", "eval", str(ckpt)], check=True, capture_output=True,
                                       text=True).stdout).get("ppl")  # unweighted, as the ablation's cells
     row = {"model": "D4", "lam": lam, "steps": A.BUDGET, "split": "validation", "n": len(examples),
-           "accuracy": r.accuracy, "bound_ppl": bound, "checkpoint": str(ckpt.relative_to(root))}
+           "bound_ppl": bound, "checkpoint": str(ckpt.relative_to(root))}
+    for tau in (None, 0.9):
+        r = evaluate.reasoning(net, examples, batch_size=32, seed=0, progress=False, threshold=tau)
+        key = "tau_off" if tau is None else "tau_0.9"
+        row[f"accuracy_{key}"], row[f"tokens_per_step_{key}"] = r.accuracy, r.run.tokens_per_step
     with open(OUT, "a") as f:
         f.write(json.dumps(row) + "\n")
-    print(f"[weighting] lam={lam:g} acc={r.accuracy:.3f} bound={row['bound_ppl']}", flush=True)
+    print(f"[weighting] lam={lam:g} acc={row['accuracy_tau_off']:.3f} (tau 0.9: {row['accuracy_tau_0.9']:.3f} at "
+          f"{row['tokens_per_step_tau_0.9']:.2f} tokens/step) bound={bound:.3f}", flush=True)
 
 
 def main() -> None:
