@@ -79,36 +79,37 @@ def run_name(lam: float) -> str:
     return A.run_name("0.8M", "D4") if lam == 1 else f"ft-setdlm-d4-inorder{lam:g}"
 
 
-def finetune_argv(root: Path, lam: float) -> list[str]:
-    """The ablation's D = 4 cell (the protocol's recipe, ``A.BUDGET`` steps), into its own run folder."""
-    cmd = A.finetune_command(root, "0.8M", "D4", name=run_name(lam), steps=A.BUDGET)
+def finetune_argv(root: Path, lam: float, steps: int = A.BUDGET) -> list[str]:
+    """The ablation's D = 4 cell (the protocol's recipe, ``steps``: a constant rate after warm-up, so a longer
+    budget resumes the same run), into its own run folder."""
+    cmd = A.finetune_command(root, "0.8M", "D4", name=run_name(lam), steps=steps)
     return cmd[2:]  # without "setdlm train"
 
 
-def finetune(root: Path, lam: float) -> None:
+def finetune(root: Path, lam: float, steps: int = A.BUDGET) -> None:
     from setdlm.training.cli import main as train_main
 
     install(lam)
-    argv = finetune_argv(root, lam)
+    argv = finetune_argv(root, lam, steps)
     out = root / run_name(lam)
-    if (out / "checkpoints" / f"step-{A.BUDGET:08d}").is_dir():
+    if (out / "checkpoints" / f"step-{steps:08d}").is_dir():
         return
     train_main(argv + (["--resume"] if (out / "latest").exists() else []))
 
 
-def score(root: Path, lam: float) -> None:
+def score(root: Path, lam: float, steps: int = A.BUDGET) -> None:
     """Validation accuracy, threshold off and 0.9 (tokens per forward), and the unweighted bound."""
     import setdlm
     from setdlm import evaluate
     from setdlm.data.tasks import reasoning_split
 
     torch.set_num_threads(1)
-    ckpt = root / run_name(lam) / "checkpoints" / f"step-{A.BUDGET:08d}"
+    ckpt = root / run_name(lam) / "checkpoints" / f"step-{steps:08d}"
     net = setdlm.load(str(ckpt))
     examples = reasoning_split("validation", A.N_VAL, level="medium", seed=0)
     bound = json.loads(subprocess.run(["setdlm", "eval", str(ckpt)], check=True, capture_output=True,
                                       text=True).stdout).get("ppl")  # unweighted, as the ablation's cells
-    row = {"model": "D4", "lam": lam, "steps": A.BUDGET, "split": "validation", "n": len(examples),
+    row = {"model": "D4", "lam": lam, "steps": steps, "split": "validation", "n": len(examples),
            "bound_ppl": bound, "checkpoint": str(ckpt.relative_to(root))}
     for tau in (None, 0.9):
         r = evaluate.reasoning(net, examples, batch_size=32, seed=0, progress=False, threshold=tau)
@@ -125,16 +126,17 @@ def main() -> None:
     ap.add_argument("stage", choices=["finetune", "score", "commands"])
     ap.add_argument("--root", default="runs/protocol", help="the protocol's run folders (out of the work tree)")
     ap.add_argument("--lam", type=float, default=0.25, help="weight of a gapped target's cross-entropy")
+    ap.add_argument("--steps", type=int, default=A.BUDGET, help="fine-tuning steps (a longer budget resumes the run)")
     args = ap.parse_args()
     root = Path(args.root)
     if args.stage == "commands":
         import shlex
         print("python benchmarks/study/weighting.py finetune --lam", args.lam, "# = setdlm train",
-              shlex.join(finetune_argv(root, args.lam)), "with the weighted loss")
+              shlex.join(finetune_argv(root, args.lam, args.steps)), "with the weighted loss")
     elif args.stage == "finetune":
-        finetune(root, args.lam)
+        finetune(root, args.lam, args.steps)
     else:
-        score(root, args.lam)
+        score(root, args.lam, args.steps)
 
 
 if __name__ == "__main__":
