@@ -25,15 +25,15 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results" / "parallel"
 STEPS = 4000
-RECIPE = ["--data", "parallel", "--length", "64", "--hidden-size", "128", "--n-heads", "4", "--n-layers", "4",
-          "--steps", str(STEPS), "--batch-size", "32", "--lr", "2e-3", "--warmup", "100", "--lr-schedule", "cosine",
-          "--eval-max", "64", "--eval-every", "1000", "--save-every", "500", "--seed", "1"]
+DATA = ["--data", "parallel", "--length", "64", "--batch-size", "32", "--eval-max", "64", "--save-every", "500",
+        "--seed", "1"]  # what both stages share
+RECIPE = [*DATA, "--hidden-size", "128", "--n-heads", "4", "--n-layers", "4", "--steps", str(STEPS), "--lr", "2e-3",
+          "--warmup", "100", "--lr-schedule", "cosine", "--eval-every", "1000"]
 RUNS = {"ar": ["--family", "ar"], "setdlm-d4": ["--family", "setdlm", "--D", "4", "--M", "8"],
         "bd3lm-s4": ["--family", "bd3lm", "--block-size", "4"]}
 FT_STEPS = 1500
-FINETUNE = ["--data", "parallel", "--length", "64", "--steps", str(FT_STEPS), "--batch-size", "32", "--lr", "1e-3",
-            "--warmup", "20", "--lr-schedule", "constant", "--eval-max", "64", "--eval-every", "500",
-            "--save-every", "500", "--seed", "1"]
+FINETUNE = [*DATA, "--steps", str(FT_STEPS), "--lr", "1e-3", "--warmup", "20", "--lr-schedule", "constant",
+            "--eval-every", "500"]
 FINETUNED = {"ft-setdlm-d4": RUNS["setdlm-d4"], "ft-bd3lm-s4": RUNS["bd3lm-s4"]}  # from the AR run
 BENCH = ["--task", "parallel", "--n", "200", "--thresholds", "off,0.9,0.7,0.5,0.3", "--windows", "D,8",
          "--block-sizes", "D,8", "--warmup", "20", "--clock", "cpu"]

@@ -89,11 +89,11 @@ def finetune_argv(root: Path, lam: float, steps: int = A.BUDGET) -> list[str]:
 def finetune(root: Path, lam: float, steps: int = A.BUDGET) -> None:
     from setdlm.training.cli import main as train_main
 
-    install(lam)
-    argv = finetune_argv(root, lam, steps)
     out = root / run_name(lam)
     if (out / "checkpoints" / f"step-{steps:08d}").is_dir():
         return
+    install(lam)
+    argv = finetune_argv(root, lam, steps)
     train_main(argv + (["--resume"] if (out / "latest").exists() else []))
 
 
