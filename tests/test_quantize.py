@@ -162,3 +162,72 @@ def test_fused_projections_give_the_same_numbers(kind, q):
     ids = torch.tensor([PROMPTS[1], PROMPTS[1][::-1]])
     with torch.no_grad():
         assert torch.equal(fused(ids), plain(ids))
+
+
+class _PerTensorInt8(Int8Linear):
+    """The trap of docs/quantization.md: one activation range for the whole input (PyTorch's dynamic Linear),
+    so a row's output moves with the other rows."""
+
+    def _matmul(self, x):
+        from setdlm.quantize import _INT8_GEMM, ACT_SCALE, ACT_ZERO
+
+        m = x.abs().amax()  # one maximum for the whole input
+        return _INT8_GEMM(x / m, ACT_SCALE, ACT_ZERO, self._packed) * m
+
+
+def test_the_self_check_puts_a_batch_dependent_kernel_back_in_float():
+    """check_kernels: a kernel whose rows depend on each other is replaced by the float layer of the same
+    weights, with one warning naming kernel and layer; the row-independent kernels stay."""
+    from torch import nn
+
+    from setdlm.quantize import check_kernels, self_check
+
+    w, b = _weights()
+    assert self_check(Int8Linear(w, b)) == 0.0 and self_check(Int4Linear(w, b)) == 0.0
+    bad = _PerTensorInt8(w, b)
+    assert self_check(bad) > 1e-3
+    root = nn.Sequential(bad, nn.ReLU(), Int8Linear(torch.randn(40, 40), None))
+    with pytest.warns(RuntimeWarning, match=r"int8 kernel \(fbgemm.*64->40 layer.*0 runs in float32"):
+        check_kernels(root)
+    assert type(root[0]) is nn.Linear and isinstance(root[2], Int8Linear)
+    assert torch.equal(root[0].weight, bad.weight)
+
+
+def test_int8_packs_for_fbgemm_whatever_engine_is_set():
+    """The int8 kernel is chosen, not inherited: with another quantized engine in force the packing still
+    targets fbgemm (the engine is put back after), and repr names the kernel and the CPU level."""
+    w, b = _weights()
+    before = torch.backends.quantized.engine
+    x = torch.randn(3, 64)
+    ref = Int8Linear(w, b)(x)
+    for engine in ("qnnpack", "onednn"):
+        if engine not in torch.backends.quantized.supported_engines:
+            continue
+        torch.backends.quantized.engine = engine
+        try:
+            lin = Int8Linear(w, b)
+            assert torch.backends.quantized.engine == engine
+            assert torch.equal(lin(x), ref)
+        finally:
+            torch.backends.quantized.engine = before
+    text = repr(Int8Linear(w, b))
+    assert "int8 (fbgemm u8s8 GEMM" in text and torch.backends.cpu.get_cpu_capability() in text
+
+
+def test_quantized_backbones_attend_in_float64_and_say_which_engines_run():
+    """The attention of a quantized model rounds once from float64, so a row's keys padded or not give the
+    same float32 numbers, which the per-row int8 quantizer then sees alike."""
+    from setdlm.model import attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 5, 16, generator=g) for _ in range(3))
+    pad = torch.randn(1, 4, 27, 16, generator=g)
+    keys, vals = torch.cat([k, pad], 2), torch.cat([v, pad], 2)
+    mask = torch.zeros(1, 1, 5, 32, dtype=torch.bool)
+    mask[..., :5] = torch.ones(5, 5, dtype=torch.bool).tril()
+    alone = attention(q, k, v, mask[..., :5], wide=True)
+    assert torch.equal(attention(q, keys, vals, mask, wide=True), alone)
+    assert alone.dtype == torch.float32
+    bb = quantize(tiny_model("ar").backbone.float(), "int8")
+    assert all(blk.wide_attention for blk in bb.blocks)
+    assert bb.quantization_engine.startswith("int8: fbgemm u8s8 GEMM")

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from .errors import UserError
-from .quantize import INT4_GROUP, Int4Linear, Int8Linear, check_cpu, int4_groups, linear_layers, replace_layer
+from .quantize import INT4_GROUP, Int4Linear, Int8Linear, check_cpu, finish, int4_groups, linear_layers, replace_layer
 
 BLOCK = 32  # ggml's block of the legacy quant types (QK4_0 = QK4_1 = QK8_0 = 32)
 KERNEL_OF_TYPE = {"Q4_0": "int4", "Q4_1": "int4", "Q8_0": "int8"}  # every other type: dequantized float32
@@ -117,5 +117,6 @@ def keep_file_quantization(backbone: nn.Module, path: str | Path) -> nn.Module:
             continue
         replace_layer(hf_model, name, layer)
         types[name] = kind
-    backbone.quantization, backbone.gguf_types = "gguf", types
+    finish(backbone, "gguf")
+    backbone.gguf_types = types
     return backbone.eval()

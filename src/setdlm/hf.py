@@ -60,6 +60,7 @@ class HFBackbone(nn.Module):
             raise UserError("GPT-2 config has add_cross_attention=True; the adapter supports decoder-only models")
         self.hf = hf_model
         self.grad_checkpointing = False  # recompute each layer in the backward pass (setdlm train --grad-checkpointing)
+        self.wide_attention = False  # float64 attention (set by setdlm.quantize: see setdlm.model.attention)
         self.training = hf_model.training  # wrapping changes no mode (dropout stays off for an eval model)
         self.kind = kind
         self.n_layers = cfg.num_hidden_layers
@@ -109,7 +110,8 @@ class HFBackbone(nn.Module):
         B, H, T, hd = q.shape
         if cache is not None:
             k, v = cache.update(layer, k, v, step)  # (B, Hkv, W, hd)
-        y = attention(q, k, v, step.mask, scale=scale, dropout_p=dropout_p if self.training else 0.0)  # GQA inside
+        y = attention(q, k, v, step.mask, scale=scale, dropout_p=dropout_p if self.training else 0.0,
+                      wide=self.wide_attention)  # GQA inside
         return y.transpose(1, 2).reshape(B, T, H * hd)  # (B, T, H·hd)
 
     def _llama_layers(self, input_ids: Tensor, position_ids: Tensor, step, cache: KVCache | None) -> Tensor:

@@ -233,7 +233,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float | None = None,
-              dropout_p: float = 0.0) -> Tensor:
+              dropout_p: float = 0.0, wide: bool = False) -> Tensor:
     """The one place the attention kernel is chosen: PyTorch SDPA with a boolean mask, scale 1/√hd unless
     given, optional dropout on the attention probabilities (pretrained backbones that train with it).
     q: (B, H, T, hd); k, v: (B, Hkv, S, hd) with H a multiple of Hkv (grouped-query attention: query head h
@@ -241,7 +241,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: fl
 
     Grouped KV heads: on the CPU SDPA reads them in place (``enable_gqa``: the same numbers as repeating them,
     without copying the whole cache every layer and step); elsewhere they are repeated first (on CUDA a
-    boolean mask selects the memory-efficient kernel, which has no grouped-query support)."""
+    boolean mask selects the memory-efficient kernel, which has no grouped-query support).
+
+    ``wide``: compute in float64 and round once to q's dtype. Float32 attention differs in its last bits with
+    the number of keys (padding, cache length) and queries of a step, since the kernel's blocking, vector tails
+    and BLAS path follow the shape; the result rounded from float64 does not (to float32 rounding). Quantized
+    backbones use it (docs/quantization.md): their per-row int8 activation quantizer would turn a one-ulp
+    difference into a whole quantization level, and a row's logits would then depend on its batch."""
+    if wide and q.dtype != torch.float64:  # float64 inside, one rounding to q's dtype at the end
+        return attention(q.double(), k.double(), v.double(), mask, scale=scale, dropout_p=dropout_p).to(q.dtype)
     groups = q.shape[1] // k.shape[1]
     if groups > 1 and q.device.type != "cpu":
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, hd)
@@ -263,6 +271,7 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d, c.mlp_ratio * d), nn.GELU(approximate="tanh"),
                                  nn.Linear(c.mlp_ratio * d, d))
         self.dropout = nn.Dropout(c.dropout)
+        self.wide_attention = False  # float64 attention (set by setdlm.quantize: see attention())
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, layer: int,
                 cache: KVCache | None, step: "CacheStep") -> Tensor:
@@ -273,7 +282,7 @@ class Block(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(layer, k, v, step)  # (B, H, W, hd): cached entries + this step's
-        y = attention(q, k, v, mask)  # (B, H, T, hd)
+        y = attention(q, k, v, mask, wide=self.wide_attention)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, d)
         y = self.attn_out(y)
         x = x + (self.dropout(y) if self.training else y)  # no dropout module call in eval

@@ -24,6 +24,8 @@ row decoded in a batch equals the row decoded alone. Quantized backbones decode;
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import warnings
 
 import torch
@@ -40,6 +42,11 @@ INT4_GROUP = 32
 ACT_SCALE, ACT_ZERO = 2 / 127, 64
 _INT8_GEMM = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32
 _TINY = torch.finfo(torch.float32).tiny
+# The engine each kernel runs on, chosen here rather than inherited from torch.backends.quantized.engine (whose
+# default, "x86", and the alternatives "onednn" / "qnnpack" pack weights for other kernels, some without the
+# fixed-range op above): what repr() and the log line name.
+ENGINES = {"int8": "fbgemm", "int4": "aten"}
+log = logging.getLogger("setdlm")
 
 
 def check_quantize(quantize: str | None) -> str | None:
@@ -101,7 +108,11 @@ class QuantizedLinear(nn.Module):
         return (y if dtype == torch.float32 else y.to(dtype)).view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind} ({self.engine})"
+
+    @property
+    def engine(self) -> str:
+        return describe_engine(self.kind)
 
 
 class Int8Linear(QuantizedLinear):
@@ -113,10 +124,10 @@ class Int8Linear(QuantizedLinear):
         super().__init__(weight, bias)
         w = weight.float()
         scale = (w.abs().amax(1) / 127).clamp(min=1e-12).double()  # (out,)
-        with warnings.catch_warnings():  # torch 2.13 deprecates quantized tensor creation; fbgemm's packing needs one
-            warnings.filterwarnings("ignore", message=".*quantized tensor creation.*")
+        with warnings.catch_warnings(), _quantized_engine(ENGINES["int8"]):
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation.*")  # deprecated in torch 2.13,
             qw = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
-        self._packed = torch.ops.quantized.linear_prepack(qw, None)
+            self._packed = torch.ops.quantized.linear_prepack(qw, None)  # fbgemm's packing still needs one
 
     @property
     def weight(self) -> Tensor:
@@ -171,6 +182,64 @@ class Int4Linear(QuantizedLinear):
 KERNELS = {"int8": Int8Linear, "int4": Int4Linear}
 
 
+@contextlib.contextmanager
+def _quantized_engine(engine: str):
+    """``torch.backends.quantized.engine`` set to ``engine`` inside the block (prepacking picks the kernel family
+    by the engine in force when it runs), restored after."""
+    if engine not in torch.backends.quantized.supported_engines:
+        raise UserError(f"quantize='int8' needs PyTorch's {engine} engine, which this build lacks "
+                        f"(supported: {', '.join(torch.backends.quantized.supported_engines)})")
+    before = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = before
+
+
+def describe_engine(kind: str) -> str:
+    """The kernel behind ``kind`` ("int8", "int4") and the CPU level it runs at, in words."""
+    cpu = torch.backends.cpu.get_cpu_capability()
+    if kind == "int8":
+        return f"fbgemm u8s8 GEMM, per-row 7-bit activations, CPU {cpu}"
+    return f"aten int4 weight-only GEMM, float32 activations, CPU {cpu}"
+
+
+def self_check(layer: QuantizedLinear, rows: int = 5) -> float:
+    """The largest difference between ``layer``'s output for a few random rows fed together and each row fed
+    alone or in a smaller group (0.0 when each output row depends on its own input row only, as every kernel
+    here should give on every CPU)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, layer.in_features, generator=g) * torch.logspace(-2, 2, rows)[:, None]  # (rows, in)
+    with torch.no_grad():
+        together = layer(x)  # (rows, out)
+        parts = torch.cat([layer(x[:1]), layer(x[1:3]), layer(x[3:])])  # other row counts
+    return (together - parts).abs().max().item()
+
+
+def check_kernels(backbone: nn.Module) -> None:
+    """Run :func:`self_check` on one layer of each kind and shape in ``backbone``; a layer whose rows depend on
+    each other is put back in float32 (its dequantized weights) with one warning line naming the kernel, so the
+    decoders' contract (a row decoded in a batch equals the row decoded alone) holds either way."""
+    checked: dict[tuple, float] = {}
+    for name, m in list(backbone.named_modules()):
+        if not isinstance(m, QuantizedLinear):
+            continue
+        key = (type(m), m.in_features, m.out_features)
+        if key not in checked:
+            checked[key] = self_check(m)
+        if checked[key] != 0.0:
+            fallback = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
+            with torch.no_grad():
+                fallback.weight.copy_(m.weight)
+                if m.bias is not None:
+                    fallback.bias.copy_(m.bias)
+            replace_layer(backbone, name, fallback.eval())
+            warnings.warn(f"quantize: the {m.kind} kernel ({m.engine}) gave a {m.in_features}->{m.out_features} "
+                          f"layer's rows different numbers batched and alone (by {checked[key]:.2e}); {name} "
+                          f"runs in float32 instead", RuntimeWarning, stacklevel=3)
+
+
 def quantize(backbone: nn.Module, quantize: str) -> nn.Module:
     """Replace every linear layer of ``backbone`` (in place) by its ``quantize`` ("int8" or "int4") version;
     returns the backbone, in eval mode. CPU only. A tied output head (SmolLM2) is quantized as the head; the
@@ -183,8 +252,29 @@ def quantize(backbone: nn.Module, quantize: str) -> nn.Module:
         backbone.fuse_projections()
     for name, (weight, bias) in linear_layers(backbone):
         replace_layer(backbone, name, KERNELS[quantize](weight, bias))
-    backbone.quantization = quantize
+    finish(backbone, quantize)
     return backbone.eval()
+
+
+def finish(backbone: nn.Module, quantize: str) -> None:
+    """What every quantized backbone gets after its layers are replaced: the kernels checked
+    (:func:`check_kernels`), float64 attention (:func:`widen_attention`), ``quantization`` set and one log
+    line naming the engines that run."""
+    check_kernels(backbone)
+    widen_attention(backbone)
+    backbone.quantization = quantize
+    kinds = sorted({m.kind for m in backbone.modules() if isinstance(m, QuantizedLinear)})
+    backbone.quantization_engine = "; ".join(f"{k}: {describe_engine(k)}" for k in kinds)
+    log.info("quantize=%r: %s", quantize, backbone.quantization_engine)
+
+
+def widen_attention(backbone: nn.Module) -> None:
+    """Attention in float64 in every layer of ``backbone`` (:func:`setdlm.model.attention`'s ``wide``): the
+    float parts of a quantized model then give a row the same float32 numbers whatever else its step holds,
+    so the int8 activation quantizer sees the same inputs batched and alone, cached and recomputed."""
+    for m in backbone.modules():
+        if hasattr(m, "wide_attention"):
+            m.wide_attention = True
 
 
 def quantization_of(backbone: nn.Module) -> str | None:
