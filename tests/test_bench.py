@@ -402,3 +402,21 @@ def test_aup_scores_group_curves_and_share_y_max():
     assert (sd.counted, sd.points, sd.max_tpf) == (2, 3, 1.5)  # 20% is more than 5 points below 30%
     assert sd.aup == pytest.approx(bench.aup([1.0, 1.5], [30.0, 28.0], 40.0))
     assert bench.aup_scores([bench.likelihood_point("m", tiny("ar", TOK), {"nelbo": 1.0})]) == []
+
+
+def test_points_are_set_against_the_ar_model_at_the_same_batch_size():
+    """The sweep's table gives each decoding point's accuracy and tokens/s as multiples of the AR point of its
+    batch size (timed side by side); a batch size without an AR point gets none."""
+    def pt(family, batch, q, v, window=None, spec=False):
+        return bench.BenchPoint(family, family, "reasoning", bench.Setting(None, window, batch, None, speculate=spec),
+                                q, v, None, 10.0, 1.0, {})
+
+    points = [pt("ar", 1, 0.90, 100.0), pt("setdlm", 1, 0.88, 250.0, 4, True), pt("setdlm", 32, 0.88, 900.0, 4, True),
+              pt("ar", 8, 0.90, 400.0), pt("setdlm", 8, 0.45, 200.0, 4)]
+    ratios = bench.against_ar(points)
+    assert ratios[0] == (1.0, 1.0) and 2 not in ratios
+    assert ratios[1] == pytest.approx((0.88 / 0.90, 2.5)) and ratios[4] == pytest.approx((0.5, 0.5))
+    table = bench.markdown_table(points)
+    assert "× AR quality | × AR tok/s |" in table
+    assert "| 0.98x | 2.50x |" in table and "| 0.50x | 0.50x |" in table and "| – | – |" in table
+    assert "× AR" not in bench.markdown_table(points[1:3])  # no AR point: no such columns

@@ -331,6 +331,22 @@ def _per_task(points: Sequence[BenchPoint]) -> list[str]:
     return list(dict.fromkeys(t for p in points for t in p.result.get("per_task", {})))
 
 
+def against_ar(points: Sequence[BenchPoint]) -> dict[int, tuple[float, float]]:
+    """For each decoding point (by index) of a sweep that holds an autoregressive model: its quality and its
+    tokens/s as multiples of the AR point's at the same batch size (the first AR point of that batch size,
+    timed side by side in the same sweep); {} when the sweep has no AR point."""
+    ar: dict[int, BenchPoint] = {}
+    for p in points:
+        if p.family == "ar" and p.tokens_per_second:
+            ar.setdefault(p.setting.batch_size, p)
+    out = {}
+    for i, p in enumerate(points):
+        ref = ar.get(p.setting.batch_size)
+        if ref is not None and p.tokens_per_second is not None and ref.quality:
+            out[i] = (p.quality / ref.quality, p.tokens_per_second / ref.tokens_per_second)
+    return out
+
+
 def markdown_table(points: Sequence[BenchPoint]) -> str:
     """One row per point: model, family, τ, w (``4 spec``: self-speculative), block size, batch, quality (and, for the parallel suite, the
     accuracy of each task), tokens/s, NFE/example, TPF, forwards/token; then, for a decoding sweep, the AUP of each curve
@@ -341,9 +357,12 @@ def markdown_table(points: Sequence[BenchPoint]) -> str:
     head = {"reasoning": "accuracy (%)", "parallel": "accuracy (%)", "infill": "ROUGE-L (×100)",
             "likelihood": "nats/token"}[task]
     subtasks = _per_task(points)
+    vs_ar = against_ar(points)
+    ar_head = " × AR quality | × AR tok/s |" if vs_ar else ""
     rows = [f"| model | family | τ | w | block | batch | {head} | " + "".join(f"{t} (%) | " for t in subtasks)
-            + f"{_rate_unit(points)} | NFE | TPF | forwards/token |", "|---" * (11 + len(subtasks)) + "|"]
-    for p in points:
+            + f"{_rate_unit(points)} | NFE | TPF | forwards/token |{ar_head}",
+            "|---" * (11 + len(subtasks) + 2 * bool(vs_ar)) + "|"]
+    for i, p in enumerate(points):
         s = p.setting
         if p.tokens_per_second is None:
             speed = nfe = tpf = fpt = "–"
@@ -355,7 +374,8 @@ def markdown_table(points: Sequence[BenchPoint]) -> str:
         per = "".join(f"{100 * p.result['per_task'][t]:.1f} | " if t in p.result.get("per_task", {}) else "– | "
                       for t in subtasks)
         rows.append(f"| {p.model} | {p.family} | {tau} | {_dash(s.window)}{' spec' if s.speculate else ''} | {_dash(s.block_size)} | {batch} | "
-                    f"{_quality_text(task, p.quality)} | {per}{speed} | {nfe} | {tpf} | {fpt} |")
+                    f"{_quality_text(task, p.quality)} | {per}{speed} | {nfe} | {tpf} | {fpt} |"
+                    + ("".join(f" {r:.2f}x |" for r in vs_ar[i]) if i in vs_ar else " – | – |" if vs_ar else ""))
     scores = aup_scores(points)
     if scores:
         rows += ["", f"AUP over τ (d3LLM's accuracy under parallelism: ρ = TPF, y = {head}, only points within "

@@ -25,6 +25,24 @@ SAMPLED = [dict(temperature=1.0, top_p=0.9), dict(temperature=0.7, top_k=5, repe
            dict(repetition_penalty=1.3, length_penalty=(3, 1.5), eos_token_id=2)]
 
 
+@pytest.fixture(autouse=True, params=["all", "last"])
+def layout(request, monkeypatch):
+    """Every test runs with each query layout (docs/decoding.md, "Self-speculative decoding"): a window of
+    masks on every horizon, or on the horizon of the whole draft only (verifiers alone on the others)."""
+    from setdlm.decoding import speculative
+
+    monkeypatch.setattr(speculative, "HORIZONS", request.param)
+    return request.param
+
+
+def test_auto_layout_takes_every_horizon_at_batch_1_and_the_last_one_beyond(monkeypatch):
+    from setdlm.decoding import speculative
+
+    monkeypatch.setattr(speculative, "HORIZONS", "auto")
+    assert speculative.windowed_horizons(1) == "all" and speculative.windowed_horizons(2) == "last"
+    assert speculative.windowed_horizons(32) == "last"
+
+
 def _same(a, b):
     assert a.tokens == b.tokens and a.sequences == b.sequences and a.finish_reason == b.finish_reason
     assert a.texts == b.texts
@@ -85,7 +103,7 @@ def test_seeded_sampling_and_penalties_equal_the_left_to_right_decode(knobs, w):
 
 
 @pytest.mark.parametrize("case", ["generate", "fill"])
-def test_every_step_verifies_with_the_left_to_right_conditional_and_caches_what_it_caches(case):
+def test_every_step_verifies_with_the_left_to_right_conditional_and_caches_what_it_caches(case, layout):
     """Each verifier's logits equal the training forward with every position before it visible (left to
     right); after every step each row's cache is a clean causal prefill of its committed prefix (cached ==
     recomputed), so it equals the cache the window=1 decode holds at that point."""
@@ -113,11 +131,12 @@ def test_every_step_verifies_with_the_left_to_right_conditional_and_caches_what_
             drafted = list(seq)  # the sequence as this step's draft has it (a rejected draft too)
             for p, t in zip(step.draft_positions, step.draft_tokens):
                 drafted[p] = t
-            for i, q in enumerate(step.query_positions):  # verifier i is query slot i·w
+            for i, q in enumerate(step.query_positions):  # verifier i: query slot i·w ("all") or i ("last")
                 # insertion order: the context (one prefill), then the committed tokens and the draft, left to right
                 visible = context + sorted(done - set(context)) + step.draft_positions[:i]
                 ref_logits = setdlm_training_logits(bb, drafted, visible, q)
-                assert torch.allclose(call.logits[b, i * w], ref_logits, atol=TOL, rtol=0), (r, k, q)
+                slot = i * w if layout == "all" else i
+                assert torch.allclose(call.logits[b, slot], ref_logits, atol=TOL, rtol=0), (r, k, q)
             done |= set(step.committed_positions)
             if k + 1 == len(out.trace[r]):
                 break

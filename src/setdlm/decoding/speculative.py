@@ -89,6 +89,38 @@ def _ascending(select: Tensor, pos: Tensor, N: int) -> tuple[Tensor, Tensor]:
     return torch.where(valid, idx, N), valid
 
 
+# Which horizons carry a whole window of masks (module docstring, "Cheaper verification"): "all" (every horizon:
+# the next draft is ready wherever the step ends; (K+1)·w masks), "last" (only the horizon a row's whole draft
+# leads to, the others their verifier alone: K+w masks; a step that rejects a draft leaves no draft for the next
+# one, which then drafts afresh), or "auto": :func:`windowed_horizons` picks by batch size.
+HORIZONS = "auto"
+ALL_HORIZONS_UP_TO = 1  # "auto": batches up to this many rows take "all" (a forward costs about the same either
+# way when the step is dominated by per-call overhead), larger ones "last" (there a forward's cost follows its
+# positions): measured in benchmarks/RESULTS.md, "Faster than AR at AR's accuracy"
+
+
+def windowed_horizons(batch: int) -> str:
+    """"all" or "last" (:data:`HORIZONS`) for a step of ``batch`` rows."""
+    if HORIZONS != "auto":
+        return HORIZONS
+    return "all" if batch <= ALL_HORIZONS_UP_TO else "last"
+
+
+def _queries(k: Tensor, K: int, w: int, layout: str) -> tuple[Tensor, Tensor, Tensor]:
+    """The step's mask queries as (horizon, offset) pairs, per row: ``hq``, ``oq`` (B, Q) and the columns of
+    the verifiers (offset 0 of horizons 0..K, in order) ``vcols`` (K+1,). ``k``: (B,) draft lengths."""
+    B, dev = k.shape[0], k.device
+    h = torch.arange(K + 1, device=dev)  # (K+1,)
+    if layout == "all":  # horizon i = 0..K, offset o = 0..w-1
+        hq = h.repeat_interleave(w).expand(B, -1)  # (B, (K+1)·w)
+        oq = torch.arange(w, device=dev).repeat(K + 1).expand(B, -1)
+        return hq, oq, h * w
+    # "last": the K+1 verifiers, then offsets 1..w-1 of horizon k (the row's whole draft accepted)
+    hq = torch.cat([h.expand(B, -1), k[:, None].expand(B, w - 1)], 1)  # (B, K+w)
+    oq = torch.cat([torch.zeros(K + 1, dtype=torch.long, device=dev), torch.arange(1, w, device=dev)])
+    return hq, oq.expand(B, -1), h
+
+
 def step(backbone, st: DecodeState) -> None:
     """One forward: cache the pending token, verify the draft, commit the verified prefix plus the verifier's
     next token, keep the accepted drafts in the cache and take the next draft (module docstring)."""
@@ -99,15 +131,13 @@ def step(backbone, st: DecodeState) -> None:
     rank = st.masked.cumsum(-1) - 1  # (B, N+1) rank of each masked position
     m_pos, m_ok = _ascending(st.masked & (rank < K + w), pos, N)  # (B, R) masked positions m_0, m_1, ..
     clean_pos, clean_ok = _ascending(pending | drafted, pos, N)  # (B, Tc) pending token, then the draft
-    # the queries: horizon i = 0..K, offset o = 0..w-1, at m_{i+o} (o = 0: the verifier at m_i)
-    h = torch.arange(K + 1, device=st.device)  # (K+1,)
-    hq = h.repeat_interleave(w)  # (Q,) Q = (K+1)·w: each query's horizon
-    oq = torch.arange(w, device=st.device).repeat(K + 1)  # (Q,) its offset
+    layout = windowed_horizons(st.batch)
+    hq, oq, vcols = _queries(k, K, w, layout)  # (B, Q), (B, Q), (K+1,)
     R = m_pos.shape[1]
-    r = (hq + oq).clamp(max=R - 1)  # (Q,) rank of its position
-    q_ok = (hq <= k[:, None]) & (hq + oq < R) & m_ok[:, r]  # (B, Q)
-    q_pos = torch.where(q_ok, m_pos[:, r], N)  # (B, Q)
-    horizon = m_pos[:, hq.clamp(max=R - 1)]  # (B, Q) the position m_i of each query's horizon
+    r = (hq + oq).clamp(max=R - 1)  # (B, Q) rank of each query's position
+    q_ok = (hq <= k[:, None]) & (hq + oq < R) & m_ok.gather(1, r)  # (B, Q)
+    q_pos = torch.where(q_ok, m_pos.gather(1, r), N)  # (B, Q)
+    horizon = m_pos.gather(1, hq.clamp(max=R - 1))  # (B, Q) the position m_i of each query's horizon
     Tc = clean_pos.shape[1]
     slot_pos, valid = torch.cat([clean_pos, q_pos], 1), torch.cat([clean_ok, q_ok], 1)  # (B, T)
     ids = torch.cat([torch.where(drafted, draft, st.tokens).gather(1, clean_pos), st.tokens.gather(1, q_pos)], 1)
@@ -117,17 +147,21 @@ def step(backbone, st: DecodeState) -> None:
     tok, conf = propose(logits, q_ok, s, st.generators, _seen(st, drafted, draft, horizon, logits.shape[-1]),
                         _gen_len(st, drafted, q_pos), u=st.extra["u"].gather(1, q_pos))  # (B, Q) each
 
-    v_pos, v_ok, v_tok, v_conf = (x[:, ::w] for x in (q_pos, q_ok, tok, conf))  # (B, K+1) the verifiers
+    v_pos, v_ok, v_tok, v_conf = (x[:, vcols] for x in (q_pos, q_ok, tok, conf))  # (B, K+1) the verifiers
     is_draft = drafted.gather(1, v_pos) & v_ok  # (B, K+1) verifiers whose position holds a draft
     d_tok = draft.gather(1, v_pos)
     acc = (is_draft & (v_tok == d_tok)).long().cumprod(-1).sum(-1)  # (B,) accepted drafts, a prefix
+    h = torch.arange(K + 1, device=st.device)  # (K+1,)
     commit = v_ok & (h <= acc[:, None])  # (B, K+1) the accepted drafts and the verifier's next token
     st.cache.crop(start + pending.sum(-1) + acc)  # keep the pending token and the accepted drafts
     st.write(v_tok, v_conf, commit, v_pos, v_ok, slot_pos, valid)
 
     last = torch.where(commit & (h == acc[:, None]), v_pos, N)  # (B, K+1) the verifier's own token
-    ended = hq == acc[:, None]  # (B, Q) queries of the horizon the step ended on
-    nxt = torch.where(q_ok & ended & (oq > 0), q_pos, N)  # (B, Q) its window past the verifier: the next draft
+    if layout == "all":  # the window of the horizon the step ended on, past its verifier
+        take = (hq == acc[:, None]) & (oq > 0)  # (B, Q)
+    else:  # every guess this forward made at the w − 1 positions after the last committed one
+        take = ((hq + oq) > acc[:, None]) & ((hq + oq) < acc[:, None] + w)  # (B, Q)
+    nxt = torch.where(q_ok & take, q_pos, N)  # (B, Q) the next draft
     st.extra["pending"] = _flags(pending, last)
     st.extra["drafted"] = _flags(drafted, nxt)
     st.extra["draft"] = draft.scatter(1, nxt, tok)
