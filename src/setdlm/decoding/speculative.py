@@ -28,6 +28,13 @@ pending token and the accepted prefix of the draft, nothing else): the cache aft
 the last committed position, drafted from the now committed prefix. ``window=1`` drafts nothing and is the
 plain left-to-right decode. One forward costs ``k + 1`` clean tokens and ``(k + 1)·w`` masks (``<= w²``).
 
+Cheaper verification: only one horizon's window becomes the next draft, known after the forward. The
+``"last"`` query layout (:data:`HORIZONS`) gives a window only to horizon ``k`` (the whole draft accepted)
+and its verifier alone to every other horizon: ``2k + w + 1`` positions instead of ``k + 1 + (k + 1)·w``.
+After a rejection at ``m_i`` the next draft is what this forward guessed at ``m_{i+1} .. m_{i+w-1}`` (later
+verifiers and the last window, conditioned on the rejected token): stale, but any draft keeps the output
+exact, since verification alone decides what is committed (docs/decoding.md, "Two query layouts").
+
 Sampling: the ``window=1`` decode draws one U[0, 1) per generated position, in position order, from the row's
 generator. Here each position gets its draw up front; every query at that position samples with it (inverse
 CDF), and a draft is accepted iff it equals the verifier's sample, so a seeded row gives the ``window=1``

@@ -1,0 +1,167 @@
+"""Faster than AR at AR's accuracy? The shipped word-problem models decoded side by side on held-out problems,
+every decode mode on one accuracy-vs-tokens/s frontier, at batch 1 and batch 32 (benchmarks/RESULTS.md,
+"Faster than AR at AR's accuracy"; docs/decoding.md, "Self-speculative decoding").
+
+    PYTHONPATH=src python benchmarks/speed_at_accuracy.py --out benchmarks/speed_at_accuracy   # RESULTS.md
+    PYTHONPATH=src python benchmarks/speed_at_accuracy.py --n 64 --out /tmp/smoke                # a smoke run
+
+Models: ``arith-ar``, ``arith-bd3lm-s4``, ``arith-setdlm-smax8`` (float32, greedy). Problems: the first ``--n``
+of the built-in ``medium`` test split (drawn with ``--seed``), prompts as ``setdlm eval --task reasoning``
+builds them, decoded until EOS. Modes: AR; BD3LM S=4 (τ off, τ 0.9); SetDLM w=1 (its most careful decode),
+w=4 τ off and τ 0.9/0.95/0.99 (near-lossless: a stated accuracy cost), and the lossless self-speculative decode
+(``speculate=True``: token for token the w=1 output) at windows ``--windows`` in both query layouts
+(``setdlm.decoding.speculative.HORIZONS``: "all" horizons carry a window, or only the "last", the whole draft's).
+Each batch size is one run in which every mode decodes one call in turn, the order rotated each round
+(:func:`setdlm.evaluate.interleave`), at ``--threads`` torch threads; speed is generated tokens per second of
+this process's CPU time over the whole pass (``--clock cpu``, steady on a shared machine; ``wall`` also
+offered), prompts' prefill included. Each mode's ratios are against AR at the same batch size. A traced
+pass over the first 20 problems at batch 1 counts the positions each forward feeds per row.
+
+Writes ``OUT/frontier.json`` (every number), ``OUT/frontier.md`` (the table) and ``OUT/frontier.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import setdlm
+from setdlm import evaluate
+from setdlm.data.tasks import reasoning_split
+from setdlm.decoding import generate, speculative
+from setdlm.evaluate import prompt_ids
+
+MODELS = {"AR": "arith-ar", "BD3LM S=4": "arith-bd3lm-s4", "SetDLM S<=8": "arith-setdlm-smax8"}
+
+
+def modes(windows: list[int]) -> list[tuple[str, str, dict, str | None]]:
+    """(label, model key, decode settings, speculative layout) of every mode on the frontier."""
+    out = [("AR", "AR", {}, None), ("BD3LM τ off", "BD3LM S=4", {}, None),
+           ("BD3LM τ 0.9", "BD3LM S=4", {"threshold": 0.9}, None),
+           ("SetDLM w=1", "SetDLM S<=8", {"window": 1}, None), ("SetDLM w=4 τ off", "SetDLM S<=8", {}, None)]
+    out += [(f"SetDLM w=4 τ {t}", "SetDLM S<=8", {"threshold": t}, None) for t in (0.99, 0.95, 0.9)]
+    out += [(f"SetDLM speculate w={w} {layout}", "SetDLM S<=8", {"speculate": True, "window": w}, layout)
+            for w in windows for layout in ("all", "last")]
+    return out
+
+
+def with_layout(steps, layout: str | None):
+    """A ``reasoning_steps`` pass that sets the speculative query layout before each of its calls."""
+    while True:
+        if layout is not None:
+            speculative.HORIZONS = layout
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        yield
+
+
+def positions_per_forward(model, examples, settings: dict, layout: str | None) -> float:
+    """Mean positions one row feeds per forward (its input slots), over a traced batch-1 pass."""
+    if layout is not None:
+        speculative.HORIZONS = layout
+    fed = forwards = 0
+    for e in examples:
+        ids = prompt_ids(model, e)
+        out = generate(model, [ids], trace=True, max_new_tokens=model.family.length - len(ids), **settings)
+        fed += sum(len(s.input_positions) for s in out.trace[0])
+        forwards += len(out.trace[0])
+    return fed / forwards
+
+
+def run_batch(models: dict, examples, batch: int, windows: list[int], clock: str) -> list[dict]:
+    """Every mode at one batch size, side by side; one dict per mode."""
+    plan = modes(windows)
+    passes = [with_layout(evaluate.reasoning_steps(models[key], examples, batch_size=batch, clock=clock,
+                                                   progress=False, **settings), layout)
+              for _, key, settings, layout in plan]
+    started = time.perf_counter()
+    results = evaluate.interleave(passes)
+    print(f"batch {batch}: {len(plan)} modes side by side in {time.perf_counter() - started:.0f} s", flush=True)
+    rows = []
+    for (label, key, settings, layout), r in zip(plan, results):
+        rows.append({"mode": label, "model": MODELS[key], "settings": settings, "layout": layout, "batch": batch,
+                     "accuracy": r.accuracy, "tokens": r.run.generated_tokens, "seconds": r.run.seconds,
+                     "tokens_per_second": r.run.generated_tokens / r.run.seconds, "nfe": r.run.nfe,
+                     "tokens_per_forward": r.run.tokens_per_step, "ms_per_forward": 1e3 * r.run.seconds / r.run.nfe})
+    ar = next(x for x in rows if x["mode"] == "AR")
+    for x in rows:
+        x["x_ar_accuracy"] = x["accuracy"] / ar["accuracy"]
+        x["x_ar_speed"] = x["tokens_per_second"] / ar["tokens_per_second"]
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| batch | mode | accuracy | × AR accuracy | tokens/s | × AR tok/s | tokens/forward | ms/forward | "
+             "positions/forward (per row) |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for x in rows:
+        pos = f"{x['positions_per_forward']:.1f}" if "positions_per_forward" in x else "–"
+        lines.append(f"| {x['batch']} | {x['mode']} | {100 * x['accuracy']:.1f}% | {x['x_ar_accuracy']:.3f} | "
+                     f"{x['tokens_per_second']:.0f} | {x['x_ar_speed']:.2f}x | {x['tokens_per_forward']:.2f} | "
+                     f"{x['ms_per_forward']:.2f} | {pos} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 4.8))
+    batches = sorted({x["batch"] for x in rows})
+    for i, b in enumerate(batches):
+        ax = fig.add_subplot(1, len(batches), i + 1)
+        for x in (x for x in rows if x["batch"] == b):
+            family = x["mode"].split()[0]
+            marker = {"AR": "s", "BD3LM": "^", "SetDLM": "o"}[family]
+            color = "C3" if "speculate" in x["mode"] else {"AR": "k", "BD3LM": "C0", "SetDLM": "C2"}[family]
+            ax.scatter(x["tokens_per_second"], 100 * x["accuracy"], marker=marker, color=color)
+            ax.annotate(x["mode"].replace("SetDLM ", "").replace("speculate ", "spec "), (x["tokens_per_second"],
+                        100 * x["accuracy"]), fontsize=6, xytext=(3, 2), textcoords="offset points")
+        ar = next(x for x in rows if x["batch"] == b and x["mode"] == "AR")
+        ax.axhline(97 * ar["accuracy"], color="grey", lw=0.6, ls="--")
+        ax.axvline(ar["tokens_per_second"] * (2 if b == 1 else 1.5), color="grey", lw=0.6, ls=":")
+        ax.set_xlabel("generated tokens per CPU-second")
+        ax.set_ylabel("exact-match accuracy (%)")
+        ax.set_title(f"batch {b} (dashed: 0.97x AR accuracy; dotted: the speed goal)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=600, help="held-out problems (default 600)")
+    ap.add_argument("--seed", type=int, default=1, help="seed of the problems drawn from the test split")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--windows", type=int, nargs="+", default=[4, 5, 6], help="speculative windows")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    models = {key: setdlm.load(name) for key, name in MODELS.items()}
+    examples = reasoning_split("test", args.n, level="medium", seed=args.seed)
+    positions = {label: positions_per_forward(models[key], examples[:20], settings, layout)
+                 for label, key, settings, layout in modes(args.windows)}
+    rows = []
+    for b in args.batch_sizes:
+        rows += run_batch(models, examples, b, args.windows, args.clock)
+    for x in rows:
+        x["positions_per_forward"] = positions[x["mode"]]
+    speculative.HORIZONS = "auto"
+    meta = {"n": args.n, "seed": args.seed, "threads": args.threads, "clock": args.clock, "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    (out / "frontier.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out / "frontier.md").write_text(table(rows))
+    plot(rows, out / "frontier.png")
+    print(table(rows))
+    print(f"wrote {out / 'frontier.json'}, {out / 'frontier.md'}, {out / 'frontier.png'}")
+
+
+if __name__ == "__main__":
+    main()
