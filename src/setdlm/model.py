@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .errors import UserError
+from .mask_rules import MaskRule, attend
 
 
 @dataclass
@@ -237,7 +238,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: fl
     """The one place the attention kernel is chosen: PyTorch SDPA with a boolean mask, scale 1/√hd unless
     given, optional dropout on the attention probabilities (pretrained backbones that train with it).
     q: (B, H, T, hd); k, v: (B, Hkv, S, hd) with H a multiple of Hkv (grouped-query attention: query head h
-    reads KV head h // (H / Hkv), transformers' ``repeat_kv``); mask: (B, 1|H, T, S) bool.
+    reads KV head h // (H / Hkv), transformers' ``repeat_kv``); mask: (B, 1|H, T, S) bool, or a training mask
+    by its rule (:class:`setdlm.mask_rules.MaskRule`: is_causal SDPA, FlexAttention or the dense mask).
 
     Grouped KV heads: on the CPU SDPA reads them in place (``enable_gqa``: the same numbers as repeating them,
     without copying the whole cache every layer and step); elsewhere they are repeated first (on CUDA a
@@ -248,13 +250,24 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: fl
     and BLAS path follow the shape; the result rounded from float64 does not (to float32 rounding). Quantized
     backbones use it (docs/quantization.md): their per-row int8 activation quantizer would turn a one-ulp
     difference into a whole quantization level, and a row's logits would then depend on its batch."""
+    if isinstance(mask, MaskRule):  # a training mask by its rule: the kernel follows it (setdlm.mask_rules)
+        if not wide:
+            return attend(q, k, v, mask, scale=scale, dropout_p=dropout_p,
+                          sdpa=lambda q, k, v, m, causal: _sdpa(q, k, v, m, causal, scale, dropout_p))
+        mask = mask.fixed()
     if wide and q.dtype != torch.float64:  # float64 inside, one rounding to q's dtype at the end
         return attention(q.double(), k.double(), v.double(), mask, scale=scale, dropout_p=dropout_p).to(q.dtype)
+    return _sdpa(q, k, v, mask, False, scale, dropout_p)
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, scale: float | None,
+          dropout_p: float) -> Tensor:
+    """SDPA with grouped KV heads (see :func:`attention`); without a mask CUDA's flash kernel reads them in place."""
     groups = q.shape[1] // k.shape[1]
-    if groups > 1 and q.device.type != "cpu":
+    if groups > 1 and q.device.type != "cpu" and mask is not None:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, hd)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
-                                          enable_gqa=groups > 1)
+                                          is_causal=is_causal, enable_gqa=groups > 1)
 
 
 class Block(nn.Module):
@@ -292,6 +305,8 @@ class Block(nn.Module):
 
 class Transformer(nn.Module):
     """The DiT backbone of docs/method.md §3.1 (no time conditioning)."""
+
+    accepts_mask_rules = True  # training masks may come as setdlm.mask_rules.MaskRule
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -358,7 +373,7 @@ class Transformer(nn.Module):
 class CacheStep:
     """Bookkeeping of one forward against a cache (shared by every backbone that honours the contract)."""
 
-    mask: Tensor | None  # (B, 1|H, T, W) bool in buffer coordinates, or None (full attention)
+    mask: Tensor | MaskRule | None  # (B, 1|H, T, W) bool in buffer coordinates, a rule, or None (full attention)
     start: Tensor | None = None  # (B,) row lengths before the step
     write_idx: Tensor | None = None  # (B, T) buffer column of each new token
     width: int = 0  # W: buffer columns the step attends over
@@ -370,6 +385,10 @@ def begin_step(cache: KVCache | None, position_ids: Tensor, attn_mask: Tensor | 
     tokens' positions. Without a cache the mask passes through. Rows with no visible key see everything
     (their output is garbage but finite; callers ignore it)."""
     B, T = position_ids.shape
+    if isinstance(attn_mask, MaskRule):
+        if cache is None:  # a training forward: the rule goes to attention() as it is
+            return CacheStep(attn_mask, width=T, T=T)
+        attn_mask = attn_mask.dense()
     if cache is None:
         mask = attn_mask
         step = CacheStep(mask, width=T, T=T)
