@@ -143,9 +143,11 @@ def training_mask(model, rule: MaskRule) -> MaskRule | Tensor:
     rules on the rule's device, else the dense mask."""
     core = getattr(model, "module", model)  # DDP
     core = getattr(core, "_orig_mod", core)  # torch.compile
-    if getattr(core, "accepts_mask_rules", False) and uses_rules(rule.valid.device):
-        return rule
-    return rule.dense()
+    if not (getattr(core, "accepts_mask_rules", False) and uses_rules(rule.valid.device)):
+        return rule.dense()
+    if rule.kind == "sets" or not rule.unpadded():  # built here, outside the forward (which may be compiled)
+        rule.block_mask()
+    return rule
 
 
 _compiled_flex = None
