@@ -13,7 +13,6 @@ from setdlm.model import attention
 from setdlm.objectives import compute_loss
 
 flex = pytest.importorskip("torch.nn.attention.flex_attention")
-pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 VALID = torch.tensor([[True] * 7, [True, True, True, True, True, False, False]])  # (2, 7): row 1 padded
 

@@ -29,6 +29,7 @@ the dense path at float64. Rows with no visible key (padding queries) come out a
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -158,12 +159,13 @@ def _flex(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float | None, gqa:
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
-    fn = flex_attention
     if q.device.type == "cuda":
         if _compiled_flex is None:
             _compiled_flex = torch.compile(flex_attention, dynamic=False)
-        fn = _compiled_flex
-    return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+        return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    with warnings.catch_warnings():  # eager is what the CPU has (policy "flex" only: tests, comparisons)
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, rule: MaskRule, *, scale: float | None, dropout_p: float,
