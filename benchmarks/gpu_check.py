@@ -17,8 +17,8 @@ section that would start after ``--budget`` seconds is recorded as skipped:
 1. ``exactness`` (float32 on a GPU, float64 on the CPU): cache == recompute (AR and SetDLM ``window=1``:
    every generated token is the argmax of a from-scratch teacher-forced forward, up to ``tol`` on near-ties),
    batched == alone (AR, BD3LM, SetDLM with a threshold), speculate == window 1, flex == dense training
-   loss, and the CUDA-graph check (recorded as unavailable: there is no CUDA-graph decode path yet,
-   docs/decoding.md).
+   loss, and CUDA-graph decoding == eager for every cached decoder (on the CPU: the static-capacity cache
+   without capture).
 2. ``training`` (bf16 autocast on a GPU): per family, the steady-state ms/step, data tokens/s and MFU of
    :meth:`setdlm.training.state.TrainState.train_step` (the real step: loss, backward, clipping, AdamW),
    warm-up steps excluded, against a plain transformers loop (``model(ids, labels=ids)``, backward,
@@ -30,7 +30,8 @@ section that would start after ``--budget`` seconds is recorded as skipped:
 4. ``compile`` (GPU): AR with ``--compile``: the first steps (compilation included), the steady step, and the
    steps after which compiling pays back.
 5. ``decoding``: tokens/s at batch 1 and 64 (``--tiny``: 1 and 3) for AR, BD3LM, SetDLM ``w=4`` with the
-   threshold off and at 0.5, transformers ``generate`` with its dynamic and its static cache; greedy, EOS
+   threshold off and at 0.5, each also through CUDA graphs (``setdlm.decoding.cuda_graph``; the CPU: the
+   static cache without capture), transformers ``generate`` with its dynamic and its static cache; greedy, EOS
    ignored, one warm-up call per configuration.
 """
 
@@ -53,6 +54,7 @@ from setdlm.batch import Batch
 from setdlm.data.dataset import TokenDataset
 from setdlm.data.tokenizers import char_tokenizer
 from setdlm.decoding import generate
+from setdlm.decoding.cuda_graph import GraphedBackbone
 from setdlm.hf import HFBackbone
 from setdlm.mask_rules import kernel
 from setdlm.masks import causal_mask
@@ -184,9 +186,24 @@ def exactness(hf, mask_id: int, plan: dict, device, tol: float) -> list[dict]:
         checks.append({"name": "speculate == window 1 (SetDLM w=4)", "rows": len(prompts), "equal_rows": same,
                        "passed": same == len(prompts)})
     checks.append(flex_check(hf, mask_id, device, fam))
-    checks.append({"name": "CUDA graph == eager", "passed": None,
-                   "unavailable": "setdlm has no CUDA-graph decode path yet (docs/decoding.md, 'CUDA graphs')"})
+    checks.append(graph_check(bb, prompts, n_new, fam, device))
     return checks
+
+
+def graph_check(bb, prompts, n_new: int, fam: dict, device) -> dict:
+    """CUDA-graph decoding (setdlm.decoding.cuda_graph) against eager, every cached decoder; on the CPU the
+    static-capacity cache without capture (the capture needs CUDA)."""
+    graphed = GraphedBackbone(bb)
+    rows = same = 0
+    with torch.no_grad():
+        for family, kw in ((fam["ar"], {}), (fam["bd3lm"], {"threshold": 0.5}), (fam["setdlm"], {"window": 4}),
+                           (fam["setdlm"], {"window": 4, "threshold": 0.5}),
+                           (fam["setdlm"], {"window": 4, "speculate": True})):
+            a = generate(Model(bb, family), prompts, max_new_tokens=n_new, ignore_eos=True, **kw).tokens
+            b = generate(Model(graphed, family), prompts, max_new_tokens=n_new, ignore_eos=True, **kw).tokens
+            rows, same = rows + len(a), same + sum(x == y for x, y in zip(a, b))
+    name = "CUDA graph == eager" if device.type == "cuda" else "static cache == dynamic cache (CPU: no capture)"
+    return {"name": name, "rows": rows, "equal_rows": same, "replays": graphed.replays, "passed": same == rows}
 
 
 def _merge(rows: list[dict]) -> dict:
@@ -343,12 +360,16 @@ def decoding(hf, mask_id: int, plan: dict, device) -> list[dict]:
     configs = [("AR", fam["ar"], {}), ("BD3LM S=4", fam["bd3lm"], {}),
                ("SetDLM w=4, threshold off", fam["setdlm"], {"window": 4}),
                ("SetDLM w=4, threshold 0.5", fam["setdlm"], {"window": 4, "threshold": 0.5})]
+    graphs = "CUDA graphs" if device.type == "cuda" else "static cache"  # the CPU cannot capture
+    graphed = GraphedBackbone(bb)
+    configs += [(f"{name} + {graphs}", family, {**kw, "backbone": graphed}) for name, family, kw in configs]
     rows = []
     g = torch.Generator().manual_seed(3)
     for B in plan["batches"]:
         prompts = torch.randint(0, V - 1, (B, P), generator=g)
         for name, family, kw in configs:
-            model = Model(bb, family)
+            kw = dict(kw)
+            model = Model(kw.pop("backbone", bb), family)
             with torch.no_grad():
                 generate(model, prompts.tolist(), max_new_tokens=min(n_new, 8), ignore_eos=True, **kw)  # warm-up
                 sync(device)

@@ -33,7 +33,8 @@ def test_exactness_checks_pass_on_the_cpu(report):
                  "speculate == window 1 (SetDLM w=4)", "flex == dense training loss (every family, padded batch)"):
         assert checks[name]["passed"] is True, checks[name]
     assert checks["cache == recompute (AR)"]["tokens"] == 3 * 6 and checks["cache == recompute (AR)"]["max_gap"] == 0
-    assert checks["CUDA graph == eager"]["passed"] is None and checks["CUDA graph == eager"]["unavailable"]
+    static = checks["static cache == dynamic cache (CPU: no capture)"]
+    assert static["passed"] is True and static["rows"] == 5 * 3 and static["replays"] == 0  # the CPU never captures
     assert report["exactness_passed"] is True
 
 
@@ -55,6 +56,7 @@ def test_decoding_section_structure(report):
     rows = report["sections"]["decoding"]
     names = {r["decoder"] for r in rows}
     assert {"setdlm AR", "setdlm BD3LM S=4", "setdlm SetDLM w=4, threshold off", "setdlm SetDLM w=4, threshold 0.5",
+            "setdlm AR + static cache", "setdlm SetDLM w=4, threshold off + static cache",
             "transformers generate (dynamic cache)"} <= names
     for r in rows:
         if r["decoder"].startswith("setdlm"):
