@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -67,16 +66,17 @@ def uses_rules(device: torch.device) -> bool:
     return p == "flex" or (p == "auto" and device.type == "cuda" and flex_available())
 
 
-@dataclass(eq=False)
 class MaskRule:
     """A training mask by its rule. ``kind``: ``"causal"``, ``"full"`` (bidirectional) or ``"sets"`` (the
     two-stream ``[x0 | xt]`` set mask over ``2n`` slots); ``valid`` (B, n) bool, False on padding; ``set_ids``
-    (B, n) long for ``"sets"`` (nondecreasing per row)."""
+    (B, n) long for ``"sets"`` (nondecreasing per row). A plain object, not a dataclass, so that wrappers
+    that walk a forward's arguments (DDP, FSDP) pass it through untouched."""
 
-    kind: str
-    valid: Tensor
-    set_ids: Tensor | None = None
-    _cache: dict = field(default_factory=dict, repr=False)
+    def __init__(self, kind: str, valid: Tensor, set_ids: Tensor | None = None):
+        if kind not in ("causal", "full", "sets") or (kind == "sets") != (set_ids is not None):
+            raise ValueError(f"MaskRule: kind {kind!r} with{'out' if set_ids is None else ''} set ids")
+        self.kind, self.valid, self.set_ids = kind, valid, set_ids
+        self._cache: dict = {}  # dense / fixed masks, the block mask, "unpadded": built once per forward
 
     @property
     def size(self) -> int:
@@ -174,6 +174,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, rule: MaskRule, *, scale: float | No
     the dense path, ``sdpa(q, k, v, mask, is_causal)`` (:func:`setdlm.model.attention`'s)."""
     if rule.kind != "sets" and rule.unpadded():
         return sdpa(q, k, v, None, rule.kind == "causal")
-    if dropout_p > 0 or not flex_available():  # flex_attention has no attention dropout
+    hd = q.shape[-1]
+    if dropout_p > 0 or not flex_available() or (q.is_cuda and (hd < 16 or hd & (hd - 1))):
+        # flex_attention has no attention dropout; its CUDA kernels want a power-of-two head size >= 16
         return sdpa(q, k, v, rule.fixed(), False)
-    return _flex(q, k, v, rule.block_mask(), scale, q.shape[1] != k.shape[1])
+    dev = q.device.type  # flex wants one dtype; under autocast q, k can be float32 after RoPE, v bf16
+    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else q.dtype
+    return _flex(q.to(dt), k.to(dt), v.to(dt), rule.block_mask(), scale, q.shape[1] != k.shape[1])

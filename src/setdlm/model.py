@@ -270,9 +270,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: fl
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, scale: float | None,
           dropout_p: float) -> Tensor:
-    """SDPA with grouped KV heads (see :func:`attention`); without a mask CUDA's flash kernel reads them in place."""
+    """SDPA with grouped KV heads (see :func:`attention`)."""
     groups = q.shape[1] // k.shape[1]
-    if groups > 1 and q.device.type != "cpu" and mask is not None:
+    if groups > 1 and q.device.type != "cpu":
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, hd)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
                                           is_causal=is_causal, enable_gqa=groups > 1)
