@@ -48,7 +48,7 @@ def test_training_section_structure(report):
         assert row["mfu"] is None  # no peak FLOP/s on the CPU
     assert t["ar"]["eval_s"] > 0 and t["ar"]["save_s"] > 0  # timed apart from the steps
     assert set(t["vs_plain"]) == set(fams) and t["per_token_cost_vs_ar"]["ar"] == 1.0
-    for name in ("training_long", "compile"):
+    for name in ("training_long", "compile", "generate_compiled"):
         assert report["sections"][name] == {"skipped": "needs CUDA"}
 
 
@@ -57,7 +57,8 @@ def test_decoding_section_structure(report):
     names = {r["decoder"] for r in rows}
     assert {"setdlm AR", "setdlm BD3LM S=4", "setdlm SetDLM w=4, threshold off", "setdlm SetDLM w=4, threshold 0.5",
             "setdlm AR + static cache", "setdlm SetDLM w=4, threshold off + static cache",
-            "transformers generate (dynamic cache)"} <= names
+            "transformers generate (dynamic cache)", "transformers generate (static cache)"} <= names
+    assert not [r for r in rows if "error" in r]
     for r in rows:
         if r["decoder"].startswith("setdlm"):
             assert r["new_tokens"] == 6 and r["tokens_per_s"] > 0 and r["nfe"] >= 1 and "vs_generate" in r
