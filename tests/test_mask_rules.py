@@ -56,26 +56,29 @@ def test_flex_attention_equals_dense_sdpa_at_float64():
     torch.testing.assert_close(attention(q1, k1, v1, full), attention(q1, k1, v1, full.dense()), rtol=1e-12, atol=1e-12)
 
 
-def _batch(L: int, V: int) -> Batch:
+def _batch(L: int, V: int, padded: bool = True) -> Batch:
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, V - 1, (3, L), generator=g)
     valid = torch.ones(3, L, dtype=torch.bool)
-    valid[1, L - 3:] = False
-    valid[2, L - 5:] = False
+    if padded:
+        valid[1, L - 3:] = False
+        valid[2, L - 5:] = False
     ctx = torch.zeros(3, L, dtype=torch.bool)
     ctx[:, 0] = True
     return Batch(ids, valid, ctx)
 
 
+@pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("family", ["ar", "mdlm", "bd3lm", "setdlm"])
-def test_loss_equal_under_flex_and_dense(family):
+def test_loss_equal_under_flex_and_dense(family, padded):
     """Forward only: flex_attention has no backward on the CPU (torch 2.13); gradients are checked on CUDA by
     benchmarks/gpu_check.py."""
     V, L = 32, 12
     model = Transformer(TransformerConfig(vocab_size=V, hidden_size=32, n_heads=4, n_layers=2)).double()
     model.init_weights(zero_head=False, generator=torch.Generator().manual_seed(2))
     fam = FamilyConfig(family, L, V - 1, **{"bd3lm": {"block_size": 4}, "setdlm": {"D": 2}}.get(family, {}))
-    batch = _batch(L, V)
+    batch = _batch(L, V, padded).to("cpu")  # leaving the CPU records whether it has padding (unpadded AR: is_causal)
+    assert batch.unpadded is (not padded)
     outs = []
     for policy in ("dense", "flex"):
         with kernel(policy), torch.no_grad():

@@ -69,14 +69,17 @@ def uses_rules(device: torch.device) -> bool:
 class MaskRule:
     """A training mask by its rule. ``kind``: ``"causal"``, ``"full"`` (bidirectional) or ``"sets"`` (the
     two-stream ``[x0 | xt]`` set mask over ``2n`` slots); ``valid`` (B, n) bool, False on padding; ``set_ids``
-    (B, n) long for ``"sets"`` (nondecreasing per row). A plain object, not a dataclass, so that wrappers
-    that walk a forward's arguments (DDP, FSDP) pass it through untouched."""
+    (B, n) long for ``"sets"`` (nondecreasing per row); ``unpadded``: whether ``valid`` is all True, when the
+    caller knows it on the host (else read from ``valid`` once, a device sync on a GPU). A plain object, not a
+    dataclass, so that wrappers that walk a forward's arguments (DDP, FSDP) pass it through untouched."""
 
-    def __init__(self, kind: str, valid: Tensor, set_ids: Tensor | None = None):
+    def __init__(self, kind: str, valid: Tensor, set_ids: Tensor | None = None, unpadded: bool | None = None):
         if kind not in ("causal", "full", "sets") or (kind == "sets") != (set_ids is not None):
             raise ValueError(f"MaskRule: kind {kind!r} with{'out' if set_ids is None else ''} set ids")
         self.kind, self.valid, self.set_ids = kind, valid, set_ids
         self._cache: dict = {}  # dense / fixed masks, the block mask, "unpadded": built once per forward
+        if unpadded is not None:
+            self._cache["unpadded"] = unpadded
 
     @property
     def size(self) -> int:
@@ -104,7 +107,7 @@ class MaskRule:
         return self._cache["fixed"]
 
     def unpadded(self) -> bool:
-        """No padding slot (one host sync on a GPU, once per forward)."""
+        """No padding slot (given, or read once per forward: a host sync on a GPU)."""
         if "unpadded" not in self._cache:
             self._cache["unpadded"] = bool(self.valid.all())
         return self._cache["unpadded"]

@@ -76,7 +76,7 @@ def ar_loss(model: Backbone, batch: Batch, mask_token_id: int) -> LossOutput:
     x, valid = batch.input_ids, batch.attention_mask
     B, L = x.shape
     pos = torch.arange(L, device=x.device).expand(B, L)
-    logits = model(x, pos, training_mask(model, MaskRule("causal", valid)))  # (B, L, V)
+    logits = model(x, pos, training_mask(model, MaskRule("causal", valid, unpadded=batch.unpadded)))  # (B, L, V)
     mask = batch.targets.clone()
     mask[:, 0] = False
     nll = torch.zeros(B, L, dtype=torch.promote_types(logits.dtype, torch.float32), device=x.device)
@@ -110,7 +110,7 @@ def masked_diffusion_loss(model: Backbone, batch: Batch, mask_token_id: int, sch
         logits = model(ids, torch.cat([pos, pos], 1), training_mask(model, MaskRule("sets", valid, blocks)),
                        logits_start=L)  # (B, L, V): the xt half
     else:
-        logits = model(xt, pos, training_mask(model, MaskRule("full", valid)))  # (B, L, V)
+        logits = model(xt, pos, training_mask(model, MaskRule("full", valid, unpadded=batch.unpadded)))  # (B, L, V)
     ce = _token_nll(logits, x, mask_token_id) * masked  # (B, L)
     t_tok = schedule.expand(t).to(ce.dtype).to(x.device)  # (B, L)
     nll = ce / t_tok  # weight −α'/(1−α) = 1/t on masked tokens, 0 elsewhere
