@@ -41,13 +41,13 @@ skipped, with the ``--only`` flag that runs it:
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import platform
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -469,7 +469,11 @@ def main(argv=None) -> dict:
                                                    f"left of the {args.budget:.0f} s budget (rerun with --only {name})"}
         else:
             t0 = time.perf_counter()
-            report["sections"][name] = fn()
+            try:
+                report["sections"][name] = fn()
+            except Exception as e:  # one device run must not lose the other sections: recorded, and on
+                report["sections"][name] = {"error": f"{type(e).__name__}: {e}"[:500],
+                                            "traceback": traceback.format_exc()[-3000:]}
             report["seconds"][name] = time.perf_counter() - t0
         Path(args.out).write_text(json.dumps(report, indent=2))
         print(f"{name}: {json.dumps(report['sections'][name])[:400]}", file=sys.stderr)
