@@ -19,6 +19,7 @@ class Batch:
     input_ids: Tensor  # (B, L) long
     attention_mask: Tensor  # (B, L) bool, False on padding
     context_mask: Tensor | None = None  # (B, L) bool, True on prompt tokens
+    unpadded: bool | None = None  # no padding slot, when known on the host (None = unknown; see to())
 
     def __post_init__(self):
         self.attention_mask = self.attention_mask.bool()
@@ -34,4 +35,9 @@ class Batch:
         return self.attention_mask & ~self.context_mask
 
     def to(self, device) -> "Batch":
-        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.context_mask.to(device))
+        """The batch on ``device``; a batch leaving the CPU records whether it has padding (read on the host, so
+        the training step's attention kernel is chosen without a device sync, docs/training.md)."""
+        unpadded = self.unpadded
+        if unpadded is None and self.attention_mask.device.type == "cpu":
+            unpadded = bool(self.attention_mask.all())
+        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.context_mask.to(device), unpadded)

@@ -46,6 +46,8 @@ class HFBackbone(nn.Module):
     ``GPT2LMHeadModel``) behind the setdlm backbone contract. The HF model is held as ``self.hf`` and keeps
     its parameters, so ``backbone.hf.save_pretrained(...)`` still works after fine-tuning."""
 
+    accepts_mask_rules = True  # training masks may come as setdlm.mask_rules.MaskRule
+
     def __init__(self, hf_model: nn.Module):
         super().__init__()
         cfg = hf_model.config

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .errors import UserError
+from .mask_rules import MaskRule, attend
 
 
 @dataclass
@@ -103,6 +104,10 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.pos = torch.zeros(batch, capacity, dtype=torch.long, device=device)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        # static: every forward attends over the whole capacity, its mask given in buffer coordinates
+        # (B, 1|H, T, capacity), lengths updated in place: no host read in the step (CUDA graphs,
+        # setdlm.decoding.cuda_graph)
+        self.static = False
 
     @classmethod
     def for_model(cls, model: "Transformer", batch: int, capacity: int = 64) -> "KVCache":
@@ -137,7 +142,10 @@ class KVCache:
         lengths = torch.as_tensor(lengths, dtype=torch.long, device=self.lengths.device).expand_as(self.lengths)
         if (lengths < 0).any():
             raise ValueError("cannot crop a cache to a negative length")
-        self.lengths = torch.minimum(self.lengths, lengths).clone()
+        if self.static:  # in place: a captured graph reads this very tensor
+            self.lengths.copy_(torch.minimum(self.lengths, lengths))
+        else:
+            self.lengths = torch.minimum(self.lengths, lengths).clone()
 
     def select_rows(self, rows: Tensor) -> None:
         """Keep only the given rows (a (B',) index or a (B,) bool), e.g. to drop finished sequences."""
@@ -191,6 +199,7 @@ class KVCache:
         new.v = [t.clone() for t in self.v]
         new.pos = self.pos.clone()
         new.lengths = self.lengths.clone()
+        new.static = self.static
         return new
 
 
@@ -237,7 +246,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: fl
     """The one place the attention kernel is chosen: PyTorch SDPA with a boolean mask, scale 1/√hd unless
     given, optional dropout on the attention probabilities (pretrained backbones that train with it).
     q: (B, H, T, hd); k, v: (B, Hkv, S, hd) with H a multiple of Hkv (grouped-query attention: query head h
-    reads KV head h // (H / Hkv), transformers' ``repeat_kv``); mask: (B, 1|H, T, S) bool.
+    reads KV head h // (H / Hkv), transformers' ``repeat_kv``); mask: (B, 1|H, T, S) bool, or a training mask
+    by its rule (:class:`setdlm.mask_rules.MaskRule`: is_causal SDPA, FlexAttention or the dense mask).
 
     Grouped KV heads: on the CPU SDPA reads them in place (``enable_gqa``: the same numbers as repeating them,
     without copying the whole cache every layer and step); elsewhere they are repeated first (on CUDA a
@@ -248,13 +258,24 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: fl
     and BLAS path follow the shape; the result rounded from float64 does not (to float32 rounding). Quantized
     backbones use it (docs/quantization.md): their per-row int8 activation quantizer would turn a one-ulp
     difference into a whole quantization level, and a row's logits would then depend on its batch."""
+    if isinstance(mask, MaskRule):  # a training mask by its rule: the kernel follows it (setdlm.mask_rules)
+        if not wide:
+            return attend(q, k, v, mask, scale=scale, dropout_p=dropout_p,
+                          sdpa=lambda q, k, v, m, causal: _sdpa(q, k, v, m, causal, scale, dropout_p))
+        mask = mask.fixed()
     if wide and q.dtype != torch.float64:  # float64 inside, one rounding to q's dtype at the end
         return attention(q.double(), k.double(), v.double(), mask, scale=scale, dropout_p=dropout_p).to(q.dtype)
+    return _sdpa(q, k, v, mask, False, scale, dropout_p)
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, scale: float | None,
+          dropout_p: float) -> Tensor:
+    """SDPA with grouped KV heads (see :func:`attention`)."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1 and q.device.type != "cpu":
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, hd)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
-                                          enable_gqa=groups > 1)
+                                          is_causal=is_causal, enable_gqa=groups > 1)
 
 
 class Block(nn.Module):
@@ -292,6 +313,8 @@ class Block(nn.Module):
 
 class Transformer(nn.Module):
     """The DiT backbone of docs/method.md §3.1 (no time conditioning)."""
+
+    accepts_mask_rules = True  # training masks may come as setdlm.mask_rules.MaskRule
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -358,7 +381,7 @@ class Transformer(nn.Module):
 class CacheStep:
     """Bookkeeping of one forward against a cache (shared by every backbone that honours the contract)."""
 
-    mask: Tensor | None  # (B, 1|H, T, W) bool in buffer coordinates, or None (full attention)
+    mask: Tensor | MaskRule | None  # (B, 1|H, T, W) bool in buffer coordinates, a rule, or None (full attention)
     start: Tensor | None = None  # (B,) row lengths before the step
     write_idx: Tensor | None = None  # (B, T) buffer column of each new token
     width: int = 0  # W: buffer columns the step attends over
@@ -370,6 +393,12 @@ def begin_step(cache: KVCache | None, position_ids: Tensor, attn_mask: Tensor | 
     tokens' positions. Without a cache the mask passes through. Rows with no visible key see everything
     (their output is garbage but finite; callers ignore it)."""
     B, T = position_ids.shape
+    if cache is not None and cache.static:
+        return _static_step(cache, position_ids, attn_mask)
+    if isinstance(attn_mask, MaskRule):
+        if cache is None:  # a training forward: the rule goes to attention() as it is
+            return CacheStep(attn_mask, width=T, T=T)
+        attn_mask = attn_mask.dense()
     if cache is None:
         mask = attn_mask
         step = CacheStep(mask, width=T, T=T)
@@ -393,20 +422,39 @@ def begin_step(cache: KVCache | None, position_ids: Tensor, attn_mask: Tensor | 
     return step
 
 
+def _static_step(cache: KVCache, position_ids: Tensor, attn_mask: Tensor | None) -> CacheStep:
+    """:func:`begin_step` for a static cache: ``attn_mask`` (B, 1|H, T, capacity) is already in buffer
+    coordinates (:func:`mask_to_buffer` with ``width = capacity``), the step attends over the whole capacity,
+    and nothing is read on the host. The caller guarantees ``lengths + T <= capacity``."""
+    B, T = position_ids.shape
+    if attn_mask is None or attn_mask.shape[-1] != cache.capacity or attn_mask.shape[-2] != T:
+        raise ValueError(f"a static cache needs a (B, 1|H, {T}, {cache.capacity}) mask in buffer coordinates")
+    start = cache.lengths.clone()  # (B,)
+    write_idx = start[:, None] + torch.arange(T, device=start.device)  # (B, T)
+    cache.pos.scatter_(1, write_idx, position_ids.to(torch.long))
+    mask = attn_mask | ~attn_mask.any(-1, keepdim=True)  # a row with no visible key would give NaN
+    return CacheStep(mask, start, write_idx, cache.capacity, T)
+
+
 def end_step(cache: KVCache | None, step: CacheStep, keep: int | Tensor | None) -> None:
     """Persist the first ``keep`` (int or (B,)) of the step's new tokens per row (default all)."""
     if cache is None:
         return
     n_keep = step.T if keep is None else keep
-    cache.lengths = step.start + torch.as_tensor(n_keep, dtype=torch.long, device=step.start.device).clamp(0, step.T)
+    lengths = step.start + torch.as_tensor(n_keep, dtype=torch.long, device=step.start.device).clamp(0, step.T)
+    if cache.static:
+        cache.lengths.copy_(lengths)  # in place: a captured graph reads and writes this very tensor
+    else:
+        cache.lengths = lengths
 
 
 def mask_to_buffer(mask: Tensor, start: Tensor, C: int, T: int, width: int) -> Tensor:
     """Re-index a mask from contract coordinates (``C`` cache columns then ``T`` new) to buffer columns,
-    where row b's new tokens sit at ``start[b]..start[b]+T-1``. Columns a row does not hold become False."""
+    where row b's new tokens sit at ``start[b]..start[b]+T-1``. Columns a row does not hold become False.
+    ``width > C + T`` (a static cache's capacity) always gathers, reading nothing on the host."""
     if mask.shape[-1] != C + T:
         raise ValueError(f"attention mask has {mask.shape[-1]} key columns; expected cache width {C} + {T} new")
-    if bool((start == C).all()):
+    if width == C + T and bool((start == C).all()):
         return mask  # rows share one length: the two coordinate systems coincide
     B = start.shape[0]
     c = torch.arange(width, device=start.device)[None, :]  # (1, W)

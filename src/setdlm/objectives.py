@@ -30,7 +30,7 @@ from .backbone import Backbone
 from .batch import Batch
 from .errors import UserError
 from .family import FamilyConfig
-from .masks import bd3lm_two_stream_mask, bidirectional_mask, causal_mask, setdlm_two_stream_mask, two_stream_set_mask
+from .mask_rules import MaskRule, training_mask
 from .schedules import LinearSchedule, StaggeredSchedule
 
 
@@ -76,7 +76,7 @@ def ar_loss(model: Backbone, batch: Batch, mask_token_id: int) -> LossOutput:
     x, valid = batch.input_ids, batch.attention_mask
     B, L = x.shape
     pos = torch.arange(L, device=x.device).expand(B, L)
-    logits = model(x, pos, causal_mask(valid))  # (B, L, V)
+    logits = model(x, pos, training_mask(model, MaskRule("causal", valid, unpadded=batch.unpadded)))  # (B, L, V)
     mask = batch.targets.clone()
     mask[:, 0] = False
     nll = torch.zeros(B, L, dtype=torch.promote_types(logits.dtype, torch.float32), device=x.device)
@@ -106,10 +106,11 @@ def masked_diffusion_loss(model: Backbone, batch: Batch, mask_token_id: int, sch
     pos = torch.arange(L, device=x.device).expand(B, L)
     if two_stream:
         ids = torch.cat([x, xt], 1)  # (B, 2L)
-        logits = model(ids, torch.cat([pos, pos], 1), bd3lm_two_stream_mask(valid, schedule.block_size),
+        blocks = pos // schedule.block_size  # (B, L): the BD3LM mask is the set mask of blocks (setdlm.masks)
+        logits = model(ids, torch.cat([pos, pos], 1), training_mask(model, MaskRule("sets", valid, blocks)),
                        logits_start=L)  # (B, L, V): the xt half
     else:
-        logits = model(xt, pos, bidirectional_mask(valid))  # (B, L, V)
+        logits = model(xt, pos, training_mask(model, MaskRule("full", valid, unpadded=batch.unpadded)))  # (B, L, V)
     ce = _token_nll(logits, x, mask_token_id) * masked  # (B, L)
     t_tok = schedule.expand(t).to(ce.dtype).to(x.device)  # (B, L)
     nll = ce / t_tok  # weight −α'/(1−α) = 1/t on masked tokens, 0 elsewhere
@@ -125,10 +126,15 @@ class TwoStreamInputs:
 
     input_ids: Tensor  # (B, 2L): [x0 in reveal order | same with every target replaced by MASK]
     position_ids: Tensor  # (B, 2L): original positions, repeated for both streams
-    attn_mask: Tensor  # (B, 1, 2L, 2L) bool
+    rule: MaskRule  # the two-stream set mask by its rule (setdlm.mask_rules)
     clean: Tensor  # (B, L) x0 in reveal order (the labels of the query stream)
     targets: Tensor  # (B, L) bool, targets in reveal order
     order: Tensor  # (B, L) the permutation (original position of each rank)
+
+    @property
+    def attn_mask(self) -> Tensor:
+        """(B, 1, 2L, 2L) bool: the dense mask (setdlm.masks.two_stream_set_mask)."""
+        return self.rule.dense()
 
 
 def clean_bos(batch: Batch) -> Tensor:
@@ -151,8 +157,10 @@ def setdlm_inputs(batch: Batch, order: Tensor, mask_token_id: int, set_ids: Tens
     valid_p = valid.gather(1, order)
     tgt_p = targets.gather(1, order)
     xtp = torch.where(tgt_p, torch.full_like(x0p, mask_token_id), x0p)  # every target masked
-    mask = setdlm_two_stream_mask(valid_p) if set_ids is None else two_stream_set_mask(set_ids, valid_p)
-    return TwoStreamInputs(torch.cat([x0p, xtp], 1), torch.cat([order, order], 1), mask, x0p, tgt_p, order)
+    if set_ids is None:  # singleton sets, one per reveal rank (setdlm.masks.setdlm_two_stream_mask)
+        set_ids = torch.arange(x.shape[1], device=x.device).expand_as(x)
+    rule = MaskRule("sets", valid_p, set_ids)
+    return TwoStreamInputs(torch.cat([x0p, xtp], 1), torch.cat([order, order], 1), rule, x0p, tgt_p, order)
 
 
 def setdlm_loss(model: Backbone, batch: Batch, mask_token_id: int, schedule: StaggeredSchedule | None = None, *,
@@ -172,7 +180,7 @@ def setdlm_loss(model: Backbone, batch: Batch, mask_token_id: int, schedule: Sta
         order = schedule.sample_order(batch.targets & ~first, generator=generator)  # (B, L)
     scored = batch.targets | first  # (B, L)
     inp = setdlm_inputs(batch, order, mask_token_id, set_ids, scored)
-    logits = model(inp.input_ids, inp.position_ids, inp.attn_mask, logits_start=L)  # (B, L, V): query stream
+    logits = model(inp.input_ids, inp.position_ids, training_mask(model, inp.rule), logits_start=L)  # (B, L, V)
     nll_p = _token_nll(logits, inp.clean, mask_token_id) * inp.targets  # (B, L) by rank
     loss = _per_sequence_mean(nll_p, inp.targets)
     nll = torch.zeros_like(nll_p).scatter(1, order, nll_p)  # back to original positions

@@ -135,11 +135,12 @@ def local(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def grad_norm(params: list[nn.Parameter], clip: float) -> float:
-    """The global gradient norm, after clipping the gradients to ``clip`` (0 = no clipping)."""
+def grad_norm(params: list[nn.Parameter], clip: float) -> Tensor:
+    """The global gradient norm (a 0-dim tensor on the gradients' device: reading it is left to the caller, so
+    the step needs no host sync here), after clipping the gradients to ``clip`` (0 = no clipping)."""
     if clip > 0:
-        return float(local(torch.nn.utils.clip_grad_norm_(params, clip)))
+        return local(torch.nn.utils.clip_grad_norm_(params, clip))
     grads = [p.grad for p in params if p.grad is not None]
     if grads and hasattr(grads[0], "full_tensor"):
-        return float(local(torch.nn.utils.get_total_norm(grads)))
-    return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+        return local(torch.nn.utils.get_total_norm(grads))
+    return torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))

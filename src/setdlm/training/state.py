@@ -37,8 +37,9 @@ class TrainState:
         names = list(ckpt.unique_state_dict(self.backbone))  # before sharding: tied weights once
         net = wrap(self.backbone, dist, cfg.system.bf16)  # under fsdp the backbone itself, sharded in place
         o = cfg.optim
+        fused = dist.device.type == "cuda" and not dist.sharded  # one kernel for the whole update on a GPU
         self.optimizer = torch.optim.AdamW(self.backbone.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=1e-8,
-                                           weight_decay=o.weight_decay)
+                                           weight_decay=o.weight_decay, fused=fused or None)
         self.step = 0
         self.ema: dict[str, Tensor] | None = None
         if o.ema:
@@ -76,10 +77,12 @@ class TrainState:
         per_rank = o.batch_size // dist.world
         mine = rows[dist.rank * per_rank:(dist.rank + 1) * per_rank]
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, tokens = 0.0, 0
+        loss_sum, tokens = torch.zeros((), dtype=torch.float64, device=dist.device), 0
         amp = torch.autocast(dist.device.type, dtype=torch.bfloat16) if self.cfg.system.bf16 else nullcontext()
         for m in range(o.grad_accum):
-            batch = self.setup.train.batch(mine[m * self.micro:(m + 1) * self.micro]).to(dist.device)
+            batch = self.setup.train.batch(mine[m * self.micro:(m + 1) * self.micro])
+            tokens += int(batch.attention_mask.sum())  # counted on the host, before the copy: no device sync
+            batch = batch.to(dist.device)
             seed = micro_batch_seed(o.seed, s, dist.rank * o.grad_accum + m)
             torch.manual_seed(seed)  # dropout
             gen = torch.Generator(dist.device).manual_seed(seed)
@@ -87,16 +90,16 @@ class TrainState:
                 with amp:
                     out = compute_loss(self.net, self.setup.family, batch, train=True, generator=gen)
                 (out.loss / o.grad_accum).backward()
-            loss_sum += float(out.loss.detach())
-            tokens += int(batch.attention_mask.sum())
-        norm = grad_norm(list(self.backbone.parameters()), o.clip)
+            loss_sum += out.loss.detach()
+        norm = grad_norm(list(self.backbone.parameters()), o.clip)  # a tensor: read after the update is queued
         self.optimizer.step()
         if self.ema is not None:
             with torch.no_grad():
                 sd = self.backbone.state_dict()
                 torch._foreach_lerp_(list(self.ema.values()), [sd[k].float() for k in self.ema], 1.0 - o.ema)
         self.step += 1
-        return loss_sum / o.grad_accum, norm, tokens
+        loss, norm = torch.stack([loss_sum, norm.double()]).tolist()  # the step's one host sync
+        return loss / o.grad_accum, norm, tokens
 
     @contextlib.contextmanager
     def _ema_weights(self):
