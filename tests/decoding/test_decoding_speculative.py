@@ -238,7 +238,7 @@ def test_bench_sweeps_speculation_beside_the_windows(tmp_path, capsys):
                              "--out", str(tmp_path / "b")], capsys)
     assert code == 0, err
     lines = stdout.strip().splitlines()
-    assert lines[0].endswith("| NFE | TPF | forwards/token |")
+    assert lines[0].endswith("| NFE | TPF | forwards/token | × AR quality | × AR tok/s |")  # AR in the sweep
     rows = lines[2:lines.index("")] if "" in lines else lines[2:]  # the AUP table follows a blank line
     assert [line.split(" | ")[3] for line in rows] == ["1", "4", "4 spec", "–"]  # w column
     pts = {(p.family, p.setting.window, p.setting.speculate): p for p in bench.read_json(tmp_path / "b" / "bench.json")}
