@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from .decoding.settings import FAMILIES, DecodeSettings
 from .errors import UserError
+from .family import REGISTRY
 from .lm import Model
 
 THRESHOLDS = (None, 0.99, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)  # docs/method.md §5.2: None = off (τ = 1e6)
@@ -337,7 +338,7 @@ def against_ar(points: Sequence[BenchPoint]) -> dict[int, tuple[float, float]]:
     timed side by side in the same sweep); {} when the sweep has no AR point."""
     ar: dict[int, BenchPoint] = {}
     for p in points:
-        if p.family == "ar" and p.tokens_per_second:
+        if REGISTRY[p.family].left_to_right and p.tokens_per_second:  # the autoregressive model
             ar.setdefault(p.setting.batch_size, p)
     out = {}
     for i, p in enumerate(points):
