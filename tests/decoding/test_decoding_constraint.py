@@ -213,12 +213,12 @@ def test_unsatisfiable_and_bad_constraints_are_clear_errors_before_decoding():
         json_schema({"type": "bogus"})
     with pytest.raises(ValueError, match="not valid JSON"):
         json_schema("{nope")
-    with pytest.raises(ValueError, match=r"'maximum' at \(root\)/properties/a cannot be enforced"):
-        json_schema({"type": "object", "properties": {"a": {"type": "integer", "maximum": 5}}})
+    with pytest.raises(ValueError, match=r"'multipleOf' at \(root\)/properties/a cannot be enforced"):
+        json_schema({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 3}}})  # unbounded
     with pytest.raises(ValueError, match=r"'uniqueItems' at \(root\)/\$defs/t/anyOf/1 cannot be enforced"):
         json_schema({"$defs": {"t": {"anyOf": [{"type": "null"}, {"type": "array", "uniqueItems": True}]}},
                      "$ref": "#/$defs/t"})
-    with pytest.raises(ValueError, match="'oneOf' with 2 schemas at \\(root\\): exactly one branch"):
+    with pytest.raises(ValueError, match="'oneOf' at \\(root\\) cannot be enforced .*may overlap"):
         json_schema({"oneOf": [{"type": "integer"}, {"type": "number"}]})
     with pytest.raises(ValueError, match="give constraint or stop"):
         DecodeSettings(constraint=regex("a"), stop=".")

@@ -83,7 +83,7 @@ def test_bad_structured_requests_are_a_400_naming_the_problem(server):
            ({"choice": ["a", 3]}, "every choice must be a non-empty string", "choice"),
            ({"regex": "a", "choice": ["b"]}, "give one of response_format, regex, choice", "choice"),
            ({"regex": "a{50}"}, "no match of at most 5 tokens", None),
-           ({"regex": "(a"}, "invalid regular expression", None)]
+           ({"regex": "(a"}, "invalid regular expression", "regex")]
     for extra, needle, param in bad:
         with pytest.raises(openai.BadRequestError) as e:
             c.completions.create(model="tiny", prompt="zz", max_tokens=5, extra_body=extra)

@@ -200,7 +200,7 @@ def row_constraints(constraints, sequences: list[list[int]], targets: list[list[
             out.append(None)
             continue
         lo, hi = tgt.index(True), len(tgt) - tgt[::-1].index(True)
-        rc = RowConstraint(c, automaton(c, tokenizer), lo, hi, eos_ids if mode == "generate" else ())
+        rc = RowConstraint(c, automaton(c, tokenizer, hi - lo), lo, hi, eos_ids if mode == "generate" else ())
         if not rc.completable(seq[lo:hi], tgt[lo:hi]):
             if mode == "generate":
                 raise UserError(f"row {i}: {c!r} has no match of at most {hi - lo} tokens (max_new_tokens) with this "

@@ -23,24 +23,30 @@ SmolLM2's); another decoder (e.g. SentencePiece's ``▁``) is a ``ValueError``.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import contextvars
 import hashlib
 import json
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
 from ..errors import UserError
+from .schema_regex import UNENFORCED, check_nesting, schema_regex  # noqa: F401 (UNENFORCED: documented)
 
 DEFAULT_MAX_DEPTH = 3  # JSON Schema: depth to which recursive references are unrolled
-# validation keywords outlines-core's regex does not enforce: refused, so that every output validates
-UNENFORCED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems", "contains",
-              "minContains", "maxContains", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
-              "dependencies", "patternProperties", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
-_SUBSCHEMAS = ("additionalProperties", "items", "prefixItems", "anyOf", "oneOf", "allOf")  # keys holding schemas
-_SCHEMA_MAPS = ("properties", "$defs", "definitions")  # keys holding name -> schema
 _META = set("\\.+*?()|[]{}^$#&-~")  # characters a literal escapes (Rust regex syntax)
 
 
@@ -60,10 +66,16 @@ class Constraint:
 
 
 def regex(pattern: str) -> Constraint:
-    """The output must match ``pattern`` in full."""
+    """The output must match ``pattern`` in full (so a leading ``^`` and a trailing ``$`` are dropped: the
+    whole output is matched anyway)."""
     if not isinstance(pattern, str) or not pattern:
-        raise UserError(f"regex must be a non-empty string, got {pattern!r}")
-    return Constraint("regex", pattern, pattern)
+        raise UserError(f"regex must be a non-empty string, got {pattern!r}", fields=("regex",))
+    body = pattern[1:] if pattern.startswith("^") else pattern
+    if body.endswith("$") and (len(body) - 1 - len(body[:-1].rstrip("\\"))) % 2 == 0:  # not an escaped \$
+        body = body[:-1]
+    if not body:
+        raise UserError(f"regex {pattern!r} matches only the empty output", fields=("regex",))
+    return Constraint("regex", body, pattern)
 
 
 def choice(options) -> Constraint:
@@ -73,7 +85,10 @@ def choice(options) -> Constraint:
     if not all(isinstance(o, str) and o for o in options):
         raise UserError(f"every choice must be a non-empty string, got {list(options)!r}")
     options = tuple(dict.fromkeys(options))
-    return Constraint("choice", "(" + "|".join(_escape(o) for o in options) + ")", options)
+    # longest first: the automaton is built with leftmost-first semantics, so in ``yes|yes sir`` the match
+    # of ``yes`` would end the output and ``yes sir`` could never be written
+    ordered = sorted(options, key=len, reverse=True)
+    return Constraint("choice", "(" + "|".join(_escape(o) for o in ordered) + ")", options)
 
 
 def json_schema(schema, *, max_depth: int = DEFAULT_MAX_DEPTH, whitespace: str | None = None) -> Constraint:
@@ -92,13 +107,10 @@ def json_schema(schema, *, max_depth: int = DEFAULT_MAX_DEPTH, whitespace: str |
         raise UserError(f"json_schema: a schema is a JSON object, got {type(schema).__name__}")
     if not (isinstance(max_depth, int) and not isinstance(max_depth, bool) and max_depth >= 0):
         raise UserError(f"max_depth must be an integer >= 0, got {max_depth!r}")
+    check_nesting(schema)
     _check_schema(schema)
-    _check_enforced(schema, "(root)")
     text = json.dumps(schema)  # property order kept: outlines-core writes properties in this order
-    try:
-        pattern = oc.json_schema.build_regex_from_schema(text, whitespace, max_recursion_depth=max_depth)
-    except (ValueError, TypeError) as e:
-        raise UserError(f"json_schema: {e}") from None
+    pattern = schema_regex(schema, max_depth=max_depth, whitespace=whitespace)
     return Constraint("json_schema", pattern, text)
 
 
@@ -162,32 +174,6 @@ def _check_schema(schema: dict) -> None:
         raise UserError(f"json_schema: invalid schema at {where}: {e.message}") from None
 
 
-def _check_enforced(schema, where: str) -> None:
-    """A ``ValueError`` for a validation keyword the automaton would silently not enforce (so an output
-    could fail the schema): bounds of numbers, ``uniqueItems``, ``not``, conditionals ..."""
-    if isinstance(schema, list):
-        for i, sub in enumerate(schema):
-            _check_enforced(sub, f"{where}/{i}")
-        return
-    if not isinstance(schema, dict):
-        return
-    for key in UNENFORCED:
-        if key in schema:
-            raise UserError(f"json_schema: {key!r} at {where} cannot be enforced by the token automaton "
-                            f"(outlines-core); remove it, or use enum, pattern or maxLength instead")
-    for key, why in (("oneOf", "exactly one branch matching is not enforced; use anyOf"),
-                     ("allOf", "the intersection of several schemas is not expressed; merge them into one")):
-        if isinstance(schema.get(key), list) and len(schema[key]) > 1:
-            raise UserError(f"json_schema: {key!r} with {len(schema[key])} schemas at {where}: {why}")
-    for key in _SUBSCHEMAS:
-        if key in schema:
-            _check_enforced(schema[key], f"{where}/{key}")
-    for key in _SCHEMA_MAPS:
-        if isinstance(schema.get(key), dict):
-            for name, sub in schema[key].items():
-                _check_enforced(sub, f"{where}/{key}/{name}")
-
-
 def _outlines():
     try:
         import outlines_core
@@ -226,66 +212,270 @@ class TokenAutomaton:
     reach: dict = field(default_factory=dict)  # EOS ids -> list of R_k tensors (constrained.py), grown lazily
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of its tensors (the reachability tables grown so far left out)."""
+        return sum(t.numel() * t.element_size() for t in (self.final, self.src_ptr, self.src_tok, self.src_dst,
+                                                          self.tok_ptr, self.tok_src, self.tok_dst, self.pair_src,
+                                                          self.pair_dst))
+
+    @property
     def states(self) -> int:
         return self.final.shape[0]
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """What compiling one constraint may take (docs/decoding.md "Bounds"): ``seconds`` of wall time (waiting
+    for a free compiler included), ``memory`` bytes of address space of the compiling process, ``edges``
+    token transitions of the automaton; ``cache_bytes``: the automata kept, all together; ``workers``:
+    compiling processes at once (the rest wait, within their ``seconds``). A constraint past a bound is a
+    :class:`UserError`, and the caller's process is never at risk: compilation runs in a separate process."""
+
+    seconds: float = 30.0
+    memory: int = 4 << 30
+    edges: int = 20_000_000
+    cache_bytes: int = 1 << 30
+    workers: int = 2
+
+
+BOUNDS = Bounds()
+_SECONDS: contextvars.ContextVar[float | None] = contextvars.ContextVar("constraint_seconds", default=None)
+
+
+def set_bounds(**changes) -> Bounds:
+    """Change the module's :class:`Bounds` (``set_bounds(seconds=5)``); returns the previous ones."""
+    global BOUNDS
+    old = BOUNDS
+    new = replace(old, **changes)
+    for name in ("seconds", "memory", "edges", "cache_bytes", "workers"):
+        v = getattr(new, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise UserError(f"{name} must be a positive number, got {v!r}")
+    BOUNDS = new
+    _evict()
+    return old
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Within the block, a compilation in this thread (or task) takes at most ``seconds`` (and never more
+    than ``BOUNDS.seconds``): the server gives each request what its ``timeout`` leaves."""
+    token = _SECONDS.set(seconds)
+    try:
+        yield
+    finally:
+        _SECONDS.reset(token)
+
+
 _COMPILED: OrderedDict[tuple[str, str], TokenAutomaton] = OrderedDict()  # (pattern, vocab hash) -> automaton
-_CACHE_SIZE = 32
-_VOCABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> (token bytes, hash)
+_CACHE_LOCK = threading.Lock()
+_VOCABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> (token bytes, hash, longest)
 
 
-def automaton(constraint: Constraint, tokenizer) -> TokenAutomaton:
+def automaton(constraint: Constraint, tokenizer, max_tokens: int | None = None) -> TokenAutomaton:
     """The token-level automaton of ``constraint`` for ``tokenizer``'s tokens (cached per pattern and
     vocabulary). The tokenizer's special tokens (BOS, EOS, PAD, MASK ...) are never allowed inside the
-    output. A pattern the tokens cannot spell is a ``ValueError``."""
+    output. ``max_tokens``: the most tokens an output has; the automaton then only keeps the words of at
+    most that many tokens' bytes (counted repetitions are cut there), so ``.{0,100000}`` for 12 tokens
+    compiles as ``.{0,12·longest token}``. A pattern the tokens cannot spell, or past :data:`BOUNDS`, is a
+    :class:`UserError`."""
     if not isinstance(constraint, Constraint):
         raise TypeError(f"a constraint is made by regex(), json_schema() or choice(), got {type(constraint).__name__}")
     if tokenizer is None:
         raise UserError("constrained decoding needs the model's tokenizer to read tokens as text; the model has none")
-    pieces, digest = _vocabulary(tokenizer)
-    key = (constraint.pattern, digest)
-    if key in _COMPILED:
-        _COMPILED.move_to_end(key)
-        return _COMPILED[key]
-    auto = _compile(constraint, pieces)
-    _COMPILED[key] = auto
-    if len(_COMPILED) > _CACHE_SIZE:
-        _COMPILED.popitem(last=False)
+    pieces, digest, longest = _vocabulary(tokenizer)
+    pattern = constraint.pattern if max_tokens is None else cut_repetitions(constraint.pattern, max_tokens * longest)
+    key = (pattern, digest)
+    with _CACHE_LOCK:
+        if key in _COMPILED:
+            _COMPILED.move_to_end(key)
+            return _COMPILED[key]
+    auto = _compile(constraint, pattern, pieces, digest)
+    with _CACHE_LOCK:
+        _COMPILED[key] = auto
+    _evict()
     return auto
 
 
-def _compile(constraint: Constraint, pieces: list[bytes | None]) -> TokenAutomaton:
-    oc = _outlines()
+def cached_bytes() -> int:
+    """Bytes of the automata in the cache (at most ``BOUNDS.cache_bytes``)."""
+    with _CACHE_LOCK:
+        return sum(a.nbytes for a in _COMPILED.values())
+
+
+def _evict() -> None:
+    with _CACHE_LOCK:
+        total = sum(a.nbytes for a in _COMPILED.values())
+        while _COMPILED and total > BOUNDS.cache_bytes:
+            total -= _COMPILED.popitem(last=False)[1].nbytes
+
+
+def cut_repetitions(pattern: str, max_bytes: int) -> str:
+    """``pattern`` with every counted repetition ``{m}``, ``{m,}``, ``{m,n}`` cut to at most
+    ``max_bytes + 1`` repeats: the same words of at most ``max_bytes`` bytes (an iteration reads a byte or
+    more, or it reads nothing and more of them change nothing), so a bound far past what the output can
+    hold costs nothing. Escapes and character classes are left as they are."""
+    cap = max_bytes + 1
+    out, i, depth, n = [], 0, 0, len(pattern)  # depth: nesting of [...] character classes
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if c == "[":
+            depth += 1
+            if pattern[i + 1:i + 2] == "^":
+                out.append("[^")
+                i += 2
+                if pattern[i:i + 1] == "]":  # a leading ] is literal
+                    out.append("]")
+                    i += 1
+                continue
+            if pattern[i + 1:i + 2] == "]" and depth == 1:
+                out.append("[]")
+                i += 2
+                continue
+        elif c == "]" and depth:
+            depth -= 1
+        elif c == "{" and not depth:
+            close = pattern.find("}", i)
+            body = pattern[i + 1:close] if close > 0 else ""
+            parts = body.split(",")
+            if len(parts) in (1, 2) and parts[0].isdigit() and (len(parts) == 1 or parts[1] == "" or parts[1].isdigit()):
+                lo = min(int(parts[0]), cap)
+                if len(parts) == 1:
+                    out.append(f"{{{lo}}}")
+                elif parts[1] == "":
+                    out.append(f"{{{lo},}}")
+                else:
+                    out.append(f"{{{lo},{max(lo, min(int(parts[1]), cap))}}}")
+                i = close + 1
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _compile(constraint: Constraint, pattern: str, pieces: list[bytes | None], digest: str) -> TokenAutomaton:
+    seconds = BOUNDS.seconds if _SECONDS.get() is None else min(BOUNDS.seconds, _SECONDS.get())
+    reply = _COMPILER.run(digest, pieces, pattern, seconds)
+    where = constraint.kind
+    if reply[0] == "bound":
+        raise UserError(f"{where}: compiling {constraint!r} {reply[1]}; simplify it (fewer alternatives, smaller "
+                        f"repetition counts, less nesting) or lower max_tokens", fields=(where,))
+    if reply[0] == "error":
+        kind, message = reply[1], reply[2]
+        if kind == "incompatible":
+            raise UserError(f"{where}: {constraint!r} cannot be spelled with this tokenizer's tokens: {message}",
+                            fields=(where,))
+        if kind == "size":
+            raise UserError(f"{where}: compiling {constraint!r} exceeds the size bound ({message}); simplify it or "
+                            f"lower max_tokens", fields=(where,))
+        raise UserError(f"{where}: {constraint!r}: invalid regular expression: {message}", fields=(where,))
+    _, initial, finals, raw = reply
     V = len(pieces)
-    by_bytes: dict[bytes, list[int]] = {}
-    for i, b in enumerate(pieces):
-        if b:
-            by_bytes.setdefault(b, []).append(i)
-    fake_eos = V  # outlines-core wants an EOS id outside the map; its transitions are dropped below
-    try:
-        index = oc.Index(constraint.pattern, oc.Vocabulary(fake_eos, by_bytes))
-    except ValueError as e:
-        if "incompatible" in str(e):
-            raise UserError(f"{constraint!r} cannot be spelled with this tokenizer's tokens: {e}") from None
-        raise UserError(f"{constraint!r}: invalid regular expression: {e}") from None
-    except Exception as e:  # the Rust side's panics and other failures
-        raise UserError(f"{constraint!r}: invalid regular expression: {type(e).__name__}: {e}") from None
-    trans = index.get_transitions()  # {state: {token: next state}}
-    ids = {s: k for k, s in enumerate(sorted(set(trans) | set(index.get_final_states()) | {index.get_initial_state()}))}
-    edges = [(ids[s], t, ids[d]) for s, out in trans.items() for t, d in out.items() if t != fake_eos]
-    e = torch.tensor(edges, dtype=torch.long).reshape(-1, 3)  # (E, 3) src, tok, dst
-    K = len(ids)
+    e = torch.frombuffer(bytearray(raw), dtype=torch.long).reshape(-1, 3) if raw else torch.zeros(0, 3, dtype=torch.long)
+    states = torch.unique(torch.cat([e[:, 0], e[:, 2], torch.tensor(finals + [initial], dtype=torch.long)]))  # sorted
+    e = torch.stack([torch.searchsorted(states, e[:, 0].contiguous()), e[:, 1], torch.searchsorted(states, e[:, 2].contiguous())], 1)  # (E, 3)
+    K = states.numel()
     final = torch.zeros(K, dtype=torch.bool)
-    final[[ids[s] for s in index.get_final_states()]] = True
+    final[torch.searchsorted(states, torch.tensor(finals, dtype=torch.long))] = True
     by_src = e[torch.argsort(e[:, 0] * (V + 1) + e[:, 1])]
     by_tok = e[torch.argsort(e[:, 1] * (K + 1) + e[:, 0])]
     pairs = torch.unique(e[:, 0] * K + e[:, 2])
     return TokenAutomaton(
-        initial=ids[index.get_initial_state()], final=final,
+        initial=int(torch.searchsorted(states, torch.tensor(initial))), final=final,
         src_ptr=_ptr(by_src[:, 0], K), src_tok=by_src[:, 1].contiguous(), src_dst=by_src[:, 2].contiguous(),
         tok_ptr=_ptr(by_tok[:, 1], V), tok_src=by_tok[:, 0].contiguous(), tok_dst=by_tok[:, 2].contiguous(),
         pair_src=pairs // K, pair_dst=pairs % K, vocab_size=V)
+
+
+class _Compiler:
+    """Processes running :mod:`setdlm.decoding.compile_worker`, at most ``BOUNDS.workers`` at once; one
+    that passes its time is killed, one that outgrows its memory dies alone."""
+
+    def __init__(self):
+        self._idle: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+        self._busy = 0
+        self._free = threading.Condition(self._lock)
+        atexit.register(self.close)
+
+    def run(self, digest: str, pieces, pattern: str, seconds: float) -> tuple:
+        deadline = time.monotonic() + seconds
+        with self._free:
+            while self._busy >= BOUNDS.workers:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._free.wait(left):
+                    return ("bound", f"waited {seconds:g} s for a free compiler (time bound)")
+            self._busy += 1
+            proc = self._idle.pop() if self._idle else None
+        try:
+            if proc is None:
+                proc = self._spawn()
+            reply = self._ask(proc, (digest, None if digest in proc.seen else pieces, pattern, BOUNDS.edges),
+                              deadline, seconds)
+            if reply[0] == "error" and reply[1] == "vocabulary":
+                reply = self._ask(proc, (digest, pieces, pattern, BOUNDS.edges), deadline, seconds)
+            if reply[0] != "bound":
+                proc.seen = (proc.seen + [digest])[-2:]
+                with self._lock:
+                    self._idle.append(proc)
+            return reply
+        finally:
+            with self._free:
+                self._busy -= 1
+                self._free.notify()
+
+    def _spawn(self) -> subprocess.Popen:
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
+        proc = subprocess.Popen([sys.executable, "-P", script, str(int(BOUNDS.memory))], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        proc.seen = []
+        return proc
+
+    def _ask(self, proc: subprocess.Popen, request: tuple, deadline: float, seconds: float) -> tuple:
+        data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            proc.stdin.write(struct.pack("<Q", len(data)) + data)
+            proc.stdin.flush()
+            head = self._read(proc, 8, deadline)
+            body = self._read(proc, struct.unpack("<Q", head)[0], deadline)
+        except TimeoutError:
+            proc.kill()
+            proc.wait()
+            return ("bound", f"took more than the time bound ({seconds:g} s)")
+        except (EOFError, BrokenPipeError):
+            proc.wait()
+            return ("bound", f"outgrew the memory bound ({BOUNDS.memory >> 20} MiB) and failed "
+                             f"(exit {proc.returncode})")
+        return pickle.loads(body)
+
+    @staticmethod
+    def _read(proc: subprocess.Popen, n: int, deadline: float) -> bytes:
+        fd, parts, got = proc.stdout.fileno(), [], 0
+        while got < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(fd, min(n - got, 1 << 20))
+            if not chunk:
+                raise EOFError
+            parts.append(chunk)
+            got += len(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for proc in idle:
+            proc.stdin.close()
+            proc.wait()
+            proc.stdout.close()
+
+
+_COMPILER = _Compiler()
 
 
 def _ptr(keys: Tensor, n: int) -> Tensor:
@@ -329,18 +519,19 @@ def token_bytes(tokenizer) -> list[bytes | None]:
     return out
 
 
-def _vocabulary(tokenizer) -> tuple[list[bytes | None], str]:
+def _vocabulary(tokenizer) -> tuple[list[bytes | None], str, int]:
     try:
         return _VOCABS[tokenizer]
     except (KeyError, TypeError):
         pass
     pieces = token_bytes(tokenizer)
     digest = hashlib.sha256(b"\0".join(b"\1" if p is None else b"\2" + p for p in pieces)).hexdigest()
+    longest = max((len(p) for p in pieces if p), default=1)
     try:
-        _VOCABS[tokenizer] = (pieces, digest)
+        _VOCABS[tokenizer] = (pieces, digest, longest)
     except TypeError:  # not weak-referenceable: recomputed per call
         pass
-    return pieces, digest
+    return pieces, digest, longest
 
 
 def _byte_decoder() -> dict[str, int]:
