@@ -8,7 +8,10 @@ compilation that outgrows the memory bound ends in an allocation failure here, n
 Protocol on stdin/stdout, each message an 8-byte little-endian length and a pickle:
 
 * request ``(digest, pieces or None, pattern, max_edges)``: ``pieces`` (the token bytes, None for special
-  tokens) is sent once per vocabulary ``digest``;
+  tokens) is sent once per vocabulary ``digest``; ``pattern`` is the constraint's followed by the end mark
+  U+FFFF (which the constraint's own words never hold): outlines-core's automaton drops the ways on from
+  a match (``a(bc)?`` cannot write ``abc``), so the match is only complete at the mark, and the states
+  the mark leaves are the accepting ones;
 * reply ``("ok", initial, finals, edges)`` with ``edges`` the bytes of an int64 array of
   ``(source, token, destination)`` triples, or ``("error", kind, message)`` with ``kind`` one of
   ``"vocabulary"`` (a digest this process has not seen), ``"incompatible"`` (the tokens cannot spell
@@ -20,6 +23,8 @@ import resource
 import struct
 import sys
 from array import array
+
+END_MARK = "\uffff".encode()  # a noncharacter no output holds: the pattern sent is (P)\x{FFFF}
 
 
 def _read(stream) -> object | None:
@@ -35,7 +40,9 @@ def _write(stream, obj) -> None:
     stream.flush()
 
 
-def _compile(oc, vocab, fake_eos: int, pattern: str, max_edges: int):
+def _compile(oc, vocab, end: int, pattern: str, max_edges: int):
+    """The automaton of ``pattern`` (which ends in the end mark, token ``end``): its accepting states are
+    those the end mark leaves; the end mark's and EOS's own edges are dropped."""
     try:
         index = oc.Index(pattern, vocab)
     except ValueError as e:
@@ -45,12 +52,14 @@ def _compile(oc, vocab, fake_eos: int, pattern: str, max_edges: int):
     trans = index.get_transitions()  # {state: {token: next state}}
     if sum(len(out) for out in trans.values()) > max_edges:
         return ("error", "size", f"more than {max_edges} token transitions")
-    edges = array("q")
+    edges, finals = array("q"), []
     for s, out in trans.items():
         for t, d in out.items():
-            if t != fake_eos:
+            if t < end:
                 edges.extend((s, t, d))
-    return ("ok", index.get_initial_state(), sorted(index.get_final_states()), edges.tobytes())
+            elif t == end:
+                finals.append(s)
+    return ("ok", index.get_initial_state(), sorted(finals), edges.tobytes())
 
 
 def main() -> None:
@@ -59,7 +68,7 @@ def main() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     import outlines_core as oc
 
-    vocabs: dict[str, tuple] = {}  # digest -> (Vocabulary, fake EOS id); the last two kept
+    vocabs: dict[str, tuple] = {}  # digest -> (Vocabulary, the end mark's token id); the last two kept
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while (req := _read(stdin)) is not None:
         digest, pieces, pattern, max_edges = req
@@ -68,14 +77,16 @@ def main() -> None:
             for i, b in enumerate(pieces):
                 if b:
                     by_bytes.setdefault(b, []).append(i)
-            vocabs[digest] = (oc.Vocabulary(len(pieces), by_bytes), len(pieces))  # EOS outside the map
+            end = len(pieces)  # the end mark's token; EOS (outside the map) one past it
+            by_bytes.setdefault(END_MARK, []).append(end)
+            vocabs[digest] = (oc.Vocabulary(end + 1, by_bytes), end)
             while len(vocabs) > 2:
                 vocabs.pop(next(iter(vocabs)))
         if digest not in vocabs:
             _write(stdout, ("error", "vocabulary", digest))
             continue
-        vocab, fake_eos = vocabs[digest]
-        _write(stdout, _compile(oc, vocab, fake_eos, pattern, max_edges))
+        vocab, end = vocabs[digest]
+        _write(stdout, _compile(oc, vocab, end, pattern, max_edges))
 
 
 if __name__ == "__main__":

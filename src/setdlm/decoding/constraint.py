@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import select
 import struct
 import subprocess
@@ -357,10 +358,54 @@ def cut_repetitions(pattern: str, max_bytes: int) -> str:
     return "".join(out)
 
 
+_FLAGS = re.compile(r"\(\?([a-zA-Z-]*)[:)]")  # (?flags) and (?flags:...)
+
+
+def without_end_mark(pattern: str, where: str) -> str:
+    """``pattern`` with U+FFFF (the end mark of :mod:`setdlm.decoding.compile_worker`) taken out of every
+    class: ``.``, ``[...]`` and ``\\D \\W \\S \\p \\P`` each intersected with ``[^\\x{FFFF}]``."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            e = pattern[i + 1:i + 2]
+            if e in ("p", "P"):
+                j = pattern.find("}", i) + 1 if pattern[i + 2:i + 3] == "{" else i + 3
+                out.append(f"[{pattern[i:j]}&&[^\\x{{FFFF}}]]")
+                i = j
+                continue
+            out.append(f"[\\{e}&&[^\\x{{FFFF}}]]" if e in ("D", "W", "S") else pattern[i:i + 2])
+            i += 2
+            continue
+        if c == "[":
+            j, depth = i + 1 + (pattern[i + 1:i + 2] == "^"), 1
+            j += pattern[j:j + 1] == "]"  # a leading ] is literal
+            while j < n and depth:
+                if pattern[j] == "\\":
+                    j += 2
+                    continue
+                depth += {"[": 1, "]": -1}.get(pattern[j], 0)
+                j += 1
+            out.append(f"[{pattern[i:j]}&&[^\\x{{FFFF}}]]")
+            i = j
+            continue
+        if c == ".":
+            out.append("[^\\n\\x{FFFF}]")
+        elif c == "(" and (m := _FLAGS.match(pattern, i)) and "s" in m.group(1).split("-")[0]:
+            raise UserError(f"{where}: the flag s (. matching a newline) is not supported; write [\\s\\S] for it",
+                            fields=(where,))
+        elif c == "\uffff":
+            raise UserError(f"{where}: the noncharacter U+FFFF is not allowed in a constraint", fields=(where,))
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def _compile(constraint: Constraint, pattern: str, pieces: list[bytes | None], digest: str) -> TokenAutomaton:
     seconds = BOUNDS.seconds if _SECONDS.get() is None else min(BOUNDS.seconds, _SECONDS.get())
-    reply = _COMPILER.run(digest, pieces, pattern, seconds)
     where = constraint.kind
+    reply = _COMPILER.run(digest, pieces, f"({without_end_mark(pattern, where)})\\x{{FFFF}}", seconds)
     if reply[0] == "bound":
         raise UserError(f"{where}: compiling {constraint!r} {reply[1]}; simplify it (fewer alternatives, smaller "
                         f"repetition counts, less nesting) or lower max_tokens", fields=(where,))
