@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from ..errors import UserError
-from .schema_regex import UNENFORCED, check_nesting, schema_regex  # noqa: F401 (UNENFORCED: documented)
+from .schema_regex import UNENFORCED, check_nesting, schema_regex, strip_anchors  # noqa: F401 (UNENFORCED: documented)
 
 DEFAULT_MAX_DEPTH = 3  # JSON Schema: depth to which recursive references are unrolled
 _META = set("\\.+*?()|[]{}^$#&-~")  # characters a literal escapes (Rust regex syntax)
@@ -71,9 +71,7 @@ def regex(pattern: str) -> Constraint:
     whole output is matched anyway)."""
     if not isinstance(pattern, str) or not pattern:
         raise UserError(f"regex must be a non-empty string, got {pattern!r}", fields=("regex",))
-    body = pattern[1:] if pattern.startswith("^") else pattern
-    if body.endswith("$") and (len(body) - 1 - len(body[:-1].rstrip("\\"))) % 2 == 0:  # not an escaped \$
-        body = body[:-1]
+    body = strip_anchors(pattern)
     if not body:
         raise UserError(f"regex {pattern!r} matches only the empty output", fields=("regex",))
     return Constraint("regex", body, pattern)

@@ -209,8 +209,8 @@ def _leaf(node: dict, where: str) -> str | None:
         return f'"{FORMATS[fmt]}"'
     if pat is None:
         return None  # outlines-core's string with its length bounds
-    body = _strip_anchors(pat, where)
-    if "minLength" in node or "maxLength" in node:
+    body = strip_anchors(pat)
+    if ("minLength" in node or "maxLength" in node) and not _lengths_implied(body, lo, hi):
         m = re.fullmatch(r"(\[(?:\\.|[^\]\\])*\]|\\.|[^\\()\[\]|*+?{}^$])(\*|\+|\?|\{(\d+)(?:(,)(\d*))?\})", body)
         if m is None:
             _refuse("maxLength" if hi is not None else "minLength", where,
@@ -229,7 +229,18 @@ def _leaf(node: dict, where: str) -> str | None:
     return f'"(?:{json_safe(body, where)})"'
 
 
-def _strip_anchors(pattern: str, where: str) -> str:
+def _lengths_implied(pattern: str, lo: int, hi: int | None) -> bool:
+    """Whether every string of ``pattern`` (read by Python's parser, the common syntax) already has between
+    ``lo`` and ``hi`` characters."""
+    try:
+        short, long = re._parser.parse(pattern).getwidth()
+    except (re.error, AttributeError, RecursionError):
+        return False
+    return short >= lo and (hi is None or long <= hi)
+
+
+def strip_anchors(pattern: str) -> str:
+    """``pattern`` without a leading ``^`` and a trailing unescaped ``$`` (the whole text is matched)."""
     body = pattern[1:] if pattern.startswith("^") else pattern
     if body.endswith("$") and (len(body) - 1 - len(body[:-1].rstrip("\\"))) % 2 == 0:
         body = body[:-1]
@@ -252,12 +263,12 @@ def json_safe(pattern: str, where: str) -> str:
                 out.append(" ")
             elif e in ("D", "W", "S"):
                 out.append(f"[\\{e}&&{_CHAR}]")
-            elif e == "\\":
-                out.append("\\\\\\\\")
+            elif e == "\\":  # each spelled as its JSON escape, grouped for a quantifier after it
+                out.append("(?:\\\\\\\\)")
             elif e == '"':
-                out.append('\\\\"')
+                out.append('(?:\\\\")')
             elif e in ("n", "t", "r"):
-                out.append("\\\\" + e)
+                out.append(f"(?:\\\\{e})")
             elif e and not e.isalnum():
                 out.append("\\" + e)
             else:
@@ -283,7 +294,7 @@ def json_safe(pattern: str, where: str) -> str:
         if c == ".":
             out.append(_CHAR)
         elif c == '"':
-            out.append('\\\\"')
+            out.append('(?:\\\\")')
         elif c in "^$":
             _refuse("pattern", where, f"an anchor {c} inside the pattern (only at its ends)")
         elif ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F:
