@@ -446,6 +446,8 @@ class _Compiler:
         atexit.register(self.close)
 
     def run(self, digest: str, pieces, pattern: str, seconds: float) -> tuple:
+        if seconds <= 0:
+            return ("bound", "waited past its time bound for a free compiler")
         deadline = time.monotonic() + seconds
         with self._free:
             while self._busy >= BOUNDS.workers:

@@ -42,26 +42,27 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
     created = int(time.time())
     page = resources.files("setdlm.serve").joinpath("static/index.html").read_text(encoding="utf-8")
 
+    compilers = max(1, constraint.BOUNDS.workers)
+    compiling = ThreadPoolExecutor(max_workers=compilers, thread_name_prefix="compile")
+    waiting = [0]  # requests with a constraint in or queued for ``compiling``
+
     async def index(request: Request):
         return HTMLResponse(page)
 
     async def health(request: Request):
         return JSONResponse({"status": "ok", "model": name, "family": model.family.family,
-                             "context_length": batcher.width, **batcher.stats()})
+                             "context_length": batcher.width, **batcher.stats(), "compiling": waiting[0]})
 
     async def models(request: Request):
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "setdlm",
              "family": model.family.family, "context_length": batcher.width}]})
 
-    compilers = max(1, constraint.BOUNDS.workers)
-    compiling = ThreadPoolExecutor(max_workers=compilers, thread_name_prefix="compile")
-    waiting = [0]  # requests with a constraint in or queued for ``compiling``
-
     def prepared(req, deadline: float):
-        """The request's prepared row (with a constraint: compiled within what ``timeout`` leaves)."""
+        """The request's prepared row (with a constraint: compiled within what ``deadline`` leaves, the time
+        queued for a compiler counted)."""
         try:
-            with constraint.time_limit(max(deadline - time.monotonic(), 0.001)):
+            with constraint.time_limit(deadline - time.monotonic()):
                 return prepare(model, req.prompt_ids, req.settings, width=batcher.width, seed=req.seed,
                                suffix=req.suffix)
         except (ValueError, TypeError) as e:
@@ -73,18 +74,19 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
         raw = await read_json_body(request, max_body)
         if raw is None:  # the client went away mid-body (logged); there is no one to answer
             return Response(status_code=400)
-        deadline = time.monotonic() + timeout
+        arrived = time.monotonic()
         req = await asyncio.to_thread(parse_request, raw, chat=chat, model=model, model_name=name,
                                       width=batcher.width)  # tokenizing a long prompt blocks no one
         if req.settings.constraint is None:
-            row = await asyncio.to_thread(prepared, req, deadline)
+            row = await asyncio.to_thread(prepared, req, arrived + timeout)
         else:  # compiling a constraint (seconds, bounded) holds its own pool, never the one parsing requests
             if waiting[0] >= max_queue + compilers:
                 raise APIError(429, f"{waiting[0]} constrained requests are compiling or waiting to; retry shortly",
                                type="rate_limit_error", headers={"Retry-After": "1"})
             waiting[0] += 1
             try:
-                row = await asyncio.get_running_loop().run_in_executor(compiling, prepared, req, deadline)
+                row = await asyncio.get_running_loop().run_in_executor(
+                    compiling, prepared, req, arrived + min(timeout, constraint.BOUNDS.seconds))
             finally:
                 waiting[0] -= 1
         loop = asyncio.get_running_loop()
