@@ -15,10 +15,12 @@ whole output must match):
 
 :func:`automaton` compiles a constraint for a tokenizer: outlines-core (optional extra ``constrain``)
 builds the deterministic automaton over the tokenizer's tokens (each token read as its bytes), which is
-turned into the tensors the canvas reachability of :mod:`setdlm.decoding.constrained` needs. Results are
-cached per (pattern, tokenizer vocabulary). Only tokenizers whose text is the concatenation of their
-tokens' bytes are supported: byte-level BPE and character tokenizers (every tokenizer of this library,
-SmolLM2's); another decoder (e.g. SentencePiece's ``▁``) is a ``ValueError``.
+turned into the tensors the canvas reachability of :mod:`setdlm.decoding.constrained` needs. It runs in a
+separate process (:mod:`setdlm.decoding.compile_worker`) under :data:`BOUNDS` (time, memory, size), with
+the counted repetitions cut to what ``max_tokens`` tokens can hold (docs/decoding.md "Bounds"). Results
+are cached per (pattern, tokenizer vocabulary), the cache bounded by bytes. Only tokenizers whose text is
+the concatenation of their tokens' bytes are supported: byte-level BPE and character tokenizers (every
+tokenizer of this library, SmolLM2's); another decoder (e.g. SentencePiece's ``▁``) is a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -341,7 +343,8 @@ def cut_repetitions(pattern: str, max_bytes: int) -> str:
             close = pattern.find("}", i)
             body = pattern[i + 1:close] if close > 0 else ""
             parts = body.split(",")
-            if len(parts) in (1, 2) and parts[0].isdigit() and (len(parts) == 1 or parts[1] == "" or parts[1].isdigit()):
+            counts = len(parts) in (1, 2) and parts[0].isdigit()
+            if counts and (len(parts) == 1 or parts[1] == "" or parts[1].isdigit()):
                 lo = min(int(parts[0]), cap)
                 if len(parts) == 1:
                     out.append(f"{{{lo}}}")
@@ -418,9 +421,12 @@ def _compile(constraint: Constraint, pattern: str, pieces: list[bytes | None], d
         raise UserError(f"{where}: {constraint!r}: invalid regular expression: {message}", fields=(where,))
     _, initial, finals, raw = reply
     V = len(pieces)
-    e = torch.frombuffer(bytearray(raw), dtype=torch.long).reshape(-1, 3) if raw else torch.zeros(0, 3, dtype=torch.long)
+    e = torch.zeros(0, 3, dtype=torch.long)
+    if raw:
+        e = torch.frombuffer(bytearray(raw), dtype=torch.long).reshape(-1, 3)  # (E, 3) outlines' state ids
     states = torch.unique(torch.cat([e[:, 0], e[:, 2], torch.tensor(finals + [initial], dtype=torch.long)]))  # sorted
-    e = torch.stack([torch.searchsorted(states, e[:, 0].contiguous()), e[:, 1], torch.searchsorted(states, e[:, 2].contiguous())], 1)  # (E, 3)
+    src, dst = torch.searchsorted(states, e[:, 0].contiguous()), torch.searchsorted(states, e[:, 2].contiguous())
+    e = torch.stack([src, e[:, 1], dst], 1)  # (E, 3) src, tok, dst as 0..K-1
     K = states.numel()
     final = torch.zeros(K, dtype=torch.bool)
     final[torch.searchsorted(states, torch.tensor(finals, dtype=torch.long))] = True
