@@ -86,10 +86,7 @@ def choice(options) -> Constraint:
     if not all(isinstance(o, str) and o for o in options):
         raise UserError(f"every choice must be a non-empty string, got {list(options)!r}")
     options = tuple(dict.fromkeys(options))
-    # longest first: the automaton is built with leftmost-first semantics, so in ``yes|yes sir`` the match
-    # of ``yes`` would end the output and ``yes sir`` could never be written
-    ordered = sorted(options, key=len, reverse=True)
-    return Constraint("choice", "(" + "|".join(_escape(o) for o in ordered) + ")", options)
+    return Constraint("choice", "(" + "|".join(_escape(o) for o in options) + ")", options)
 
 
 def json_schema(schema, *, max_depth: int = DEFAULT_MAX_DEPTH, whitespace: str | None = None) -> Constraint:
@@ -284,6 +281,7 @@ def automaton(constraint: Constraint, tokenizer, max_tokens: int | None = None) 
         raise TypeError(f"a constraint is made by regex(), json_schema() or choice(), got {type(constraint).__name__}")
     if tokenizer is None:
         raise UserError("constrained decoding needs the model's tokenizer to read tokens as text; the model has none")
+    _outlines()  # its ImportError here, not as a compiler that fails
     pieces, digest, longest = _vocabulary(tokenizer)
     pattern = constraint.pattern if max_tokens is None else cut_repetitions(constraint.pattern, max_tokens * longest)
     key = (pattern, digest)
