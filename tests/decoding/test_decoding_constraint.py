@@ -389,9 +389,24 @@ def test_the_trace_shows_where_the_constraint_chose_the_token():
     assert sorted(p for r in records for p in r.get("constrained", [])) == sorted(p - 2 for p in forced)
 
 
-def test_speculate_with_a_constraint_is_refused():
-    from setdlm.decoding import DecodeSettings
-    from setdlm.decoding.constraint import choice
-
-    with pytest.raises(ValueError, match="speculate and constraint do not combine"):
-        DecodeSettings(speculate=True, constraint=choice(["a", "b"]))
+@pytest.mark.parametrize("w", [2, 4])
+def test_speculate_with_a_constraint_is_the_constrained_left_to_right_output_in_fewer_forwards(w):
+    """Drafts and verifiers masked by the reachability of the prefix each sees: token for token the constrained
+    window=1 output (greedy and seeded sampling, EOS ending rows early), and the forced stretches of a schema
+    (its keys, its punctuation) are drafted right, so fewer forwards."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+                                               "n": {"type": "integer", "minimum": 0, "maximum": 120}},
+              "required": ["name", "n"], "additionalProperties": False}
+    model = tiny("setdlm", char_tokenizer(["abcdefghijklmnopqrstuvwxyz0123456789{}[]\":, -"]), L=96, seed=4)
+    cons = [json_schema(schema), regex("[ab]{2,5}-(yes|no)"), None]
+    for knobs in ({}, {"temperature": 1.0, "seed": 3}):
+        ref = generate(model, ["a", "b", "c"], max_new_tokens=40, window=1, constraint=cons, **knobs)
+        out = generate(model, ["a", "b", "c"], max_new_tokens=40, window=w, speculate=True, constraint=cons, **knobs)
+        assert out.tokens == ref.tokens and out.texts == ref.texts and out.finish_reason == ref.finish_reason
+        jsonschema.validate(json.loads(out.texts[0]), schema)
+        assert re.fullmatch("[ab]{2,5}-(yes|no)", out.texts[1])
+        assert out.row_nfe[0] < ref.row_nfe[0] and out.nfe < ref.nfe
+        mid = dict(lengths=9, constraint=regex("[a-c]+-(yes|no)"), **knobs)  # infill: exactly 9 tokens, context after
+        ref = infill(model, ["a", "b"], ["xyz", "zz"], window=1, **mid)
+        out = infill(model, ["a", "b"], ["xyz", "zz"], window=w, speculate=True, **mid)
+        assert out.tokens == ref.tokens and all(re.fullmatch("[a-c]+-(yes|no)", t) for t in out.texts)
