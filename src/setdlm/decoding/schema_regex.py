@@ -36,6 +36,13 @@ UNENFORCED = ("uniqueItems", "contains", "minContains", "maxContains", "not", "i
               "dependentRequired", "dependentSchemas", "dependencies", "patternProperties", "propertyNames",
               "unevaluatedProperties", "unevaluatedItems", "additionalItems", "$dynamicRef", "$recursiveRef")
 NUMERIC = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+_ANNOTATIONS = {"title", "description", "default", "examples", "$comment", "$schema", "$id", "id", "deprecated",
+                "readOnly", "writeOnly"}  # keywords that constrain nothing
+_IMPLIED = {"string": ("pattern", "format", "minLength", "maxLength"), "number": NUMERIC,
+            "array": ("items", "prefixItems", "minItems", "maxItems"),
+            "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties")}
+_STRUCTURAL = ("enum", "const", "$ref", "anyOf", "oneOf", "allOf")  # they decide the type themselves
+ANY = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "null", "array", "object")]}  # any JSON value
 _JSON_UNSAFE = r'"\\\x00-\x1F\x7F-\x9F'  # characters a JSON string's text holds only escaped (and C1 controls)
 _CHAR = rf"[^{_JSON_UNSAFE}]"
 
@@ -104,12 +111,17 @@ def _rewrite(node, where: str, leaves: dict, mark: str):
     and what cannot be enforced refused."""
     if isinstance(node, list):
         return [_rewrite(v, f"{where}/{i}", leaves, mark) for i, v in enumerate(node)]
+    if node is True or (isinstance(node, dict) and set(node) <= _ANNOTATIONS):
+        return ANY  # outlines-core's own free-form value leaves its alternation ungrouped ({"a": {}} -> {1.5})
     if not isinstance(node, dict):
         return node
     for key in UNENFORCED:
         if key in node:
             _refuse(key, where, "remove it, or express it with enum, const or pattern")
     node = dict(node)
+    implied = {t for t, keys in _IMPLIED.items() if any(k in node for k in keys)}
+    if "type" not in node and len(implied) == 1 and not any(k in node for k in _STRUCTURAL):
+        node["type"] = implied.pop()  # the keywords bind that type only: writing one of it is a valid choice
     if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
         _refuse("allOf", where, f"the intersection of {len(node['allOf'])} schemas is not expressed; merge them")
     if isinstance(node.get("oneOf"), list) and len(node["oneOf"]) > 1:
