@@ -63,6 +63,13 @@ def _compile(oc, vocab, end: int, pattern: str, max_edges: int):
 
 
 def main() -> None:
+    try:  # Linux: die with the process that started this one, even while compiling
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
     memory = int(sys.argv[1])
     if memory > 0:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))

@@ -68,6 +68,20 @@ def cut_repetitions(pattern: str, max_bytes: int) -> str:
     return "".join(out)
 
 
+def class_end(pattern: str, i: int) -> int | None:
+    """One past the ``]`` closing the character class that opens at ``pattern[i]`` (nested classes and
+    escapes skipped, a leading ``]`` literal); None when it is not closed."""
+    j, depth = i + 1 + (pattern[i + 1:i + 2] == "^"), 1
+    j += pattern[j:j + 1] == "]"
+    while j < len(pattern) and depth:
+        if pattern[j] == "\\":
+            j += 2
+            continue
+        depth += {"[": 1, "]": -1}.get(pattern[j], 0)
+        j += 1
+    return None if depth else j
+
+
 _FLAGS = re.compile(r"\(\?([a-zA-Z-]*)[:)]")  # (?flags) and (?flags:...)
 
 
@@ -88,14 +102,9 @@ def without_end_mark(pattern: str, where: str) -> str:
             i += 2
             continue
         if c == "[":
-            j, depth = i + 1 + (pattern[i + 1:i + 2] == "^"), 1
-            j += pattern[j:j + 1] == "]"  # a leading ] is literal
-            while j < n and depth:
-                if pattern[j] == "\\":
-                    j += 2
-                    continue
-                depth += {"[": 1, "]": -1}.get(pattern[j], 0)
-                j += 1
+            j = class_end(pattern, i)
+            if j is None:
+                raise UserError(f"{where}: an unclosed character class in {pattern!r}", fields=(where,))
             out.append(f"[{pattern[i:j]}&&[^\\x{{FFFF}}]]")
             i = j
             continue
@@ -135,6 +144,9 @@ class Compiler:
             self._busy += 1
             proc = self._idle.pop() if self._idle else None
         try:
+            if proc is not None and (proc.poll() is not None or proc.memory != bounds.memory):  # gone, or stale
+                self._retire(proc)
+                proc = None
             if proc is None:
                 proc = self._spawn(bounds.memory)
             reply = self._ask(proc, (digest, None if digest in proc.seen else pieces, pattern, bounds.edges),
@@ -155,7 +167,7 @@ class Compiler:
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
         proc = subprocess.Popen([sys.executable, "-P", script, str(int(memory))], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        proc.seen = []
+        proc.seen, proc.memory = [], memory
         return proc
 
     def _ask(self, proc: subprocess.Popen, request: tuple, deadline: float, seconds: float, memory: int) -> tuple:
@@ -167,10 +179,10 @@ class Compiler:
             body = self._read(proc, struct.unpack("<Q", head)[0], deadline)
         except TimeoutError:
             proc.kill()
-            proc.wait()
+            self._retire(proc)
             return ("bound", f"took more than the time bound ({seconds:g} s)")
         except (EOFError, BrokenPipeError):
-            proc.wait()
+            self._retire(proc)
             return ("bound", f"outgrew the memory bound ({memory >> 20} MiB) and failed "
                              f"(exit {proc.returncode})")
         return pickle.loads(body)
@@ -193,6 +205,14 @@ class Compiler:
         with self._lock:
             idle, self._idle = self._idle, []
         for proc in idle:
+            self._retire(proc)
+
+    @staticmethod
+    def _retire(proc: subprocess.Popen) -> None:
+        """End an idle process (its stdin closed, it exits) and wait for it."""
+        try:
             proc.stdin.close()
-            proc.wait()
-            proc.stdout.close()
+        except OSError:
+            pass
+        proc.wait()
+        proc.stdout.close()

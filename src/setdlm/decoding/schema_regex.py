@@ -28,6 +28,7 @@ import math
 import re
 
 from ..errors import UserError
+from .compiler import class_end
 
 MAX_NESTING = 64  # levels of a schema (a deeper one is refused, never a RecursionError)
 MAX_LISTED = 1000  # multiples of multipleOf listed at most
@@ -288,17 +289,8 @@ def json_safe(pattern: str, where: str) -> str:
             i += 2
             continue
         if c == "[":
-            j, depth = i + 1, 1
-            while j < n and depth:
-                if pattern[j] == "\\":
-                    j += 2
-                    continue
-                if pattern[j] == "[" and pattern[j + 1:j + 2] != "]":
-                    depth += 1
-                elif pattern[j] == "]" and j > i + 1 + (pattern[i + 1] == "^"):
-                    depth -= 1
-                j += 1
-            if depth:
+            j = class_end(pattern, i)
+            if j is None:
                 _refuse("pattern", where, "an unclosed character class")
             out.append(f"[{pattern[i:j]}&&{_CHAR}]")  # the class, JSON-safe characters only
             i = j
