@@ -2,8 +2,9 @@
 apart from the caller, under a memory bound (docs/decoding.md "Constrained decoding", "Bounds").
 
 It is run as a script (``python -P compile_worker.py MEMORY_BYTES``; it imports nothing of setdlm, only
-outlines-core) by :mod:`setdlm.decoding.constraint`, which kills it when the time bound passes; a
-compilation that outgrows the memory bound ends in an allocation failure here, not in the caller.
+outlines-core) by :mod:`setdlm.decoding.compiler`, which kills it when the time bound passes; a
+compilation that outgrows the memory bound ends in an allocation failure here, not in the caller. It
+exits when its stdin closes (the caller ended it, or exited).
 
 Protocol on stdin/stdout, each message an 8-byte little-endian length and a pickle:
 
@@ -63,13 +64,6 @@ def _compile(oc, vocab, end: int, pattern: str, max_edges: int):
 
 
 def main() -> None:
-    try:  # Linux: die with the process that started this one, even while compiling
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
     memory = int(sys.argv[1])
     if memory > 0:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
