@@ -113,7 +113,9 @@ def test_what_cannot_be_enforced_is_refused_naming_keyword_and_path():
              ({"items": {"type": "array", "uniqueItems": True}}, "'uniqueItems' at (root)/items"),
              ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "'oneOf' at (root)"),
              ({"type": ["integer", "null"], "minimum": 3}, "'minimum' at (root)"),
-             ({"type": "integer", "minimum": 3, "maximum": 2}, "no integer lies between")]
+             ({"type": "integer", "minimum": 3, "maximum": 2}, "no integer lies between"),
+             ({"$defs": {"a": {"type": "string"}}, "$ref": "#/$defs/a", "maxLength": 3}, "'maxLength' at (root)"),
+             ({"type": "object", "anyOf": [{"required": ["a"]}]}, "'type' at (root)")]
     for schema, where in cases:
         with pytest.raises(UserError, match=re.escape(where)) as e:
             json_schema(schema)

@@ -7,7 +7,7 @@ import json
 import re
 import threading
 import urllib.request
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 import pytest
 
@@ -45,6 +45,20 @@ class Owner(pydantic.BaseModel):  # what Pydantic users write: bounds, lengths, 
     nick: Optional[str] = pydantic.Field(default=None, max_length=4)
     pets: list[Pet] = pydantic.Field(max_length=2)
     home: Optional[Pet] = None
+
+
+class Cat(pydantic.BaseModel):
+    kind: Literal["cat"]
+    lives: int = pydantic.Field(ge=1, le=9)
+
+
+class Dog(pydantic.BaseModel):
+    kind: Literal["dog"]
+    good: bool
+
+
+class Pick(pydantic.BaseModel):  # a discriminated union: oneOf of $refs told apart by a const property
+    pet: Union[Cat, Dog] = pydantic.Field(discriminator="kind")
 
 
 @pytest.fixture
@@ -116,14 +130,14 @@ def test_bad_structured_requests_are_a_400_naming_the_problem(server):
     assert c.completions.create(model="tiny", prompt="zz", max_tokens=3).choices[0].text is not None  # still serving
 
 
-def test_pydantic_models_with_bounds_lengths_patterns_optional_nesting_and_lists(server):
+def test_pydantic_models_with_bounds_lengths_patterns_optional_nesting_lists_and_unions(server):
     url, _ = server
     c = client(url)
-    schema = openai.lib._pydantic.to_strict_json_schema(Owner)
-    for seed in range(2):
-        done = c.chat.completions.parse(model="tiny", messages=[{"role": "user", "content": "who"}], response_format=Owner,
+    for model, seed in ((Owner, 0), (Owner, 1), (Pick, 0), (Pick, 1)):
+        schema = openai.lib._pydantic.to_strict_json_schema(model)
+        done = c.chat.completions.parse(model="tiny", messages=[{"role": "user", "content": "who"}], response_format=model,
                                         max_tokens=100, seed=seed, extra_body={"threshold": 0.3})
-        assert isinstance(done.choices[0].message.parsed, Owner)
+        assert isinstance(done.choices[0].message.parsed, model)
         jsonschema.validate(json.loads(done.choices[0].message.content), schema)
 
 

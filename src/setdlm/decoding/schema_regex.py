@@ -38,7 +38,8 @@ UNENFORCED = ("uniqueItems", "contains", "minContains", "maxContains", "not", "i
               "unevaluatedProperties", "unevaluatedItems", "additionalItems", "$dynamicRef", "$recursiveRef")
 NUMERIC = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 _ANNOTATIONS = {"title", "description", "default", "examples", "$comment", "$schema", "$id", "id", "deprecated",
-                "readOnly", "writeOnly"}  # keywords that constrain nothing
+                "readOnly", "writeOnly", "$anchor", "discriminator", "contentMediaType", "contentEncoding"}
+# (keywords that constrain nothing; OpenAPI's discriminator only names the property a oneOf's branches differ by)
 _IMPLIED = {"string": ("pattern", "format", "minLength", "maxLength"), "number": NUMERIC,
             "array": ("items", "prefixItems", "minItems", "maxItems"),
             "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties")}
@@ -73,7 +74,7 @@ def schema_regex(schema: dict, *, max_depth: int, whitespace: str | None) -> str
     mark = "setdlmleaf"
     while mark in text:
         mark += "x"
-    rewritten = _rewrite(schema, "(root)", leaves, mark)
+    rewritten = _rewrite(schema, "(root)", leaves, mark, schema)
     build = oc.json_schema.build_regex_from_schema
     try:
         pattern = build(json.dumps(rewritten), whitespace, max_recursion_depth=max_depth)
@@ -107,11 +108,11 @@ def _refuse(key: str, where: str, why: str):
                     fields=("json_schema",))
 
 
-def _rewrite(node, where: str, leaves: dict, mark: str):
+def _rewrite(node, where: str, leaves: dict, mark: str, root: dict):
     """``node`` with the leaves written here replaced by ``{"const": <name>}`` (their regex in ``leaves``),
     and what cannot be enforced refused."""
     if isinstance(node, list):
-        return [_rewrite(v, f"{where}/{i}", leaves, mark) for i, v in enumerate(node)]
+        return [_rewrite(v, f"{where}/{i}", leaves, mark, root) for i, v in enumerate(node)]
     if node is True or (isinstance(node, dict) and set(node) <= _ANNOTATIONS):
         return ANY  # outlines-core's own free-form value leaves its alternation ungrouped ({"a": {}} -> {1.5})
     if not isinstance(node, dict):
@@ -120,13 +121,18 @@ def _rewrite(node, where: str, leaves: dict, mark: str):
         if key in node:
             _refuse(key, where, "remove it, or express it with enum, const or pattern")
     node = dict(node)
+    beside = [k for k in node if k not in _ANNOTATIONS and k not in _STRUCTURAL and k not in ("$defs", "definitions")]
+    structural = [k for k in _STRUCTURAL[2:] if k in node]  # $ref, anyOf, oneOf, allOf
+    if structural and beside:
+        _refuse(beside[0], where, f"beside {structural[0]!r} it would be left unchecked; move it into the "
+                                  f"referenced schema or each branch")
     implied = {t for t, keys in _IMPLIED.items() if any(k in node for k in keys)}
     if "type" not in node and len(implied) == 1 and not any(k in node for k in _STRUCTURAL):
         node["type"] = implied.pop()  # the keywords bind that type only: writing one of it is a valid choice
     if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
         _refuse("allOf", where, f"the intersection of {len(node['allOf'])} schemas is not expressed; merge them")
     if isinstance(node.get("oneOf"), list) and len(node["oneOf"]) > 1:
-        if not _disjoint(node["oneOf"]):
+        if not _disjoint([_resolved(b, root) for b in node["oneOf"]]):
             _refuse("oneOf", where, "its branches may overlap (exactly one must match); make them disjoint (other "
                                     "types, or a required const property) or use anyOf")
         node["anyOf"] = node.pop("oneOf")
@@ -139,10 +145,10 @@ def _rewrite(node, where: str, leaves: dict, mark: str):
         node = _object(node, where)
     for key, v in list(node.items()):
         if key in ("properties", "$defs", "definitions") and isinstance(v, dict):
-            node[key] = {k: _rewrite(s, f"{where}/{key}/{k}", leaves, mark) for k, s in v.items()}
+            node[key] = {k: _rewrite(s, f"{where}/{key}/{k}", leaves, mark, root) for k, s in v.items()}
         elif key in ("items", "prefixItems", "additionalProperties", "anyOf", "oneOf", "allOf") and \
                 isinstance(v, (dict, list)):
-            node[key] = _rewrite(v, f"{where}/{key}", leaves, mark)
+            node[key] = _rewrite(v, f"{where}/{key}", leaves, mark, root)
     return node
 
 
@@ -167,6 +173,17 @@ def _object(node: dict, where: str) -> dict:
                                         f"additionalProperties is {extra is not False}; declare at most that many "
                                         f"with additionalProperties false")
     return node
+
+
+def _resolved(branch, root: dict):
+    """``branch``, or the schema its local ``$ref`` (``#/$defs/..``, ``#/definitions/..``) names."""
+    ref = branch.get("$ref") if isinstance(branch, dict) else None
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        return branch
+    node = root
+    for part in ref[2:].split("/"):
+        node = node.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else branch
 
 
 def _disjoint(branches: list) -> bool:
@@ -205,8 +222,6 @@ def _leaf(node: dict, where: str) -> str | None:
     strings = [k for k in ("pattern", "format", "minLength", "maxLength") if k in node]
     if not strings or "enum" in node or "const" in node:
         return None
-    if kind is None:  # they apply to strings only: writing a string is a valid choice
-        kind = "string"
     if isinstance(kind, list) and "string" in kind:
         _refuse(strings[0], where, "string keywords with a list of types; write anyOf of a string schema and the "
                                    "others")
