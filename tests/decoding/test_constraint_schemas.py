@@ -64,6 +64,7 @@ SCHEMAS = [
     {"maxLength": 3},
     {"minimum": 2, "maximum": 40},
     {"items": {"type": "integer", "exclusiveMaximum": 0}, "maxItems": 2},
+    {"type": "string", "anyOf": [{"maxLength": 2}, {"minLength": 4, "pattern": "[a-z]+"}]},  # the type in each branch
 ]
 
 
@@ -115,7 +116,7 @@ def test_what_cannot_be_enforced_is_refused_naming_keyword_and_path():
              ({"type": ["integer", "null"], "minimum": 3}, "'minimum' at (root)"),
              ({"type": "integer", "minimum": 3, "maximum": 2}, "no integer lies between"),
              ({"$defs": {"a": {"type": "string"}}, "$ref": "#/$defs/a", "maxLength": 3}, "'maxLength' at (root)"),
-             ({"type": "object", "anyOf": [{"required": ["a"]}]}, "'type' at (root)")]
+             ({"minLength": 2, "anyOf": [{"type": "string"}, {"type": "null"}]}, "'minLength' at (root)")]
     for schema, where in cases:
         with pytest.raises(UserError, match=re.escape(where)) as e:
             json_schema(schema)

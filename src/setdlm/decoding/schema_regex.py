@@ -123,6 +123,11 @@ def _rewrite(node, where: str, leaves: dict, mark: str, root: dict):
     node = dict(node)
     beside = [k for k in node if k not in _ANNOTATIONS and k not in _STRUCTURAL and k not in ("$defs", "definitions")]
     structural = [k for k in _STRUCTURAL[2:] if k in node]  # $ref, anyOf, oneOf, allOf
+    if beside == ["type"] and structural in (["anyOf"], ["oneOf"]) and isinstance(node["type"], str) and \
+            all(isinstance(b, dict) and not any(k in b for k in ("type",) + _STRUCTURAL) for b in node[structural[0]]):
+        kind = node.pop("type")  # into each branch, where it is checked
+        node[structural[0]] = [dict(b, type=kind) for b in node[structural[0]]]
+        beside = []
     if structural and beside:
         _refuse(beside[0], where, f"beside {structural[0]!r} it would be left unchecked; move it into the "
                                   f"referenced schema or each branch")
