@@ -5,7 +5,9 @@ the ``regex`` / ``choice`` extra fields on both endpoints give outputs that matc
 
 import json
 import re
-from typing import Literal
+import threading
+import urllib.request
+from typing import Literal, Optional, Union
 
 import pytest
 
@@ -14,10 +16,12 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("outlines_core")
 openai = pytest.importorskip("openai")
 pydantic = pytest.importorskip("pydantic")
+jsonschema = pytest.importorskip("jsonschema")
 
 from setdlm.data.tokenizers import char_tokenizer  # noqa: E402
 from setdlm.chat import chat_prompt  # noqa: E402
 from setdlm.decoding import generate  # noqa: E402
+from setdlm.decoding import constraint as C  # noqa: E402
 from setdlm.decoding.constraint import json_schema, regex  # noqa: E402
 
 from support import running, tiny  # noqa: E402
@@ -28,6 +32,41 @@ TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }} {% endfor %}ass
 class Verdict(pydantic.BaseModel):
     label: Literal["cat", "dog", "bird"]
     sure: bool
+
+
+class Pet(pydantic.BaseModel):
+    kind: Literal["cat", "dog"]
+    age: int = pydantic.Field(ge=0, le=30)
+
+
+class Owner(pydantic.BaseModel):  # what Pydantic users write: bounds, lengths, patterns, Optional, nesting, lists
+    name: str = pydantic.Field(max_length=8, pattern="^[a-z]+$")
+    score: float = pydantic.Field(ge=0, le=10)
+    nick: Optional[str] = pydantic.Field(default=None, max_length=4)
+    pets: list[Pet] = pydantic.Field(max_length=2)
+    home: Optional[Pet] = None
+
+
+class Cat(pydantic.BaseModel):
+    kind: Literal["cat"]
+    lives: int = pydantic.Field(ge=1, le=9)
+
+
+class Dog(pydantic.BaseModel):
+    kind: Literal["dog"]
+    good: bool
+
+
+class Pick(pydantic.BaseModel):  # a discriminated union: oneOf of $refs told apart by a const property
+    pet: Union[Cat, Dog] = pydantic.Field(discriminator="kind")
+
+
+@pytest.fixture
+def bounds():
+    """Set the constraint module's bounds for a test, restored after it."""
+    old = C.BOUNDS
+    yield C.set_bounds
+    C.set_bounds(**{f: getattr(old, f) for f in ("seconds", "memory", "edges", "cache_bytes", "workers")})
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +122,75 @@ def test_bad_structured_requests_are_a_400_naming_the_problem(server):
            ({"choice": ["a", 3]}, "every choice must be a non-empty string", "choice"),
            ({"regex": "a", "choice": ["b"]}, "give one of response_format, regex, choice", "choice"),
            ({"regex": "a{50}"}, "no match of at most 5 tokens", None),
-           ({"regex": "(a"}, "invalid regular expression", None)]
+           ({"regex": "(a"}, "invalid regular expression", "regex")]
     for extra, needle, param in bad:
         with pytest.raises(openai.BadRequestError) as e:
             c.completions.create(model="tiny", prompt="zz", max_tokens=5, extra_body=extra)
         assert needle in e.value.body["message"] and e.value.body["param"] == param, (extra, e.value.body)
     assert c.completions.create(model="tiny", prompt="zz", max_tokens=3).choices[0].text is not None  # still serving
+
+
+def test_pydantic_models_with_bounds_lengths_patterns_optional_nesting_lists_and_unions(server):
+    url, _ = server
+    c = client(url)
+    for model, seed in ((Owner, 0), (Owner, 1), (Pick, 0), (Pick, 1)):
+        schema = openai.lib._pydantic.to_strict_json_schema(model)
+        done = c.chat.completions.parse(model="tiny", messages=[{"role": "user", "content": "who"}], response_format=model,
+                                        max_tokens=100, seed=seed, extra_body={"threshold": 0.3})
+        assert isinstance(done.choices[0].message.parsed, model)
+        jsonschema.validate(json.loads(done.choices[0].message.content), schema)
+
+
+def test_probe_requests_are_valid_or_a_400_naming_the_field_and_the_server_lives(server, bounds):
+    url, _ = server
+    c = client(url)
+    text = c.completions.create(model="tiny", prompt="zz", max_tokens=12, extra_body={"regex": ".{0,100000}"}).choices[0].text
+    assert re.fullmatch(".{0,12}", text)  # cut to what 12 tokens hold: compiled at once
+    text = c.completions.create(model="tiny", prompt="zz", max_tokens=8, extra_body={"regex": "^[ab]+$"}).choices[0].text
+    assert re.fullmatch("[ab]+", text)
+    text = c.completions.create(model="tiny", prompt="zz", max_tokens=7,
+                                extra_body={"choice": ["yes", "yes sir"], "ignore_eos": True}).choices[0].text
+    assert text == "yes sir"
+    bounds(seconds=0.3, memory=300 << 20)
+    bad = [({"regex": "[ab]*a[ab]{26}"}, "bound", "regex"),
+           ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+               "type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 2}}}},
+            "'minProperties' at (root)", "response_format"),
+           ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+               "type": "string", "format": "hostname"}}}}, "'format' at (root)", "response_format")]
+    for extra, needle, param in bad:
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="tiny", prompt="zz", max_tokens=40, extra_body=extra)
+        assert needle in e.value.body["message"] and e.value.body["param"] == param, (extra, e.value.body)
+    assert c.completions.create(model="tiny", prompt="zz", max_tokens=3).choices[0].text is not None  # still serving
+
+
+def test_compiling_holds_its_own_pool_not_the_one_parsing_requests(bounds):
+    """Eight requests whose constraint compiles until its bound, on one compiler: a plain request sent while they
+    are all compiling or waiting to is answered before they are."""
+    bounds(workers=1, seconds=4, memory=300 << 20)
+    tok = char_tokenizer(["abcdefghijklmnopqrstuvwxyz0123456789 "])
+    model = tiny("setdlm", tok, L=64, seed=2)
+    with running(model, "tiny", max_batch=4) as (url, _):
+        c = client(url)
+        answers = []
+
+        def slow(k):
+            try:
+                c.completions.create(model="tiny", prompt="ab", max_tokens=40, extra_body={"regex": f"[ab]*a[ab]{{{26 + k}}}"})
+            except openai.BadRequestError as e:
+                answers.append(e.body["param"])
+
+        threads = [threading.Thread(target=slow, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for _ in range(2000):  # until all eight are in the compile pool (bounded: they wait there for seconds)
+            health = json.loads(urllib.request.urlopen(url + "/health").read())
+            if health["compiling"] == 8:
+                break
+        assert health["compiling"] == 8
+        assert c.completions.create(model="tiny", prompt="ab", max_tokens=4).choices[0].text is not None
+        pending = json.loads(urllib.request.urlopen(url + "/health").read())["compiling"]
+        for t in threads:
+            t.join(timeout=120)
+        assert pending > 0 and answers == ["regex"] * 8

@@ -149,6 +149,11 @@ class RowConstraint:
         """(Q, V) bool: the tokens that keep the canvas completable at each query position (holes of the
         region; a query outside the region allows everything)."""
         self._fold_prefix(tokens, holes)
+        return self.allowed_now(tokens, holes, queries, V)
+
+    def allowed_now(self, tokens: list[int], holes: list[bool], queries: list[int], V: int) -> Tensor:
+        """:meth:`allowed` without folding the committed prefix (so the canvas may be a tentative one, whose
+        prefix up to ``p`` is the one already folded)."""
         mask = torch.ones(len(queries), V, dtype=torch.bool)
         inside = [q for q in queries if self.start <= q < self.end]
         if not inside:
@@ -200,7 +205,7 @@ def row_constraints(constraints, sequences: list[list[int]], targets: list[list[
             out.append(None)
             continue
         lo, hi = tgt.index(True), len(tgt) - tgt[::-1].index(True)
-        rc = RowConstraint(c, automaton(c, tokenizer), lo, hi, eos_ids if mode == "generate" else ())
+        rc = RowConstraint(c, automaton(c, tokenizer, hi - lo), lo, hi, eos_ids if mode == "generate" else ())
         if not rc.completable(seq[lo:hi], tgt[lo:hi]):
             if mode == "generate":
                 raise UserError(f"row {i}: {c!r} has no match of at most {hi - lo} tokens (max_new_tokens) with this "
@@ -250,3 +255,30 @@ def keep_jointly(rows: list[RowConstraint | None], tokens: Tensor, masked: Tenso
                 toks[j], holes[j] = old, True
                 commit[b, k] = False
     return commit
+
+
+def allowed_given_drafts(rows: list[RowConstraint | None], tokens: Tensor, masked: Tensor, drafted: Tensor,
+                         draft: Tensor, qpos: Tensor, qvalid: Tensor, horizon: Tensor, V: int) -> Tensor:
+    """(B, Q, V) bool: the tokens each query of self-speculative decoding (``decoding/speculative.py``) may
+    take. A query of horizon ``h`` sees the committed canvas and the drafts before ``h`` (``drafted``/``draft``
+    (B, N+1)), not those from ``h`` on, as the left-to-right decode it reproduces sees its canvas once those
+    drafts are committed: its allowed set is :meth:`RowConstraint.allowed` on that canvas. So a verifier
+    masks exactly as the constrained ``window=1`` decode does at that point, and a draft by the same
+    reachability. ``qpos``/``qvalid``/``horizon``: (B, Q)."""
+    allowed = torch.ones(*qpos.shape, V, dtype=torch.bool)  # (B, Q, V)
+    for b, rc in enumerate(rows):
+        if rc is None:
+            continue
+        toks, holes = tokens[b, rc.start:rc.end].tolist(), masked[b, rc.start:rc.end].tolist()
+        rc._fold_prefix(toks, holes)  # the committed prefix only: the drafts are tentative
+        d_at, d_tok = drafted[b, rc.start:rc.end].tolist(), draft[b, rc.start:rc.end].tolist()
+        by_horizon: dict[int, list[int]] = {}
+        for k, (h, ok) in enumerate(zip(horizon[b].tolist(), qvalid[b].tolist())):
+            if ok:
+                by_horizon.setdefault(h, []).append(k)
+        for h, ks in by_horizon.items():
+            seen = [d_at[j] and rc.start + j < h for j in range(len(toks))]  # the drafts this horizon sees
+            t_h = [d if s else t for t, d, s in zip(toks, d_tok, seen)]
+            holes_h = [hole and not s for hole, s in zip(holes, seen)]
+            allowed[b, ks] = rc.allowed_now(t_h, holes_h, qpos[b, ks].tolist(), V)
+    return allowed.to(qpos.device)

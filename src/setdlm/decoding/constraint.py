@@ -15,32 +15,33 @@ whole output must match):
 
 :func:`automaton` compiles a constraint for a tokenizer: outlines-core (optional extra ``constrain``)
 builds the deterministic automaton over the tokenizer's tokens (each token read as its bytes), which is
-turned into the tensors the canvas reachability of :mod:`setdlm.decoding.constrained` needs. Results are
-cached per (pattern, tokenizer vocabulary). Only tokenizers whose text is the concatenation of their
-tokens' bytes are supported: byte-level BPE and character tokenizers (every tokenizer of this library,
-SmolLM2's); another decoder (e.g. SentencePiece's ``▁``) is a ``ValueError``.
+turned into the tensors the canvas reachability of :mod:`setdlm.decoding.constrained` needs. It runs in a
+separate process (:mod:`setdlm.decoding.compile_worker`) under :data:`BOUNDS` (time, memory, size), with
+the counted repetitions cut to what ``max_tokens`` tokens can hold (docs/decoding.md "Bounds"). Results
+are cached per (pattern, tokenizer vocabulary), the cache bounded by bytes. Only tokenizers whose text is
+the concatenation of their tokens' bytes are supported: byte-level BPE and character tokenizers (every
+tokenizer of this library, SmolLM2's); another decoder (e.g. SentencePiece's ``▁``) is a ``ValueError``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
+import threading
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
 from ..errors import UserError
+from .compiler import Compiler, cut_repetitions, without_end_mark
+from .schema_regex import UNENFORCED, check_nesting, schema_regex, strip_anchors  # noqa: F401 (UNENFORCED: documented)
 
 DEFAULT_MAX_DEPTH = 3  # JSON Schema: depth to which recursive references are unrolled
-# validation keywords outlines-core's regex does not enforce: refused, so that every output validates
-UNENFORCED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems", "contains",
-              "minContains", "maxContains", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
-              "dependencies", "patternProperties", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
-_SUBSCHEMAS = ("additionalProperties", "items", "prefixItems", "anyOf", "oneOf", "allOf")  # keys holding schemas
-_SCHEMA_MAPS = ("properties", "$defs", "definitions")  # keys holding name -> schema
 _META = set("\\.+*?()|[]{}^$#&-~")  # characters a literal escapes (Rust regex syntax)
 
 
@@ -60,10 +61,14 @@ class Constraint:
 
 
 def regex(pattern: str) -> Constraint:
-    """The output must match ``pattern`` in full."""
+    """The output must match ``pattern`` in full (so a leading ``^`` and a trailing ``$`` are dropped: the
+    whole output is matched anyway)."""
     if not isinstance(pattern, str) or not pattern:
-        raise UserError(f"regex must be a non-empty string, got {pattern!r}")
-    return Constraint("regex", pattern, pattern)
+        raise UserError(f"regex must be a non-empty string, got {pattern!r}", fields=("regex",))
+    body = strip_anchors(pattern)
+    if not body:
+        raise UserError(f"regex {pattern!r} matches only the empty output", fields=("regex",))
+    return Constraint("regex", body, pattern)
 
 
 def choice(options) -> Constraint:
@@ -92,13 +97,10 @@ def json_schema(schema, *, max_depth: int = DEFAULT_MAX_DEPTH, whitespace: str |
         raise UserError(f"json_schema: a schema is a JSON object, got {type(schema).__name__}")
     if not (isinstance(max_depth, int) and not isinstance(max_depth, bool) and max_depth >= 0):
         raise UserError(f"max_depth must be an integer >= 0, got {max_depth!r}")
+    check_nesting(schema)
     _check_schema(schema)
-    _check_enforced(schema, "(root)")
     text = json.dumps(schema)  # property order kept: outlines-core writes properties in this order
-    try:
-        pattern = oc.json_schema.build_regex_from_schema(text, whitespace, max_recursion_depth=max_depth)
-    except (ValueError, TypeError) as e:
-        raise UserError(f"json_schema: {e}") from None
+    pattern = schema_regex(schema, max_depth=max_depth, whitespace=whitespace)
     return Constraint("json_schema", pattern, text)
 
 
@@ -162,32 +164,6 @@ def _check_schema(schema: dict) -> None:
         raise UserError(f"json_schema: invalid schema at {where}: {e.message}") from None
 
 
-def _check_enforced(schema, where: str) -> None:
-    """A ``ValueError`` for a validation keyword the automaton would silently not enforce (so an output
-    could fail the schema): bounds of numbers, ``uniqueItems``, ``not``, conditionals ..."""
-    if isinstance(schema, list):
-        for i, sub in enumerate(schema):
-            _check_enforced(sub, f"{where}/{i}")
-        return
-    if not isinstance(schema, dict):
-        return
-    for key in UNENFORCED:
-        if key in schema:
-            raise UserError(f"json_schema: {key!r} at {where} cannot be enforced by the token automaton "
-                            f"(outlines-core); remove it, or use enum, pattern or maxLength instead")
-    for key, why in (("oneOf", "exactly one branch matching is not enforced; use anyOf"),
-                     ("allOf", "the intersection of several schemas is not expressed; merge them into one")):
-        if isinstance(schema.get(key), list) and len(schema[key]) > 1:
-            raise UserError(f"json_schema: {key!r} with {len(schema[key])} schemas at {where}: {why}")
-    for key in _SUBSCHEMAS:
-        if key in schema:
-            _check_enforced(schema[key], f"{where}/{key}")
-    for key in _SCHEMA_MAPS:
-        if isinstance(schema.get(key), dict):
-            for name, sub in schema[key].items():
-                _check_enforced(sub, f"{where}/{key}/{name}")
-
-
 def _outlines():
     try:
         import outlines_core
@@ -226,66 +202,144 @@ class TokenAutomaton:
     reach: dict = field(default_factory=dict)  # EOS ids -> list of R_k tensors (constrained.py), grown lazily
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of its tensors (the reachability tables grown so far left out)."""
+        return sum(t.numel() * t.element_size() for t in (self.final, self.src_ptr, self.src_tok, self.src_dst,
+                                                          self.tok_ptr, self.tok_src, self.tok_dst, self.pair_src,
+                                                          self.pair_dst))
+
+    @property
     def states(self) -> int:
         return self.final.shape[0]
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """What compiling one constraint may take (docs/decoding.md "Bounds"): ``seconds`` of wall time (waiting
+    for a free compiler included), ``memory`` bytes of address space of the compiling process, ``edges``
+    token transitions of the automaton; ``cache_bytes``: the automata kept, all together; ``workers``:
+    compiling processes at once (the rest wait, within their ``seconds``). A constraint past a bound is a
+    :class:`UserError`, and the caller's process is never at risk: compilation runs in a separate process."""
+
+    seconds: float = 30.0
+    memory: int = 4 << 30
+    edges: int = 20_000_000
+    cache_bytes: int = 1 << 30
+    workers: int = 2
+
+
+BOUNDS = Bounds()
+_SECONDS: contextvars.ContextVar[float | None] = contextvars.ContextVar("constraint_seconds", default=None)
+
+
+def set_bounds(**changes) -> Bounds:
+    """Change the module's :class:`Bounds` (``set_bounds(seconds=5)``); returns the previous ones."""
+    global BOUNDS
+    old = BOUNDS
+    new = replace(old, **changes)
+    for name in ("seconds", "memory", "edges", "cache_bytes", "workers"):
+        v = getattr(new, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise UserError(f"{name} must be a positive number, got {v!r}")
+    BOUNDS = new
+    _evict()
+    return old
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Within the block, a compilation in this thread (or task) takes at most ``seconds`` (and never more
+    than ``BOUNDS.seconds``): the server gives each request what its ``timeout`` leaves."""
+    token = _SECONDS.set(seconds)
+    try:
+        yield
+    finally:
+        _SECONDS.reset(token)
+
+
 _COMPILED: OrderedDict[tuple[str, str], TokenAutomaton] = OrderedDict()  # (pattern, vocab hash) -> automaton
-_CACHE_SIZE = 32
-_VOCABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> (token bytes, hash)
+_CACHE_LOCK = threading.Lock()
+_VOCABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> (token bytes, hash, longest)
 
 
-def automaton(constraint: Constraint, tokenizer) -> TokenAutomaton:
+def automaton(constraint: Constraint, tokenizer, max_tokens: int | None = None) -> TokenAutomaton:
     """The token-level automaton of ``constraint`` for ``tokenizer``'s tokens (cached per pattern and
     vocabulary). The tokenizer's special tokens (BOS, EOS, PAD, MASK ...) are never allowed inside the
-    output. A pattern the tokens cannot spell is a ``ValueError``."""
+    output. ``max_tokens``: the most tokens an output has; the automaton then only keeps the words of at
+    most that many tokens' bytes (counted repetitions are cut there), so ``.{0,100000}`` for 12 tokens
+    compiles as ``.{0,12·longest token}``. A pattern the tokens cannot spell, or past :data:`BOUNDS`, is a
+    :class:`UserError`."""
     if not isinstance(constraint, Constraint):
         raise TypeError(f"a constraint is made by regex(), json_schema() or choice(), got {type(constraint).__name__}")
     if tokenizer is None:
         raise UserError("constrained decoding needs the model's tokenizer to read tokens as text; the model has none")
-    pieces, digest = _vocabulary(tokenizer)
-    key = (constraint.pattern, digest)
-    if key in _COMPILED:
-        _COMPILED.move_to_end(key)
-        return _COMPILED[key]
-    auto = _compile(constraint, pieces)
-    _COMPILED[key] = auto
-    if len(_COMPILED) > _CACHE_SIZE:
-        _COMPILED.popitem(last=False)
+    _outlines()  # its ImportError here, not as a compiler that fails
+    pieces, digest, longest = _vocabulary(tokenizer)
+    pattern = constraint.pattern if max_tokens is None else cut_repetitions(constraint.pattern, max_tokens * longest)
+    key = (pattern, digest)
+    with _CACHE_LOCK:
+        if key in _COMPILED:
+            _COMPILED.move_to_end(key)
+            return _COMPILED[key]
+    auto = _compile(constraint, pattern, pieces, digest)
+    with _CACHE_LOCK:
+        _COMPILED[key] = auto
+    _evict()
     return auto
 
 
-def _compile(constraint: Constraint, pieces: list[bytes | None]) -> TokenAutomaton:
-    oc = _outlines()
+def cached_bytes() -> int:
+    """Bytes of the automata in the cache (at most ``BOUNDS.cache_bytes``)."""
+    with _CACHE_LOCK:
+        return sum(a.nbytes for a in _COMPILED.values())
+
+
+def _evict() -> None:
+    with _CACHE_LOCK:
+        total = sum(a.nbytes for a in _COMPILED.values())
+        while _COMPILED and total > BOUNDS.cache_bytes:
+            total -= _COMPILED.popitem(last=False)[1].nbytes
+
+
+def _compile(constraint: Constraint, pattern: str, pieces: list[bytes | None], digest: str) -> TokenAutomaton:
+    seconds = BOUNDS.seconds if _SECONDS.get() is None else min(BOUNDS.seconds, _SECONDS.get())
+    where = constraint.kind
+    reply = _COMPILER.run(digest, pieces, f"({without_end_mark(pattern, where)})\\x{{FFFF}}", seconds, BOUNDS)
+    if reply[0] == "bound":
+        raise UserError(f"{where}: compiling {constraint!r} {reply[1]}; simplify it (fewer alternatives, smaller "
+                        f"repetition counts, less nesting) or lower max_tokens", fields=(where,))
+    if reply[0] == "error":
+        kind, message = reply[1], reply[2]
+        if kind == "incompatible":
+            raise UserError(f"{where}: {constraint!r} cannot be spelled with this tokenizer's tokens: {message}",
+                            fields=(where,))
+        if kind == "size":
+            raise UserError(f"{where}: compiling {constraint!r} exceeds the size bound ({message}); simplify it or "
+                            f"lower max_tokens", fields=(where,))
+        raise UserError(f"{where}: {constraint!r}: invalid regular expression: {message}", fields=(where,))
+    _, initial, finals, raw = reply
     V = len(pieces)
-    by_bytes: dict[bytes, list[int]] = {}
-    for i, b in enumerate(pieces):
-        if b:
-            by_bytes.setdefault(b, []).append(i)
-    fake_eos = V  # outlines-core wants an EOS id outside the map; its transitions are dropped below
-    try:
-        index = oc.Index(constraint.pattern, oc.Vocabulary(fake_eos, by_bytes))
-    except ValueError as e:
-        if "incompatible" in str(e):
-            raise UserError(f"{constraint!r} cannot be spelled with this tokenizer's tokens: {e}") from None
-        raise UserError(f"{constraint!r}: invalid regular expression: {e}") from None
-    except Exception as e:  # the Rust side's panics and other failures
-        raise UserError(f"{constraint!r}: invalid regular expression: {type(e).__name__}: {e}") from None
-    trans = index.get_transitions()  # {state: {token: next state}}
-    ids = {s: k for k, s in enumerate(sorted(set(trans) | set(index.get_final_states()) | {index.get_initial_state()}))}
-    edges = [(ids[s], t, ids[d]) for s, out in trans.items() for t, d in out.items() if t != fake_eos]
-    e = torch.tensor(edges, dtype=torch.long).reshape(-1, 3)  # (E, 3) src, tok, dst
-    K = len(ids)
+    e = torch.zeros(0, 3, dtype=torch.long)
+    if raw:
+        e = torch.frombuffer(bytearray(raw), dtype=torch.long).reshape(-1, 3)  # (E, 3) outlines' state ids
+    states = torch.unique(torch.cat([e[:, 0], e[:, 2], torch.tensor(finals + [initial], dtype=torch.long)]))  # sorted
+    src, dst = torch.searchsorted(states, e[:, 0].contiguous()), torch.searchsorted(states, e[:, 2].contiguous())
+    e = torch.stack([src, e[:, 1], dst], 1)  # (E, 3) src, tok, dst as 0..K-1
+    K = states.numel()
     final = torch.zeros(K, dtype=torch.bool)
-    final[[ids[s] for s in index.get_final_states()]] = True
+    final[torch.searchsorted(states, torch.tensor(finals, dtype=torch.long))] = True
     by_src = e[torch.argsort(e[:, 0] * (V + 1) + e[:, 1])]
     by_tok = e[torch.argsort(e[:, 1] * (K + 1) + e[:, 0])]
     pairs = torch.unique(e[:, 0] * K + e[:, 2])
     return TokenAutomaton(
-        initial=ids[index.get_initial_state()], final=final,
+        initial=int(torch.searchsorted(states, torch.tensor(initial))), final=final,
         src_ptr=_ptr(by_src[:, 0], K), src_tok=by_src[:, 1].contiguous(), src_dst=by_src[:, 2].contiguous(),
         tok_ptr=_ptr(by_tok[:, 1], V), tok_src=by_tok[:, 0].contiguous(), tok_dst=by_tok[:, 2].contiguous(),
         pair_src=pairs // K, pair_dst=pairs % K, vocab_size=V)
+
+
+
+_COMPILER = Compiler()
 
 
 def _ptr(keys: Tensor, n: int) -> Tensor:
@@ -329,18 +383,19 @@ def token_bytes(tokenizer) -> list[bytes | None]:
     return out
 
 
-def _vocabulary(tokenizer) -> tuple[list[bytes | None], str]:
+def _vocabulary(tokenizer) -> tuple[list[bytes | None], str, int]:
     try:
         return _VOCABS[tokenizer]
     except (KeyError, TypeError):
         pass
     pieces = token_bytes(tokenizer)
     digest = hashlib.sha256(b"\0".join(b"\1" if p is None else b"\2" + p for p in pieces)).hexdigest()
+    longest = max((len(p) for p in pieces if p), default=1)
     try:
-        _VOCABS[tokenizer] = (pieces, digest)
+        _VOCABS[tokenizer] = (pieces, digest, longest)
     except TypeError:  # not weak-referenceable: recomputed per call
         pass
-    return pieces, digest
+    return pieces, digest, longest
 
 
 def _byte_decoder() -> dict[str, int]:

@@ -136,9 +136,6 @@ class DecodeSettings:
         if self.speculate and self.cache_order == "reveal":
             raise UserError("speculate caches tokens in position order, as the left-to-right decode it reproduces; "
                             "cache_order='reveal' does not apply")
-        if self.speculate and self.constraint is not None:
-            raise UserError("speculate and constraint do not combine yet: the speculative verifier does not mask "
-                            "its drafts with the constraint; decode constrained without speculate")
         if self.cache_order is not None and self.cache_order not in ("position", "reveal"):
             raise UserError(f"cache_order must be 'position' or 'reveal', got {self.cache_order!r}")
         if not (_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0):

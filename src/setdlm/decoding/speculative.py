@@ -52,6 +52,7 @@ from torch import Tensor
 
 from ..errors import UserError
 from ..masks import speculative_step_mask, with_cache
+from .constrained import allowed_given_drafts
 from .sampling import propose
 from .state import DecodeState, prefill as prefill_positions
 
@@ -151,8 +152,10 @@ def step(backbone, st: DecodeState) -> None:
     mask = with_cache(speculative_step_mask(clean_pos, clean_ok, horizon, q_ok), st.cache.width)  # (B, 1, T, C+T)
     start = st.cache.lengths.clone()  # (B,)
     logits = backbone(ids, slot_pos, mask, st.cache, keep=clean_ok.sum(-1), logits_start=Tc)  # (B, Q, V)
+    allowed = None if st.constraints is None else allowed_given_drafts(  # (B, Q, V) docs/decoding.md
+        st.constraints, st.tokens, st.masked, drafted, draft, q_pos, q_ok, horizon, logits.shape[-1])
     tok, conf = propose(logits, q_ok, s, st.generators, _seen(st, drafted, draft, horizon, logits.shape[-1]),
-                        _gen_len(st, drafted, q_pos), u=st.extra["u"].gather(1, q_pos))  # (B, Q) each
+                        _gen_len(st, drafted, q_pos), allowed=allowed, u=st.extra["u"].gather(1, q_pos))  # (B, Q) each
 
     v_pos, v_ok, v_tok, v_conf = (x[:, vcols] for x in (q_pos, q_ok, tok, conf))  # (B, K+1) the verifiers
     is_draft = drafted.gather(1, v_pos) & v_ok  # (B, K+1) verifiers whose position holds a draft

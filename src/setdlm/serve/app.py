@@ -11,8 +11,10 @@ import asyncio
 import contextlib
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
+from ..decoding import constraint
 from ..decoding.output import step_record
 from ..decoding.session import prepare
 from ..errors import UserError
@@ -40,33 +42,53 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
     created = int(time.time())
     page = resources.files("setdlm.serve").joinpath("static/index.html").read_text(encoding="utf-8")
 
+    compilers = max(1, constraint.BOUNDS.workers)
+    compiling = ThreadPoolExecutor(max_workers=compilers, thread_name_prefix="compile")
+    waiting = [0]  # requests with a constraint in or queued for ``compiling``
+
     async def index(request: Request):
         return HTMLResponse(page)
 
     async def health(request: Request):
         return JSONResponse({"status": "ok", "model": name, "family": model.family.family,
-                             "context_length": batcher.width, **batcher.stats()})
+                             "context_length": batcher.width, **batcher.stats(), "compiling": waiting[0]})
 
     async def models(request: Request):
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "setdlm",
              "family": model.family.family, "context_length": batcher.width}]})
 
-    def parse(raw: bytes, chat: bool):
-        """The request and its prepared row; run in a worker thread (tokenizing a long prompt must not
-        block the other clients)."""
-        req = parse_request(raw, chat=chat, model=model, model_name=name, width=batcher.width)
+    def prepared(req, deadline: float):
+        """The request's prepared row (with a constraint: compiled within what ``deadline`` leaves, the time
+        queued for a compiler counted)."""
         try:
-            return req, prepare(model, req.prompt_ids, req.settings, width=batcher.width, seed=req.seed,
-                                suffix=req.suffix)
+            with constraint.time_limit(deadline - time.monotonic()):
+                return prepare(model, req.prompt_ids, req.settings, width=batcher.width, seed=req.seed,
+                               suffix=req.suffix)
         except (ValueError, TypeError) as e:
-            raise APIError(400, str(e).splitlines()[0]) from None
+            fields = getattr(e, "fields", ())
+            param = next((STRUCTURED[f] for f in fields if f in STRUCTURED), None)
+            raise APIError(400, str(e).splitlines()[0], param) from None
 
     async def complete(request: Request, chat: bool):
         raw = await read_json_body(request, max_body)
         if raw is None:  # the client went away mid-body (logged); there is no one to answer
             return Response(status_code=400)
-        req, row = await asyncio.to_thread(parse, raw, chat)
+        arrived = time.monotonic()
+        req = await asyncio.to_thread(parse_request, raw, chat=chat, model=model, model_name=name,
+                                      width=batcher.width)  # tokenizing a long prompt blocks no one
+        if req.settings.constraint is None:
+            row = await asyncio.to_thread(prepared, req, arrived + timeout)
+        else:  # compiling a constraint (seconds, bounded) holds its own pool, never the one parsing requests
+            if waiting[0] >= max_queue + compilers:
+                raise APIError(429, f"{waiting[0]} constrained requests are compiling or waiting to; retry shortly",
+                               type="rate_limit_error", headers={"Retry-After": "1"})
+            waiting[0] += 1
+            try:
+                row = await asyncio.get_running_loop().run_in_executor(
+                    compiling, prepared, req, arrived + min(timeout, constraint.BOUNDS.seconds))
+            finally:
+                waiting[0] -= 1
         loop = asyncio.get_running_loop()
         job = Job(row, loop, asyncio.Queue(), deadline=time.monotonic() + timeout, stream=req.stream)
         try:
@@ -164,6 +186,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
             yield
         finally:
             batcher.stop()
+            compiling.shutdown(wait=False, cancel_futures=True)
 
     routes = [Route("/", index), Route("/health", health), Route("/v1/models", models),
               Route("/v1/completions", completions, methods=["POST"]),
@@ -172,6 +195,9 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
                     exception_handlers={APIError: api_error, 404: not_found, 405: not_found})
     app.state.batcher = batcher
     return app
+
+
+STRUCTURED = {"regex": "regex", "choice": "choice", "json_schema": "response_format"}  # a constraint's kind -> field
 
 
 def _seconds(job: Job) -> float:

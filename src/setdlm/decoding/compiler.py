@@ -1,0 +1,218 @@
+"""Compiling a constraint's regular expression to a token automaton apart from the caller, bounded
+(docs/decoding.md "Bounds"): :class:`Compiler` keeps processes running :mod:`setdlm.decoding.compile_worker`
+and kills one past its time; :func:`cut_repetitions` cuts counted repetitions to what the output can
+hold; :func:`without_end_mark` takes the end mark out of a pattern's classes. The bounds themselves and
+the cache are :mod:`setdlm.decoding.constraint`'s."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import re
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+from ..errors import UserError
+
+
+def cut_repetitions(pattern: str, max_bytes: int) -> str:
+    """``pattern`` with every counted repetition ``{m}``, ``{m,}``, ``{m,n}`` cut to at most
+    ``max_bytes + 1`` repeats: the same words of at most ``max_bytes`` bytes (an iteration reads a byte or
+    more, or it reads nothing and more of them change nothing), so a bound far past what the output can
+    hold costs nothing. Escapes and character classes are left as they are."""
+    cap = max_bytes + 1
+    out, i, depth, n = [], 0, 0, len(pattern)  # depth: nesting of [...] character classes
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if c == "[":
+            depth += 1
+            if pattern[i + 1:i + 2] == "^":
+                out.append("[^")
+                i += 2
+                if pattern[i:i + 1] == "]":  # a leading ] is literal
+                    out.append("]")
+                    i += 1
+                continue
+            if pattern[i + 1:i + 2] == "]" and depth == 1:
+                out.append("[]")
+                i += 2
+                continue
+        elif c == "]" and depth:
+            depth -= 1
+        elif c == "{" and not depth:
+            close = pattern.find("}", i)
+            body = pattern[i + 1:close] if close > 0 else ""
+            parts = body.split(",")
+            counts = len(parts) in (1, 2) and parts[0].isdigit()
+            if counts and (len(parts) == 1 or parts[1] == "" or parts[1].isdigit()):
+                lo = min(int(parts[0]), cap)
+                if len(parts) == 1:
+                    out.append(f"{{{lo}}}")
+                elif parts[1] == "":
+                    out.append(f"{{{lo},}}")
+                else:
+                    out.append(f"{{{lo},{max(lo, min(int(parts[1]), cap))}}}")
+                i = close + 1
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def class_end(pattern: str, i: int) -> int | None:
+    """One past the ``]`` closing the character class that opens at ``pattern[i]`` (nested classes and
+    escapes skipped, a leading ``]`` literal); None when it is not closed."""
+    j, depth = i + 1 + (pattern[i + 1:i + 2] == "^"), 1
+    j += pattern[j:j + 1] == "]"
+    while j < len(pattern) and depth:
+        if pattern[j] == "\\":
+            j += 2
+            continue
+        depth += {"[": 1, "]": -1}.get(pattern[j], 0)
+        j += 1
+    return None if depth else j
+
+
+_FLAGS = re.compile(r"\(\?([a-zA-Z-]*)[:)]")  # (?flags) and (?flags:...)
+
+
+def without_end_mark(pattern: str, where: str) -> str:
+    """``pattern`` with U+FFFF (the end mark of :mod:`setdlm.decoding.compile_worker`) taken out of every
+    class: ``.``, ``[...]`` and ``\\D \\W \\S \\p \\P`` each intersected with ``[^\\x{FFFF}]``."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            e = pattern[i + 1:i + 2]
+            if e in ("p", "P"):
+                j = pattern.find("}", i) + 1 if pattern[i + 2:i + 3] == "{" else i + 3
+                out.append(f"[{pattern[i:j]}&&[^\\x{{FFFF}}]]")
+                i = j
+                continue
+            out.append(f"[\\{e}&&[^\\x{{FFFF}}]]" if e in ("D", "W", "S") else pattern[i:i + 2])
+            i += 2
+            continue
+        if c == "[":
+            j = class_end(pattern, i)
+            if j is None:
+                raise UserError(f"{where}: an unclosed character class in {pattern!r}", fields=(where,))
+            out.append(f"[{pattern[i:j]}&&[^\\x{{FFFF}}]]")
+            i = j
+            continue
+        if c == ".":
+            out.append("[^\\n\\x{FFFF}]")
+        elif c == "(" and (m := _FLAGS.match(pattern, i)) and "s" in m.group(1).split("-")[0]:
+            raise UserError(f"{where}: the flag s (. matching a newline) is not supported; write [\\s\\S] for it",
+                            fields=(where,))
+        elif c == "\uffff":
+            raise UserError(f"{where}: the noncharacter U+FFFF is not allowed in a constraint", fields=(where,))
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+class Compiler:
+    """Processes running :mod:`setdlm.decoding.compile_worker`, at most ``bounds.workers`` at once; one
+    that passes its time is killed, one that outgrows its memory dies alone."""
+
+    def __init__(self):
+        self._idle: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+        self._busy = 0
+        self._free = threading.Condition(self._lock)
+        atexit.register(self.close)
+
+    def run(self, digest: str, pieces, pattern: str, seconds: float, bounds) -> tuple:
+        if seconds <= 0:
+            return ("bound", "waited past its time bound for a free compiler")
+        deadline = time.monotonic() + seconds
+        with self._free:
+            while self._busy >= bounds.workers:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._free.wait(left):
+                    return ("bound", f"waited {seconds:g} s for a free compiler (time bound)")
+            self._busy += 1
+            proc = self._idle.pop() if self._idle else None
+        try:
+            if proc is not None and (proc.poll() is not None or proc.memory != bounds.memory):  # gone, or stale
+                self._retire(proc)
+                proc = None
+            if proc is None:
+                proc = self._spawn(bounds.memory)
+            reply = self._ask(proc, (digest, None if digest in proc.seen else pieces, pattern, bounds.edges),
+                              deadline, seconds, bounds.memory)
+            if reply[0] == "error" and reply[1] == "vocabulary":
+                reply = self._ask(proc, (digest, pieces, pattern, bounds.edges), deadline, seconds, bounds.memory)
+            if reply[0] != "bound":
+                proc.seen = (proc.seen + [digest])[-2:]
+                with self._lock:
+                    self._idle.append(proc)
+            return reply
+        finally:
+            with self._free:
+                self._busy -= 1
+                self._free.notify()
+
+    def _spawn(self, memory: int) -> subprocess.Popen:
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
+        proc = subprocess.Popen([sys.executable, "-P", script, str(int(memory))], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        proc.seen, proc.memory = [], memory
+        return proc
+
+    def _ask(self, proc: subprocess.Popen, request: tuple, deadline: float, seconds: float, memory: int) -> tuple:
+        data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            proc.stdin.write(struct.pack("<Q", len(data)) + data)
+            proc.stdin.flush()
+            head = self._read(proc, 8, deadline)
+            body = self._read(proc, struct.unpack("<Q", head)[0], deadline)
+        except TimeoutError:
+            proc.kill()
+            self._retire(proc)
+            return ("bound", f"took more than the time bound ({seconds:g} s)")
+        except (EOFError, BrokenPipeError):
+            self._retire(proc)
+            return ("bound", f"outgrew the memory bound ({memory >> 20} MiB) and failed "
+                             f"(exit {proc.returncode})")
+        return pickle.loads(body)
+
+    @staticmethod
+    def _read(proc: subprocess.Popen, n: int, deadline: float) -> bytes:
+        fd, parts, got = proc.stdout.fileno(), [], 0
+        while got < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(fd, min(n - got, 1 << 20))
+            if not chunk:
+                raise EOFError
+            parts.append(chunk)
+            got += len(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for proc in idle:
+            self._retire(proc)
+
+    @staticmethod
+    def _retire(proc: subprocess.Popen) -> None:
+        """End an idle process (its stdin closed, it exits) and wait for it."""
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        proc.wait()
+        proc.stdout.close()
