@@ -1,0 +1,62 @@
+"""The first hour (docs/errors.md, README.md): what a new user meets going through the README and docs/
+works as written or fails in one clear line. One section per trap; each test fails on the code before it."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import setdlm
+from setdlm import pretrained
+from setdlm.errors import UserError
+from setdlm.evaluation.likelihood import heldout_rows, training_args
+
+from support import assert_one_line_error, run
+
+# ---------------------------------------------------------------------------------------------------------
+# shipped models name no path of the machine that built them
+# ---------------------------------------------------------------------------------------------------------
+
+# an absolute POSIX path of two or more parts, or a Windows drive path, not inside a URL
+ABSOLUTE = re.compile(r"(?<![\w:/.~-])/(?:[\w.-]+/)+[\w.-]*|\b[A-Za-z]:\\\\?[\w.-]")
+
+
+def shipped_texts():
+    """(file, text) for every shipped model file: the text files whole, safetensors files' JSON headers."""
+    for folder in sorted(p for p in pretrained.root().iterdir() if p.is_dir()):
+        for f in sorted(folder.iterdir()):
+            if f.suffix == ".safetensors":
+                with f.open("rb") as h:
+                    n = int.from_bytes(h.read(8), "little")
+                    yield f, h.read(n).decode("utf-8")
+            else:
+                yield f, f.read_text(encoding="utf-8")
+
+
+def test_no_shipped_file_names_an_absolute_path():
+    found = [(f"{f.parent.name}/{f.name}", m) for f, text in shipped_texts() for m in ABSOLUTE.findall(text)]
+    assert len(list(shipped_texts())) >= 6 * 5
+    assert not found, found
+
+
+def test_the_pattern_catches_build_paths():
+    assert ABSOLUTE.findall('"data": "/work/runs/protocol/data/x.jsonl"') == ["/work/runs/protocol/data/x.jsonl"]
+    assert ABSOLUTE.findall("`C:\\\\runs\\\\x`") and not ABSOLUTE.findall("https://pypi.org/project/setdlm/ a/b")
+
+
+@pytest.mark.parametrize("name", [n for n in pretrained.available() if n.startswith("arith-")])
+def test_arith_models_rebuild_their_heldout_rows(name):
+    """`setdlm eval arith-ar` (task likelihood) needs the run's held-out rows: the data must be here."""
+    model = setdlm.load(name)
+    rows = heldout_rows(training_args(name), model.tokenizer)
+    assert len(rows) == 512 and rows.input_ids.shape[1] == model.family.length
+
+
+def test_missing_training_data_is_one_clear_line(tmp_path, capsys):
+    model = setdlm.load("arith-ar")
+    model.save(tmp_path / "m", training_args={**training_args("arith-ar"), "data": "/nowhere/train.jsonl"})
+    with pytest.raises(UserError, match="'/nowhere/train.jsonl', which cannot be read here: pass data"):
+        heldout_rows(training_args(tmp_path / "m"), model.tokenizer)
+    assert_one_line_error(*run(["eval", str(tmp_path / "m")], capsys)[::2], "pass --data (a file")
