@@ -61,6 +61,25 @@ def linear_layers(module: nn.Module) -> list[tuple[str, tuple[Tensor, Tensor | N
     return [(name, w) for name, m in module.named_modules() if (w := _weight_of(m)) is not None]
 
 
+def output_head(module: nn.Module) -> nn.Module | None:
+    """The layer that maps hidden states to logits: a Hugging Face model's output embeddings (``lm_head``,
+    SmolLM2's tied to its input embedding), the DiT's ``head``."""
+    hf = getattr(module, "hf", module)
+    if hasattr(hf, "get_output_embeddings"):
+        return hf.get_output_embeddings()
+    return getattr(module, "head", None)
+
+
+def kept_float(module: nn.Module, quantize: str) -> set[str]:
+    """Names of the linear layers of ``module`` that ``quantize`` leaves in float: the output head under
+    "int4" and "gguf" (docs/quantization.md: a quantized head flips near-tied logits, e.g. SmolLM2's first
+    answer token), none under "int8"."""
+    head = output_head(module)
+    if quantize == "int8" or head is None:
+        return set()
+    return {name for name, m in module.named_modules() if m is head}
+
+
 def replace_layer(root: nn.Module, name: str, layer: nn.Module) -> None:
     """Put ``layer`` where the submodule ``name`` of ``root`` is."""
     parent, _, attr = name.rpartition(".")
@@ -242,16 +261,18 @@ def check_kernels(backbone: nn.Module) -> None:
 
 def quantize(backbone: nn.Module, quantize: str) -> nn.Module:
     """Replace every linear layer of ``backbone`` (in place) by its ``quantize`` ("int8" or "int4") version;
-    returns the backbone, in eval mode. CPU only. A tied output head (SmolLM2) is quantized as the head; the
-    embedding it shares keeps full precision."""
+    returns the backbone, in eval mode. CPU only. The output head is quantized under "int8" only (a tied head,
+    SmolLM2's, as the head: the embedding it shares keeps full precision); "int4" keeps it in float."""
     if check_quantize(quantize) == "gguf":
         raise UserError("quantize='gguf' keeps a GGUF file's own quantization: load the file with "
                          "setdlm.load(path, quantize='gguf')")
     check_cpu(backbone, quantize)
     if hasattr(backbone, "fuse_projections"):  # HF backbones: q/k/v and gate/up as one product each, same numbers
         backbone.fuse_projections()
+    keep = kept_float(backbone, quantize)
     for name, (weight, bias) in linear_layers(backbone):
-        replace_layer(backbone, name, KERNELS[quantize](weight, bias))
+        if name not in keep:
+            replace_layer(backbone, name, KERNELS[quantize](weight, bias))
     finish(backbone, quantize)
     return backbone.eval()
 
