@@ -60,3 +60,43 @@ def test_missing_training_data_is_one_clear_line(tmp_path, capsys):
     with pytest.raises(UserError, match="'/nowhere/train.jsonl', which cannot be read here: pass data"):
         heldout_rows(training_args(tmp_path / "m"), model.tokenizer)
     assert_one_line_error(*run(["eval", str(tmp_path / "m")], capsys)[::2], "pass --data (a file")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# --speculate works at the default --max-new-tokens; its window is bounded by the room
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_speculate_alone_works_at_the_default_length(capsys):
+    """`setdlm generate --prompt "ROMEO:" --speculate`: the default 128 new tokens do not fit L=128 after the
+    prompt, so the default is capped at the room (122 here); the text is --window 1's at that length."""
+    code, spec, err = run(["generate", "--prompt", "ROMEO:", "--speculate", "--ignore-eos"], capsys)
+    assert code == 0, err
+    code, ref, err = run(["generate", "--prompt", "ROMEO:", "--window", "1", "--max-new-tokens", "122",
+                          "--ignore-eos"], capsys)
+    assert code == 0 and spec == ref and len(setdlm.load("shakespeare-setdlm-smax8").tokenizer.encode(ref)) > 100
+
+
+def test_speculate_too_long_names_the_flag_and_the_largest_value(capsys):
+    assert_one_line_error(*run(["generate", "--prompt", "ROMEO:", "--speculate", "--max-new-tokens", "123"],
+                               capsys)[::2], "--speculate needs", "--max-new-tokens can be at most 122")
+
+
+def test_speculation_window_is_bounded_by_the_room():
+    """window=1000 on a 128-token context: the drafts never reach past the rows' new tokens, so the window is
+    the room (8 here); no forward holds more queries than (8 + 1) horizons x 8 offsets + the cached tokens,
+    and the tokens are window 1's."""
+    from setdlm.decoding import generate
+    from setdlm.decoding.api import decode_config
+    from setdlm.decoding.settings import DecodeSettings
+
+    from support import recorded
+
+    model = setdlm.load("shakespeare-setdlm-smax8")
+    wide = DecodeSettings(speculate=True, window=1000)
+    assert decode_config(model, wide, mode="generate", cache_order="position", trace=False, room=8).window == 8
+    assert decode_config(model, wide, mode="generate", cache_order="position", trace=False).window == 127
+    traced, rec = recorded(model)
+    out = generate(traced, ["ROMEO:", "JULIET: O"], speculate=True, window=1000, max_new_tokens=8, ignore_eos=True)
+    assert out.tokens == generate(model, ["ROMEO:", "JULIET: O"], window=1, max_new_tokens=8, ignore_eos=True).tokens
+    assert max(c.ids.shape[1] for c in rec.calls[1:]) <= 9 * 8 + 8 + 1

@@ -149,12 +149,12 @@ def _add_bench(sub) -> None:
 # generate / infill: GenerateOptions / InfillOptions, then setdlm.options
 # ---------------------------------------------------------------------------------------------------------
 
-def _add_decoding_flags(p, exclude: tuple[str, ...] = (), defaults: dict | None = None) -> None:
+def _add_decoding_flags(p, exclude: tuple[str, ...] = (), notes: dict | None = None) -> None:
     """The checkpoint, one flag per decoding setting (bar ``exclude``) and the call's own flags."""
     p.add_argument("checkpoint", nargs="?", default=None,
                    help="checkpoint folder, training run folder or shipped model name "
                         "(default: the shipped shakespeare-setdlm-smax8)")
-    add_settings_flags(p, tuple(n for n in SETTINGS if n not in exclude), defaults=defaults)
+    add_settings_flags(p, tuple(n for n in SETTINGS if n not in exclude), notes=notes)
     p.add_argument("--regex", default=None, help="the output must match this regular expression")
     p.add_argument("--json-schema", default=None, metavar="SCHEMA",
                    help="the output must be JSON valid against this JSON Schema (inline JSON or a file)")
@@ -209,7 +209,8 @@ def _generate(args) -> int:
 
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help=_generate.__doc__.splitlines()[0])
-    _add_decoding_flags(p, defaults={"max_new_tokens": default_max_new_tokens("cli")})
+    _add_decoding_flags(p, notes={"max_new_tokens": f"default {default_max_new_tokens('cli')}, with --speculate at "
+                                                    "most what the prompt leaves of the context: "})
     p.add_argument("--prompt", action="append", help="a prompt (repeatable; \"\" for unconditional)")
     p.add_argument("--input", default=None, help="prompts, one per line (or .jsonl with 'prompt'); - for stdin")
     p.add_argument("--show-order", action="store_true", help="print each token coloured by the step that decided "

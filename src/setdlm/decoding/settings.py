@@ -56,7 +56,7 @@ GENERATE_ONLY = ("max_new_tokens", "ignore_eos", "stop", "cache_order")
 # leaves of the context. docs/decoding.md's "Defaults of max_new_tokens" table is this one (a test checks it).
 MAX_NEW_TOKENS_DEFAULTS = {
     "generate": (64, "`generate`, `Model.generate`, `Session.add` / `prepare`"),
-    "cli": (128, "`setdlm generate` (`--max-new-tokens`)"),
+    "cli": (128, "`setdlm generate` (`--max-new-tokens`; with `--speculate` at most the room)"),
     "server": (64, "the server (`max_tokens`; the room: what prompt and suffix leave)"),
     "evaluate": (None, "`evaluate.reasoning` / `parallel`, `setdlm eval` (the room: what the longest prompt leaves)"),
     "harness": (256, "the lm-eval adapter (`setdlm.harness`), when a task sets no `max_gen_toks`"),
