@@ -100,3 +100,62 @@ def test_speculation_window_is_bounded_by_the_room():
     out = generate(traced, ["ROMEO:", "JULIET: O"], speculate=True, window=1000, max_new_tokens=8, ignore_eos=True)
     assert out.tokens == generate(model, ["ROMEO:", "JULIET: O"], window=1, max_new_tokens=8, ignore_eos=True).tokens
     assert max(c.ids.shape[1] for c in rec.calls[1:]) <= 9 * 8 + 8 + 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the word-problem models get their training format: the question, then a newline
+# ---------------------------------------------------------------------------------------------------------
+
+QUESTION = "Tom has 3 apples. He buys 6 more. He gives away 4. How many apples does Tom have now?"
+
+
+def test_arith_prompts_end_with_the_training_newline(tmp_path):
+    from setdlm.data.prompt import encode_prompt, encode_prompts
+
+    model = setdlm.load("arith-ar")
+    tok = model.tokenizer
+    assert tok.prompt_end == "\n"
+    assert encode_prompt(tok, QUESTION) == encode_prompt(tok, QUESTION + "\n") == [tok.bos_token_id] + \
+        tok.encode(QUESTION + "\n")
+    assert encode_prompt(tok, "") == [tok.bos_token_id]  # unconditional stays unconditional
+    assert encode_prompts(model, [QUESTION], "prefix", add_bos=True)[0] == [tok.bos_token_id] + tok.encode(QUESTION)
+    model.save(tmp_path / "m")  # the format travels with the tokenizer
+    assert setdlm.load(tmp_path / "m").tokenizer.prompt_end == "\n"
+    assert setdlm.load("shakespeare-ar").tokenizer.prompt_end is None
+
+
+def test_the_quantization_guide_example_answers_right(capsys):
+    """docs/quantization.md's command: without the newline the model read the question's end as its first
+    line and answered `#### 6`."""
+    code, out, err = run(["generate", "arith-ar", "--quantize", "int8", "--max-new-tokens", "24", "--prompt",
+                          QUESTION], capsys)
+    assert code == 0, err
+    assert out.split() == ["3+6=9", "9-4=5", "####", "5"], out
+    assert QUESTION in (Path(__file__).parents[1] / "docs" / "quantization.md").read_text()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# setdlm models; "did you mean" for a mistyped name
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_setdlm_models_lists_every_shipped_model(capsys):
+    code, out, err = run(["models"], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == ["NAME", "PARAMETERS", "SIZE", "FAMILY", "CONTEXT", "TASK"]
+    assert [line.split()[0] for line in lines[1:]] == pretrained.available() and len(lines) == 7
+    row = next(line for line in lines if line.startswith("arith-setdlm-smax8 "))
+    assert "setdlm D=4 M=8" in row and " 192 " in row and "word problems" in row
+    d = pretrained.describe("shakespeare-ar")
+    model = setdlm.load("shakespeare-ar")
+    assert d["parameters"] == sum(p.numel() for p in model.backbone.parameters()) and d["context"] == 128
+    assert d["family"] == "ar" and d["task"].startswith("Shakespeare")
+
+
+def test_a_mistyped_model_name_says_what_it_meant(capsys):
+    assert_one_line_error(*run(["generate", "arith-arr", "--prompt", "x"], capsys)[::2], "did you mean 'arith-ar'?")
+    with pytest.raises(UserError, match="did you mean 'shakespeare-ar'"):
+        setdlm.load("shakespeare_ar")
+    with pytest.raises(UserError, match="did you mean 'arith-ar'\\? shipped models: arith-ar"):
+        pretrained.path("arith-arr")

