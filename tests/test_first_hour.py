@@ -159,3 +159,53 @@ def test_a_mistyped_model_name_says_what_it_meant(capsys):
         setdlm.load("shakespeare_ar")
     with pytest.raises(UserError, match="did you mean 'arith-ar'\\? shipped models: arith-ar"):
         pretrained.path("arith-arr")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# training says what it does: a start summary, a loss line every --log-every, warnings
+# ---------------------------------------------------------------------------------------------------------
+
+SMALL_RUN = ["--vocab-size", "4096", "--preset", "small", "--length", "64", "--batch-size", "4", "--hidden-size",
+             "32", "--n-layers", "1", "--n-heads", "2", "--eval-every", "0", "--save-every", "0"]
+
+
+def test_training_prints_a_summary_loss_lines_and_warnings(tmp_path, capsys):
+    from support import write_hamlet
+
+    data = write_hamlet(tmp_path / "h.txt", 4500)
+    code, out, err = run(["train", "--out", str(tmp_path / "run"), "--data", data, "--steps", "6", "--log-every", "2",
+                          *SMALL_RUN], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert re.fullmatch(r"training setdlm \(0\.\d\dM parameters\) on .*h\.txt: tokenizer bpe, \d+ tokens; \d+ rows "
+                        r"of 64 tokens, [1-7] held out; 256 tokens per step; steps 1-6, a loss line every 2", lines[0])
+    assert [line.split(":")[0] for line in lines[1:4]] == ["step 2", "step 4", "step 6"]
+    assert all(re.search(r"loss \d+\.\d{4}, lr ", line) for line in lines[1:4])
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 3, err
+    assert re.search(r"--vocab-size 4096 asked, but the BPE tokenizer learned only \d+ tokens", warnings[0])
+    assert re.search(r"the held-out set is [1-7] rows? \(--eval-fraction 0.05 of \d+ rows\)", warnings[1])
+    assert "--warmup 200 is longer than --steps 6" in warnings[2]
+
+
+def test_loss_lines_reach_a_pipe_as_they_happen(tmp_path):
+    """A run of many steps whose stdout is a pipe: its first loss line arrives while it still trains (the
+    reader waits for the line, then stops the run; an unflushed line would arrive only at exit)."""
+    import subprocess
+    import sys
+    import threading
+
+    from support import subprocess_env, write_hamlet
+
+    data = write_hamlet(tmp_path / "h.txt", 4500)
+    proc = subprocess.Popen([sys.executable, "-m", "setdlm", "train", "--out", str(tmp_path / "run"), "--data", data,
+                             "--steps", "3000", "--log-every", "1", "--warmup", "0", *SMALL_RUN],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=subprocess_env())
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.extend([proc.stdout.readline(), proc.stdout.readline()]))
+    reader.start()
+    reader.join(timeout=300)  # a safety net only: the lines come within seconds when flushed
+    running = proc.poll() is None
+    proc.kill()
+    proc.wait()
+    assert running and len(got) == 2 and got[1].startswith("step 1: loss "), got
