@@ -209,3 +209,70 @@ def test_loss_lines_reach_a_pipe_as_they_happen(tmp_path):
     proc.kill()
     proc.wait()
     assert running and len(got) == 2 and got[1].startswith("step 1: loss "), got
+
+
+# ---------------------------------------------------------------------------------------------------------
+# polish: flags in CLI errors, grammar, --help, Model.fill, constraint= taking what the README says
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_cli_errors_spell_flags_not_python(capsys):
+    assert_one_line_error(*run(["generate", "arith-ar", "--quantize", "gguf", "--prompt", "x"], capsys)[::2],
+                          "--quantize gguf keeps", "(use --quantize int8 or --quantize int4)")
+    code, _, err = run(["generate", "--speculate", "--threshold", "0.5", "--prompt", "x"], capsys)
+    assert_one_line_error(code, err, "--speculate verifies", "--threshold does not apply (leave the flag out)")
+    assert "None" not in err and "quantize=" not in err
+    with pytest.raises(UserError, match=r"quantize='gguf' keeps"):  # the library keeps its own words
+        setdlm.load("arith-ar", quantize="gguf")
+
+
+def test_messages_agree_in_number(capsys, tmp_path):
+    from setdlm.hub import model_card
+    from setdlm.serve.schemas import parse_request
+
+    assert_one_line_error(*run(["generate", "--max-new-tokens", "1000000000000", "--prompt", "x"], capsys)[::2],
+                          "decoding 1 row of up to", "lower --max-new-tokens")
+    model = setdlm.load("shakespeare-ar")
+    with pytest.raises(Exception, match="the prompt has 3 tokens and"):
+        parse_request(json.dumps({"prompt": "abc", "max_tokens": 1000}).encode(), chat=False, model=model,
+                      model_name="m", width=128)
+    cfg = json.loads((pretrained.path("arith-ar") / "config.json").read_text())
+    assert "An autoregressive (AR) language model" in model_card(cfg)
+
+
+def test_help_gives_each_command_a_whole_sentence(capsys):
+    code, out, _ = run(["--help"], capsys)
+    assert code == 0
+    text = " ".join(out.split())
+    assert "serve Serve a model over an OpenAI-compatible HTTP API with set streaming, continuous batching and a " \
+           "live decode-order page at / (needs the extra setdlm[serve]; docs/serve.md). models" in text
+
+
+def test_model_fill_exists_as_the_readme_says():
+    model = setdlm.load("shakespeare-bd3lm-s4")
+    tok, mask = model.tokenizer, model.family.mask_token_id
+    row = [tok.bos_token_id] + tok.encode("ROMEO: But soft") + [mask] * 4 + tok.encode(" the east")
+    from setdlm.decoding import fill
+
+    assert model.fill([row]).tokens == fill(model, [row]).tokens and len(model.fill([row]).tokens[0]) == 4
+
+
+def test_constraint_takes_a_schema_a_pydantic_class_or_choices():
+    pydantic = pytest.importorskip("pydantic")
+    from setdlm.decoding.constraint import choice, json_schema
+    from setdlm.decoding.settings import DecodeSettings
+
+    class Answer(pydantic.BaseModel):
+        n: int
+
+    assert DecodeSettings(constraint={"type": "integer"}).constraint == json_schema({"type": "integer"})
+    assert DecodeSettings(constraint=Answer).constraint == json_schema(Answer.model_json_schema())
+    assert DecodeSettings(constraint=["yes", "no"]).constraint == choice(["yes", "no"])
+    assert DecodeSettings(constraint=[{"type": "integer"}, None]).constraint == (json_schema({"type": "integer"}),
+                                                                                  None)  # one per row
+    model = setdlm.load("arith-ar")
+    out = model.generate([QUESTION, QUESTION], constraint=[["#### 5", "#### 7"], {"type": "integer"}],
+                         max_new_tokens=8)
+    assert out.texts[0] in ("#### 5", "#### 7") and int(out.texts[1]) >= 0
+    with pytest.raises(TypeError, match="a JSON Schema \\(dict\\), a Pydantic model class or a list of choices"):
+        DecodeSettings(constraint=3)

@@ -69,7 +69,7 @@ def source_file(name_or_path: str | Path) -> Path:
     if is_gguf(s):
         return Path(s).expanduser()
     raise UserError(f"quantize='gguf' keeps a GGUF file's own quantization; {s!r} is not a GGUF file "
-                     "(use quantize='int8' or 'int4')")
+                     "(use quantize='int8' or quantize='int4')", fields=("quantize",))
 
 
 def cache_root() -> Path:

@@ -61,7 +61,7 @@ def file_tensors(path: Path, hf_model: nn.Module) -> dict[str, object]:
     arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(_field(reader, "general.architecture"))
     if arch is None:
         raise UserError(f"{path}: quantize='gguf' does not know this file's architecture "
-                         f"({_field(reader, 'general.architecture')!r})")
+                         f"({_field(reader, 'general.architecture')!r})", fields=("quantize",))
     names = gguf.get_tensor_name_map(arch, hf_model.config.num_hidden_layers)
     by_name = {t.name: t for t in reader.tensors}
     out = {}
@@ -105,7 +105,7 @@ def keep_file_quantization(backbone: nn.Module, path: str | Path) -> nn.Module:
     check_cpu(backbone, "gguf")
     hf_model = getattr(backbone, "hf", None)
     if hf_model is None:
-        raise UserError("quantize='gguf' needs a model loaded from a GGUF file")
+        raise UserError("quantize='gguf' needs a model loaded from a GGUF file", fields=("quantize",))
     tensors = file_tensors(Path(path), hf_model)
     types, keep = {}, kept_float(hf_model, "gguf")
     for name, (weight, bias) in linear_layers(hf_model):

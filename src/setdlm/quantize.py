@@ -52,7 +52,8 @@ log = logging.getLogger("setdlm")
 def check_quantize(quantize: str | None) -> str | None:
     """``quantize`` if it names a supported scheme (or is None), else a ValueError naming the choices."""
     if quantize is not None and quantize not in QUANTIZATIONS:
-        raise UserError(f"quantize must be one of {', '.join(QUANTIZATIONS)} (or None), got {quantize!r}")
+        raise UserError(f"quantize must be one of {', '.join(QUANTIZATIONS)} (or None), got {quantize!r}",
+                        fields=("quantize",))
     return quantize
 
 
@@ -92,7 +93,8 @@ def check_cpu(backbone: nn.Module, quantize: str) -> None:
         raise UserError(f"the backbone is already {backbone.quantization}-quantized")
     p = next(backbone.parameters())
     if p.device.type != "cpu":
-        raise UserError(f"quantize={quantize!r} runs on the CPU; the backbone is on {p.device}")
+        raise UserError(f"quantize={quantize!r} runs on the CPU; the backbone is on {p.device}",
+                        fields=("quantize",))
 
 
 def _weight_of(module: nn.Module) -> tuple[Tensor, Tensor | None] | None:
@@ -207,7 +209,7 @@ def _quantized_engine(engine: str):
     by the engine in force when it runs), restored after."""
     if engine not in torch.backends.quantized.supported_engines:
         raise UserError(f"quantize='int8' needs PyTorch's {engine} engine, which this build lacks "
-                        f"(supported: {', '.join(torch.backends.quantized.supported_engines)})")
+                        f"(supported: {', '.join(torch.backends.quantized.supported_engines)})", fields=("quantize",))
     before = torch.backends.quantized.engine
     torch.backends.quantized.engine = engine
     try:

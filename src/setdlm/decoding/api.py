@@ -72,8 +72,9 @@ def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: in
     max_new_tokens = settings.max_new_tokens or default_max_new_tokens("generate")
     ids = encode_prompts(model, prompts, "prompt", add_bos=True)
     # a lower bound of the canvas's memory (the token lists, the canvas and its masks: >= 34 bytes a position)
-    check_fits(f"decoding {len(ids)} rows of up to {max_new_tokens:,} new tokens",
-               34 * sum(len(p) + max_new_tokens for p in ids), device_of(model.backbone), "lower max_new_tokens")
+    check_fits(f"decoding {len(ids)} row{'s' if len(ids) != 1 else ''} of up to {max_new_tokens:,} new tokens",
+               34 * sum(len(p) + max_new_tokens for p in ids), device_of(model.backbone), "lower max_new_tokens",
+               fields=("max_new_tokens",))
     mask_id = model.family.mask_token_id
     for i, p in enumerate(ids):
         if mask_id in p:
@@ -283,7 +284,7 @@ def _check_cache_fits(model, name: str, n: int) -> None:
     entries beyond the context, cannot fit the device: a lower bound from the bytes of one cache entry."""
     probe = model.backbone.new_cache(1, capacity=1)
     entry = sum(t.numel() * t.element_size() for t in [*probe.k, *probe.v, probe.pos])  # bytes of one position
-    check_fits(f"decoding with {name}={n:,}", 2 * n * entry, device_of(model.backbone), f"lower {name}")
+    check_fits(f"decoding with {name}={n:,}", 2 * n * entry, device_of(model.backbone), f"lower {name}", fields=(name,))
 
 
 def _reveal_order(fam, cfg: DecodeConfig) -> bool:

@@ -88,7 +88,7 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     elif not _is_int(max_tokens) or max_tokens < 1:
         raise APIError(400, f"{key} must be a positive integer, got {_short(max_tokens)}", key)
     elif fixed + max_tokens > width:
-        raise APIError(400, f"{key}={max_tokens} is too large: the prompt{' and suffix' if suffix else ''} have "
+        raise APIError(400, f"{key}={max_tokens} is too large: the prompt{' and suffix have' if suffix else ' has'} "
                             f"{fixed} tokens and the context length is {width}, so at most {width - fixed} new tokens "
                             "fit", key)
     stream = _get(body, "stream", bool, False)
