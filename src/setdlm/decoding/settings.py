@@ -88,6 +88,13 @@ def max_new_tokens_table() -> str:
     return "\n".join(rows)
 
 
+def family_settings(fam) -> list[str]:
+    """The family-specific settings that ``fam`` (a :class:`~setdlm.family.FamilyConfig`) takes: those of
+    :data:`FAMILIES` listing its family, and ``cache_order`` where it caches in reveal order (SetDLM)."""
+    names = [name for name, fams in FAMILIES.items() if fam.family in fams]
+    return names + (["cache_order"] if fam.spec.reveal_cache_order else [])
+
+
 def _positive_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
