@@ -86,7 +86,7 @@ def generate_rows(opts: GenerateOptions):
     """Load the model and decode ``opts``: ``(output, rows, tokenizer)``, rows ``{prompt, text, tokens}``
     (and ``steps``, the per-step records, when traced). A prompt must leave room for one new token
     (:func:`setdlm.data.prompt.check_prompt_fits`, checked by ``generate``)."""
-    from .data.prompt import encode_prompts
+    from .data.prompt import check_text, encode_prompts
     from .decoding import generate
 
     model = opts.model.load()
@@ -95,6 +95,8 @@ def generate_rows(opts: GenerateOptions):
     if opts.chat:  # each prompt is one user message, rendered by the model's chat template (ids, no extra BOS)
         from .chat import chat_prompt
 
+        for i, p in enumerate(prompts):
+            check_text(p, f"prompt {i}")
         prompts = [chat_prompt(model.tokenizer, p) for p in prompts]
     settings = opts.settings
     if settings.max_new_tokens is None:  # the command's default; speculation's rows must fit the context

@@ -68,6 +68,21 @@ def encode_prompt(tokenizer, text: str, *, end: bool = True) -> list[int]:
     return start_ids(tokenizer) + list(tokenizer.encode(text))
 
 
+def check_text(text: str, what: str) -> None:
+    """A ``UserError`` naming ``what`` unless ``text`` is text (encodable as UTF-8): a lone surrogate is half
+    of a UTF-16 pair, and U+DC80..U+DCFF is how Python keeps a byte that was not UTF-8 (a command-line
+    argument in another encoding)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        c = ord(text[e.start])
+        if 0xDC80 <= c <= 0xDCFF:
+            raise UserError(f"{what} holds the byte 0x{c - 0xDC00:02x} (at character {e.start}), which is not "
+                            "UTF-8: give the text in UTF-8") from None
+        raise UserError(f"{what} holds a lone surrogate (\\u{c:04x} at character {e.start}), which is not text: "
+                        "half of a UTF-16 pair without its other half") from None
+
+
 def max_prompt_tokens(length: int) -> int:
     """The longest prompt a context of ``length`` (L) tokens takes: ``L - 1``, room for one new token."""
     return length - 1
@@ -127,6 +142,7 @@ def encode_prompts(model, items, what: str = "prompt", *, add_bos: bool = False,
             raise TypeError(f"{what} {i} must be a string or a list of token ids, got {type(x).__name__}"
                             + ("; decode the bytes first" if isinstance(x, (bytes, bytearray)) else ""))
         if isinstance(x, str):
+            check_text(x, f"{what} {i}")
             if tok is None:
                 raise UserError(f"{what} {i} is a string but the model has no tokenizer; pass token ids")
             x = encode_prompt(tok, x, end=what == "prompt") if add_bos else tok.encode(x)

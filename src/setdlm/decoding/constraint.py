@@ -154,7 +154,7 @@ def of_options(regex_: str | None = None, json_schema_: str | None = None,
     if not json_schema_.lstrip().startswith("{"):  # a file
         from ..data.inputs import read_text
 
-        json_schema_ = read_text(json_schema_)
+        json_schema_ = read_text(json_schema_, "json_schema file", fields=("json_schema",))
     try:
         return json_schema(json_schema_)
     except ValueError as e:
