@@ -279,7 +279,7 @@ def test_eval_infill_matches_the_library(ckpts, tmp_path, capsys):
     ("eval", ["--task", "infill", "--level", "easy"], ["--level applies to --task reasoning, not infill"]),
     ("eval", ["--task", "reasoning", "--hidden", "3"], ["--hidden applies to --task infill, not reasoning"]),
     ("eval", ["--task", "likelihood", "--threshold", "0.9"], ["--threshold applies to --task reasoning/infill/parallel"]),
-    ("eval", ["--task", "reasoning", "--threshold", "1.5"], ["--threshold must lie in (0, 1] or be None (off), got 1.5"]),
+    ("eval", ["--task", "reasoning", "--threshold", "1.5"], ["--threshold must lie in (0, 1] or be left out (off), got 1.5"]),
     ("eval", ["--task", "reasoning", "--data", "MISSING"], ["GSM8K file", "does not exist"]),
     ("eval", ["--task", "reasoning", "--data", "MISSING", "--level", "easy"], ["--level applies to generated"]),
     ("eval", ["--task", "reasoning", "--level", "hard", "--n", "2"], ["problems fit the context length L=128"]),

@@ -102,7 +102,7 @@ def ckpts(tmp_path_factory):
     ("generate", ["--prompt", "ab", "--max-new-tokens", "0"], ["--max-new-tokens must be a positive integer, got 0"]),
     ("generate", ["--prompt", "ab", "--top-p", "0"], ["--top-p must lie in (0, 1], got 0.0"]),
     ("generate", ["--prompt", "ab", "--temperature", "-1"], ["--temperature must be a finite number >= 0, got -1.0"]),
-    ("generate", ["--prompt", "ab", "--threshold", "1.5"], ["--threshold must lie in (0, 1] or be None (off), got 1.5"]),
+    ("generate", ["--prompt", "ab", "--threshold", "1.5"], ["--threshold must lie in (0, 1] or be left out (off), got 1.5"]),
     ("generate", ["--prompt", "ab", "--block-size", "4"], ["--block-size applies to bd3lm/mdlm", "'setdlm'"]),
     ("generate", ["--input", "LATIN1"], ["latin1.txt: not UTF-8 text (byte 0xe9 at offset 3)"]),
     ("generate", ["--input", "MISSING"], ["input file", "missing.txt", "does not exist"]),

@@ -82,10 +82,13 @@ def test_a_broken_gguf_file_is_a_clear_error(monkeypatch, tmp_path):
 # -- a tiny Llama GGUF file written here (gguf's writer), converted for real ---------------------------------
 
 
-def write_tiny_gguf(path, *, drop: str | None = None, extra: str | None = None, d: int = 16, qtype: str | None = None):
+def write_tiny_gguf(path, *, drop: str | None = None, extra: str | None = None, d: int = 16, qtype: str | None = None,
+                    declare: dict | None = None, reshape: dict | None = None):
     """A 1-layer Llama (width ``d``, 2 query heads over 1 KV head) in float32 with a byte-level GPT-2 style
     tokenizer and a ChatML template, as llama.cpp lays a GGUF file out; ``drop``: leave that tensor out,
-    ``extra``: add a tensor of that name; ``qtype`` (e.g. "Q8_0"): every matrix stored in that GGUF type."""
+    ``extra``: add a tensor of that name; ``qtype`` (e.g. "Q8_0"): every matrix stored in that GGUF type;
+    ``declare``: hyperparameters the header declares instead (``{"head_count": 0}``), the tensors unchanged;
+    ``reshape``: tensors stored with another shape (``{"blk.0.attn_q.weight": (8, 16)}``)."""
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFWriter, quants
     from tokenizers import pre_tokenizers
@@ -98,7 +101,7 @@ def write_tiny_gguf(path, *, drop: str | None = None, extra: str | None = None, 
     for add, v in ((w.add_block_count, 1), (w.add_context_length, 64), (w.add_embedding_length, d),
                    (w.add_feed_forward_length, ff), (w.add_head_count, 2), (w.add_head_count_kv, 1),
                    (w.add_layer_norm_rms_eps, 1e-5), (w.add_rope_freq_base, 1e4), (w.add_vocab_size, V)):
-        add(v)
+        add((declare or {}).get(add.__name__.removeprefix("add_"), v))
     w.add_tokenizer_model("gpt2")
     w.add_token_list(tokens)
     w.add_token_types([3, 3, 3] + [1] * len(alphabet))
@@ -113,6 +116,7 @@ def write_tiny_gguf(path, *, drop: str | None = None, extra: str | None = None, 
               "blk.0.ffn_up.weight": (ff, d), "blk.0.ffn_down.weight": (d, ff)}
     if extra:
         shapes[extra] = (d,)
+    shapes.update(reshape or {})
     rng = np.random.default_rng(0)
     for name, shape in shapes.items():
         if name == drop:

@@ -4,11 +4,14 @@ table docs/decoding.md shows is the code's, and each entry point decodes that ma
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from setdlm.cli import build_parser
+from setdlm.flags import decode_settings
+from setdlm.options import GenerateOptions, ModelChoice, generate_rows
 from setdlm.decoding import generate
 from setdlm.decoding.session import prepare
 from setdlm.decoding.settings import MAX_NEW_TOKENS_DEFAULTS, default_max_new_tokens, max_new_tokens_table
@@ -33,7 +36,7 @@ def test_defaults_and_the_room():
         default_max_new_tokens("repl")
 
 
-def test_each_entry_point_reads_its_default():
+def test_each_entry_point_reads_its_default(tmp_path):
     """The library and sessions decode 64 tokens, the CLI's flags default to 128 / 48, the server's
     ``max_tokens`` to min(64, the room)."""
     from setdlm.serve.schemas import parse_request
@@ -43,7 +46,12 @@ def test_each_entry_point_reads_its_default():
     assert len(generate(model, "ab", ignore_eos=True).tokens[0]) == 64  # slides past L = 48
     assert sum(prepare(model, "ab", width=100, ignore_eos=True).targets()) == 64
     parser = build_parser()
-    assert parser.parse_args(["generate", "--prompt", "x"]).max_new_tokens == 128
+    args = parser.parse_args(["generate", "--prompt", "x"])
+    assert args.max_new_tokens is None  # the command's default, resolved once the model is loaded
+    path = save_tiny(tmp_path / "m")
+    out, _, _ = generate_rows(GenerateOptions(["ab"], replace(decode_settings(args), ignore_eos=True),
+                                              ModelChoice(path)))
+    assert len(out.tokens[0]) == 128
     assert parser.parse_args(["demo"]).max_new_tokens == 48
 
     def budget(prompt: str, width: int) -> int:

@@ -72,6 +72,8 @@ def test_quantize_replaces_every_linear_layer_and_keeps_the_rest():
     assert quantization_of(bb) == "int8" and not bb.training
     kinds = {type(m).__name__ for m in bb.modules()}
     assert "Linear" not in kinds and "Int8Linear" in kinds
+    four = quantize(tiny_model("setdlm", D=3).backbone, "int4")  # int4 keeps the output head in float
+    assert type(four.head) is torch.nn.Linear and isinstance(four.blocks[0].attn_qkv, Int4Linear)
     assert bb.embed.weight.dtype == torch.float64 and bb.new_cache(1).k[0].dtype == torch.float64
     with pytest.raises(ValueError, match="already int8-quantized"):
         quantize(bb, "int4")
@@ -151,12 +153,13 @@ def test_fused_projections_give_the_same_numbers(kind, q):
     """quantize fuses q/k/v and gate/up into one product each (fewer calls per step); each output channel
     sees the same quantized input row, so the logits equal those of the unfused quantized layers bit for bit."""
     from setdlm import hf
-    from setdlm.quantize import KERNELS, linear_layers, replace_layer
+    from setdlm.quantize import KERNELS, kept_float, linear_layers, replace_layer
 
     fused = quantize(hf.HFBackbone(tiny_hf(kind)), q)
     plain = hf.HFBackbone(tiny_hf(kind)).eval()
     for name, (w, b) in linear_layers(plain):
-        replace_layer(plain, name, KERNELS[q](w, b))
+        if name not in kept_float(plain, q):
+            replace_layer(plain, name, KERNELS[q](w, b))
     attn = fused.hf.model.layers[0].self_attn
     assert hasattr(attn, "qkv_proj") and not hasattr(attn, "q_proj")
     ids = torch.tensor([PROMPTS[1], PROMPTS[1][::-1]])

@@ -336,7 +336,7 @@ def test_training_sizes_that_cannot_fit_are_refused_up_front(args, needles, corp
 
 def test_a_generation_that_cannot_fit_is_refused_up_front(ckpts, capsys):
     code, _, err = run(["generate", ckpts["ar"], "--prompt", "ab", "--max-new-tokens", "1000000000"], capsys)
-    one_line(code, err, "up to 1,000,000,000 new tokens needs at least", "lower max_new_tokens")
+    one_line(code, err, "up to 1,000,000,000 new tokens needs at least", "lower --max-new-tokens")
 
 
 # -- 7. a pickle is refused, never loaded, and torch's advice is not passed on ---------------------------

@@ -72,7 +72,8 @@ def test_absurd_decoding_sizes_are_refused_up_front(tmp_path, capsys, family, kn
         generate(mdlm, [[1, 5]], max_new_tokens=4, block_size=10**30)
     folder = tiny_checkpoint(tmp_path / "ck", family)
     code, _, err = run(["generate", folder, "--prompt", "ab", f"--{knob.replace('_', '-')}", str(10**9)], capsys)
-    one_line(code, err, f"decoding with {knob}=1,000,000,000 needs at least", f"lower {knob}")
+    flag = "--" + knob.replace("_", "-")
+    one_line(code, err, f"decoding with {flag} 1,000,000,000 needs at least", f"lower {flag}")
 
 
 # -- outputs: a symlink is written through, a stream is written into --------------------------------------

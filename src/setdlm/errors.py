@@ -23,10 +23,21 @@ class UserError(ValueError):
         self.fields = tuple(fields)
 
 
+# the library's words for "not set", as the command line says them
+_UNSET = {"(leave it None)": "(leave the flag out)", " (or None)": " (or leave the flag out)",
+          " or be None (off)": " or be left out (off)"}
+
+
 def as_flags(error: UserError) -> str:
     """The message of ``error`` with each name of ``error.fields`` written as its command-line flag
-    (``max_new_tokens`` -> ``--max-new-tokens``); names inside other words, paths or quotes are left alone."""
+    (``max_new_tokens`` -> ``--max-new-tokens``, ``quantize='gguf'`` -> ``--quantize gguf``) and the
+    library's "None" as leaving the flag out; names inside other words, paths or quotes are left alone."""
     text = str(error)
     for name in error.fields:
-        text = re.sub(rf"(?<![\w.\-/'\"]){re.escape(name)}(?![\w.\-/'\"])", "--" + name.replace("_", "-"), text)
+        flag, bare = "--" + name.replace("_", "-"), rf"(?<![\w.\-/'\"]){re.escape(name)}"
+        text = re.sub(bare + r"=(['\"]?)([\w.+-]*)\1", lambda m: f"{flag} {m.group(2)}", text)
+        text = re.sub(bare + r"(?![\w.\-/'\"])", flag, text)
+    if error.fields:
+        for words, flag_words in _UNSET.items():
+            text = text.replace(words, flag_words)
     return text

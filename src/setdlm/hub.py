@@ -203,7 +203,7 @@ def model_card(config: Mapping, *, bench=None, repo_id: str | None = None) -> st
                     f"vocabulary {arch['vocab_size']})")
     name = repo_id or source.get("name") or "setdlm model"
     lines = front + ["", f"# {name}", "",
-                     f"A {family.spec.title} language model in the "
+                     f"{'An' if family.spec.title[0] in 'aeiou' else 'A'} {family.spec.title} language model in the "
                      "[setdlm](https://pypi.org/project/setdlm/) format.", "",
                      "| | |", "|---|---|", f"| family | `{fam['family']}` |",
                      f"| schedule | {family.spec.describe(family)} |", f"| backbone | {backbone} |",

@@ -36,6 +36,12 @@ class Model:
 
         return infill(self, prefixes, suffixes, lengths, **kwargs)
 
+    def fill(self, sequences, **kwargs):
+        """Decode every MASK of ``sequences`` (token-id lists holding ``family.mask_token_id`` anywhere)."""
+        from .decoding import fill
+
+        return fill(self, sequences, **kwargs)
+
     def save(self, path, **kwargs):
         """Write a checkpoint folder (config.json, model.safetensors, tokenizer.json, README.md model card;
         ``bench=`` adds a results table, ``push_to_hub="user/repo"`` uploads it); see

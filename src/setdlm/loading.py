@@ -42,6 +42,10 @@ def locate(path: str | Path, *, revision: str | None = None, ema: bool = False) 
         return converted
     if not p.exists() and hub.is_hub_id(str(path)):
         return hub.snapshot_checkpoint(str(path), revision=revision, ema=ema)
+    near = None if p.exists() or "/" in str(path) else pretrained.closest(str(path), tuple(gguf.PACKAGED))
+    if near is not None:
+        raise UserError(f"no model {str(path)!r}: no such folder and no shipped model of that name; did you mean "
+                        f"{near!r}? (`setdlm models` lists the shipped models)")
     return checkpoint.resolve(p)
 
 

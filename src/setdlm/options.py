@@ -10,9 +10,9 @@ names as its flags.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from .decoding.settings import DecodeSettings
+from .decoding.settings import DecodeSettings, default_max_new_tokens
 from .errors import UserError
 
 
@@ -86,6 +86,7 @@ def generate_rows(opts: GenerateOptions):
     """Load the model and decode ``opts``: ``(output, rows, tokenizer)``, rows ``{prompt, text, tokens}``
     (and ``steps``, the per-step records, when traced). A prompt must leave room for one new token
     (:func:`setdlm.data.prompt.check_prompt_fits`, checked by ``generate``)."""
+    from .data.prompt import check_text, encode_prompts
     from .decoding import generate
 
     model = opts.model.load()
@@ -94,8 +95,16 @@ def generate_rows(opts: GenerateOptions):
     if opts.chat:  # each prompt is one user message, rendered by the model's chat template (ids, no extra BOS)
         from .chat import chat_prompt
 
+        for i, p in enumerate(prompts):
+            check_text(p, f"prompt {i}")
         prompts = [chat_prompt(model.tokenizer, p) for p in prompts]
-    out = generate(model, prompts, opts.settings, seed=opts.seed, trace=opts.traced, progress=True)
+    settings = opts.settings
+    if settings.max_new_tokens is None:  # the command's default; speculation's rows must fit the context
+        n = default_max_new_tokens("cli")
+        if settings.speculate:
+            n = min(n, model.family.length - max(map(len, encode_prompts(model, prompts, add_bos=True))))
+        settings = replace(settings, max_new_tokens=max(n, 1))
+    out = generate(model, prompts, settings, seed=opts.seed, trace=opts.traced, progress=True)
     rows = [{"prompt": p, "text": t, "tokens": [int(x) for x in ids]}
             for p, t, ids in zip(opts.prompts, out.texts, out.tokens)]
     if opts.traced:

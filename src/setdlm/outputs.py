@@ -23,6 +23,7 @@ from pathlib import Path
 from .errors import UserError
 
 STREAM_ROOTS = ("/dev/", "/proc/")  # /dev/stdout, /dev/fd/N, /proc/self/fd/N: an open stream, not a file
+FULL_DEVICES = {(1, 7)}  # (major, minor) of Linux's /dev/full, which fails every write with "no space left"
 
 
 def is_stream(path: str | Path) -> bool:
@@ -68,12 +69,17 @@ def check_file(path: str | Path, name: str = "output") -> Path:
     if is_stream(p):
         if not os.access(p, os.W_OK):
             raise UserError(f"{name} {str(p)!r}: not writable", fields=(name,))
+        st = os.stat(p)
+        if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) in FULL_DEVICES:
+            raise UserError(f"{name} {str(p)!r}: cannot write (the device is always full)", fields=(name,))
         return p
     p = _target(p)
     if p.exists() and not os.access(p.parent, os.W_OK | os.X_OK):
         raise UserError(f"{name} {str(p)!r}: folder {str(p.parent)!r} is not writable", fields=(name,))
     if not p.exists():
         _check_creatable(p, name)
+    if os.statvfs(_existing_parent(p)).f_bavail == 0:  # a full file system: the write would fail at the end
+        raise UserError(f"{name} {str(p)!r}: cannot write (no space left on its file system)", fields=(name,))
     return p
 
 

@@ -13,14 +13,24 @@ layout, so ``setdlm.load`` (:func:`setdlm.loading.load`) reads them by name like
 ======================================  ========================================================
 
 ``setdlm generate`` and ``setdlm infill`` use ``shakespeare-setdlm-smax8`` when no checkpoint is given.
+:func:`available` lists the names, :func:`describe` what each is (``setdlm models`` prints it), and
+:func:`closest` the name a mistyped one was probably meant to be. The word-problem models read a question
+followed by a newline, as they were trained: their tokenizer adds it to a prompt that lacks it
+(``prompt_end``, :func:`setdlm.data.prompt.encode_prompt`).
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 from importlib import resources
 from pathlib import Path
 
 from .errors import UserError
+
+# a shipped model's training text -> the task it does, in words
+TASKS = {"shakespeare-train": "Shakespeare text (continue, infill)",
+         "reasoning-medium": "arithmetic word problems (question, then newline)"}
 
 DEFAULT = "shakespeare-setdlm-smax8"
 
@@ -39,6 +49,46 @@ def path(name: str = DEFAULT) -> Path:
     p = root() / name
     if not (p / "config.json").is_file():
         have = ", ".join(available()) or "none in this installation"
-        raise UserError(f"no shipped model {name!r}; shipped models: {have}")
+        near = closest(name)
+        raise UserError(f"no shipped model {name!r}; {f'did you mean {near!r}? ' if near else ''}shipped models: {have}")
     return p
 
+
+
+def describe(name: str) -> dict:
+    """What the shipped model ``name`` is: ``name``, ``parameters`` (count), ``size`` (MiB on disk),
+    ``family`` (with its sizes, e.g. ``setdlm D=4 M=8``), ``task`` and ``context`` (L, tokens)."""
+    folder = path(name)
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    with (folder / "model.safetensors").open("rb") as f:  # the header alone: each tensor's shape
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    count = 0
+    for key, t in header.items():
+        if key != "__metadata__":
+            n = 1
+            for d in t["shape"]:
+                n *= d
+            count += n
+    fam = cfg["family"]
+    sizes = " ".join(f"{k}={fam[k]}" for k in ("D", "M", "block_size") if fam.get(k) is not None)
+    data = (cfg.get("training") or {}).get("data")
+    return {"name": name, "parameters": count, "size": sum(f.stat().st_size for f in folder.iterdir()) / 2**20,
+            "family": f"{fam['family']} {sizes}".strip(), "task": TASKS.get(data, data or "?"),
+            "context": fam["length"]}
+
+
+def table() -> str:
+    """The shipped models as aligned text lines, one per model under a header (``setdlm models``)."""
+    rows = [("NAME", "PARAMETERS", "SIZE", "FAMILY", "CONTEXT", "TASK")]
+    for d in map(describe, available()):
+        rows.append((d["name"], f"{d['parameters'] / 1e6:.2f}M", f"{d['size']:.1f} MiB", d["family"],
+                     str(d["context"]), d["task"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+
+
+def closest(name: str, others: tuple[str, ...] = ()) -> str | None:
+    """The shipped model name (or one of ``others``, e.g. packaged GGUF models) nearest to ``name``, when one is
+    near enough to be a typo of it; else None."""
+    match = difflib.get_close_matches(name, [*available(), *others], n=1, cutoff=0.75)
+    return match[0] if match else None

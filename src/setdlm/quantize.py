@@ -52,13 +52,33 @@ log = logging.getLogger("setdlm")
 def check_quantize(quantize: str | None) -> str | None:
     """``quantize`` if it names a supported scheme (or is None), else a ValueError naming the choices."""
     if quantize is not None and quantize not in QUANTIZATIONS:
-        raise UserError(f"quantize must be one of {', '.join(QUANTIZATIONS)} (or None), got {quantize!r}")
+        raise UserError(f"quantize must be one of {', '.join(QUANTIZATIONS)} (or None), got {quantize!r}",
+                        fields=("quantize",))
     return quantize
 
 
 def linear_layers(module: nn.Module) -> list[tuple[str, tuple[Tensor, Tensor | None]]]:
     """``(name, (weight (out, in), bias))`` of every linear layer inside ``module``."""
     return [(name, w) for name, m in module.named_modules() if (w := _weight_of(m)) is not None]
+
+
+def output_head(module: nn.Module) -> nn.Module | None:
+    """The layer that maps hidden states to logits: a Hugging Face model's output embeddings (``lm_head``,
+    SmolLM2's tied to its input embedding), the DiT's ``head``."""
+    hf = getattr(module, "hf", module)
+    if hasattr(hf, "get_output_embeddings"):
+        return hf.get_output_embeddings()
+    return getattr(module, "head", None)
+
+
+def kept_float(module: nn.Module, quantize: str) -> set[str]:
+    """Names of the linear layers of ``module`` that ``quantize`` leaves in float: the output head under
+    "int4" and "gguf" (docs/quantization.md: a quantized head flips near-tied logits, e.g. SmolLM2's first
+    answer token), none under "int8"."""
+    head = output_head(module)
+    if quantize == "int8" or head is None:
+        return set()
+    return {name for name, m in module.named_modules() if m is head}
 
 
 def replace_layer(root: nn.Module, name: str, layer: nn.Module) -> None:
@@ -73,7 +93,8 @@ def check_cpu(backbone: nn.Module, quantize: str) -> None:
         raise UserError(f"the backbone is already {backbone.quantization}-quantized")
     p = next(backbone.parameters())
     if p.device.type != "cpu":
-        raise UserError(f"quantize={quantize!r} runs on the CPU; the backbone is on {p.device}")
+        raise UserError(f"quantize={quantize!r} runs on the CPU; the backbone is on {p.device}",
+                        fields=("quantize",))
 
 
 def _weight_of(module: nn.Module) -> tuple[Tensor, Tensor | None] | None:
@@ -188,7 +209,7 @@ def _quantized_engine(engine: str):
     by the engine in force when it runs), restored after."""
     if engine not in torch.backends.quantized.supported_engines:
         raise UserError(f"quantize='int8' needs PyTorch's {engine} engine, which this build lacks "
-                        f"(supported: {', '.join(torch.backends.quantized.supported_engines)})")
+                        f"(supported: {', '.join(torch.backends.quantized.supported_engines)})", fields=("quantize",))
     before = torch.backends.quantized.engine
     torch.backends.quantized.engine = engine
     try:
@@ -242,16 +263,18 @@ def check_kernels(backbone: nn.Module) -> None:
 
 def quantize(backbone: nn.Module, quantize: str) -> nn.Module:
     """Replace every linear layer of ``backbone`` (in place) by its ``quantize`` ("int8" or "int4") version;
-    returns the backbone, in eval mode. CPU only. A tied output head (SmolLM2) is quantized as the head; the
-    embedding it shares keeps full precision."""
+    returns the backbone, in eval mode. CPU only. The output head is quantized under "int8" only (a tied head,
+    SmolLM2's, as the head: the embedding it shares keeps full precision); "int4" keeps it in float."""
     if check_quantize(quantize) == "gguf":
         raise UserError("quantize='gguf' keeps a GGUF file's own quantization: load the file with "
                          "setdlm.load(path, quantize='gguf')")
     check_cpu(backbone, quantize)
     if hasattr(backbone, "fuse_projections"):  # HF backbones: q/k/v and gate/up as one product each, same numbers
         backbone.fuse_projections()
+    keep = kept_float(backbone, quantize)
     for name, (weight, bias) in linear_layers(backbone):
-        replace_layer(backbone, name, KERNELS[quantize](weight, bias))
+        if name not in keep:
+            replace_layer(backbone, name, KERNELS[quantize](weight, bias))
     finish(backbone, quantize)
     return backbone.eval()
 

@@ -64,11 +64,13 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
 
-def check_fits(what: str, needed: float, device: torch.device, hint: str) -> None:
-    """A ``ValueError`` when the lower-bound estimate ``needed`` (bytes) exceeds the device's memory."""
+def check_fits(what: str, needed: float, device: torch.device, hint: str, fields: tuple[str, ...] = ()) -> None:
+    """A ``ValueError`` when the lower-bound estimate ``needed`` (bytes) exceeds the device's memory;
+    ``fields``: the argument names the message uses (:class:`~setdlm.errors.UserError`)."""
     have = memory_bytes(device)
     if needed > have:
-        raise UserError(f"{what} needs at least {_gib(needed)} but {device.type} memory is {_gib(have)}; {hint}")
+        raise UserError(f"{what} needs at least {_gib(needed)} but {device.type} memory is {_gib(have)}; {hint}",
+                        fields=fields)
 
 
 def native_bf16(device: torch.device) -> bool:

@@ -104,7 +104,7 @@ def test_cli_flags_are_the_dataclass_fields():
     args = parser.parse_args(["generate", "--prompt", "a", "--stop", "x", "--stop", "y", "--length-penalty", "3",
                               "1.5", "--eos-token-id", "2", "--ignore-eos", "--cache-order", "reveal"])
     assert (args.stop, args.length_penalty, args.eos_token_id, args.ignore_eos, args.cache_order, args.max_new_tokens,
-            args.window) == (["x", "y"], ["3", "1.5"], [2], True, "reveal", 128, None)
+            args.window) == (["x", "y"], ["3", "1.5"], [2], True, "reveal", None, None)
 
 
 def test_a_session_row_follows_the_same_table():
@@ -125,7 +125,7 @@ def test_cli_flags_become_one_settings_object():
                               "1.5", "--eos-token-id", "2", "--top-k", "4", "--ignore-eos"])
     settings = decode_settings(args)
     assert settings == DecodeSettings(threshold=0.5, stop=(".",), length_penalty=(3, 1.5), eos_token_id=(2,), top_k=4,
-                                      ignore_eos=True, max_new_tokens=128)
+                                      ignore_eos=True)
     settings.check_for("bd3lm")
     with pytest.raises(UserError) as e:  # the library's words; the command line prints the field as its flag
         settings.check_for("ar")

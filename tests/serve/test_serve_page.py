@@ -186,3 +186,21 @@ def test_page_marks_the_positions_a_regex_constraint_chose(tmp_path):
             assert driver.find_element(By.ID, "n_con").text == str(len(chosen))
     finally:
         driver.quit()
+
+
+def test_page_decodes_an_ar_model_with_its_defaults(tmp_path):
+    """`setdlm serve smollm2-135m` serves an AR model: the page hides and does not send threshold, window,
+    cache order and speculate (an AR model takes none: each was a 400), so Decode works as it opens."""
+    from selenium.webdriver.common.by import By
+
+    model = tiny_model("ar", L=48, seed=2)
+    model.tokenizer = CharTokenizer()
+    driver = _browser(tmp_path)
+    try:
+        with running(model, "tiny-ar") as (url, _):
+            _decode_on_page(driver, url, "to be or", dict(max_tokens=12))
+            for field in ("threshold", "window", "cache_order", "speculate"):
+                assert not driver.find_element(By.ID, field).is_displayed(), field
+            assert driver.find_element(By.ID, "finish").text in ("stop", "length")
+    finally:
+        driver.quit()

@@ -15,9 +15,9 @@ def free_port() -> int:
 
 
 def _server_class():
-    import uvicorn
+    from setdlm.serve.app import server_class
 
-    class Server(uvicorn.Server):
+    class Server(server_class()):
         """uvicorn's server, telling the test when it listens (``ready``: startup ended, ``started`` says
         whether it succeeded) and when it stopped listening (``closed``: SIGTERM's shutdown began)."""
 

@@ -11,14 +11,17 @@ from ..errors import UserError
 from .sources import iter_jsonl
 
 
-def read_text(path: str) -> str:
-    """A file's text, or stdin's for ``-``; non-UTF-8 input is a ``UserError`` naming the source."""
+def read_text(path: str, what: str = "input file", fields: tuple[str, ...] = ()) -> str:
+    """A file's text, or stdin's for ``-``; a missing file, a folder or non-UTF-8 input is a ``UserError``
+    naming the source (``what``; ``fields``: the argument names it uses, as :class:`UserError`'s)."""
     if path == "-":
         data, name = sys.stdin.buffer.read(), "<stdin>"
     else:
         p = Path(path)
+        if p.is_dir():
+            raise UserError(f"{what} {path!r} is a folder, not a file", fields=fields)
         if not p.is_file():
-            raise UserError(f"input file {path!r} does not exist")
+            raise UserError(f"{what} {path!r} does not exist", fields=fields)
         data, name = p.read_bytes(), path
     try:
         return data.decode("utf-8")

@@ -53,14 +53,34 @@ def follows_transformers(tokenizer) -> bool:
     return getattr(tokenizer, "prompt", None) == "transformers"
 
 
-def encode_prompt(tokenizer, text: str) -> list[int]:
+def encode_prompt(tokenizer, text: str, *, end: bool = True) -> list[int]:
     """The token ids a model is decoded from for the prompt ``text``: ``transformers``' ids for a Hugging Face
-    tokenizer, ``[BOS] + tokenizer.encode(text)`` for setdlm's own."""
+    tokenizer, ``[BOS] + tokenizer.encode(text)`` for setdlm's own. ``end``: a non-empty ``text`` that does not
+    end with the tokenizer's ``prompt_end`` (what every training prompt ended with: the shipped word-problem
+    models' ``"\n"``) gets it, the training format (a prefix to infill keeps its text as given)."""
     if not isinstance(text, str):
         raise TypeError(f"a prompt must be a string, got {type(text).__name__}")
+    suffix = getattr(tokenizer, "prompt_end", None) if end else None
+    if isinstance(suffix, str) and suffix and text and not text.endswith(suffix):
+        text += suffix
     if follows_transformers(tokenizer):  # special tokens' strings in the text are those tokens, as there
         return list(tokenizer.encode_special(text, add_special_tokens=True))
     return start_ids(tokenizer) + list(tokenizer.encode(text))
+
+
+def check_text(text: str, what: str) -> None:
+    """A ``UserError`` naming ``what`` unless ``text`` is text (encodable as UTF-8): a lone surrogate is half
+    of a UTF-16 pair, and U+DC80..U+DCFF is how Python keeps a byte that was not UTF-8 (a command-line
+    argument in another encoding)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        c = ord(text[e.start])
+        if 0xDC80 <= c <= 0xDCFF:
+            raise UserError(f"{what} holds the byte 0x{c - 0xDC00:02x} (at character {e.start}), which is not "
+                            "UTF-8: give the text in UTF-8") from None
+        raise UserError(f"{what} holds a lone surrogate (\\u{c:04x} at character {e.start}), which is not text: "
+                        "half of a UTF-16 pair without its other half") from None
 
 
 def max_prompt_tokens(length: int) -> int:
@@ -122,9 +142,10 @@ def encode_prompts(model, items, what: str = "prompt", *, add_bos: bool = False,
             raise TypeError(f"{what} {i} must be a string or a list of token ids, got {type(x).__name__}"
                             + ("; decode the bytes first" if isinstance(x, (bytes, bytearray)) else ""))
         if isinstance(x, str):
+            check_text(x, f"{what} {i}")
             if tok is None:
                 raise UserError(f"{what} {i} is a string but the model has no tokenizer; pass token ids")
-            x = encode_prompt(tok, x) if add_bos else tok.encode(x)
+            x = encode_prompt(tok, x, end=what == "prompt") if add_bos else tok.encode(x)
         if isinstance(x, torch.Tensor):
             x = x.tolist()
         x = list(x)

@@ -41,7 +41,7 @@ class Tokenizer:
 
     def __init__(self, backend: _HFTokenizer, *, kind: str, bos: str | None = None, eos: str | None = None,
                  pad: str | None = None, mask: str | None = None, unk: str | None = None,
-                 chat_template: str | None = None, prompt: str | None = None):
+                 chat_template: str | None = None, prompt: str | None = None, prompt_end: str | None = None):
         self.backend = backend
         self.kind = kind
         # how a string prompt starts (setdlm.data.prompt): "bos", the training convention, or
@@ -50,6 +50,9 @@ class Tokenizer:
         if self.prompt not in PROMPT_CONVENTIONS:
             raise UserError(f"prompt convention must be one of {PROMPT_CONVENTIONS}, got {prompt!r}")
         self.chat_template = chat_template  # a Hugging Face chat template (Jinja), kept for tools that use one
+        # the text every training prompt ended with (the word-problem models': "\n"): a generation prompt that
+        # does not end with it gets it (setdlm.data.prompt.encode_prompt)
+        self.prompt_end = prompt_end or None
         self.tokens = {"bos": bos, "eos": eos, "pad": pad, "mask": mask, "unk": unk}
         for role, tok in self.tokens.items():
             if tok is not None and backend.token_to_id(tok) is None:
@@ -150,6 +153,8 @@ class Tokenizer:
         folder.mkdir(parents=True, exist_ok=True)
         self.backend.save(str(folder / TOKENIZER_FILE))
         cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "setdlm_kind": self.kind, "setdlm_prompt": self.prompt}
+        if self.prompt_end:
+            cfg["setdlm_prompt_end"] = self.prompt_end
         cfg.update({f"{role}_token": tok for role, tok in self.tokens.items() if tok is not None})
         if self.chat_template is not None:
             cfg["chat_template"] = self.chat_template
@@ -158,13 +163,13 @@ class Tokenizer:
     def to_json(self) -> str:
         """The tokenizer (vocabulary and special tokens) as one string, e.g. to send to other processes."""
         return json.dumps({"backend": self.backend.to_str(), "kind": self.kind, "tokens": self.tokens,
-                           "chat_template": self.chat_template, "prompt": self.prompt})
+                           "chat_template": self.chat_template, "prompt": self.prompt, "prompt_end": self.prompt_end})
 
     @classmethod
     def from_json(cls, s: str) -> "Tokenizer":
         d = json.loads(s)
         return cls(_HFTokenizer.from_str(d["backend"]), kind=d["kind"], chat_template=d.get("chat_template"),
-                   prompt=d.get("prompt"), **d["tokens"])
+                   prompt=d.get("prompt"), prompt_end=d.get("prompt_end"), **d["tokens"])
 
 
 def _char_table(backend: _HFTokenizer, special: set[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -235,7 +240,7 @@ def load_tokenizer(folder: str | Path, *, mask_id: int | None = None) -> Tokeniz
     except Exception as e:  # tokenizers raises a bare Exception on bad JSON
         raise UserError(f"{path}: not a valid tokenizer file ({str(e).splitlines()[0]})") from None
     names: dict[str, str | None] = {}
-    kind, template, prompt = "hf", None, None
+    kind, template, prompt, prompt_end = "hf", None, None, None
     for fname in ("special_tokens_map.json", CONFIG_FILE):  # the config wins
         p = folder / fname
         if p.is_file():
@@ -246,6 +251,8 @@ def load_tokenizer(folder: str | Path, *, mask_id: int | None = None) -> Tokeniz
             names.update({r: _token_name(cfg[f"{r}_token"]) for r in ROLES + ("cls", "sep") if f"{r}_token" in cfg})
             kind = cfg.get("setdlm_kind", kind)
             prompt = cfg.get("setdlm_prompt", prompt)
+            prompt_end = cfg.get("setdlm_prompt_end", prompt_end) if isinstance(cfg.get("setdlm_prompt_end"), str) \
+                else prompt_end
             template = cfg.get("chat_template", template) if isinstance(cfg.get("chat_template"), str) else template
     jinja = folder / "chat_template.jinja"  # where transformers >= 4.50 writes it
     if template is None and jinja.is_file():
@@ -257,7 +264,7 @@ def load_tokenizer(folder: str | Path, *, mask_id: int | None = None) -> Tokeniz
     names["eos"] = names.get("eos") or sep
     if mask_id is not None:
         names["mask"] = _mask_name(backend, names.get("mask"), mask_id, folder)
-    return Tokenizer(backend, kind=kind, chat_template=template, prompt=prompt, **names)
+    return Tokenizer(backend, kind=kind, chat_template=template, prompt=prompt, prompt_end=prompt_end, **names)
 
 
 def _mask_name(backend: _HFTokenizer, current: str | None, mask_id: int, where: Path) -> str | None:

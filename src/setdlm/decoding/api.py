@@ -72,8 +72,9 @@ def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: in
     max_new_tokens = settings.max_new_tokens or default_max_new_tokens("generate")
     ids = encode_prompts(model, prompts, "prompt", add_bos=True)
     # a lower bound of the canvas's memory (the token lists, the canvas and its masks: >= 34 bytes a position)
-    check_fits(f"decoding {len(ids)} rows of up to {max_new_tokens:,} new tokens",
-               34 * sum(len(p) + max_new_tokens for p in ids), device_of(model.backbone), "lower max_new_tokens")
+    check_fits(f"decoding {len(ids)} row{'s' if len(ids) != 1 else ''} of up to {max_new_tokens:,} new tokens",
+               34 * sum(len(p) + max_new_tokens for p in ids), device_of(model.backbone), "lower max_new_tokens",
+               fields=("max_new_tokens",))
     mask_id = model.family.mask_token_id
     for i, p in enumerate(ids):
         if mask_id in p:
@@ -153,7 +154,7 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
         raise UserError("speculate caches tokens in position order, as the left-to-right decode it reproduces; "
                         "reveal_times do not apply")
     cfg = decode_config(model, settings, mode=mode, cache_order=_cache_order(settings.cache_order, times),
-                        trace=trace)
+                        trace=trace, room=max(n_targets, default=1))
     stops = cfg.stop
     B = len(sequences)
     if batch_size is not None and not (isinstance(batch_size, int) and batch_size >= 1):
@@ -161,6 +162,11 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
     for i, (s, n) in enumerate(zip(sequences, n_targets)):  # fill checked its rows' lengths already
         if mode == "generate":
             check_prompt_fits(len(s) - n, fam.length, f"prompt {i}")
+            if cfg.speculate and len(s) > fam.length:
+                raise UserError(f"speculate needs prompt + max_new_tokens <= the context length L={fam.length} (the "
+                                f"left-to-right decode it reproduces evicts cache entries past L): prompt {i} has "
+                                f"{len(s) - n} tokens, so max_new_tokens can be at most {fam.length - len(s) + n}",
+                                fields=("speculate", "max_new_tokens"))
     seeds = row_seeds(seed, B, needs_seed(fam, cfg, times))
     # every row's constraint compiled and checked satisfiable before any decoding
     constraints = row_constraints(settings.constraints(B), sequences, targets, mode, model.tokenizer,
@@ -239,10 +245,14 @@ def row_text(tokenizer, r, stops) -> str:
     return text
 
 
-def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: str, trace: bool) -> DecodeConfig:
+def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: str, trace: bool,
+                  room: int | None = None) -> DecodeConfig:
     """The decoders' per-state configuration: ``settings`` checked against the model (stop strings need its
     tokenizer, EOS ids its vocabulary) with the family's defaults filled in (``window`` = ``D`` for SetDLM,
-    ``block_size`` = ``family.block_size`` for BD3LM/MDLM, 1 where unused)."""
+    ``block_size`` = ``family.block_size`` for BD3LM/MDLM, 1 where unused). A speculative decode's window is
+    at most ``room``, the most positions a row decodes (default: what the shortest prompt, BOS, leaves of the
+    context): its drafts never reach further, so a wider window only builds horizons past the rows (the
+    output is that of ``window=1`` either way)."""
     fam = model.family
     if device_of(model.backbone).type == "meta":
         raise UserError("the model's weights are on the meta device (an empty model, built under "
@@ -250,6 +260,8 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
     stops = _stops(model, settings.stop)
     sampling = settings.sampling(fam.mask_token_id, eos_ids(model, settings.eos_token_id))
     window, block_size = fam.spec.decode_sizes(fam, settings.window, settings.block_size)
+    if settings.speculate:
+        window = max(1, min(window, fam.length - 1 if room is None else room))
     sizes = {"window": window, "block_size": block_size}
     for name, v in sizes.items():
         if v >= 2**62:  # torch indexes with int64: a larger size overflows before any memory check could
@@ -272,7 +284,7 @@ def _check_cache_fits(model, name: str, n: int) -> None:
     entries beyond the context, cannot fit the device: a lower bound from the bytes of one cache entry."""
     probe = model.backbone.new_cache(1, capacity=1)
     entry = sum(t.numel() * t.element_size() for t in [*probe.k, *probe.v, probe.pos])  # bytes of one position
-    check_fits(f"decoding with {name}={n:,}", 2 * n * entry, device_of(model.backbone), f"lower {name}")
+    check_fits(f"decoding with {name}={n:,}", 2 * n * entry, device_of(model.backbone), f"lower {name}", fields=(name,))
 
 
 def _reveal_order(fam, cfg: DecodeConfig) -> bool:

@@ -121,6 +121,23 @@ def json_object(*, max_depth: int = 2) -> Constraint:
     return json_schema({"type": "object", "additionalProperties": value(max_depth - 1)})
 
 
+def as_constraint(value) -> Constraint | None:
+    """What ``constraint=`` takes, as a :class:`Constraint`: one as it is (or None); a dict, a JSON Schema
+    (:func:`json_schema`); a Pydantic model class, its ``model_json_schema()``; a list or tuple of strings, the
+    choices (:func:`choice`). Anything else is a ``TypeError`` naming what is accepted."""
+    if value is None or isinstance(value, Constraint):
+        return value
+    if isinstance(value, dict):
+        return json_schema(value)
+    if isinstance(value, type) and callable(getattr(value, "model_json_schema", None)):  # Pydantic v2 model
+        return json_schema(value.model_json_schema())
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        return choice(list(value))
+    raise TypeError("constraint must be made by setdlm.decoding.constraint.regex/json_schema/choice, or be a JSON "
+                    "Schema (dict), a Pydantic model class or a list of choices (strings); or a list of those, one "
+                    f"per row, None for a free row; got {value!r}")
+
+
 def of_options(regex_: str | None = None, json_schema_: str | None = None,
                choices: list[str] | None = None) -> Constraint | None:
     """The constraint of at most one of a regular expression, a JSON Schema (inline JSON, or the path of a
@@ -139,7 +156,7 @@ def of_options(regex_: str | None = None, json_schema_: str | None = None,
     if not json_schema_.lstrip().startswith("{"):  # a file
         from ..data.inputs import read_text
 
-        json_schema_ = read_text(json_schema_)
+        json_schema_ = read_text(json_schema_, "json_schema file", fields=("json_schema",))
     try:
         return json_schema(json_schema_)
     except ValueError as e:

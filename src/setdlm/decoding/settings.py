@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, fields
 
 from ..family import using
 from ..errors import UserError
-from .constraint import Constraint
+from .constraint import Constraint, as_constraint
 from .sampling import Sampling
 
 # setting -> the families it applies to (the others are a ValueError when set): the family registry's
@@ -56,7 +56,7 @@ GENERATE_ONLY = ("max_new_tokens", "ignore_eos", "stop", "cache_order")
 # leaves of the context. docs/decoding.md's "Defaults of max_new_tokens" table is this one (a test checks it).
 MAX_NEW_TOKENS_DEFAULTS = {
     "generate": (64, "`generate`, `Model.generate`, `Session.add` / `prepare`"),
-    "cli": (128, "`setdlm generate` (`--max-new-tokens`)"),
+    "cli": (128, "`setdlm generate` (`--max-new-tokens`; with `--speculate` at most the room)"),
     "server": (64, "the server (`max_tokens`; the room: what prompt and suffix leave)"),
     "evaluate": (None, "`evaluate.reasoning` / `parallel`, `setdlm eval` (the room: what the longest prompt leaves)"),
     "harness": (256, "the lm-eval adapter (`setdlm.harness`), when a task sets no `max_gen_toks`"),
@@ -86,6 +86,13 @@ def max_new_tokens_table() -> str:
         value = "the room" if n is None else f"min({n}, the room)" if name in _CAPPED else str(n)
         rows.append(f"| {where} | {value} |")
     return "\n".join(rows)
+
+
+def family_settings(fam) -> list[str]:
+    """The family-specific settings that ``fam`` (a :class:`~setdlm.family.FamilyConfig`) takes: those of
+    :data:`FAMILIES` listing its family, and ``cache_order`` where it caches in reveal order (SetDLM)."""
+    names = [name for name, fams in FAMILIES.items() if fam.family in fams]
+    return names + (["cache_order"] if fam.spec.reveal_cache_order else [])
 
 
 def _positive_int(v) -> bool:
@@ -119,7 +126,8 @@ class DecodeSettings:
     ignore_eos: bool = field(default=False, metadata={"help": "do not stop at EOS: always max-new-tokens"})
     stop: tuple[str, ...] = field(default=(), metadata={"help": "stop string (repeatable)"})
     constraint: Constraint | tuple[Constraint | None, ...] | None = field(default=None, metadata={
-        "help": "regex(), json_schema() or choice(): every row's output matches it (or one per row)"})
+        "help": "regex(), json_schema() or choice(), a JSON Schema dict, a Pydantic model class or a list of choices: "
+                "every row's output matches it (or one per row)"})
 
     def __post_init__(self):
         for name in ("window", "block_size"):
@@ -127,15 +135,16 @@ class DecodeSettings:
             if v is not None and not _positive_int(v):
                 raise UserError(f"{name} must be a positive integer, got {v!r}")
         if self.threshold is not None and not (_number(self.threshold) and 0.0 < self.threshold <= 1.0):
-            raise UserError(f"threshold must lie in (0, 1] or be None (off), got {self.threshold!r}")
+            raise UserError(f"threshold must lie in (0, 1] or be None (off), got {self.threshold!r}",
+                            fields=("threshold",))
         if self.speculate is not None and not isinstance(self.speculate, bool):
             raise TypeError(f"speculate must be True, False or None, got {self.speculate!r}")
         if self.speculate and self.threshold is not None:
             raise UserError("speculate verifies every token against the left-to-right decode, which commits one "
-                            "token per step; threshold does not apply (leave it None)")
+                            "token per step; threshold does not apply (leave it None)", fields=("speculate", "threshold"))
         if self.speculate and self.cache_order == "reveal":
             raise UserError("speculate caches tokens in position order, as the left-to-right decode it reproduces; "
-                            "cache_order='reveal' does not apply")
+                            "cache_order='reveal' does not apply", fields=("speculate", "cache_order"))
         if self.cache_order is not None and self.cache_order not in ("position", "reveal"):
             raise UserError(f"cache_order must be 'position' or 'reveal', got {self.cache_order!r}")
         if not (_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0):
@@ -171,14 +180,12 @@ class DecodeSettings:
         if not all(isinstance(s, str) and s for s in stops):
             raise UserError(f"stop must be a non-empty string or a list of them, got {stop!r}")
         object.__setattr__(self, "stop", stops)
-        c = self.constraint
-        if isinstance(c, list):
-            c = tuple(c)
-            object.__setattr__(self, "constraint", c)
-        if c is not None and not isinstance(c, Constraint) and not (
-                isinstance(c, tuple) and all(x is None or isinstance(x, Constraint) for x in c)):
-            raise TypeError("constraint must be made by setdlm.decoding.constraint.regex/json_schema/choice (or be a "
-                            f"list of them, one per row, None for a free row), got {c!r}")
+        c = self.constraint  # a list of strings is one list of choices; any other list, one constraint per row
+        if isinstance(c, (list, tuple)) and not (c and all(isinstance(x, str) for x in c)):
+            c = tuple(as_constraint(x) for x in c)
+        else:
+            c = as_constraint(c)
+        object.__setattr__(self, "constraint", c)
         if c is not None and stops:
             raise UserError("stop strings would cut a constrained output short of its match; give constraint or stop")
 

@@ -34,7 +34,13 @@ def heldout_rows(training: dict, tokenizer) -> TokenDataset:
     if missing:
         raise UserError(f"the run records no {', '.join(missing)}: its held-out rows cannot be rebuilt; evaluate "
                         "on a text source instead")
-    rows = build_dataset(read_source(training["data"]), tokenizer, training["length"])
+    try:
+        source = read_source(training["data"])
+    except UserError:  # e.g. a file of the machine that trained it
+        raise UserError(f"the run's held-out rows come from the text it trained on, {training['data']!r}, which "
+                        "cannot be read here: pass data (a file, folder or built-in corpus) to evaluate on other text",
+                        fields=("data",)) from None
+    rows = build_dataset(source, tokenizer, training["length"])
     _, index = heldout_split(len(rows), training["eval_fraction"], max_eval=training["eval_max"],
                              seed=training["split_seed"])
     return rows.subset(index)

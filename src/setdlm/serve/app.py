@@ -17,11 +17,12 @@ from importlib import resources
 from ..decoding import constraint
 from ..decoding.output import step_record
 from ..decoding.session import prepare
+from ..decoding.settings import family_settings
 from ..errors import UserError
 from .batching import Batcher, Job, QueueFull
 from .guard import DEFAULT_MAX_BODY, LOOPBACK_HOSTS, Guard, is_loopback, log, read_json_body
-from .responses import FINISH, TextStream, chunk, completion, new_id, summary, usage
-from .schemas import APIError, parse_request
+from .responses import TextStream, chunk, completion, finish_reason, new_id, summary, usage
+from .schemas import APIError, param_of, parse_request
 
 
 def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, timeout: float = 300.0,
@@ -41,6 +42,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
     batcher = Batcher(model, max_batch=max_batch, max_queue=max_queue)
     created = int(time.time())
     page = resources.files("setdlm.serve").joinpath("static/index.html").read_text(encoding="utf-8")
+    takes = family_settings(model.family)  # the page sends only these of its family-specific settings
 
     compilers = max(1, constraint.BOUNDS.workers)
     compiling = ThreadPoolExecutor(max_workers=compilers, thread_name_prefix="compile")
@@ -56,7 +58,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
     async def models(request: Request):
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "setdlm",
-             "family": model.family.family, "context_length": batcher.width}]})
+             "family": model.family.family, "context_length": batcher.width, "settings": takes}]})
 
     def prepared(req, deadline: float):
         """The request's prepared row (with a constraint: compiled within what ``deadline`` leaves, the time
@@ -66,9 +68,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
                 return prepare(model, req.prompt_ids, req.settings, width=batcher.width, seed=req.seed,
                                suffix=req.suffix)
         except (ValueError, TypeError) as e:
-            fields = getattr(e, "fields", ())
-            param = next((STRUCTURED[f] for f in fields if f in STRUCTURED), None)
-            raise APIError(400, str(e).splitlines()[0], param) from None
+            raise APIError(400, str(e).splitlines()[0], param_of(e)) from None
 
     async def complete(request: Request, chat: bool):
         raw = await read_json_body(request, max_body)
@@ -107,7 +107,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
             if not job.finished:
                 batcher.cancel(job)
         return JSONResponse(completion(chat, rid, name, ev.done, req.prompt_tokens, _seconds(job), row.seed,
-                                       req.echo))
+                                       req.echo, constrained=req.settings.constraint is not None))
 
     async def _watch_disconnect(request: Request, job: Job):
         """Wait for the ASGI disconnect message (the body is read, so ``receive`` has nothing else to say):
@@ -154,8 +154,9 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
                     continue
                 job.finished = True
                 delta += text.finish(done.text)
-                last = chunk(req.chat, rid, name, delta, finish=FINISH[done.finish_reason], step=step | summary(
-                    done, _seconds(job), job.row.seed))
+                finish = finish_reason(done, req.settings.constraint is not None)
+                last = chunk(req.chat, rid, name, delta, finish=finish,
+                             step=step | summary(done, _seconds(job), job.row.seed))
                 last["usage"] = usage(req.prompt_tokens, done)
                 yield _sse(last)
                 break
@@ -193,11 +194,8 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
               Route("/v1/chat/completions", chat_completions, methods=["POST"])]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, allowed=allowed_hosts)],
                     exception_handlers={APIError: api_error, 404: not_found, 405: not_found})
-    app.state.batcher = batcher
+    app.state.batcher, app.state.name, app.state.family = batcher, name, model.family.family
     return app
-
-
-STRUCTURED = {"regex": "regex", "choice": "choice", "json_schema": "response_format"}  # a constraint's kind -> field
 
 
 def _seconds(job: Job) -> float:
@@ -242,7 +240,49 @@ def serve(model_path: str, *, host: str = "127.0.0.1", port: int = 8000, max_bat
     model = load(model_path, device=device, quantize=quantize)
     app = create_app(model, name or _model_name(model_path), max_batch=max_batch, max_queue=max_queue,
                      timeout=timeout, max_body=max_body, allowed_hosts=allowed)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace)
+    server = server_class()(config)
+    server.run()
+    if not server.started:  # as uvicorn.run: the startup failed (its log says why)
+        raise SystemExit(3)
+
+
+def server_class():
+    """uvicorn's ``Server``, which says where it serves once it listens (the model, the decode-order page and
+    the API) and, at SIGTERM / Ctrl-C, ends the requests still running just before the grace period runs
+    out: a stream gets an error event as its last, any other request a 503, instead of a connection cut with
+    neither an error nor ``[DONE]``."""
+    import logging
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            app = self.config.app
+            for server in self.servers if self.started else []:
+                host, port = server.sockets[0].getsockname()[:2]
+                host = f"[{host}]" if ":" in host else host
+                logging.getLogger("uvicorn.error").info(
+                    "serving %s (%s, context %d): the decode-order page at http://%s:%d/, the API at /v1",
+                    app.state.name, app.state.family, app.state.batcher.width, host, port)
+                break
+
+        async def shutdown(self, sockets=None):
+            grace = self.config.timeout_graceful_shutdown
+            batcher = getattr(getattr(self.config.app, "state", None), "batcher", None)
+            timer = None
+            if grace is not None and batcher is not None:  # a moment before uvicorn cancels what still runs
+                timer = asyncio.get_running_loop().call_later(
+                    max(grace - min(1.0, grace / 10), 0), batcher.abort, 503,
+                    "the server shut down before this request finished (setdlm serve --grace)")
+            try:
+                await super().shutdown(sockets)
+            finally:
+                if timer is not None:
+                    timer.cancel()
+
+    return Server
 
 
 def check_listen(host: str, port: int) -> None:

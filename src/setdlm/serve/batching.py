@@ -102,6 +102,16 @@ class Batcher:
                 self._cancelled.append(job)
             self._cv.notify_all()
 
+    def abort(self, status: int, message: str) -> None:
+        """End every request in flight or waiting with the error ``(status, message)`` (a stream gets it as its
+        last event) and free its row: what the server does when its shutdown grace period runs out."""
+        with self._cv:
+            jobs = [*self._waiting, *list(self._jobs.values())]
+        for job in jobs:
+            if not job.cancelled:
+                job.put("error", (status, message))
+                self.cancel(job)
+
     def stats(self) -> dict:
         with self._cv:
             return {"running": len(self._jobs), "waiting": len(self._waiting), "max_batch": self.max_batch,

@@ -17,6 +17,13 @@ from ..decoding.state import stop_index
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "done": "stop"}  # done: an infilled middle
 
 
+def finish_reason(done: RowDone, constrained: bool) -> str:
+    """OpenAI's ``finish_reason`` of a finished row. A constrained row that used its whole budget ended on a
+    whole match (the constraint keeps the output completable within the budget, so its end is accepting):
+    "stop", as when the model closes the JSON itself, not "length" (which clients read as a cut answer)."""
+    return "stop" if constrained and done.finish_reason == "length" else FINISH[done.finish_reason]
+
+
 class TextStream:
     """The text of one row that is final so far: the decoded prefix of contiguous committed positions from
     the first generated one, cut before an EOS or a stop string, and holding back what a stop string or an
@@ -84,9 +91,10 @@ def new_id(chat: bool) -> str:
 
 
 def completion(chat: bool, rid: str, model: str, done: RowDone, prompt_tokens: int, seconds: float,
-               seed: int | None, echo: str | None = None) -> dict:
-    """The non-streaming body (``echo``: the prompt's text, put before the answer's)."""
-    text, finish = (echo or "") + (done.text or ""), FINISH[done.finish_reason]
+               seed: int | None, echo: str | None = None, constrained: bool = False) -> dict:
+    """The non-streaming body (``echo``: the prompt's text, put before the answer's; ``constrained``: the
+    request had a constraint, :func:`finish_reason`)."""
+    text, finish = (echo or "") + (done.text or ""), finish_reason(done, constrained)
     if chat:
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
                   "logprobs": None}

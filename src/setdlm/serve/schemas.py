@@ -88,7 +88,7 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     elif not _is_int(max_tokens) or max_tokens < 1:
         raise APIError(400, f"{key} must be a positive integer, got {_short(max_tokens)}", key)
     elif fixed + max_tokens > width:
-        raise APIError(400, f"{key}={max_tokens} is too large: the prompt{' and suffix' if suffix else ''} have "
+        raise APIError(400, f"{key}={max_tokens} is too large: the prompt{' and suffix have' if suffix else ' has'} "
                             f"{fixed} tokens and the context length is {width}, so at most {width - fixed} new tokens "
                             "fit", key)
     stream = _get(body, "stream", bool, False)
@@ -99,6 +99,10 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     if n is not None and n != 1:
         raise APIError(400, f"n={_short(n)} is not supported: one choice per request (send several requests; "
                             "they are batched)", "n")
+    for key in ("logprobs", "top_logprobs"):  # asked for (false and null are "no")
+        if body.get(key) not in (None, False):
+            raise APIError(400, f"{key} is not supported: each token's probability when it was committed is in "
+                                "the stream's setdlm events (stream: true, 'confidences')", key)
     seed = body.get("seed")
     if seed is not None and not (_is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
         raise APIError(400, f"seed must be an integer in [-2**63, 2**64 - 1], got {_short(seed)}", "seed")
@@ -191,7 +195,18 @@ def _settings(body: dict, max_tokens: int, width: int) -> DecodeSettings:
     try:
         return DecodeSettings(max_new_tokens=max_tokens, **s)
     except (ValueError, TypeError) as e:
-        raise APIError(400, str(e), next((k for k in s if str(e).startswith(k)), None)) from None
+        raise APIError(400, str(e), param_of(e, next((k for k in s if str(e).startswith(k)), None))) from None
+
+
+# the library's argument names that a request spells otherwise
+_PARAMS = {"max_new_tokens": "max_tokens", "json_schema": "response_format"}  # library argument -> request field
+
+
+def param_of(error: Exception, default: str | None = None) -> str | None:
+    """The request field a library error names (the first of a ``UserError``'s ``fields``, as the request
+    spells it), else ``default``."""
+    fields = getattr(error, "fields", ())
+    return _PARAMS.get(fields[0], fields[0]) if fields else default
 
 
 def _prompt_ids(body: dict, model) -> list[int]:

@@ -121,6 +121,9 @@ def setup(cfg: TrainConfig, dist: Dist, lock: RunLock) -> tuple[TrainState, Path
     if state.step >= o.steps:
         raise UserError(f"the checkpoint is at step {state.step}, which is not below steps={o.steps}; raise --steps")
     if dist.main:
+        for line in start_report(cfg, state, built_tokenizer=tokenizer is None and resume_from is None):
+            print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout, flush=True)
+    if dist.main:
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
         lock.acquire()
@@ -131,6 +134,36 @@ def setup(cfg: TrainConfig, dist: Dist, lock: RunLock) -> tuple[TrainState, Path
         if resume_from is not None:
             print(f"resuming from {resume_from} at step {state.step}", file=sys.stderr)
     return state, resume_from
+
+
+# fewer held-out rows than this make the held-out bound too noisy to compare runs by
+FEW_HELDOUT = 8
+
+
+def start_report(cfg: TrainConfig, state: TrainState, *, built_tokenizer: bool) -> list[str]:
+    """What a run prints as it starts: a warning for each setting that will not do what it says (a BPE
+    vocabulary the text cannot fill, a held-out set of a few rows, a warm-up longer than the run), then one
+    summary line (parameters, tokenizer, rows, held-out rows, tokens per step)."""
+    d, o, e = cfg.corpus, cfg.optim, cfg.evaluation
+    setup, lines = state.setup, []
+    vocab = setup.tokenizer.vocab_size
+    if built_tokenizer and d.tokenizer == "bpe" and vocab < d.vocab_size:
+        lines.append(f"warning: --vocab-size {d.vocab_size} asked, but the BPE tokenizer learned only {vocab} "
+                     "tokens from this text (too little text for more merges)")
+    rows, held = len(setup.train) + len(setup.heldout), len(setup.heldout)
+    if held < FEW_HELDOUT:
+        lines.append(f"warning: the held-out set is {held} row{'s' if held != 1 else ''} (--eval-fraction "
+                     f"{d.eval_fraction} of {rows} rows): its bound is noisy; give more text or a larger "
+                     "--eval-fraction")
+    if o.warmup > o.steps:
+        lines.append(f"warning: --warmup {o.warmup} is longer than --steps {o.steps}: the learning rate never "
+                     f"reaches --lr {o.lr:g}; lower --warmup")
+    params = sum(p.numel() for p in state.backbone.parameters())
+    lines.append(f"training {cfg.objective.family} ({params / 1e6:.2f}M parameters) on {d.data}: tokenizer "
+                 f"{setup.tokenizer.kind}, {vocab:,} tokens; {len(setup.train):,} rows of {d.length} tokens, "
+                 f"{held:,} held out; {o.batch_size * d.length:,} tokens per step; steps {state.step + 1}-{o.steps}, "
+                 f"a loss line every {e.log_every}")
+    return lines
 
 
 def run(cfg: TrainConfig, state: TrainState, dist: Dist, resume_from: Path | None) -> TrainResult:
@@ -163,6 +196,10 @@ def run(cfg: TrainConfig, state: TrainState, dist: Dist, resume_from: Path | Non
             loss, tps = stats[0].item() / dist.world, stats[1].item() / max(now - t_log, 1e-9)
             log({"step": s, "loss": loss, "lr": lr_at(cfg.optim, s - 1), "grad_norm": norm, "tokens_per_s": tps})
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tps:,.0f}")
+            if dist.main:  # stdout, flushed: a pipe or a log file shows it as it happens
+                bar.write(f"step {s}: loss {loss:.4f}, lr {lr_at(cfg.optim, s - 1):.3g}, {tps:,.0f} tokens/s",
+                          file=sys.stdout)
+                sys.stdout.flush()
             t_log, tok_log, loss_acc, n_acc = now, 0, 0.0, 0
         if (e.eval_every and s % e.eval_every == 0) or last:
             evaluation = state.evaluate()

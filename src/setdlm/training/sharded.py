@@ -11,6 +11,7 @@ number of processes (DCP reshards; the same number continues the run bitwise). :
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -86,6 +87,7 @@ def consolidate(path: str | Path) -> Path:
     folder, or a run folder: its latest), so that ``setdlm.load`` reads it; one process, on the CPU. The
     sharded files stay (``--resume`` reads them). Returns the checkpoint folder."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
     folder = ckpt.resolve(path)
     if not is_sharded(folder):
@@ -96,9 +98,20 @@ def consolidate(path: str | Path) -> Path:
     state = {"model": backbone.state_dict()}
     if config.get("ema"):
         state["ema"] = {k: torch.empty_like(v, dtype=torch.float32) for k, v in weights.items()}
+    disabled = logging.root.manager.disable  # DCP logs each failing read's traceback on the root logger
     with warnings.catch_warnings():  # DCP says that it reads in one process: that is the intent here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=folder / ckpt.SHARDED)  # no process group: this process reads every shard
+        logging.disable(logging.CRITICAL)
+        try:  # no process group: this process reads every shard
+            dcp.load(state, checkpoint_id=folder / ckpt.SHARDED)
+        except (Exception, CheckpointException) as e:  # EOFError, pickle's or DCP's errors on a cut or damaged file
+            cause = next(iter(getattr(e, "failures", {}).values()), e)  # DCP wraps each rank's error
+            cause = cause[0] if isinstance(cause, tuple) and cause else cause  # (exception, traceback)
+            detail = (str(cause).splitlines() or [""])[0][:120]
+            raise UserError(f"{folder}: its sharded weights cannot be read ({type(cause).__name__}: {detail}): the "
+                            "checkpoint is truncated or corrupt; export an earlier one") from None
+        finally:
+            logging.disable(disabled)
     files = {ckpt.WEIGHTS: weights, **({ckpt.EMA_WEIGHTS: state["ema"]} if "ema" in state else {})}
     for name, tensors in files.items():
         tmp = folder / f".{name}.tmp-{os.getpid()}"
