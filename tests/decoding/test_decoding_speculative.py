@@ -35,12 +35,14 @@ def layout(request, monkeypatch):
     return request.param
 
 
-def test_auto_layout_takes_every_horizon_at_batch_1_and_the_last_one_beyond(monkeypatch):
+def test_auto_layout_follows_the_batch_size_and_never_feeds_the_window_squared(monkeypatch):
     from setdlm.decoding import speculative
 
     monkeypatch.setattr(speculative, "HORIZONS", "auto")
-    assert speculative.windowed_horizons(1) == "all" and speculative.windowed_horizons(2) == "last"
-    assert speculative.windowed_horizons(32) == "last"
+    assert speculative.windowed_horizons(1, 4) == speculative.windowed_horizons(32, 4) == "last"  # the CPU's choice
+    monkeypatch.setattr(speculative, "ALL_HORIZONS_UP_TO", 1)
+    assert speculative.windowed_horizons(1, 4) == "all" and speculative.windowed_horizons(2, 4) == "last"
+    assert speculative.windowed_horizons(1, 8) == "all" and speculative.windowed_horizons(1, 9) == "last"  # w² bound
 
 
 def _same(a, b):
@@ -253,3 +255,17 @@ def test_bench_sweeps_speculation_beside_the_windows(tmp_path, capsys):
     assert a.predictions == b.predictions and b.run.nfe_per_example < a.run.nfe_per_example
     with pytest.raises(ValueError, match="give speculate=True to the sweep"):
         bench.sweep([("m", model)], "reasoning", examples, DecodeSettings(speculate=True))
+
+
+def test_a_wide_window_feeds_about_three_windows_a_forward_not_its_square(monkeypatch):
+    """"auto" gives a window wider than 8 the "last" layout even alone: at w = 12 a forward feeds at most
+    2(w − 1) + w + 1 = 35 positions per row, where every horizon's window would be w + w² = 156."""
+    from setdlm.decoding import speculative
+
+    monkeypatch.setattr(speculative, "HORIZONS", "auto")
+    model = tiny_model("setdlm", D=4)
+    w = 12
+    out = generate(model, PROMPTS[:1], max_new_tokens=24, ignore_eos=True, window=w, speculate=True, trace=True)
+    assert out.tokens == generate(model, PROMPTS[:1], max_new_tokens=24, ignore_eos=True, window=1).tokens
+    fed = [len(s.input_positions) for s in out.trace[0]]
+    assert max(fed) <= 2 * (w - 1) + w + 1 and max(fed) > w  # drafts were verified, the square never fed

@@ -102,16 +102,19 @@ def _ascending(select: Tensor, pos: Tensor, N: int) -> tuple[Tensor, Tensor]:
 # leads to, the others their verifier alone: K+w masks; a step that rejects a draft leaves no draft for the next
 # one, which then drafts afresh), or "auto": :func:`windowed_horizons` picks by batch size.
 HORIZONS = "auto"
-ALL_HORIZONS_UP_TO = 1  # "auto": batches up to this many rows take "all" (a forward costs about the same either
-# way when the step is dominated by per-call overhead), larger ones "last" (there a forward's cost follows its
-# positions): measured in benchmarks/RESULTS.md, "Faster than AR at AR's accuracy"
+ALL_HORIZONS_UP_TO = 0  # "auto": batches up to this many rows take "all". 0: on a CPU "last" was faster at batch 1
+# too (word problems, w = 4/5/6: 1.65/1.77/1.79x AR against 1.56/1.61/1.66x; benchmarks/RESULTS.md, "Faster than
+# AR at AR's accuracy"); where a forward of tens of positions costs what one does (a GPU at batch 1), "all"
+# commits more per forward: set HORIZONS = "all" or raise this
+ALL_HORIZONS_MASKS = 64  # "auto" never feeds more than this many masks per row for "all" (w² <= 64: w <= 8), so
+# a wide window costs about 3w positions a forward, not w + w² (a server's window=128 would be 16,512)
 
 
-def windowed_horizons(batch: int) -> str:
-    """"all" or "last" (:data:`HORIZONS`) for a step of ``batch`` rows."""
+def windowed_horizons(batch: int, window: int = 1) -> str:
+    """"all" or "last" (:data:`HORIZONS`) for a step of ``batch`` rows at window ``window``."""
     if HORIZONS != "auto":
         return HORIZONS
-    return "all" if batch <= ALL_HORIZONS_UP_TO else "last"
+    return "all" if batch <= ALL_HORIZONS_UP_TO and window * window <= ALL_HORIZONS_MASKS else "last"
 
 
 def _queries(k: Tensor, K: int, w: int, layout: str) -> tuple[Tensor, Tensor, Tensor]:
@@ -139,7 +142,7 @@ def step(backbone, st: DecodeState) -> None:
     rank = st.masked.cumsum(-1) - 1  # (B, N+1) rank of each masked position
     m_pos, m_ok = _ascending(st.masked & (rank < K + w), pos, N)  # (B, R) masked positions m_0, m_1, ..
     clean_pos, clean_ok = _ascending(pending | drafted, pos, N)  # (B, Tc) pending token, then the draft
-    layout = windowed_horizons(st.batch)
+    layout = windowed_horizons(st.batch, w)
     hq, oq, vcols = _queries(k, K, w, layout)  # (B, Q), (B, Q), (K+1,)
     R = m_pos.shape[1]
     r = (hq + oq).clamp(max=R - 1)  # (B, Q) rank of each query's position
