@@ -84,6 +84,7 @@ PLAIN_VALUE_ERRORS = {
     "model.py": "the KV cache's invariants (crop length, rows, key columns)",
     "batch.py": "the batch tensors' shared shape", "data/dataset.py": "the dataset tensors' shared shape",
     "decoding/state.py": "the decoder state's canvas and joins",
+    "mask_rules.py": "a mask rule's kind and set ids agreeing (built by the library, not the caller)",
 }
 
 

@@ -34,6 +34,7 @@ import warnings
 import torch
 from torch import Tensor
 
+from .errors import UserError
 from .masks import bidirectional_mask, causal_mask, two_stream_set_mask
 
 _POLICY = ["auto"]  # "auto" | "flex" | "dense"
@@ -43,7 +44,7 @@ _POLICY = ["auto"]  # "auto" | "flex" | "dense"
 def kernel(policy: str):
     """Within the block, training masks use ``policy``: ``"auto"``, ``"flex"`` or ``"dense"``."""
     if policy not in ("auto", "flex", "dense"):
-        raise ValueError(f"attention kernel policy must be auto, flex or dense, got {policy!r}")
+        raise UserError(f"attention kernel policy must be auto, flex or dense, got {policy!r}")
     old = _POLICY[0]
     _POLICY[0] = policy
     try:
