@@ -98,7 +98,7 @@ def test_the_start_is_logged_with_the_model_and_the_page_url():
                             env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out = Output(proc.stdout, mark="serving arith-ar")
     try:
-        assert out.ready.wait(120) and not out.ended.is_set(), out.text()[-2000:]
+        assert out.ready.wait(300) and not out.ended.is_set(), out.text()[-2000:]  # a loaded machine: minutes
         assert f"serving arith-ar (ar, context 192): the decode-order page at http://127.0.0.1:{port}/, the API " \
                "at /v1" in out.text()
     finally:
