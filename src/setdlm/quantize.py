@@ -42,10 +42,10 @@ INT4_GROUP = 32
 ACT_SCALE, ACT_ZERO = 2 / 127, 64
 _INT8_GEMM = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32
 _TINY = torch.finfo(torch.float32).tiny
-# The engine each kernel runs on, chosen here rather than inherited from torch.backends.quantized.engine (whose
-# default, "x86", and the alternatives "onednn" / "qnnpack" pack weights for other kernels, some without the
-# fixed-range op above): what repr() and the log line name.
-ENGINES = {"int8": "fbgemm", "int4": "aten"}
+# The engine the int8 kernel packs for, chosen here rather than inherited from torch.backends.quantized.engine
+# (whose default, "x86", and the alternatives "onednn" / "qnnpack" pack weights for other kernels, some without
+# the fixed-range op above); int4 runs an ATen op, engine-free.
+INT8_ENGINE = "fbgemm"
 log = logging.getLogger("setdlm")
 
 
@@ -145,7 +145,7 @@ class Int8Linear(QuantizedLinear):
         super().__init__(weight, bias)
         w = weight.float()
         scale = (w.abs().amax(1) / 127).clamp(min=1e-12).double()  # (out,)
-        with warnings.catch_warnings(), _quantized_engine(ENGINES["int8"]):
+        with warnings.catch_warnings(), _quantized_engine(INT8_ENGINE):
             warnings.filterwarnings("ignore", message=".*quantized tensor creation.*")  # deprecated in torch 2.13,
             qw = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
             self._packed = torch.ops.quantized.linear_prepack(qw, None)  # fbgemm's packing still needs one

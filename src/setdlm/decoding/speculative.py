@@ -117,11 +117,11 @@ def windowed_horizons(batch: int, window: int = 1) -> str:
     return "all" if batch <= ALL_HORIZONS_UP_TO and window * window <= ALL_HORIZONS_MASKS else "last"
 
 
-def _queries(k: Tensor, K: int, w: int, layout: str) -> tuple[Tensor, Tensor, Tensor]:
+def _queries(k: Tensor, h: Tensor, w: int, layout: str) -> tuple[Tensor, Tensor, Tensor]:
     """The step's mask queries as (horizon, offset) pairs, per row: ``hq``, ``oq`` (B, Q) and the columns of
-    the verifiers (offset 0 of horizons 0..K, in order) ``vcols`` (K+1,). ``k``: (B,) draft lengths."""
-    B, dev = k.shape[0], k.device
-    h = torch.arange(K + 1, device=dev)  # (K+1,)
+    the verifiers (offset 0 of horizons 0..K, in order) ``vcols`` (K+1,). ``k``: (B,) draft lengths;
+    ``h``: the horizons 0..K (K+1,)."""
+    B, dev, K = k.shape[0], k.device, h.shape[0] - 1
     if layout == "all":  # horizon i = 0..K, offset o = 0..w-1
         hq = h.repeat_interleave(w).expand(B, -1)  # (B, (K+1)·w)
         oq = torch.arange(w, device=dev).repeat(K + 1).expand(B, -1)
@@ -143,10 +143,12 @@ def step(backbone, st: DecodeState) -> None:
     m_pos, m_ok = _ascending(st.masked & (rank < K + w), pos, N)  # (B, R) masked positions m_0, m_1, ..
     clean_pos, clean_ok = _ascending(pending | drafted, pos, N)  # (B, Tc) pending token, then the draft
     layout = windowed_horizons(st.batch, w)
-    hq, oq, vcols = _queries(k, K, w, layout)  # (B, Q), (B, Q), (K+1,)
+    h = torch.arange(K + 1, device=st.device)  # (K+1,) the horizons
+    hq, oq, vcols = _queries(k, h, w, layout)  # (B, Q), (B, Q), (K+1,)
     R = m_pos.shape[1]
-    r = (hq + oq).clamp(max=R - 1)  # (B, Q) rank of each query's position
-    q_ok = (hq <= k[:, None]) & (hq + oq < R) & m_ok.gather(1, r)  # (B, Q)
+    rank_q = hq + oq  # (B, Q) rank of each query's position among the masked ones
+    r = rank_q.clamp(max=R - 1)  # (B, Q)
+    q_ok = (hq <= k[:, None]) & (rank_q < R) & m_ok.gather(1, r)  # (B, Q)
     q_pos = torch.where(q_ok, m_pos.gather(1, r), N)  # (B, Q)
     horizon = m_pos.gather(1, hq.clamp(max=R - 1))  # (B, Q) the position m_i of each query's horizon
     Tc = clean_pos.shape[1]
@@ -164,7 +166,6 @@ def step(backbone, st: DecodeState) -> None:
     is_draft = drafted.gather(1, v_pos) & v_ok  # (B, K+1) verifiers whose position holds a draft
     d_tok = draft.gather(1, v_pos)
     acc = (is_draft & (v_tok == d_tok)).long().cumprod(-1).sum(-1)  # (B,) accepted drafts, a prefix
-    h = torch.arange(K + 1, device=st.device)  # (K+1,)
     commit = v_ok & (h <= acc[:, None])  # (B, K+1) the accepted drafts and the verifier's next token
     st.cache.crop(start + pending.sum(-1) + acc)  # keep the pending token and the accepted drafts
     st.write(v_tok, v_conf, commit, v_pos, v_ok, slot_pos, valid)
@@ -173,7 +174,7 @@ def step(backbone, st: DecodeState) -> None:
     if layout == "all":  # the window of the horizon the step ended on, past its verifier
         take = (hq == acc[:, None]) & (oq > 0)  # (B, Q)
     else:  # every guess this forward made at the w − 1 positions after the last committed one
-        take = ((hq + oq) > acc[:, None]) & ((hq + oq) < acc[:, None] + w)  # (B, Q)
+        take = (rank_q > acc[:, None]) & (rank_q < acc[:, None] + w)  # (B, Q)
     nxt = torch.where(q_ok & take, q_pos, N)  # (B, Q) the next draft
     st.extra["pending"] = _flags(pending, last)
     st.extra["drafted"] = _flags(drafted, nxt)
