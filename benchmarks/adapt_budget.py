@@ -3,7 +3,7 @@ paper's GSM8K budget estimated from FLOPs.
 
     PYTHONPATH=src python benchmarks/adapt_budget.py                      # the RESULTS.md / docs table
 
-Measured: seconds per optimizer step of the real training loop (``setdlm.train.train``, ``--init-from
+Measured: seconds per optimizer step of the real training loop (``setdlm.training.train``, ``--init-from
 smollm2-135m``) on this machine at a small size (``--length``, ``--batch-size``), fp32, with and without
 gradient checkpointing; the median of the steps after the first. The achieved FLOP/s follow from the
 FLOP count of a step (:func:`step_flops`). Estimated, not measured: the same count for the paper's GSM8K
@@ -20,7 +20,7 @@ import tempfile
 
 import torch
 
-from setdlm.train import TrainConfig, train
+from setdlm.training import TrainConfig, train
 
 
 def step_flops(n_params: int, n_layers: int, d: int, rows: int, length: int, two_stream: bool,

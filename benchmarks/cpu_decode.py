@@ -44,7 +44,7 @@ import torch
 from hf_decode_speed import QUESTIONS  # benchmarks/ is the script's folder, hence on sys.path
 from setdlm import FamilyConfig, Model, load
 from setdlm.decoding import generate
-from setdlm.hf import chat_prompt
+from setdlm.formats.hf import chat_prompt
 
 
 def setdlm_call(model: Model, prompts, n: int, kw: dict):
@@ -146,7 +146,7 @@ def main(argv=None) -> None:
     families = {"AR": (FamilyConfig("ar", L, mask_id), {}),
                 "BD3LM S=4": (FamilyConfig("bd3lm", L, mask_id, block_size=4), {}),
                 "SetDLM w=4": (FamilyConfig("setdlm", L, mask_id, D=4, M=8), {"window": 4})}
-    from setdlm import gguf
+    from setdlm.formats import gguf
 
     files = {"Q4_1": gguf.packaged_file("smollm2-135m")}
     if args.q8_gguf is not None:

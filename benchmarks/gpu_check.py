@@ -6,7 +6,7 @@ transformers loop, decoding speed against transformers ``generate`` (benchmarks/
 
 Model: a random-weight Llama built from a config (no download): SmolLM2-135M's shape on a GPU (d=576, 30
 layers, 9 heads, 3 KV heads, vocab 49,152), a tiny one with ``--tiny``; setdlm drives it through
-:class:`setdlm.hf.HFBackbone`, transformers through the same weights' own ``forward`` and ``generate``. The
+:class:`setdlm.formats.hf.HFBackbone`, transformers through the same weights' own ``forward`` and ``generate``. The
 MASK token is the last vocabulary id.
 
 Sections, each written to the JSON as soon as it is done (a run cut short keeps what it measured); a
@@ -58,7 +58,7 @@ from setdlm.data.dataset import TokenDataset
 from setdlm.data.tokenizers import char_tokenizer
 from setdlm.decoding import generate
 from setdlm.decoding.cuda_graph import GraphedBackbone
-from setdlm.hf import HFBackbone
+from setdlm.formats.hf import HFBackbone
 from setdlm.mask_rules import kernel
 from setdlm.masks import causal_mask
 from setdlm.objectives import compute_loss, setdlm_inputs

@@ -9,9 +9,9 @@
 
 The DiT (V = 4096, d = 256, 4 heads, 4 layers, L = 256) is setdlm's :class:`setdlm.model.Transformer`
 initialised from ``--seed`` at the reference fixture's weight scales (:func:`spread_init`), written once
-with the authors' key names (``setdlm.convert.reference_key_map``
+with the authors' key names (``setdlm.formats.convert.reference_key_map``
 inverted) into two folders in their layout (a SetDLM with D = 4 and a BD3LM with S = 4), and loaded by both
-sides from those files: setdlm by :func:`setdlm.convert.load_reference`, theirs by
+sides from those files: setdlm by :func:`setdlm.formats.convert.load_reference`, theirs by
 ``benchmarks/official_worker.py`` (their ``SetDLM`` / ``BD3LM`` denoiser around their DiT) in a subprocess of
 the other environment. Decoding: greedy, threshold off (one token per forward), ``--new`` tokens after
 ``--prompt-len``-token prompts, stopping off on setdlm's side; SetDLM with window w = 4, BD3LM with S = 4
@@ -36,7 +36,7 @@ import torch
 from safetensors.torch import save_file
 
 from setdlm import Model
-from setdlm.convert import load_reference, reference_key_map
+from setdlm.formats.convert import load_reference, reference_key_map
 from setdlm.decoding import generate
 from setdlm.model import Transformer, TransformerConfig
 

@@ -19,7 +19,8 @@ import argparse
 import torch
 
 from hf_decode_speed import QUESTIONS  # benchmarks/ is the script's folder, hence on sys.path
-from setdlm import load, pretrained
+from setdlm import load
+from setdlm.formats import pretrained
 from setdlm.decoding import generate
 
 PRECISIONS = ("fp32", "int8", "int4")
@@ -58,7 +59,7 @@ def shipped(name: str, args) -> list[str]:
 @torch.no_grad()
 def smollm2(args) -> list[str]:
     from setdlm.data import shakespeare_works
-    from setdlm.hf import chat_prompt
+    from setdlm.formats.hf import chat_prompt
     from setdlm.masks import causal_mask
 
     models = {q: load("smollm2-135m", quantize=None if q == "fp32" else q) for q in PRECISIONS}

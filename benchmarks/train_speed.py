@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python benchmarks/train_speed.py --preset small --steps 12 --warmup 3
 
-Each (family, precision) trains ``warmup + steps`` optimizer steps of ``setdlm.train.train`` on the built-in
+Each (family, precision) trains ``warmup + steps`` optimizer steps of ``setdlm.training.train`` on the built-in
 Shakespeare corpus, logging every step; the figure is the median of the per-step tokens/s after the
 warm-up. Tokens are data tokens (B·L per step, padding excluded): SetDLM and BD3LM run two streams (2L
 positions) per row, so they cost about twice the compute per data token. Prints a Markdown table and the
@@ -20,7 +20,7 @@ import tempfile
 import torch
 
 from setdlm.resources import native_bf16
-from setdlm.train import TrainConfig, train
+from setdlm.training import TrainConfig, train
 
 
 def measure(preset: str, family: str, bf16: bool, steps: int, warmup: int) -> float:

@@ -39,7 +39,7 @@ def test_our_transformer_is_a_backbone():
 
 def test_the_hugging_face_adapter_is_a_backbone():
     pytest.importorskip("transformers")
-    from setdlm.hf import HFBackbone
+    from setdlm.formats.hf import HFBackbone
     from support import tiny_hf
 
     _honours_the_contract(HFBackbone(tiny_hf("llama", vocab=32)))

@@ -7,6 +7,7 @@ import json
 import pytest
 
 import setdlm
+import setdlm.cli
 from setdlm import bench, evaluate, evaluation
 from setdlm.evaluation import TaskSpec
 from setdlm.data import read_source, shakespeare_works

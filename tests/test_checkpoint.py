@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 import setdlm
-from setdlm import checkpoint as ckpt
+from setdlm.formats import checkpoint as ckpt
 from setdlm.data import char_tokenizer
 from setdlm.family import FamilyConfig
 from setdlm.lm import Model

@@ -19,12 +19,12 @@ def corpus(tmp_path_factory):
 
 
 def test_help_lists_commands():
-    out = subprocess.run([sys.executable, "-m", "setdlm.cli", "--help"], env=subprocess_env(),
+    out = subprocess.run([sys.executable, "-m", "setdlm", "--help"], env=subprocess_env(),
                          capture_output=True, text=True)
     assert out.returncode == 0
     for cmd in ("train", "eval", "generate", "infill", "schedule"):
         assert cmd in out.stdout
-    tr = subprocess.run([sys.executable, "-m", "setdlm.cli", "train", "--help"], env=subprocess_env(),
+    tr = subprocess.run([sys.executable, "-m", "setdlm", "train", "--help"], env=subprocess_env(),
                         capture_output=True, text=True)
     for flag in ("--preset", "--family", "--D", "--block-size", "--bf16", "--resume", "--grad-accum", "--ema"):
         assert flag in tr.stdout
@@ -135,7 +135,7 @@ def test_decode_flag_for_the_wrong_family_and_missing_checkpoint(ckpts, tmp_path
 
 
 def test_non_utf8_stdin_is_one_line_exit_2(ckpts, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "setdlm.cli", "generate", ckpts["setdlm"], "--input", "-",
+    proc = subprocess.run([sys.executable, "-m", "setdlm", "generate", ckpts["setdlm"], "--input", "-",
                            "--output", str(tmp_path / "out" / "o.jsonl")], input=b"ok\n\xff\xfe\n",
                           env=subprocess_env(), capture_output=True)
     assert proc.returncode == 2

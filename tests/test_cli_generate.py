@@ -43,7 +43,7 @@ def test_generate_matches_the_library(family, ckpts, tmp_path, capsys):
 
 
 def test_generate_reads_stdin_and_prints_texts(ckpts):
-    proc = subprocess.run([sys.executable, "-m", "setdlm.cli", "generate", ckpts["setdlm"], "--input", "-",
+    proc = subprocess.run([sys.executable, "-m", "setdlm", "generate", ckpts["setdlm"], "--input", "-",
                            "--max-new-tokens", "4", "--temperature", "0"], input="ab\nthe\n".encode(),
                           env=subprocess_env(), capture_output=True)
     assert proc.returncode == 0, proc.stderr.decode()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import setdlm
-from setdlm.command import run as run_command
+from setdlm.cli.command import run as run_command
 from setdlm.errors import UserError, as_flags
 
 from support import assert_one_line_error, run, subprocess_env

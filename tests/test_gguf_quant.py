@@ -1,4 +1,4 @@
-"""quantize="gguf" (setdlm.gguf_quant, docs/quantization.md): a GGUF file's Q8_0 / Q4_0 / Q4_1 matrices load
+"""quantize="gguf" (setdlm.formats.gguf_quant, docs/quantization.md): a GGUF file's Q8_0 / Q4_0 / Q4_1 matrices load
 into the int8 / int4 kernels instead of staying dequantized float32; Q4 blocks are taken as they are (the
 kernel's weights are the file's weights), the logits stay close to the float path, and the decoders' cache
 exactness holds on the result."""
@@ -9,7 +9,7 @@ import torch
 import setdlm
 from setdlm import FamilyConfig, Model
 from setdlm.decoding import generate
-from setdlm.quantize import Int4Linear, Int8Linear, quantization_of, quantize
+from setdlm.formats.quantize import Int4Linear, Int8Linear, quantization_of, quantize
 
 from support import PROMPTS, assert_bd3lm_steps_exact, recorded
 from test_gguf import cache, write_tiny_gguf  # noqa: F401  (cache: a fixture)

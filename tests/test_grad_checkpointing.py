@@ -9,7 +9,7 @@ import torch
 
 from setdlm import FamilyConfig
 from setdlm.objectives import Batch, compute_loss
-from setdlm.train import TrainConfig, train
+from setdlm.training import TrainConfig, train
 
 from support import make_model, tiny_hf, write_hamlet
 
@@ -48,7 +48,7 @@ def test_dit_with_dropout():
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_hf_backbones(kind):
-    hf = pytest.importorskip("setdlm.hf")
+    hf = pytest.importorskip("setdlm.formats.hf")
     pytest.importorskip("transformers")
     backbone = hf.HFBackbone(tiny_hf(kind, vocab=48))
     first = backbone.hf.model.layers[0].input_layernorm if kind == "llama" else backbone.hf.transformer.h[0].ln_1

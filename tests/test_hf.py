@@ -1,4 +1,4 @@
-"""Hugging Face backbone adapter (setdlm.hf): exactness against plain transformers, the two-stream mask
+"""Hugging Face backbone adapter (setdlm.formats.hf): exactness against plain transformers, the two-stream mask
 against a cached decode path, the generic cache contract, training, MASK token, loading. Tiny random
 Llama / Qwen2 / Qwen3 / GPT-2 configs built locally; float64; no network."""
 
@@ -11,7 +11,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from setdlm.family import FamilyConfig  # noqa: E402
-from setdlm.hf import HFBackbone, HubUnreachableError, adapt, load_pretrained  # noqa: E402
+from setdlm.formats.hf import HFBackbone, HubUnreachableError, adapt, load_pretrained  # noqa: E402
 from setdlm.masks import causal_mask  # noqa: E402
 from setdlm.objectives import Batch, compute_loss, setdlm_inputs  # noqa: E402
 from setdlm.schedules import StaggeredSchedule  # noqa: E402
@@ -292,7 +292,7 @@ def test_the_generation_configs_end_of_turn_ids_stop_every_path():
     from setdlm.decoding import generate
     from setdlm.decoding.api import end_of_turn_ids
     from setdlm.decoding.session import prepare
-    from setdlm.hf import setdlm_tokenizer
+    from setdlm.formats.hf import setdlm_tokenizer
 
     tok = tiny_tokenizer()
     backbone, mask_id = adapt(tiny_hf("llama", vocab=len(tok), dtype=torch.float32), tok)

@@ -1,4 +1,4 @@
-"""Checkpoints of Hugging Face backbones, loading by Hub id, pushing, and the model card (setdlm.hub).
+"""Checkpoints of Hugging Face backbones, loading by Hub id, pushing, and the model card (setdlm.formats.hub).
 
 The Hub itself cannot be reached here: Hub ids are exercised through huggingface_hub's real offline path
 (a repo already in the HF cache loads; one that is not gives the clear network error), and pushing
@@ -15,8 +15,8 @@ transformers = pytest.importorskip("transformers")
 
 import setdlm  # noqa: E402
 from setdlm import FamilyConfig, Model  # noqa: E402
-from setdlm.hf import HFBackbone, HubUnreachableError, adapt, setdlm_tokenizer  # noqa: E402
-from setdlm.hub import bench_table, is_hub_id, model_card  # noqa: E402
+from setdlm.formats.hf import HFBackbone, HubUnreachableError, adapt, setdlm_tokenizer  # noqa: E402
+from setdlm.formats.hub import bench_table, is_hub_id, model_card  # noqa: E402
 from setdlm.masks import causal_mask  # noqa: E402
 from setdlm.objectives import Batch, compute_loss  # noqa: E402
 from support import tiny_hf, tiny_tokenizer  # noqa: E402

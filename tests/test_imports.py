@@ -28,7 +28,7 @@ import setdlm
 
 SRC = Path(setdlm.__file__).resolve().parent  # src/setdlm of the checkout under test
 
-ENTRY_POINTS = {"setdlm.__main__"}  # runs the CLI when imported
+ENTRY_POINTS = {"setdlm.__main__", "setdlm.training.__main__"}  # run the CLI when imported
 
 
 def module_name(path: Path) -> str:
@@ -217,34 +217,38 @@ def test_no_import_cycles(imports):
     assert not found, "import cycles (module-level imports):\n" + "\n".join(" -> ".join(c) for c in found)
 
 
+def _in_cli(module: str) -> bool:
+    return module == "setdlm.cli" or module.startswith("setdlm.cli.")
+
+
 def test_nothing_imports_the_cli(imports):
-    """The CLI only parses and prints: the library (``train`` included, whose ``python -m setdlm.train`` builds
-    its own parser) never calls back into it, lazily or not; only ``python -m setdlm`` enters it."""
-    back = {m: line for m, found in imports.items() if m not in ("setdlm.cli", "setdlm.__main__")
-            for t, _, line in found["module"] + found["function"] if t == "setdlm.cli"}
-    assert not back, f"modules importing setdlm.cli: {back}"
+    """The CLI only parses and prints: the library never calls back into it, lazily or not; only the entry
+    points (``python -m setdlm``, ``python -m setdlm.training``) enter it."""
+    back = {m: line for m, found in imports.items() if not _in_cli(m) and m not in ENTRY_POINTS
+            for t, _, line in found["module"] + found["function"] if _in_cli(t)}
+    assert not back, f"modules importing the setdlm.cli package: {back}"
 
 
-LOADING = {"setdlm.loading", "setdlm.checkpoint", "setdlm.convert", "setdlm.pretrained", "setdlm.hub", "setdlm.hf",
-           "setdlm.gguf"}
+LOADING = {"setdlm.formats.loading", "setdlm.formats.checkpoint", "setdlm.formats.convert", "setdlm.formats.pretrained", "setdlm.formats.hub", "setdlm.formats.hf",
+           "setdlm.formats.gguf"}
 
 
 def test_no_loop_even_through_lazy_imports(imports):
     """Counting function-level imports too, the package has no loop (a lazy import only defers a module's
     cost, e.g. torch-heavy or optional dependencies; it is not a way around the layering)."""
     graph = {m: {t for t, _, _ in found["module"] + found["function"] if t != m} for m, found in imports.items()}
-    assert "setdlm.checkpoint" in graph["setdlm.lm"]  # Model.save writes through checkpoint.save ...
+    assert "setdlm.formats.checkpoint" in graph["setdlm.lm"]  # Model.save writes through checkpoint.save ...
     assert not cycles(graph), cycles(graph)  # ... and checkpoint does not build Model objects
 
 
 def test_loading_modules_are_acyclic_with_lazy_imports_too(imports):
-    """``setdlm.loading`` resolves names and picks a reader; the readers never reach back up to it or into
+    """``setdlm.formats.loading`` resolves names and picks a reader; the readers never reach back up to it or into
     each other's routing, not even through a function-level import."""
     assert LOADING <= set(imports)
     graph = {m: {t for t, _, _ in found["module"] + found["function"] if t in LOADING and t != m}
              for m, found in imports.items() if m in LOADING}
     assert not cycles(graph), cycles(graph)
-    assert all("setdlm.loading" not in graph[m] for m in LOADING), "a reader imports the front door"
+    assert all("setdlm.formats.loading" not in graph[m] for m in LOADING), "a reader imports the front door"
 
 # The child process: preload third-party libraries, then for each module of standalone_imports (started in
 # dependency order, a few at a time) fork a process that imports that module alone, with no setdlm module
@@ -319,7 +323,7 @@ def test_standalone_imports_skip_only_what_a_package_loads():
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_every_module_imports_on_its_own(mods, imports):
     order = standalone_imports(module_graph(imports))
-    assert {"setdlm", "setdlm.data", "setdlm.decoding", "setdlm.train"} <= set(order)
+    assert {"setdlm", "setdlm.data", "setdlm.decoding", "setdlm.training"} <= set(order)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC.parent), os.environ.get("PYTHONPATH", "")]))
     res = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(order)], capture_output=True, text=True,
                          env=env, timeout=120)
@@ -332,7 +336,7 @@ def test_every_module_imports_on_its_own(mods, imports):
 
 # -- layering and size ----------------------------------------------------------------------------------------
 
-TRAINING = ("setdlm.train", "setdlm.training")
+TRAINING = ("setdlm.training",)
 
 
 def _is_training(module: str) -> bool:
@@ -342,7 +346,7 @@ def _is_training(module: str) -> bool:
 def test_evaluation_never_reaches_the_training_code(mods, imports):
     """``setdlm eval``/``bench`` and the evaluation package stand on the library, never on the trainer: no
     import chain from ``setdlm.evaluation`` (lazy imports and parent packages included) reaches
-    ``setdlm.train`` or the ``setdlm.training`` package."""
+    ``setdlm.training`` or the ``setdlm.training`` package."""
     graph = {m: {t for t, _, _ in found["module"] + found["function"] if t != m} for m, found in imports.items()}
     for m in list(graph):  # importing a module runs its parent packages first
         parts = m.split(".")
@@ -358,14 +362,14 @@ import json, sys
 from setdlm.evaluation import evaluate_checkpoint
 res = evaluate_checkpoint("shakespeare-ar", data=sys.argv[1], batch_size=4)
 print(json.dumps({"nelbo": res["nelbo"], "training": sorted(m for m in sys.modules
-                                                             if m == "setdlm.train" or m.startswith("setdlm.training"))}))
+                                                             if m.startswith("setdlm.training"))}))
 """
 
 
 def test_an_evaluation_runs_without_loading_the_training_code(tmp_path):
     """The same, observed: a likelihood evaluation of a shipped checkpoint leaves no training module in
     ``sys.modules``."""
-    from setdlm import pretrained
+    from setdlm.formats import pretrained
 
     if "shakespeare-ar" not in pretrained.available():
         pytest.skip("no shipped models in this installation")
@@ -382,9 +386,9 @@ def test_an_evaluation_runs_without_loading_the_training_code(tmp_path):
 MAX_LINES = 500
 # modules allowed above MAX_LINES, each one concept that honestly needs the room
 LONG_MODULES = {
-    "setdlm.checkpoint": "the one on-disk format: write atomically, read and validate every field of config.json, "
+    "setdlm.formats.checkpoint": "the one on-disk format: write atomically, read and validate every field of config.json, "
                          "the safetensors header and the tokenizer, with an error naming each defect",
-    "setdlm.convert": "the paper authors' checkpoint layout (DiT and Qwen3 HF backbones): the key map, the config "
+    "setdlm.formats.convert": "the paper authors' checkpoint layout (DiT and Qwen3 HF backbones): the key map, the config "
                       "translation and its checks, in one place so that the two layouts cannot drift",
     "setdlm.evaluate": "the measurements (likelihood bound, reasoning, infilling, the parallel suite, throughput) "
                        "sharing one batched decoding pass and one result type",
@@ -397,7 +401,7 @@ def test_no_module_is_too_long(mods):
     lines = {m: len(p.read_text(encoding="utf-8").splitlines()) for m, p in mods.items()}
     long = {m: n for m, n in lines.items() if n > MAX_LINES and m not in LONG_MODULES}
     assert not long, f"modules over {MAX_LINES} lines: {long}; split them by concept"
-    assert lines["setdlm.cli"] <= 400, f"cli.py has {lines['setdlm.cli']} lines; it only parses and prints"
-    assert "setdlm.bench" not in LONG_MODULES and "setdlm.cli" not in LONG_MODULES
+    assert lines["setdlm.cli.commands"] <= 400, f"cli/commands.py has {lines['setdlm.cli.commands']} lines; it only parses and prints"
+    assert "setdlm.bench" not in LONG_MODULES and "setdlm.cli.commands" not in LONG_MODULES
     stale = [m for m in LONG_MODULES if m in lines and lines[m] <= MAX_LINES]
     assert not stale, f"no longer long, drop them from LONG_MODULES: {stale}"

@@ -9,7 +9,7 @@ import torch
 
 import setdlm
 from setdlm.cli import main as cli
-from setdlm.train import TrainConfig, train
+from setdlm.training import TrainConfig, train
 from support import tiny_hf, tiny_tokenizer, write_hamlet
 
 transformers = pytest.importorskip("transformers")

@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from setdlm.convert import load_reference, reference_family
+from setdlm.formats.convert import load_reference, reference_family
 from setdlm.family import FamilyConfig
 from setdlm.masks import causal_mask
 from setdlm.objectives import Batch, clean_bos, compute_loss, log_probs, setdlm_loss
-from setdlm.train import TrainConfig
+from setdlm.training import TrainConfig
 
 from support.reference_sources import FIX
 
@@ -104,7 +104,7 @@ def test_presets_cli_and_reference_configs(tmp_path):
     assert not TrainConfig(out="x").family_config(0).keep_clean_bos  # tiny: off
     with pytest.raises(ValueError, match="keep_clean_bos applies to family 'setdlm' only"):
         FamilyConfig("bd3lm", length=8, mask_token_id=7, block_size=2, keep_clean_bos=True)
-    from setdlm.cli import build_parser
+    from setdlm.cli.commands import build_parser
 
     p = build_parser()
     assert p.parse_args(["train", "--out", "o", "--keep-clean-bos"]).keep_clean_bos is True

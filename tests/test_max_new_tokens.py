@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from setdlm.cli import build_parser
-from setdlm.flags import decode_settings
-from setdlm.options import GenerateOptions, ModelChoice, generate_rows
+from setdlm.cli.commands import build_parser
+from setdlm.cli.flags import decode_settings
+from setdlm.cli.options import GenerateOptions, ModelChoice, generate_rows
 from setdlm.decoding import generate
 from setdlm.decoding.session import prepare
 from setdlm.decoding.settings import MAX_NEW_TOKENS_DEFAULTS, default_max_new_tokens, max_new_tokens_table

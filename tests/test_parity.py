@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 import setdlm
-from setdlm.convert import convert_reference_state_dict, infer_D, reference_configs
+from setdlm.formats.convert import convert_reference_state_dict, infer_D, reference_configs
 from setdlm.masks import describe
 from setdlm.objectives import Batch, log_probs, setdlm_inputs, setdlm_loss
 

@@ -59,14 +59,14 @@ def test_every_public_name_imports(package):
 
 def test_retired_aliases_are_gone():
     """One name per thing: the old aliases were retired (TransformerConfig, setdlm.decoding.applicable,
-    setdlm.loading.load)."""
+    setdlm.formats.loading.load)."""
     import setdlm.decoding
     import setdlm.model
-    import setdlm.pretrained
+    import setdlm.formats.pretrained
 
     assert not hasattr(setdlm.model, "ModelConfig") and not hasattr(setdlm, "ModelConfig")
     assert not hasattr(setdlm.decoding, "applicable_knobs") and setdlm.decoding.applicable
-    assert not hasattr(setdlm.pretrained, "load") and setdlm.load is setdlm.loading.load
+    assert not hasattr(setdlm.formats.pretrained, "load") and setdlm.load is setdlm.formats.loading.load
 
 
 def test_resolver_finds_what_is_missing():

@@ -8,7 +8,7 @@ import torch
 
 from setdlm import FamilyConfig, Model, load
 from setdlm.decoding import generate
-from setdlm.quantize import INT4_GROUP, Int4Linear, Int8Linear, quantization_of, quantize
+from setdlm.formats.quantize import INT4_GROUP, Int4Linear, Int8Linear, quantization_of, quantize
 
 from support import (MASK, PROMPTS, assert_bd3lm_steps_exact, assert_one_line_error, assert_setdlm_steps_exact,
                      recorded, run, save_tiny, tiny_hf, tiny_model)
@@ -104,7 +104,7 @@ def test_setdlm_steps_exact_on_a_quantized_dit(q):
 
 @pytest.mark.parametrize("q", ["int8", "int4"])
 def test_bd3lm_steps_exact_on_a_quantized_hf_backbone(q):
-    from setdlm import hf
+    from setdlm.formats import hf
 
     S = 4
     model = Model(quantize(hf.HFBackbone(tiny_hf("llama")), q), FamilyConfig("bd3lm", 32, MASK, block_size=S))
@@ -118,7 +118,7 @@ def test_bd3lm_steps_exact_on_a_quantized_hf_backbone(q):
 @pytest.mark.parametrize("kind,family", [("llama", "setdlm"), ("gpt2", "ar"), ("qwen3", "bd3lm")])
 @pytest.mark.parametrize("q", ["int8", "int4"])
 def test_batch_equals_rows_alone_quantized(kind, family, q):
-    from setdlm import hf
+    from setdlm.formats import hf
 
     model = Model(quantize(hf.HFBackbone(tiny_hf(kind)), q), FamilyConfig(family, 32, MASK, D=2, block_size=4))
     kw = dict(max_new_tokens=8, ignore_eos=True)
@@ -152,8 +152,8 @@ def test_cli_quantize_flag(tmp_path, capsys):
 def test_fused_projections_give_the_same_numbers(kind, q):
     """quantize fuses q/k/v and gate/up into one product each (fewer calls per step); each output channel
     sees the same quantized input row, so the logits equal those of the unfused quantized layers bit for bit."""
-    from setdlm import hf
-    from setdlm.quantize import KERNELS, kept_float, linear_layers, replace_layer
+    from setdlm.formats import hf
+    from setdlm.formats.quantize import KERNELS, kept_float, linear_layers, replace_layer
 
     fused = quantize(hf.HFBackbone(tiny_hf(kind)), q)
     plain = hf.HFBackbone(tiny_hf(kind)).eval()
@@ -172,7 +172,7 @@ class _PerTensorInt8(Int8Linear):
     so a row's output moves with the other rows."""
 
     def _matmul(self, x):
-        from setdlm.quantize import _INT8_GEMM, ACT_SCALE, ACT_ZERO
+        from setdlm.formats.quantize import _INT8_GEMM, ACT_SCALE, ACT_ZERO
 
         m = x.abs().amax()  # one maximum for the whole input
         return _INT8_GEMM(x / m, ACT_SCALE, ACT_ZERO, self._packed) * m
@@ -183,7 +183,7 @@ def test_the_self_check_puts_a_batch_dependent_kernel_back_in_float():
     weights, with one warning naming kernel and layer; the row-independent kernels stay."""
     from torch import nn
 
-    from setdlm.quantize import check_kernels, self_check
+    from setdlm.formats.quantize import check_kernels, self_check
 
     w, b = _weights()
     assert self_check(Int8Linear(w, b)) == 0.0 and self_check(Int4Linear(w, b)) == 0.0

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import setdlm
-from setdlm.convert import read_reference_weights
+from setdlm.formats.convert import read_reference_weights
 
 from support.reference_sources import FIX, copy_fixture, tokenizer_folder
 

@@ -19,12 +19,12 @@ import pytest
 import torch
 
 import setdlm
-from setdlm import checkpoint as ckpt
+from setdlm.formats import checkpoint as ckpt
 from setdlm.data import char_tokenizer
 from setdlm.decoding import generate, infill
 from setdlm.family import FamilyConfig
 from setdlm.lm import Model
-from setdlm.train import TrainConfig
+from setdlm.training import TrainConfig
 
 from support import make_model, run, subprocess_env, write_hamlet
 
@@ -360,7 +360,7 @@ def test_an_authors_pickle_holding_objects_is_not_loaded(tmp_path, capsys):
     import shutil
     from pathlib import Path
 
-    from setdlm.convert import read_reference_weights
+    from setdlm.formats.convert import read_reference_weights
 
     ref = tmp_path / "ref"
     shutil.copytree(Path(__file__).parent / "fixtures" / "reference-dit-tiny", ref)

@@ -47,7 +47,7 @@ def test_absurd_config_sizes_are_refused_up_front(tmp_path, capsys, key, value):
 def test_absurd_layers_of_a_hugging_face_config_are_refused_up_front(tmp_path):
     pytest.importorskip("transformers")
     from setdlm import FamilyConfig, Model
-    from setdlm.hf import adapt, setdlm_tokenizer
+    from setdlm.formats.hf import adapt, setdlm_tokenizer
     from support import tiny_hf, tiny_tokenizer
 
     tok = tiny_tokenizer()

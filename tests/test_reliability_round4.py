@@ -54,8 +54,8 @@ def test_exporting_a_truncated_sharded_checkpoint_is_one_line(tmp_path, capsys):
     EOFError in a traceback (and DCP logged more tracebacks)."""
     import torch.distributed.checkpoint as dcp
 
-    from setdlm import checkpoint as ckpt
-    from setdlm.training.export import main
+    from setdlm.formats import checkpoint as ckpt
+    from setdlm.cli import main
 
     folder = Path(save_tiny(tmp_path / "ck"))
     with warnings.catch_warnings():
@@ -66,12 +66,12 @@ def test_exporting_a_truncated_sharded_checkpoint_is_one_line(tmp_path, capsys):
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])
     capsys.readouterr()
-    assert main([str(folder)]) == 2
+    assert main(["export", str(folder)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "Traceback" not in err, err
     assert "its sharded weights cannot be read (EOFError" in err and "truncated or corrupt" in err
     shard.write_bytes(data)
-    assert main([str(folder)]) == 0 and (folder / ckpt.WEIGHTS).is_file()  # the whole file exports
+    assert main(["export", str(folder)]) == 0 and (folder / ckpt.WEIGHTS).is_file()  # the whole file exports
 
 
 def test_a_json_schema_folder_is_named_a_folder(tmp_path, capsys):

@@ -40,7 +40,7 @@ def smol():
 @pytest.fixture(scope="module")
 def prompts(smol):
     """Ragged prompts: a chat-formatted question, plain text after BOS, code without BOS."""
-    from setdlm.hf import chat_prompt
+    from setdlm.formats.hf import chat_prompt
 
     tok = smol.tokenizer
     return [chat_prompt(tok, "What is the capital of France?"), [tok.bos_token_id] + tok.encode("Once upon a time"),
@@ -52,7 +52,7 @@ def hf_tok():
     """transformers' own tokenizer of the GGUF file: the independent reference for string and chat prompts."""
     from transformers import AutoTokenizer
 
-    from setdlm import gguf
+    from setdlm.formats import gguf
 
     path = gguf.packaged_file(NAME)
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -231,8 +231,8 @@ def test_bd3lm_cache_is_exact(smol, prompts):
 
 def test_converted_once_into_the_cache(smol):
     """The second resolution of the name reuses the cached folder: nothing is rewritten."""
-    from setdlm import gguf
-    from setdlm.checkpoint import read_config
+    from setdlm.formats import gguf
+    from setdlm.formats.checkpoint import read_config
 
     folder = gguf.resolve(NAME)
     assert folder.parent == gguf.cache_root() / "gguf"
@@ -249,7 +249,7 @@ def test_cached_checkpoint_equals_a_fresh_transformers_load(smol, prompts):
     setdlm's chat prompt equals transformers' ``apply_chat_template``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from setdlm import gguf
+    from setdlm.formats import gguf
 
     path = gguf.packaged_file(NAME)
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -311,7 +311,7 @@ def test_gguf_quantization_keeps_the_files_blocks(smol, prompts):
     kernel with the file's blocks, whose weights are the float path's (the float path is their exact
     dequantization); the Q8_0 embedding, tied as the head, stays float32 (its exact dequantization); the cache
     stays exact."""
-    from setdlm.quantize import Int4Linear
+    from setdlm.formats.quantize import Int4Linear
 
     g = load(NAME, quantize="gguf")
     types = g.backbone.gguf_types

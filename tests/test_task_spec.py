@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import setdlm
-import setdlm.cli
+import setdlm.cli.commands
 from setdlm.decoding import DecodeSettings
 from setdlm.errors import UserError, as_flags
 from setdlm.evaluation import (TaskSpec, checkpoint_likelihood, evaluate_checkpoint, heldout_rows, task_examples,

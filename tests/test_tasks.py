@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from setdlm.data.tasks import (PRESETS, SPLITS, InfillExample, ReasoningConfig, encode_infill,
+from setdlm.data.tasks import (LEVELS, SPLITS, InfillExample, ReasoningConfig, encode_infill,
                                gsm_symbolic, infill_examples, infill_from_file, load_gsm8k_jsonl, make_infill,
                                reasoning_split, split_of, split_sentences, write_jsonl)
 from setdlm.data.tokenizers import char_tokenizer
@@ -18,7 +18,7 @@ from setdlm.metrics import extract_answer
 # ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("level", list(PRESETS))
+@pytest.mark.parametrize("level", list(LEVELS))
 def test_reasoning_is_deterministic_per_seed_and_prefix_stable(level):
     a = reasoning_split("train", 200, level=level, seed=3)
     assert a == reasoning_split("train", 200, level=level, seed=3)
@@ -51,9 +51,9 @@ def _recompute(start, steps):
 LINE = re.compile(r"^(\d+)([-+*/])(\d+)=(\d+)$")
 
 
-@pytest.mark.parametrize("level", list(PRESETS))
+@pytest.mark.parametrize("level", list(LEVELS))
 def test_reasoning_answers_are_arithmetically_correct(level):
-    cfg = PRESETS[level]
+    cfg = LEVELS[level]
     for ex in reasoning_split("test", 300, level=level, seed=0):
         # 1. from the structured data
         assert ex.answer == _recompute(ex.start, ex.steps)

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 import setdlm
 from setdlm.cli import main as cli
-from setdlm.train import DataOrder, TrainConfig, lr_at, train
+from setdlm.training import DataOrder, TrainConfig, lr_at, train
 
 from support import subprocess_env, write_hamlet
 from support.gated_run import gated_run
@@ -111,7 +111,7 @@ def test_resume_reads_each_checkpoint_file_once(corpus, tmp_path, monkeypatch):
     is read once and passed on: checks, tokenizer and backbone all come from that one read)."""
     from collections import Counter
 
-    from setdlm import checkpoint as ckpt
+    from setdlm.formats import checkpoint as ckpt
 
     run = tmp_path / "r"
     train(TrainConfig(out=str(run), data=corpus, steps=2, **TINY))
@@ -133,7 +133,7 @@ def _cmd(out, corpus, *extra):
             "--save-every", "5", "--eval-every", "20", "--dropout", "0.1", "--ema", "0.9", "--grad-accum", "2",
             "--length", "32", "--hidden-size", "32", "--batch-size", "8", "--lr", "3e-3", "--warmup", "5",
             "--eval-fraction", "0.1", "--eval-max", "16", "--log-every", "1", "--keep", "3", *extra]
-    return [sys.executable, "-m", "setdlm.train", *args]
+    return [sys.executable, "-m", "setdlm.training", *args]
 
 
 def test_sigkill_then_resume_equals_uninterrupted(corpus, tmp_path):
@@ -141,7 +141,7 @@ def test_sigkill_then_resume_equals_uninterrupted(corpus, tmp_path):
     ref = subprocess.Popen(_cmd(full, corpus), env=subprocess_env(), stderr=subprocess.PIPE, text=True)
     script, gate, saved = gated_run(tmp_path, 10)  # the run stops after its step-10 checkpoint until killed
     cmd = _cmd(crashed, corpus)
-    cmd[1:3] = [str(script)]  # the gated run instead of -m setdlm.train
+    cmd[1:3] = [str(script)]  # the gated run instead of -m setdlm.training
     proc = subprocess.Popen(cmd, env=subprocess_env() | gate, stderr=subprocess.DEVNULL)
     assert saved.wait(600), "the run never reached its step-10 checkpoint"  # a hang guard only
     proc.send_signal(signal.SIGKILL)

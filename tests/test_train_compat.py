@@ -15,7 +15,7 @@ import setdlm
 from setdlm.evaluate import likelihood
 from setdlm.training import (CheckpointArgs, DataArgs, EvalArgs, FamilyArgs, ModelArgs, OptimArgs, SystemArgs,
                              TrainConfig, config_fields, heldout_of, resume_config, train)
-from setdlm.training.cli import build_parser
+from setdlm.cli.train import build_parser
 
 from support import write_hamlet
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import setdlm
-from setdlm import checkpoint as ckpt
+from setdlm.formats import checkpoint as ckpt
 from setdlm.evaluate import likelihood
 from setdlm.training import heldout_of
 
@@ -18,7 +18,7 @@ from support import subprocess_env, write_hamlet
 def test_torchrun_two_processes(tmp_path):
     data = write_hamlet(tmp_path / "hamlet.txt", 12000)
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "setdlm.train",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "setdlm.training",
            "--out", str(run), "--data", str(data), "--family", "setdlm", "--D", "2", "--steps", "20",
            "--length", "32", "--hidden-size", "32", "--batch-size", "8", "--grad-accum", "2", "--lr", "3e-3",
            "--warmup", "5", "--eval-every", "10", "--save-every", "0", "--log-every", "5", "--eval-fraction", "0.1",

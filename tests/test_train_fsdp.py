@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 import setdlm
-from setdlm import checkpoint as ckpt
+from setdlm.formats import checkpoint as ckpt
 from setdlm.evaluate import likelihood
 from setdlm.training import TrainConfig, consolidate, heldout_of, train
 
@@ -36,7 +36,7 @@ def _flags(**kw) -> list[str]:
 
 
 def _torchrun(out, data, *extra) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "setdlm.train",
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "setdlm.training",
             "--out", str(out), "--data", data, "--strategy", "fsdp", "--grad-accum", "1", *_flags(**RUN), *extra]
 
 
@@ -97,7 +97,7 @@ def test_two_processes_train_the_one_process_run(runs):
 def test_sharded_checkpoint_converts_to_one_file(runs):
     root, _, alone = runs
     step = root / "fsdp/checkpoints/step-00000020"
-    with pytest.raises(ValueError, match="sharded checkpoint of an FSDP run; convert .* setdlm.training.export"):
+    with pytest.raises(ValueError, match="sharded checkpoint of an FSDP run; convert .* setdlm export"):
         setdlm.load(root / "fsdp")
     assert consolidate(root / "fsdp") == step  # the run folder names its latest checkpoint
     model, ema = setdlm.load(root / "fsdp"), setdlm.load(root / "fsdp", ema=True)
@@ -120,7 +120,7 @@ def test_sigkill_then_resume_equals_uninterrupted(runs, tmp_path):
     crashed = tmp_path / "crashed"
     script, gate, saved = gated_run(tmp_path, 5)  # the run stops after its step-5 checkpoint until killed
     cmd = _torchrun(crashed, data)
-    cmd[cmd.index("-m", 3):cmd.index("setdlm.train") + 1] = [str(script)]  # the gated run instead of -m setdlm.train
+    cmd[cmd.index("-m", 3):cmd.index("setdlm.training") + 1] = [str(script)]  # the gated run instead of -m setdlm.training
     proc = subprocess.Popen(cmd, env=subprocess_env() | gate, stderr=subprocess.DEVNULL)
     assert saved.wait(600), "the run never reached its step-5 checkpoint"  # a hang guard only
     _kill_tree(proc.pid)

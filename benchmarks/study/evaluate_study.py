@@ -110,8 +110,8 @@ def speed_pass(task: str, run: str, model, tau, quick: bool, infill_pool=None):
     ``WARMUP + N_INFILL_SPEED`` examples of ``infill_pool``; the first ``WARMUP`` calls untimed."""
     more = {}
     if task == "lm":
-        from setdlm.checkpoint import read_config
-        from setdlm.train import heldout_of
+        from setdlm.formats.checkpoint import read_config
+        from setdlm.training import heldout_of
 
         rows = heldout_of(read_config(RUNS / run)["training"], model.tokenizer)
         items = [ids[:LM_PROMPT] for ids in rows.input_ids[: 12 if quick else LM_PROMPTS].tolist()]

@@ -1,4 +1,4 @@
-"""Copy the study's chosen models into the package as the embedded default (``setdlm.pretrained``):
+"""Copy the study's chosen models into the package as the embedded default (``setdlm.formats.pretrained``):
 ``python benchmarks/study/ship.py`` (the first study's runs), or ``python benchmarks/study/ship.py --protocol
 ROOT`` for the word-problem models of the paper's protocol (every family fine-tuned from one AR base,
 ``protocol.py``): each family's latest budget on disk, the choice the validation split supports (accuracy
@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from runs import train_command  # noqa: E402
 
 import setdlm  # noqa: E402
-from setdlm.checkpoint import read_config, resolve  # noqa: E402
-from setdlm.pretrained import root  # noqa: E402
+from setdlm.formats.checkpoint import read_config, resolve  # noqa: E402
+from setdlm.formats.pretrained import root  # noqa: E402
 
 RUNS = Path("runs/study")
 SHIP = {  # shipped name -> (dataset, family of the study run)

@@ -87,7 +87,7 @@ def finetune_argv(root: Path, lam: float, steps: int = A.BUDGET) -> list[str]:
 
 
 def finetune(root: Path, lam: float, steps: int = A.BUDGET) -> None:
-    from setdlm.training.cli import main as train_main
+    from setdlm.cli.train import main as train_main
 
     out = root / run_name(lam)
     if (out / "checkpoints" / f"step-{steps:08d}").is_dir():

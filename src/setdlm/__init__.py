@@ -2,11 +2,11 @@
 
 The public names are those of ``__all__`` here and in the subpackages ``setdlm.data``, ``setdlm.decoding``
 and ``setdlm.serve``, plus the documented functions of the modules the docs name (``setdlm.evaluate``,
-``setdlm.bench``, ``setdlm.evaluation``, ``setdlm.train``, ...).
+``setdlm.bench``, ``setdlm.evaluation``, ``setdlm.training``, ...).
 """
 
 from .backbone import Backbone
-from .loading import load
+from .formats.loading import load
 from .family import FAMILIES, FamilyConfig
 from .lm import Model
 from .model import KVCache, Transformer, TransformerConfig

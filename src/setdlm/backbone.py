@@ -5,7 +5,7 @@ streams with ``logits_start=L``, the query stream only); the decoders (``setdlm.
 :class:`~setdlm.model.KVCache` from ``backbone.new_cache(batch, capacity)`` and ``keep=`` (how many of the new
 tokens each row's cache keeps), switch ``train``/``eval`` mode and read the device from ``parameters()``.
 Nothing else is used, so any ``nn.Module`` that honours this works: our DiT (:class:`setdlm.model.Transformer`)
-and the Hugging Face adapter (:class:`setdlm.hf.HFBackbone`) both do. The backbone knows nothing about
+and the Hugging Face adapter (:class:`setdlm.formats.hf.HFBackbone`) both do. The backbone knows nothing about
 families, MASK tokens or orders.
 """
 

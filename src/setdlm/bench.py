@@ -35,7 +35,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .decoding.settings import FAMILIES, DecodeSettings
+from .decoding.settings import SETTING_FAMILIES, DecodeSettings
 from .errors import UserError
 from .family import REGISTRY
 from .lm import Model
@@ -104,12 +104,12 @@ def sweep_settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS
     setting once, in sweep order."""
     fam = model.family
     check_settings(thresholds, windows, batch_sizes, block_sizes=block_sizes)
-    taus = thresholds if fam.family in FAMILIES["threshold"] else [None]
-    ws = [fam.D if w is None else w for w in windows] if fam.family in FAMILIES["window"] else [None]
-    ss = ([fam.block_size if s is None else s for s in block_sizes] if fam.family in FAMILIES["block_size"]
+    taus = thresholds if fam.family in SETTING_FAMILIES["threshold"] else [None]
+    ws = [fam.D if w is None else w for w in windows] if fam.family in SETTING_FAMILIES["window"] else [None]
+    ss = ([fam.block_size if s is None else s for s in block_sizes] if fam.family in SETTING_FAMILIES["block_size"]
           else [None])
     out = [Setting(t, w, b, s) for b in batch_sizes for s in ss for w in ws for t in taus]
-    spec = speculate and fam.family in FAMILIES["speculate"]
+    spec = speculate and fam.family in SETTING_FAMILIES["speculate"]
     out += [Setting(None, w, b, speculate=True) for b in batch_sizes for w in ws if spec and w > 1]
     return list(dict.fromkeys(out))
 

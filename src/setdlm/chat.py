@@ -75,7 +75,7 @@ def chat_prompt(tokenizer, messages, *, add_generation_prompt: bool = True, **te
     """Token ids of ``messages`` (a list of ``{"role", "content"}``; a string is one user message) as
     ``transformers``' ``apply_chat_template(messages, add_generation_prompt=True, tokenize=True)`` gives
     them: the template's special tokens as their ids, no BOS added. Pass the ids to ``generate`` as they
-    are. ``tokenizer``: a :class:`setdlm.data.Tokenizer` or :class:`setdlm.hf.HFTokenizer` with a chat
+    are. ``tokenizer``: a :class:`setdlm.data.Tokenizer` or :class:`setdlm.formats.hf.HFTokenizer` with a chat
     template."""
     template = getattr(tokenizer, "chat_template", None)
     if not isinstance(template, str) or not template:

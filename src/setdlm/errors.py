@@ -2,7 +2,7 @@
 
 The library raises :class:`UserError` where it detects bad input from its caller (a value out of range, a
 missing file, a setting of another family, a prompt too long for the context). It is a ``ValueError``, so
-``except ValueError`` keeps catching it. The commands (:func:`setdlm.command.run`) turn only these into
+``except ValueError`` keeps catching it. The commands (:func:`setdlm.cli.command.run`) turn only these into
 one line and exit code 2; any other exception is a bug and shows its traceback.
 
 A message is worded for the library: it names a field or argument (``level``, ``max_new_tokens``), and

@@ -49,7 +49,7 @@ from .decoding.settings import DecodeSettings, default_max_new_tokens
 from .decoding.settings import DecodeSettings
 from .errors import UserError
 from .evaluate import bound_generator
-from .loading import load
+from .formats.loading import load
 from .objectives import compute_loss, log_probs
 
 PAPER_INSTRUCTION = "Please reason step by step, and put your final answer within $\\boxed{}$. "

@@ -45,8 +45,8 @@ class Model:
     def save(self, path, **kwargs):
         """Write a checkpoint folder (config.json, model.safetensors, tokenizer.json, README.md model card;
         ``bench=`` adds a results table, ``push_to_hub="user/repo"`` uploads it); see
-        :func:`setdlm.checkpoint.save`. ``setdlm.load(path)`` reads it back."""
-        from .checkpoint import save
+        :func:`setdlm.formats.checkpoint.save`. ``setdlm.load(path)`` reads it back."""
+        from .formats.checkpoint import save
 
         return save(path, self, **kwargs)
 

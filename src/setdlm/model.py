@@ -292,7 +292,7 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d, c.mlp_ratio * d), nn.GELU(approximate="tanh"),
                                  nn.Linear(c.mlp_ratio * d, d))
         self.dropout = nn.Dropout(c.dropout)
-        self.wide_attention = False  # float64 attention (set by setdlm.quantize: see attention())
+        self.wide_attention = False  # float64 attention (set by setdlm.formats.quantize: see attention())
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, layer: int,
                 cache: KVCache | None, step: "CacheStep") -> Tensor:

@@ -1,4 +1,4 @@
-"""The decoders on a Hugging Face backbone (``setdlm.hf.HFBackbone``): they use only the backbone contract
+"""The decoders on a Hugging Face backbone (``setdlm.formats.hf.HFBackbone``): they use only the backbone contract
 and ``new_cache``, so every decoder runs unchanged; a batch equals its rows alone, and each SetDLM step
 equals the from-scratch training forward, with every cached entry clean.
 
@@ -12,7 +12,7 @@ from setdlm.decoding import applicable, generate
 
 from support import PROMPTS, assert_setdlm_steps_exact, recorded, tiny_hf
 
-hf = pytest.importorskip("setdlm.hf")
+hf = pytest.importorskip("setdlm.formats.hf")
 pytest.importorskip("transformers")
 
 TOL = 1e-6

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from support import EOS, MASK, PROMPTS, tiny_model
-from setdlm.cli import build_parser
+from setdlm.cli.commands import build_parser
 from setdlm.decoding import fill, generate, infill
-from setdlm.decoding.settings import FAMILIES, GENERATE_ONLY, DecodeSettings, applicable
+from setdlm.decoding.settings import SETTING_FAMILIES, GENERATE_ONLY, DecodeSettings, applicable
 
 ALL = ("ar", "mdlm", "bd3lm", "setdlm")
 
@@ -76,14 +76,14 @@ def test_normalised_and_frozen():
 @pytest.mark.parametrize("family", ALL)
 def test_check_for_follows_the_one_table(family):
     values = {"window": 2, "threshold": 0.5, "block_size": 2, "speculate": True}
-    for name, families in FAMILIES.items():
+    for name, families in SETTING_FAMILIES.items():
         s = DecodeSettings(**{name: values[name]})
         if family in families:
             s.check_for(family)
         else:
             with pytest.raises(ValueError, match=f"{name} applies to {'/'.join(families)} models, not to this"):
                 s.check_for(family)
-    assert set(applicable(family, **values)) == {n for n, f in FAMILIES.items() if family in f}
+    assert set(applicable(family, **values)) == {n for n, f in SETTING_FAMILIES.items() if family in f}
     for name, value in (("stop", "x"), ("ignore_eos", True), ("cache_order", "reveal"), ("max_new_tokens", 5)):
         DecodeSettings(**{name: value}).check_for(family)  # generate takes them
         with pytest.raises(ValueError, match=f"{name} applies to generate only"):
@@ -118,7 +118,7 @@ def test_a_session_row_follows_the_same_table():
 
 def test_cli_flags_become_one_settings_object():
     from setdlm.errors import UserError, as_flags
-    from setdlm.flags import decode_settings
+    from setdlm.cli.flags import decode_settings
 
     parser = build_parser()
     args = parser.parse_args(["generate", "--prompt", "a", "--threshold", "0.5", "--stop", ".", "--length-penalty", "3",

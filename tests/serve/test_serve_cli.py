@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from setdlm.cli import main
-from setdlm.loading import load
+from setdlm.formats.loading import load
 
 from support import Output, free_port
 

@@ -170,7 +170,7 @@ def test_load_and_abuse_32_clients():
 
 @pytest.mark.slow
 def test_load_32_clients_shipped_model():
-    from setdlm.loading import load
+    from setdlm.formats.loading import load
 
     per_client = int(os.environ.get("SETDLM_LOAD_REQUESTS", "16"))
     model = load("shakespeare-setdlm-smax8")

@@ -141,7 +141,7 @@ PROMPT = "KING HENRY:\nO God of battles, steel my soldiers' hearts;"
 def test_page_with_the_shipped_model_and_screenshot(tmp_path):
     """The shipped SetDLM model at threshold 0.1 (several tokens per step); writes the screenshot that
     docs/serve.md shows to tmp (copy it to docs/img/serve-page.png when the page changes)."""
-    from setdlm.loading import load
+    from setdlm.formats.loading import load
 
     model = load("shakespeare-setdlm-smax8")
     kw = dict(max_new_tokens=64, threshold=0.1, temperature=0.0, top_p=1.0, seed=0)

@@ -10,7 +10,7 @@ pytest.importorskip("starlette")
 from setdlm.decoding.output import StepTrace  # noqa: E402
 from setdlm.decoding.session import prepare  # noqa: E402
 from setdlm.decoding.state import stop_index  # noqa: E402
-from setdlm.loading import load  # noqa: E402
+from setdlm.formats.loading import load  # noqa: E402
 from setdlm.serve.responses import TextStream  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """A training run that stops after its checkpoint of step ``GATE_STEP`` and waits there to be killed: the gate of
 the SIGKILL-then-resume tests (no clock, no polling).
 
-The run is ``python -m setdlm.train`` with the training loop's ``save`` wrapped: after the checkpoint of step
+The run is ``python -m setdlm.training`` with the training loop's ``save`` wrapped: after the checkpoint of step
 ``GATE_STEP`` (or later), rank 0 writes to the fifo ``GATE_READY``, then every rank blocks reading the fifo
 ``GATE_HOLD``, which nobody writes, until the test kills the run."""
 
@@ -21,12 +21,12 @@ def gated(state, *a, **k):
         open(os.environ["GATE_HOLD"]).read()
     return path
 loop.save = gated
-runpy.run_module("setdlm.train", run_name="__main__")
+runpy.run_module("setdlm.training", run_name="__main__")
 """
 
 
 def gated_run(folder: Path, step: int) -> tuple[Path, dict[str, str], threading.Event]:
-    """``(script, env, saved)``: run ``script`` in place of ``-m setdlm.train`` with ``env`` added to its
+    """``(script, env, saved)``: run ``script`` in place of ``-m setdlm.training`` with ``env`` added to its
     environment; ``saved`` is set once the checkpoint of ``step`` is on disk (the run then waits to be killed)."""
     script, ready, hold = folder / "gated_run.py", folder / "gate_ready", folder / "gate_hold"
     script.write_text(SCRIPT)

@@ -1,7 +1,7 @@
 """The reference-dit-tiny fixture reached every way a user reaches the authors' checkpoints (shared by the
 parity tests, so that each parity check runs on each path):
 
-* ``fixture``   — :func:`setdlm.convert.load_reference` on the fixture folder;
+* ``fixture``   — :func:`setdlm.formats.convert.load_reference` on the fixture folder;
 * ``detected``  — ``setdlm.load(FIX, tokenizer=...)``: the authors' layout detected and converted on the fly;
 * ``converted`` — ``setdlm convert --from-reference FIX OUT --tokenizer DIR`` (the CLI), then ``setdlm.load(OUT)``;
 * ``hf-layout`` — the same weights in the layout of the released Hub repos: ``config.json`` with
@@ -22,7 +22,7 @@ from tokenizers import models, pre_tokenizers
 
 import setdlm
 from setdlm.cli import main as cli
-from setdlm.convert import load_reference
+from setdlm.formats.convert import load_reference
 from setdlm.data.tokenizers import Tokenizer
 
 FIX = Path(__file__).parents[1] / "fixtures" / "reference-dit-tiny"

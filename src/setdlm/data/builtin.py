@@ -29,7 +29,7 @@ from typing import Callable
 from ..errors import UserError
 from .corpus import Corpus
 from .parallel import PARALLEL_TASKS, parallel_split
-from .tasks import PRESETS, reasoning_split, without_heldout_windows
+from .tasks import LEVELS, reasoning_split, without_heldout_windows
 
 
 def shakespeare_works() -> list[dict]:
@@ -75,7 +75,7 @@ def register_builtin(name: str, loader: Callable[[], Corpus]) -> None:
     BUILTIN[name] = loader
 
 
-for _level in PRESETS:
+for _level in LEVELS:
     register_builtin(f"reasoning-{_level}", partial(reasoning_corpus, _level))
 register_builtin("parallel", parallel_corpus)
 for _task in PARALLEL_TASKS:

@@ -8,7 +8,7 @@ Two conventions, chosen by the tokenizer:
   (:func:`setdlm.data.dataset.pad_pairs`), and packed documents start every row with BOS, so a model is
   decoded from the same start: ``[BOS] + tokenizer.encode(text)``, with no BOS when the tokenizer has none.
 * a pretrained model's own tokenization (``tokenizer.prompt == "transformers"``, the default of a Hugging
-  Face tokenizer: a GGUF file's, a Hub causal LM's, :class:`setdlm.hf.HFTokenizer`): exactly the ids ``transformers``' tokenizer gives for ``text`` (``tokenizer(text).input_ids``): its
+  Face tokenizer: a GGUF file's, a Hub causal LM's, :class:`setdlm.formats.hf.HFTokenizer`): exactly the ids ``transformers``' tokenizer gives for ``text`` (``tokenizer(text).input_ids``): its
   post-processor decides, as its ``add_bos_token`` / ``add_eos_token`` say, and a special token's string in
   the text (``<|im_start|>``) is that token. A pretrained model is decoded from
   the ids it was trained on; SmolLM2-135M (``add_bos_token`` false) gets no ``<|im_start|>`` in front.

@@ -88,7 +88,7 @@ class ReasoningConfig:
             raise UserError(f"max_result must be >= the smallest value {v0}, got {self.max_result}")
 
 
-PRESETS = {
+LEVELS = {
     # one or two single-digit additions/subtractions: a few-million-parameter model learns these on CPU
     "easy": ReasoningConfig(steps=(1, 2), values=(1, 9), operations=("+", "-"), max_result=99),
     # two or three steps with multiplication, numbers up to 20
@@ -103,9 +103,9 @@ PRESETS = {
 def reasoning_config(level: str | ReasoningConfig) -> ReasoningConfig:
     if isinstance(level, ReasoningConfig):
         return level
-    if level not in PRESETS:
-        raise UserError(f"unknown difficulty {level!r}; choose one of {', '.join(PRESETS)} or a ReasoningConfig")
-    return PRESETS[level]
+    if level not in LEVELS:
+        raise UserError(f"unknown difficulty {level!r}; choose one of {', '.join(LEVELS)} or a ReasoningConfig")
+    return LEVELS[level]
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 :class:`DecodeSettings` holds every setting of a decode that is not per-call data (prompts, seeds, reveal
 times, batch size, progress and trace stay arguments of the call). Its ``__post_init__`` checks each value
 on its own; :meth:`DecodeSettings.check_for` checks which settings apply to a family. Which family uses
-which setting (:data:`FAMILIES`; "all" = AR, MDLM, BD3LM and SetDLM):
+which setting (:data:`SETTING_FAMILIES`; "all" = AR, MDLM, BD3LM and SetDLM):
 
 =====================  ==================  ====================================================================
 setting                families            meaning
@@ -48,7 +48,7 @@ from .sampling import Sampling
 
 # setting -> the families it applies to (the others are a ValueError when set): the family registry's
 # decode_settings (setdlm.family), read per setting
-FAMILIES = {name: using("decode_settings", name) for name in ("window", "block_size", "threshold", "speculate")}
+SETTING_FAMILIES = {name: using("decode_settings", name) for name in ("window", "block_size", "threshold", "speculate")}
 # fill and infill decode the gaps they are given: no budget, EOS stop or cache order
 GENERATE_ONLY = ("max_new_tokens", "ignore_eos", "stop", "cache_order")
 
@@ -90,8 +90,8 @@ def max_new_tokens_table() -> str:
 
 def family_settings(fam) -> list[str]:
     """The family-specific settings that ``fam`` (a :class:`~setdlm.family.FamilyConfig`) takes: those of
-    :data:`FAMILIES` listing its family, and ``cache_order`` where it caches in reveal order (SetDLM)."""
-    names = [name for name, fams in FAMILIES.items() if fam.family in fams]
+    :data:`SETTING_FAMILIES` listing its family, and ``cache_order`` where it caches in reveal order (SetDLM)."""
+    names = [name for name, fams in SETTING_FAMILIES.items() if fam.family in fams]
     return names + (["cache_order"] if fam.spec.reveal_cache_order else [])
 
 
@@ -204,7 +204,7 @@ class DecodeSettings:
     def check_for(self, family: str, mode: str = "generate") -> None:
         """A ``ValueError`` for a setting that is set but does not apply to ``family`` (see the module
         table), or, for ``mode="fill"`` (fill and infill), a generate-only setting."""
-        for name, fams in FAMILIES.items():
+        for name, fams in SETTING_FAMILIES.items():
             v = getattr(self, name)
             if v is not None and v is not False and family not in fams:
                 raise UserError(f"{name} applies to {'/'.join(fams)} models, not to this {family!r} model",
@@ -248,5 +248,5 @@ def _number(v) -> bool:
 
 def applicable(family: str, **settings) -> dict:
     """The ``settings`` that apply to ``family`` (for sweeping one setting over every family)."""
-    return {k: v for k, v in settings.items() if k not in FAMILIES or family in FAMILIES[k]}
+    return {k: v for k, v in settings.items() if k not in SETTING_FAMILIES or family in SETTING_FAMILIES[k]}
 

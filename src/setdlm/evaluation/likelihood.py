@@ -16,8 +16,8 @@ SPLIT_ARGS = ("data", "length", "eval_fraction", "eval_max", "split_seed")
 
 def training_args(checkpoint: str | Path) -> dict:
     """The training arguments a checkpoint recorded ({} for one that has none, e.g. the authors' layout)."""
-    from ..checkpoint import is_checkpoint, read_config
-    from ..loading import locate
+    from ..formats.checkpoint import is_checkpoint, read_config
+    from ..formats.loading import locate
 
     folder = locate(checkpoint)
     return (read_config(folder).get("training") or {}) if is_checkpoint(folder) else {}

@@ -58,7 +58,7 @@ def evaluate_checkpoint(checkpoint: str | Path, task: TaskSpec | str = "likeliho
     ``window=``, ``max_new_tokens=``, ...), each example's prediction written to ``predictions`` (JSONL)
     when given. Bad values are :class:`~setdlm.errors.UserError`\\ s raised before any loading."""
     from .. import bench, evaluate
-    from ..loading import load
+    from ..formats.loading import load
     from ..outputs import check_file
 
     spec, knobs = TaskSpec.of(task, keywords)
@@ -119,7 +119,7 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: TaskSpec | str, o
     keywords); likelihood: one bound per checkpoint (on ``data`` or each run's held-out rows). Every
     setting is checked before any model is loaded."""
     from .. import bench
-    from ..loading import load
+    from ..formats.loading import load
     from ..outputs import check_folder, write_text
 
     spec, knobs = TaskSpec.of(task, keywords)

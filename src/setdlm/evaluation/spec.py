@@ -48,7 +48,7 @@ class TaskSpec:
     seed: int | None = None
 
     def __post_init__(self):
-        from ..data.tasks import PRESETS, SPLITS
+        from ..data.tasks import LEVELS, SPLITS
 
         if self.task not in TASKS:
             raise UserError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}", fields=("task",))
@@ -66,8 +66,8 @@ class TaskSpec:
             if not Path(self.data).is_file():
                 raise UserError(f"GSM8K file {self.data!r} does not exist (generated problems: level "
                                 "easy|medium|hard)", fields=("level",))
-        if self.level is not None and self.level not in PRESETS:
-            raise UserError(f"level must be one of {', '.join(PRESETS)}, got {self.level!r}", fields=("level",))
+        if self.level is not None and self.level not in LEVELS:
+            raise UserError(f"level must be one of {', '.join(LEVELS)}, got {self.level!r}", fields=("level",))
         if self.split is not None and self.split not in SPLITS:
             raise UserError(f"split must be one of {', '.join(SPLITS)}, got {self.split!r}", fields=("split",))
         if self.n is not None and not (isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1):

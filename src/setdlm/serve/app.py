@@ -219,7 +219,7 @@ def serve(model_path: str, *, host: str = "127.0.0.1", port: int = 8000, max_bat
         import uvicorn
     except ImportError:
         raise UserError("serving needs the optional extra: pip install 'setdlm[serve]'") from None
-    from ..loading import load
+    from ..formats.loading import load
 
     for field_, v, lo in (("max_batch", max_batch, 1), ("max_queue", max_queue, 0)):
         if not (isinstance(v, int) and v >= lo):

@@ -9,7 +9,7 @@
 * :mod:`~setdlm.training.sharded`: FSDP2's sharded checkpoints, and their conversion to one file;
 * :mod:`~setdlm.training.state`: model, optimizer, EMA and one optimizer step;
 * :mod:`~setdlm.training.loop`: setup → train → save → cleanup (:func:`train`);
-* :mod:`~setdlm.training.cli`: ``setdlm train`` / ``python -m setdlm.train``.
+* :mod:`~setdlm.cli.train`: ``setdlm train`` / ``python -m setdlm.training``.
 """
 
 from .config import (CheckpointArgs, DataArgs, EvalArgs, FamilyArgs, ModelArgs, OptimArgs, SystemArgs, TrainConfig,

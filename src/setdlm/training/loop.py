@@ -3,7 +3,7 @@
 AdamW with linear warm-up then a constant or cosine learning rate, gradient clipping, EMA weights, gradient
 accumulation, opt-in bf16 autocast and ``torch.compile``, periodic evaluation of the held-out bound, tqdm
 progress and a JSONL metrics log, checkpoints and ``--resume``. ``init_from`` starts from existing weights
-instead of a random DiT (:func:`setdlm.loading.load_for_training`). Started by ``torchrun`` the same
+instead of a random DiT (:func:`setdlm.formats.loading.load_for_training`). Started by ``torchrun`` the same
 command trains on several processes (:mod:`setdlm.training.distributed`: DDP, or FSDP2 with
 ``strategy="fsdp"``); ``batch_size`` is always the *global* batch.
 
@@ -27,9 +27,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import UserError
-from .. import checkpoint as ckpt
+from ..formats import checkpoint as ckpt
 from ..data import Tokenizer
-from ..loading import load_for_training
+from ..formats.loading import load_for_training
 from ..model import Transformer
 from ..resources import native_bf16
 from .config import TrainConfig

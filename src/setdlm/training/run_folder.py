@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from .. import checkpoint as ckpt
+from ..formats import checkpoint as ckpt
 from .config import TrainConfig, config_fields
 
 METRICS = "metrics.jsonl"

@@ -5,7 +5,7 @@ An FSDP run's checkpoint folder holds ``config.json``, the tokenizer, ``training
 card like any other, and ``sharded/`` (one ``.distcp`` file per process and DCP's ``.metadata``) in place of
 ``model.safetensors``, ``ema.safetensors`` and ``optimizer.safetensors``. ``--resume`` loads it into any
 number of processes (DCP reshards; the same number continues the run bitwise). :func:`consolidate`
-(``python -m setdlm.training.export FOLDER``, one process, no GPU) adds the single-file weights that
+(``setdlm export FOLDER``, one process, no GPU) adds the single-file weights that
 ``setdlm.load`` reads. Multi-node runs need ``--out`` on a file system that every node sees.
 """
 
@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..errors import UserError
-from .. import checkpoint as ckpt
+from ..formats import checkpoint as ckpt
 from ..model import TransformerConfig
 from .distributed import Dist
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .. import checkpoint as ckpt
+from ..formats import checkpoint as ckpt
 from ..evaluate import likelihood
 from ..lm import Model
 from ..model import Transformer

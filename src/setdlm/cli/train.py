@@ -1,4 +1,4 @@
-"""``setdlm train`` and ``python -m setdlm.train``: one parser, one flag per field of the training
+"""``setdlm train`` and ``python -m setdlm.training`` (and ``setdlm export``): one parser, one flag per field of the training
 configuration (:func:`~setdlm.training.config.config_fields`), defaults from ``--preset``."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import sys
 
 from ..errors import UserError
 from ..family import FAMILIES
-from .config import STRATEGIES, family_knobs, TrainConfig, config_fields, field_type
-from .loop import train
-from .run_folder import interrupted_note, resume_config
+from ..training.config import STRATEGIES, family_knobs, TrainConfig, config_fields, field_type
+from ..training.loop import train
+from ..training.run_folder import interrupted_note, resume_config
 
 _CHOICES = {"family": FAMILIES, "lr_schedule": ("constant", "cosine"), "strategy": STRATEGIES}
 
@@ -58,9 +58,30 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_export(args: argparse.Namespace) -> int:
+    """Convert an FSDP run's sharded checkpoints into the single-file weights that setdlm.load reads (one
+    process, no GPU; a run folder exports its latest checkpoint)."""
+    from ..training import consolidate
+
+    for folder in args.folders:
+        print(consolidate(folder))
+    return 0
+
+
+def add_train_commands(sub, summary) -> None:
+    """``setdlm train`` and ``setdlm export`` on the subparsers ``sub`` (``summary``: a command's one-line help)."""
+    p = sub.add_parser("train", help=summary(run_train), argument_default=argparse.SUPPRESS,
+                       description=run_train.__doc__ + " Defaults come from --preset; every flag overrides it.")
+    add_train_arguments(p)
+    p.set_defaults(func=run_train)
+    e = sub.add_parser("export", help=summary(run_export), description=run_export.__doc__)
+    e.add_argument("folders", nargs="+", metavar="CHECKPOINT_OR_RUN", help="checkpoint or run folder(s)")
+    e.set_defaults(func=run_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of ``python -m setdlm.train`` (the same flags as ``setdlm train``)."""
-    from ..command import Parser
+    """The parser of ``python -m setdlm.training`` (the same flags as ``setdlm train``)."""
+    from .command import Parser
 
     p = Parser(prog="setdlm train", argument_default=argparse.SUPPRESS,
                description=run_train.__doc__ + " Defaults come from --preset; every flag overrides it.")
@@ -69,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..command import run
+    from .command import run
 
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     return run("train", lambda: run_train(args), lambda e: interrupted_note(args.out))

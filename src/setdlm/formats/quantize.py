@@ -31,9 +31,9 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-from .errors import UserError
+from ..errors import UserError
 
-QUANTIZATIONS = ("int8", "int4", "gguf")  # "gguf": the file's own types (setdlm.gguf_quant)
+QUANTIZATIONS = ("int8", "int4", "gguf")  # "gguf": the file's own types (setdlm.formats.gguf_quant)
 INT4_GROUP = 32
 # int8 activations: a row divided by its absolute maximum lies in [-1, 1], quantized to uint8 with step 2/127 and
 # zero point 64 (levels 0..128, the 7-bit range fbgemm's dynamic linear keeps on x86), then fbgemm's int8 GEMM
@@ -178,7 +178,7 @@ class Int4Linear(QuantizedLinear):
     0..15 and a scale/offset ``(s, z)`` per group; PyTorch's weight-only int4 CPU kernel. Output channels
     are padded to a multiple of 16 (the kernel's tile) with zero rows, dropped from the result. ``groups``:
     ``(q, s, lo)`` as :func:`int4_groups` returns them, taken as they are (a GGUF file's Q4_0 / Q4_1 blocks,
-    :mod:`setdlm.gguf_quant`) instead of computed from ``weight``."""
+    :mod:`setdlm.formats.gguf_quant`) instead of computed from ``weight``."""
 
     kind = "int4"
 
@@ -301,5 +301,5 @@ def widen_attention(backbone: nn.Module) -> None:
 
 
 def quantization_of(backbone: nn.Module) -> str | None:
-    """"int8", "int4", "gguf" or None: how :func:`quantize` (or :mod:`setdlm.gguf_quant`) left ``backbone``."""
+    """"int8", "int4", "gguf" or None: how :func:`quantize` (or :mod:`setdlm.formats.gguf_quant`) left ``backbone``."""
     return getattr(backbone, "quantization", None)

@@ -31,10 +31,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .chat import chat_prompt  # noqa: F401  (setdlm.hf.chat_prompt: the one chat path, documented here first)
-from .errors import UserError
+from ..chat import chat_prompt  # noqa: F401  (setdlm.formats.hf.chat_prompt: the one chat path, documented here first)
+from ..errors import UserError
 from .hub import HubUnreachableError, hub_reachable, is_connection_failure
-from .model import KVCache, apply_rope, attention, begin_step, end_step
+from ..model import KVCache, apply_rope, attention, begin_step, end_step
 
 LLAMA_LIKE = ("llama", "qwen2", "qwen3")
 SUPPORTED_MODEL_TYPES = (*LLAMA_LIKE, "gpt2")
@@ -62,7 +62,7 @@ class HFBackbone(nn.Module):
             raise UserError("GPT-2 config has add_cross_attention=True; the adapter supports decoder-only models")
         self.hf = hf_model
         self.grad_checkpointing = False  # recompute each layer in the backward pass (setdlm train --grad-checkpointing)
-        self.wide_attention = False  # float64 attention (set by setdlm.quantize: see setdlm.model.attention)
+        self.wide_attention = False  # float64 attention (set by setdlm.formats.quantize: see setdlm.model.attention)
         self.training = hf_model.training  # wrapping changes no mode (dropout stays off for an eval model)
         self.kind = kind
         self.n_layers = cfg.num_hidden_layers
@@ -154,7 +154,7 @@ class HFBackbone(nn.Module):
     def fuse_projections(self) -> None:
         """Each Llama/Qwen layer's q/k/v projections become one linear layer (``qkv_proj``) and its MLP's gate
         and up projections another (``gate_up_proj``), the originals removed: fewer, wider matrix products per
-        step. Used before quantizing (:func:`setdlm.quantize.quantize`), where each output channel is computed
+        step. Used before quantizing (:func:`setdlm.formats.quantize.quantize`), where each output channel is computed
         from the same quantized input row either way, so the fused layers give the same numbers bit for bit;
         a float model is left unfused (a wider float product may round differently). After this the wrapped
         model decodes through this backbone only (its own ``forward`` would miss the removed layers)."""
@@ -285,7 +285,7 @@ def setdlm_tokenizer(tokenizer):
     :func:`add_mask_token` first so that the MASK token is part of it."""
     from tokenizers import Tokenizer as Backend
 
-    from .data.tokenizers import ROLES, Tokenizer
+    from ..data.tokenizers import ROLES, Tokenizer
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:

@@ -12,7 +12,7 @@ Two backbones:
 * the DiT (LM1B, OWT; ``_target_`` ``...dit.DIT``) becomes :class:`setdlm.model.Transformer`;
 * ``AutoModelFromPreTrained`` (GSM8K: pretrained Qwen3-1.7B-Base; CNN/DM: the Qwen3-0.6B architecture
   re-initialised with overrides) wraps a ``Qwen3ForCausalLM`` as ``backbone.model``, so its keys are
-  ``backbone.model.<transformers key>``; it becomes :class:`setdlm.hf.HFBackbone`. Its config holds only
+  ``backbone.model.<transformers key>``; it becomes :class:`setdlm.formats.hf.HFBackbone`. Its config holds only
   the base model's name and the overrides, so the architecture is the base model's ``config.json`` (a
   local folder or Hub id: ``base=``, default the name recorded in the checkpoint) with the overrides
   applied. A missing ``lm_head.weight`` means tied embeddings.
@@ -47,10 +47,10 @@ from torch import Tensor
 from torch import nn
 
 from .checkpoint import check_model_size, refuse_pickle
-from .errors import UserError
-from .family import FamilyConfig
-from .lm import Model
-from .model import TransformerConfig, Transformer
+from ..errors import UserError
+from ..family import FamilyConfig
+from ..lm import Model
+from ..model import TransformerConfig, Transformer
 
 _BLOCK_PARAMS = ("norm1.weight", "attn_qkv.weight", "attn_out.weight", "norm2.weight",
                  "mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias")
@@ -355,7 +355,7 @@ def hf_reference_state_dict(sd: dict[str, Tensor]) -> tuple[dict[str, Tensor], d
 
 
 def reference_hf_backbone(cfg: dict, sd: dict[str, Tensor], *, base: str | None = None) -> nn.Module:
-    """An :class:`~setdlm.hf.HFBackbone` holding the weights of an AutoModelFromPreTrained checkpoint."""
+    """An :class:`~setdlm.formats.hf.HFBackbone` holding the weights of an AutoModelFromPreTrained checkpoint."""
     from .checkpoint import expected_shapes, load_weights
     from .hf import backbone_from_config
 
@@ -419,7 +419,7 @@ def reference_tokenizer(folder: Path, cfg: dict, name: str, *, tokenizer=None, b
                         mask_token_id: int):
     """The checkpoint's tokenizer as a setdlm Tokenizer whose MASK id is the checkpoint's, or None when no
     source is known (see the module docstring for the order of the sources)."""
-    from .data.tokenizers import Tokenizer, load_tokenizer
+    from ..data.tokenizers import Tokenizer, load_tokenizer
     from .hub import is_hub_id, snapshot
 
     if isinstance(tokenizer, Tokenizer):

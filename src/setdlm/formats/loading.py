@@ -3,16 +3,16 @@
 
 ``setdlm.load(name)`` tries, in this order:
 
-1. a shipped model's name (:mod:`setdlm.pretrained`), unless a path of that name exists;
-2. a GGUF file, or a packaged GGUF model's name such as ``"smollm2-135m"`` (:mod:`setdlm.gguf` converts it
+1. a shipped model's name (:mod:`setdlm.formats.pretrained`), unless a path of that name exists;
+2. a GGUF file, or a packaged GGUF model's name such as ``"smollm2-135m"`` (:mod:`setdlm.formats.gguf` converts it
    once into the user's cache; the result is a folder in our format);
-3. a Hugging Face Hub id ``"user/repo"`` that is not a local path (:func:`setdlm.hub.snapshot_checkpoint`
+3. a Hugging Face Hub id ``"user/repo"`` that is not a local path (:func:`setdlm.formats.hub.snapshot_checkpoint`
    downloads the files loading needs);
 4. a local folder: a checkpoint, or a training run folder whose ``latest`` names one
-   (:func:`setdlm.checkpoint.resolve`).
+   (:func:`setdlm.formats.checkpoint.resolve`).
 
-The folder found is read by :func:`setdlm.checkpoint.read` (whose parts become a :class:`~setdlm.lm.Model`
-here) when it is in our format (``config.json`` with ``"format": "setdlm"``), else by :func:`setdlm.convert.load_reference_model` when it is in the paper authors'
+The folder found is read by :func:`setdlm.formats.checkpoint.read` (whose parts become a :class:`~setdlm.lm.Model`
+here) when it is in our format (``config.json`` with ``"format": "setdlm"``), else by :func:`setdlm.formats.convert.load_reference_model` when it is in the paper authors'
 layout (their ``backbone_config`` / ``noise_config``), else the checkpoint reader names what is missing.
 """
 
@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 from . import checkpoint, convert, gguf, hub, pretrained
-from .errors import UserError
-from .lm import Model
+from ..errors import UserError
+from ..lm import Model
 from .gguf_quant import keep_file_quantization
 from .quantize import check_quantize, quantize as quantize_backbone
-from .resources import resolve_device
+from ..resources import resolve_device
 
 
 def locate(path: str | Path, *, revision: str | None = None, ema: bool = False) -> Path:
@@ -55,16 +55,16 @@ def load(path: str | Path, *, ema: bool = False, family: str | None = None, devi
     """A ready :class:`~setdlm.lm.Model` (backbone, family, tokenizer) in eval mode.
 
     ``path``: a checkpoint folder, a training run folder (its latest checkpoint), the name of a shipped model
-    (:mod:`setdlm.pretrained`), a GGUF file or packaged GGUF model such as ``"smollm2-135m"`` (converted once
-    into the user's cache, :mod:`setdlm.gguf`), or a Hugging Face Hub id
+    (:mod:`setdlm.formats.pretrained`), a GGUF file or packaged GGUF model such as ``"smollm2-135m"`` (converted once
+    into the user's cache, :mod:`setdlm.formats.gguf`), or a Hugging Face Hub id
     ``"user/repo"`` (downloaded into the HF cache; needs ``huggingface_hub`` and network, unless already
     cached). A folder or Hub id in the paper authors' layout is detected and converted on the fly
-    (:func:`setdlm.convert.load_reference_model`; ``reference`` keywords such as ``tokenizer=``, ``D=``,
+    (:func:`setdlm.formats.convert.load_reference_model`; ``reference`` keywords such as ``tokenizer=``, ``D=``,
     ``base=`` go there). ``ema=True`` loads the EMA weights. ``family``: the family you expect (an error
     otherwise). ``dtype``: cast the weights (weights stored in bf16/fp16 load as float32 unless given).
     ``revision``: a Hub branch, tag or commit. ``quantize``: ``"int8"`` or ``"int4"`` replaces every linear
-    layer by a quantized CPU kernel for decoding (:mod:`setdlm.quantize`, docs/quantization.md); ``"gguf"``
-    (a GGUF file only) keeps the file's own Q8_0 / Q4_0 / Q4_1 weights (:mod:`setdlm.gguf_quant`).
+    layer by a quantized CPU kernel for decoding (:mod:`setdlm.formats.quantize`, docs/quantization.md); ``"gguf"``
+    (a GGUF file only) keeps the file's own Q8_0 / Q4_0 / Q4_1 weights (:mod:`setdlm.formats.gguf_quant`).
     """
     check_quantize(quantize)
     source = gguf.source_file(path) if quantize == "gguf" else None  # before loading: not a GGUF file, say so
@@ -106,7 +106,7 @@ def load_for_training(name_or_path: str):
     anything :func:`locate` finds in our format or the authors' layout (any family, DiT or HF backbone), or a
     ``transformers`` causal LM (Llama, Qwen2/3, GPT-2; a local folder, or a Hub id, which needs network), given
     a MASK token when its tokenizer has none. Weights in float32, in training mode."""
-    from .data import Tokenizer
+    from ..data import Tokenizer
 
     p = Path(name_or_path).expanduser()
     if not p.exists() and not _is_name(str(name_or_path)):

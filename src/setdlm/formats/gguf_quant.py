@@ -1,15 +1,15 @@
 """Keeping a GGUF file's own quantization: ``setdlm.load(file, quantize="gguf")`` (docs/quantization.md).
 
-A GGUF file stores most linear weights quantized in blocks of 32 input channels. :mod:`setdlm.gguf` converts
+A GGUF file stores most linear weights quantized in blocks of 32 input channels. :mod:`setdlm.formats.gguf` converts
 the file once into a float32 checkpoint; with ``quantize="gguf"`` each linear layer of the loaded backbone is
 then replaced according to the type its tensor has *in the file*:
 
 - ``Q4_0`` (``w = d·(q − 8)``) and ``Q4_1`` (``w = d·q + m``), ``q`` in 0..15, one fp16 ``d`` (and ``m``) per
   block: the file's codes and block scales go as they are into the int4 kernel
-  (:class:`setdlm.quantize.Int4Linear`, whose groups are these blocks), so the weights the kernel multiplies
+  (:class:`setdlm.formats.quantize.Int4Linear`, whose groups are these blocks), so the weights the kernel multiplies
   by are the file's weights (to float32 rounding), not a second quantization of them.
 - ``Q8_0`` (``w = d·q``, ``q`` int8, one fp16 ``d`` per block): the int8 kernel
-  (:class:`setdlm.quantize.Int8Linear`). fbgemm's int8 GEMM takes one scale per output channel, not per
+  (:class:`setdlm.formats.quantize.Int8Linear`). fbgemm's int8 GEMM takes one scale per output channel, not per
   block, so a row's blocks are re-rounded to the row's scale (``max |w| / 127``); where a row's blocks share
   one scale this is the file's int8 values exactly.
 - anything else (``F32``, ``F16``, ``BF16``, the K-quants ``Q2_K`` … ``Q6_K``, ``Q5_0`` / ``Q5_1``, the
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .errors import UserError
+from ..errors import UserError
 from .quantize import (INT4_GROUP, Int4Linear, Int8Linear, check_cpu, finish, int4_groups, kept_float, linear_layers,
                        replace_layer)
 

@@ -2,8 +2,8 @@
 
 The paper's GSM8K models start from a pretrained causal LM (docs/pretrained.md); this module makes one
 such model available offline. ``transformers`` reads a GGUF file of a supported architecture
-(Llama, Qwen2/Qwen3, GPT-2: :data:`setdlm.hf.SUPPORTED_MODEL_TYPES`) and dequantises it to float32;
-the result, wrapped by :class:`setdlm.hf.HFBackbone` with a MASK token added, is written once as an
+(Llama, Qwen2/Qwen3, GPT-2: :data:`setdlm.formats.hf.SUPPORTED_MODEL_TYPES`) and dequantises it to float32;
+the result, wrapped by :class:`setdlm.formats.hf.HFBackbone` with a MASK token added, is written once as an
 ordinary setdlm checkpoint (family ``ar``) into the user's cache folder::
 
     $SETDLM_CACHE or $XDG_CACHE_HOME/setdlm or ~/.cache/setdlm
@@ -24,7 +24,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 
 MAGIC = b"GGUF"
 CONVERTER_VERSION = 1  # part of the cache key: a change of the conversion invalidates old folders
@@ -235,9 +235,9 @@ def convert(path: str | Path, dst: str | Path, *, digest: str | None = None) -> 
     the tokenizer with its chat template and a MASK token). Another process converting the same file at
     the same time is harmless: the first finished folder wins."""
     from .checkpoint import is_checkpoint, partial_folder, remove_partial, save
-    from .family import FamilyConfig
+    from ..family import FamilyConfig
     from .hf import adapt, setdlm_tokenizer
-    from .lm import Model
+    from ..lm import Model
 
     AutoModelForCausalLM, AutoTokenizer = _transformers()
     p, dst = Path(path).expanduser().resolve(), Path(dst)

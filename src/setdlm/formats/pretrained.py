@@ -2,7 +2,7 @@
 
 They come from the reproduction study (``benchmarks/study``; ``benchmarks/RESULTS.md`` lists the command
 that trained each) and are stored in bf16 under ``setdlm/pretrained/<name>/`` in the ordinary checkpoint
-layout, so ``setdlm.load`` (:func:`setdlm.loading.load`) reads them by name like any other checkpoint:
+layout, so ``setdlm.load`` (:func:`setdlm.formats.loading.load`) reads them by name like any other checkpoint:
 
 ======================================  ========================================================
 ``shakespeare-setdlm-smax8``            SetDLM S≤8 (D=4, M=8) on the built-in Shakespeare (BPE)
@@ -26,7 +26,7 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 
 # a shipped model's training text -> the task it does, in words
 TASKS = {"shakespeare-train": "Shakespeare text (continue, infill)",

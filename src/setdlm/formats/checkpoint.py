@@ -9,12 +9,12 @@ A checkpoint folder holds::
     training_state.json    step, data position, optimizer hyper-parameters, ... (to resume training)
     optimizer.safetensors  the optimizer's tensors (AdamW moments)
     sharded/               instead of the three files of tensors: an FSDP run's sharded checkpoint
-                           (torch.distributed.checkpoint), converted by python -m setdlm.training.export
+                           (torch.distributed.checkpoint), converted by setdlm export
 
     README.md              a model card: family, schedule, training data, results (Hugging Face Hub ready)
 
 The backbone is the setdlm DiT (``"backbone": "dit"``, ``architecture`` = :class:`TransformerConfig`) or a
-Hugging Face causal LM behind :class:`setdlm.hf.HFBackbone` (``"backbone": "hf"``, ``architecture`` = its
+Hugging Face causal LM behind :class:`setdlm.formats.hf.HFBackbone` (``"backbone": "hf"``, ``architecture`` = its
 ``transformers`` config; weights under the backbone's own names, tied embeddings stored once).
 
 A folder is first written under a temporary name next to its destination and then renamed, so a crash
@@ -22,7 +22,7 @@ A folder is first written under a temporary name next to its destination and the
 folder such a crash leaves is removed by the next write to that destination (:func:`remove_partial`). A
 training run keeps its checkpoints as ``RUN/checkpoints/step-NNNNNNNN`` and a ``RUN/latest`` pointer
 (replaced atomically); :func:`resolve` accepts the run folder too. This module knows only this format; resolving a name (a shipped
-model, a Hub id, the authors' layout, a GGUF file) is :func:`setdlm.loading.load` (docs/pretrained.md).
+model, a Hub id, the authors' layout, a GGUF file) is :func:`setdlm.formats.loading.load` (docs/pretrained.md).
 
 Every loading error is a ``ValueError`` naming the file and the problem: a missing file, invalid JSON, a
 truncated or corrupt safetensors file, tensors that do not match the config, a tokenizer whose vocabulary
@@ -45,11 +45,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from .errors import UserError
-from .family import FamilyConfig
-from .model import TransformerConfig, Transformer
-from .outputs import umask, write_text_atomic  # noqa: F401  (ckpt.write_text_atomic: the run folder's files)
-from .resources import check_fits
+from ..errors import UserError
+from ..family import FamilyConfig
+from ..model import TransformerConfig, Transformer
+from ..outputs import umask, write_text_atomic  # noqa: F401  (ckpt.write_text_atomic: the run folder's files)
+from ..resources import check_fits
 
 CONFIG, WEIGHTS, EMA_WEIGHTS, CARD = "config.json", "model.safetensors", "ema.safetensors", "README.md"
 STATE, OPTIMIZER, LATEST = "training_state.json", "optimizer.safetensors", "latest"
@@ -169,7 +169,7 @@ def model_config_dict(model, training_args: dict | None = None, source: dict | N
         kind, arch = "hf", config_dict(backbone)
     else:
         raise UserError(f"saving a {type(backbone).__name__} backbone is not supported: only the setdlm DiT "
-                        "and setdlm.hf.HFBackbone")
+                        "and setdlm.formats.hf.HFBackbone")
     tok = model.tokenizer
     cfg = {"format": FORMAT, "format_version": FORMAT_VERSION, "backbone": kind,
            "architecture": arch, "family": model.family.to_dict(),
@@ -188,7 +188,7 @@ def save(path: str | Path, model, *, ema: dict[str, Tensor] | None = None,
          commit_message: str | None = None) -> Path:
     """Write ``model`` (a :class:`setdlm.lm.Model`: its ``backbone``, ``family`` and ``tokenizer``) as a
     checkpoint folder at ``path`` atomically (see the module docstring), with a model card
-    (``README.md``; ``bench``: a results table, see :func:`setdlm.hub.model_card`). Returns ``path``.
+    (``README.md``; ``bench``: a results table, see :func:`setdlm.formats.hub.model_card`). Returns ``path``.
 
     ``push_to_hub="user/repo"`` then uploads the folder to the Hugging Face Hub (needs ``huggingface_hub``,
     network and a token; ``private``, ``token``, ``commit_message`` go to the upload). The optimizer state
@@ -326,9 +326,9 @@ def read_config(folder: str | Path) -> dict:
     path = resolve(folder) / CONFIG
     cfg = read_json(path, "not a setdlm checkpoint folder")
     if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
-        hint = ("it is a Hugging Face causal LM: load it with setdlm.hf.load_pretrained, or fine-tune it with "
+        hint = ("it is a Hugging Face causal LM: load it with setdlm.formats.hf.load_pretrained, or fine-tune it with "
                 "`setdlm train --init-from`" if isinstance(cfg, dict) and "model_type" in cfg
-                else "Hugging Face models load through setdlm.hf")
+                else "Hugging Face models load through setdlm.formats.hf")
         raise UserError(f"{path}: not a setdlm config (no \"format\": \"setdlm\"); {hint}")
     for key in ("architecture", "family"):
         if not isinstance(cfg.get(key), dict):
@@ -457,7 +457,7 @@ def read_tensors(path: Path, expected: dict[str, tuple] | None = None, what: str
 
 
 def load_checkpoint_tokenizer(folder: Path, cfg: dict, vocab_size: int, fam: FamilyConfig):
-    from .data.tokenizers import TOKENIZER_FILE, load_tokenizer
+    from ..data.tokenizers import TOKENIZER_FILE, load_tokenizer
 
     path = folder / TOKENIZER_FILE
     if not path.is_file():
@@ -543,7 +543,7 @@ def read(folder: str | Path, *, ema: bool = False, family: str | None = None, de
     weights (weights stored in bf16/fp16 load as float32 unless given). ``config``: the folder's
     ``config.json`` when the caller has already read it (:func:`read_config`), so it is read once.
     Names (shipped models, Hub ids, the authors' layout, GGUF) are resolved, and the
-    :class:`~setdlm.lm.Model` built, by :func:`setdlm.loading.load`.
+    :class:`~setdlm.lm.Model` built, by :func:`setdlm.formats.loading.load`.
     """
     folder = Path(folder)
     cfg = read_config(folder) if config is None else config
@@ -555,7 +555,7 @@ def read(folder: str | Path, *, ema: bool = False, family: str | None = None, de
     file = folder / (EMA_WEIGHTS if ema else WEIGHTS)
     if not file.exists() and (folder / SHARDED).is_dir():
         raise UserError(f"{folder}: a sharded checkpoint of an FSDP run; convert it to one file first: "
-                         f"python -m setdlm.training.export {folder}")
+                         f"setdlm export {folder}")
     sd = read_tensors(file, expected_shapes(backbone), " (this checkpoint kept no EMA weights)" if ema else "")
     saved = sd[next(iter(sd))].dtype
     backbone.to(saved)

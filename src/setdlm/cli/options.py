@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .decoding.settings import DecodeSettings, default_max_new_tokens
-from .errors import UserError
+from ..decoding.settings import DecodeSettings, default_max_new_tokens
+from ..errors import UserError
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,8 @@ class ModelChoice:
     quantize: str | None = None
 
     def load(self):
-        from . import pretrained
-        from .loading import load
+        from ..formats import pretrained
+        from ..formats.loading import load
 
         return load(self.checkpoint or str(pretrained.path(pretrained.DEFAULT)), ema=self.ema, device=self.device,
                     quantize=self.quantize)
@@ -36,7 +36,7 @@ class ModelChoice:
 
 def _check_requests(requests: list, none: str, output: str | None) -> None:
     """At least one request (else the error ``none``), and an ``output`` file that can be written."""
-    from .outputs import check_file
+    from ..outputs import check_file
 
     if not requests:
         raise UserError(none)
@@ -86,14 +86,14 @@ def generate_rows(opts: GenerateOptions):
     """Load the model and decode ``opts``: ``(output, rows, tokenizer)``, rows ``{prompt, text, tokens}``
     (and ``steps``, the per-step records, when traced). A prompt must leave room for one new token
     (:func:`setdlm.data.prompt.check_prompt_fits`, checked by ``generate``)."""
-    from .data.prompt import check_text, encode_prompts
-    from .decoding import generate
+    from ..data.prompt import check_text, encode_prompts
+    from ..decoding import generate
 
     model = opts.model.load()
     opts.settings.check_for(model.family.family, "generate")
     prompts = opts.prompts
     if opts.chat:  # each prompt is one user message, rendered by the model's chat template (ids, no extra BOS)
-        from .chat import chat_prompt
+        from ..chat import chat_prompt
 
         for i, p in enumerate(prompts):
             check_text(p, f"prompt {i}")
@@ -108,7 +108,7 @@ def generate_rows(opts: GenerateOptions):
     rows = [{"prompt": p, "text": t, "tokens": [int(x) for x in ids]}
             for p, t, ids in zip(opts.prompts, out.texts, out.tokens)]
     if opts.traced:
-        from .decoding.output import trace_rows
+        from ..decoding.output import trace_rows
 
         for row, steps in zip(rows, trace_rows(out, model.tokenizer)):
             row["steps"] = steps
@@ -117,7 +117,7 @@ def generate_rows(opts: GenerateOptions):
 
 def infill_rows(opts: InfillOptions):
     """Load the model and fill ``opts``: ``(output, rows)``, rows ``{prefix, suffix, length, text, tokens}``."""
-    from .decoding import infill
+    from ..decoding import infill
 
     model = opts.model.load()
     opts.settings.check_for(model.family.family, "fill")

@@ -1,4 +1,4 @@
-"""How a command of ``setdlm`` (or ``python -m setdlm.train``) ends: the exit codes of docs/errors.md.
+"""How a command of ``setdlm`` (or ``python -m setdlm.training``) ends: the exit codes of docs/errors.md.
 
 Bad input is a :class:`setdlm.errors.UserError` raised by the library before any work (its field names
 printed as flags), and a file the machine refuses is an ``OSError``: either prints one line
@@ -13,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from .errors import UserError, as_flags
+from ..errors import UserError, as_flags
 
 
 class Parser(argparse.ArgumentParser):

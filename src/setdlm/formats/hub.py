@@ -1,14 +1,14 @@
 """The Hugging Face Hub as an optional extra (``pip install 'setdlm[hf]'``): load a checkpoint by repo id,
-push a checkpoint folder, write its model card (docs/method.md §9.3; the checkpoint layout of :mod:`setdlm.checkpoint`).
+push a checkpoint folder, write its model card (docs/method.md §9.3; the checkpoint layout of :mod:`setdlm.formats.checkpoint`).
 
 * :func:`snapshot` — a Hub id → a local folder in the Hugging Face cache. With network it downloads (only
   what loading needs: no optimizer state, no code); offline (``HF_HUB_OFFLINE=1`` or the Hub unreachable)
   a repo already in the cache still resolves, otherwise :class:`HubUnreachableError` says that
   a Hub id needs network access or a local path.
-* :func:`push_folder` — upload a checkpoint folder (``setdlm.checkpoint.save(..., push_to_hub="user/repo")``
+* :func:`push_folder` — upload a checkpoint folder (``setdlm.formats.checkpoint.save(..., push_to_hub="user/repo")``
   and ``Model.save(..., push_to_hub=...)`` call it).
 * :func:`hub_reachable`, :func:`is_connection_failure`, :class:`HubUnreachableError` — the network checks
-  every Hub access shares (here, :func:`snapshot`, :func:`setdlm.hf.load_pretrained`, the authors' base models).
+  every Hub access shares (here, :func:`snapshot`, :func:`setdlm.formats.hf.load_pretrained`, the authors' base models).
 * :func:`model_card` — the ``README.md`` every checkpoint carries: family, schedule, architecture,
   tokenizer, training data and arguments, and a results table when given.
 
@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .errors import UserError
+from ..errors import UserError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 # files a checkpoint needs to load: not the optimizer state, not the authors' Python sources
@@ -176,13 +176,13 @@ def bench_table(bench) -> str:
 
 def _family(fam: dict):
     """The :class:`~setdlm.family.FamilyConfig` of config.json's ``family`` (its registry entry: ``.spec``)."""
-    from .family import FamilyConfig
+    from ..family import FamilyConfig
 
     return FamilyConfig.from_dict(fam)
 
 
 def model_card(config: Mapping, *, bench=None, repo_id: str | None = None) -> str:
-    """The README.md of a checkpoint whose ``config.json`` is ``config`` (see :mod:`setdlm.checkpoint`)."""
+    """The README.md of a checkpoint whose ``config.json`` is ``config`` (see :mod:`setdlm.formats.checkpoint`)."""
     fam = config["family"]
     family = _family(fam)
     arch = config["architecture"]

