@@ -33,7 +33,7 @@ import setdlm
 from setdlm.data.tasks import reasoning_split
 from setdlm.decoding import generate, state
 from setdlm.decoding.constraint import automaton, json_schema, regex
-from setdlm.metrics import extract_answer
+from setdlm.evaluation.metrics import extract_answer
 
 SOLUTION = r"([0-9]+[-+*][0-9]+=[0-9]+\n){1,4}#### [0-9]+"  # the arithmetic models' worked-solution format
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"},

@@ -35,8 +35,8 @@ def agreement(ref: list[list[int]], got: list[list[int]]) -> tuple[float, float]
 
 def shipped(name: str, args) -> list[str]:
     from setdlm.data import build_dataset, read_source
-    from setdlm.evaluate import reasoning
-    from setdlm.evaluate import likelihood
+    from setdlm.evaluation.likelihood import likelihood
+    from setdlm.evaluation.reasoning import reasoning
     from setdlm.evaluation import TaskSpec, task_examples
 
     models = {q: load(name, quantize=None if q == "fp32" else q) for q in PRECISIONS}

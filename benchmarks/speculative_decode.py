@@ -26,7 +26,7 @@ import torch
 import setdlm
 from setdlm.data.prompt import encode_prompt
 from setdlm.decoding import generate
-from setdlm.evaluate import prompt_ids
+from setdlm.evaluation.passes import prompt_ids
 from setdlm.evaluation import TaskSpec, task_examples
 
 MODELS = {"arith": ("arith-setdlm-smax8", "arith-ar"), "shakespeare": ("shakespeare-setdlm-smax8", "shakespeare-ar")}

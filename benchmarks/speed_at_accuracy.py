@@ -12,7 +12,7 @@ w=4 τ off and τ 0.9/0.95/0.99 (near-lossless: a stated accuracy cost), and the
 (``speculate=True``: token for token the w=1 output) at windows ``--windows`` in both query layouts
 (``setdlm.decoding.speculative.HORIZONS``: "all" horizons carry a window, or only the "last", the whole draft's).
 Each batch size is one run in which every mode decodes one call in turn, the order rotated each round
-(:func:`setdlm.evaluate.interleave`), at ``--threads`` torch threads; speed is generated tokens per second of
+(:func:`setdlm.evaluation.passes.interleave`), at ``--threads`` torch threads; speed is generated tokens per second of
 this process's CPU time over the whole pass (``--clock cpu``, steady on a shared machine; ``wall`` also
 offered), prompts' prefill included. Each mode's ratios are against AR at the same batch size. A traced
 pass over the first 20 problems at batch 1 counts the positions each forward feeds per row.
@@ -30,10 +30,10 @@ from pathlib import Path
 import torch
 
 import setdlm
-from setdlm import evaluate
 from setdlm.data.tasks import reasoning_split
 from setdlm.decoding import generate, speculative
-from setdlm.evaluate import prompt_ids
+from setdlm.evaluation.passes import interleave, prompt_ids
+from setdlm.evaluation.reasoning import reasoning_steps
 
 MODELS = {"AR": "arith-ar", "BD3LM S=4": "arith-bd3lm-s4", "SetDLM S<=8": "arith-setdlm-smax8"}
 
@@ -77,11 +77,11 @@ def positions_per_forward(model, examples, settings: dict, layout: str | None) -
 def run_batch(models: dict, examples, batch: int, windows: list[int], clock: str) -> list[dict]:
     """Every mode at one batch size, side by side; one dict per mode."""
     plan = modes(windows)
-    passes = [with_layout(evaluate.reasoning_steps(models[key], examples, batch_size=batch, clock=clock,
+    passes = [with_layout(reasoning_steps(models[key], examples, batch_size=batch, clock=clock,
                                                    progress=False, **settings), layout)
               for _, key, settings, layout in plan]
     started = time.perf_counter()
-    results = evaluate.interleave(passes)
+    results = interleave(passes)
     print(f"batch {batch}: {len(plan)} modes side by side in {time.perf_counter() - started:.0f} s", flush=True)
     rows = []
     for (label, key, settings, layout), r in zip(plan, results):

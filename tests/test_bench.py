@@ -8,7 +8,10 @@ import pytest
 
 import setdlm
 import setdlm.cli
-from setdlm import bench, evaluate, evaluation
+from setdlm import evaluation
+from setdlm.evaluation import metrics, passes, reports, sweeps
+from setdlm.evaluation.infill import infill
+from setdlm.evaluation.reasoning import reasoning
 from setdlm.evaluation import TaskSpec
 from setdlm.data import read_source, shakespeare_works
 from setdlm.data.sources import infill_from_source
@@ -74,25 +77,25 @@ def test_bench_two_checkpoints_writes_table_json_and_png(ckpts, tmp_path, capsys
             assert a["aup"] == pytest.approx(100 * curve[0]["quality"]) and a["max_tpf"] == 1.0
         assert a["y_max"] == 100 * max(p["quality"] for p in pts)
     assert png_size(out / "bench.png") == (1200, 450)  # quality vs tokens/s, and vs TPF
-    again = bench.read_json(out / "bench.json")  # the points read back plot and tabulate the same
-    assert bench.markdown_table(again) == stdout
-    assert png_size(bench.plot(again, tmp_path / "again.png", dpi=50)) == (600, 225)
+    again = reports.read_json(out / "bench.json")  # the points read back plot and tabulate the same
+    assert reports.markdown_table(again) == stdout
+    assert png_size(reports.plot(again, tmp_path / "again.png", dpi=50)) == (600, 225)
     older = dict(doc, points=[{k: v for k, v in p.items() if k != "block_size"} for p in pts])  # before block sizes
     (tmp_path / "older.json").write_text(json.dumps(older))
-    assert [p.setting for p in bench.read_json(tmp_path / "older.json")] == [p.setting for p in again]
+    assert [p.setting for p in reports.read_json(tmp_path / "older.json")] == [p.setting for p in again]
 
 
 def test_bench_points_match_the_library(ckpts):
-    """One sweep point = evaluate.reasoning at that setting (the deterministic numbers)."""
+    """One sweep point = reasoning at that setting (the deterministic numbers)."""
     models = [("setdlm", setdlm.load(ckpts["setdlm"]))]
     examples, skipped = evaluation.task_examples(TaskSpec("reasoning", level="easy", n=4), [m for _, m in models])
     assert skipped == 0 and examples == reasoning_split("test", 4, level="easy")
-    pts = bench.sweep(models, "reasoning", examples, thresholds=[0.5], batch_sizes=[2], warmup=2, progress=False,
+    pts = sweeps.sweep(models, "reasoning", examples, thresholds=[0.5], batch_sizes=[2], warmup=2, progress=False,
                       max_new_tokens=8)
-    ref = evaluate.reasoning(models[0][1], examples, batch_size=2, threshold=0.5, warmup=1, max_new_tokens=8,
+    ref = reasoning(models[0][1], examples, batch_size=2, threshold=0.5, warmup=1, max_new_tokens=8,
                              progress=False)
     (p,) = pts
-    assert p.setting == bench.Setting(threshold=0.5, window=2, batch_size=2)
+    assert p.setting == sweeps.Setting(threshold=0.5, window=2, batch_size=2)
     assert (p.quality, p.nfe, p.tokens_per_step) == (ref.accuracy, ref.run.nfe_per_example, ref.run.tokens_per_step)
     assert p.result["speed"]["warmup"] == 1  # 2 warm-up examples = 1 call of 2
 
@@ -100,28 +103,28 @@ def test_bench_points_match_the_library(ckpts):
 def test_settings_pareto_and_table():
     tok = TOK
     ar, sd, bd = tiny("ar", tok), tiny("setdlm", tok), tiny("bd3lm", tok)
-    assert bench.sweep_settings(ar, bench.THRESHOLDS, [None, 3], [1, 4]) == [bench.Setting(None, None, 1),
-                                                                            bench.Setting(None, None, 4)]
-    assert len(bench.sweep_settings(bd, bench.THRESHOLDS)) == 10
-    assert bench.sweep_settings(sd, [None, 0.9], [None, 2]) == [bench.Setting(None, 2), bench.Setting(0.9, 2)]  # D = 2
+    assert sweeps.sweep_settings(ar, sweeps.THRESHOLDS, [None, 3], [1, 4]) == [sweeps.Setting(None, None, 1),
+                                                                            sweeps.Setting(None, None, 4)]
+    assert len(sweeps.sweep_settings(bd, sweeps.THRESHOLDS)) == 10
+    assert sweeps.sweep_settings(sd, [None, 0.9], [None, 2]) == [sweeps.Setting(None, 2), sweeps.Setting(0.9, 2)]  # D = 2
     with pytest.raises(ValueError, match=r"thresholds must lie in \(0, 1\]"):
-        bench.sweep_settings(sd, [1.5])
+        sweeps.sweep_settings(sd, [1.5])
     with pytest.raises(ValueError, match="windows must be positive integers"):
-        bench.sweep_settings(sd, [None], [0])
+        sweeps.sweep_settings(sd, [None], [0])
     # block sizes apply to BD3LM (None = its own S = 4) and nowhere else
-    assert bench.sweep_settings(bd, [None, 0.9], block_sizes=[None, 8]) == [
-        bench.Setting(None, None, 1, 4), bench.Setting(0.9, None, 1, 4), bench.Setting(None, None, 1, 8),
-        bench.Setting(0.9, None, 1, 8)]
-    assert bench.sweep_settings(sd, [None], block_sizes=[None, 8]) == [bench.Setting(None, 2)]
-    assert bench.Setting(0.9, None, 1, 8).apply(DecodeSettings()) == DecodeSettings(threshold=0.9, block_size=8)
+    assert sweeps.sweep_settings(bd, [None, 0.9], block_sizes=[None, 8]) == [
+        sweeps.Setting(None, None, 1, 4), sweeps.Setting(0.9, None, 1, 4), sweeps.Setting(None, None, 1, 8),
+        sweeps.Setting(0.9, None, 1, 8)]
+    assert sweeps.sweep_settings(sd, [None], block_sizes=[None, 8]) == [sweeps.Setting(None, 2)]
+    assert sweeps.Setting(0.9, None, 1, 8).apply(DecodeSettings()) == DecodeSettings(threshold=0.9, block_size=8)
     with pytest.raises(ValueError, match="block sizes must be positive integers"):
-        bench.sweep_settings(bd, [None], block_sizes=[0])
+        sweeps.sweep_settings(bd, [None], block_sizes=[0])
 
     def pt(q, v):
-        return bench.BenchPoint("m", "setdlm", "reasoning", bench.Setting(), q, v, None, 1.0, 1.0, {})
+        return sweeps.BenchPoint("m", "setdlm", "reasoning", sweeps.Setting(), q, v, None, 1.0, 1.0, {})
     pts = [pt(0.5, 10.0), pt(0.6, 5.0), pt(0.4, 8.0), pt(0.2, 20.0), pt(0.6, 4.0)]
-    assert [(p.quality, p.tokens_per_second) for p in bench.pareto_front(pts)] == [(0.2, 20.0), (0.5, 10.0), (0.6, 5.0)]
-    table = bench.markdown_table(pts)
+    assert [(p.quality, p.tokens_per_second) for p in sweeps.pareto_front(pts)] == [(0.2, 20.0), (0.5, 10.0), (0.6, 5.0)]
+    table = reports.markdown_table(pts)
     assert "| m | setdlm | off | – | – | 1 | 50.0 | 10.0 | 1.0 | 1.00 |" in table
     # all five points at TPF 1: the least parallel one is the most accurate (equal ρ: higher y first), the
     # others are more than 5 points below it and do not count: AUP = 1 × 60
@@ -161,7 +164,7 @@ def test_python_entry_points_are_what_the_cli_runs(ckpts, tmp_path, capsys):
     held = evaluation.evaluate_checkpoint(ckpts["ar"])  # the run's own held-out rows, seed and batch size
     assert held["tokens"] == 278 and held["nelbo"] != got["nelbo"]
     res = evaluation.evaluate_checkpoint(ckpts["setdlm"], "reasoning", level="easy", n=3, max_new_tokens=8, threshold=0.5)
-    ref = evaluate.reasoning(setdlm.load(ckpts["setdlm"]), reasoning_split("test", 3, level="easy"),
+    ref = reasoning(setdlm.load(ckpts["setdlm"]), reasoning_split("test", 3, level="easy"),
                              threshold=0.5, max_new_tokens=8, progress=False)
     assert res["accuracy"] == ref.accuracy and res["decode"] == {"threshold": 0.5, "max_new_tokens": 8}
     assert {k: res[k] for k in DETERMINISTIC} == {k: ref.to_dict()[k] for k in DETERMINISTIC}
@@ -181,33 +184,33 @@ def test_python_entry_points_are_what_the_cli_runs(ckpts, tmp_path, capsys):
 
 
 def test_one_settings_object_through_evaluate_and_bench(ckpts, tmp_path):
-    """evaluate.reasoning / infill / throughput, bench.sweep, evaluate_checkpoint and bench_checkpoints take one
+    """reasoning / infill / throughput, sweeps.sweep, evaluate_checkpoint and bench_checkpoints take one
     DecodeSettings (or its fields as keywords, not both); the budget and the swept fields come from it."""
     model = setdlm.load(ckpts["setdlm"])
     examples = reasoning_split("test", 3, level="easy")
     s = DecodeSettings(threshold=0.5, max_new_tokens=7, cache_order="reveal")
-    a = evaluate.reasoning(model, examples, s, batch_size=1, seed=1, progress=False)
-    b = evaluate.reasoning(model, examples, threshold=0.5, max_new_tokens=7, cache_order="reveal", batch_size=1,
+    a = reasoning(model, examples, s, batch_size=1, seed=1, progress=False)
+    b = reasoning(model, examples, threshold=0.5, max_new_tokens=7, cache_order="reveal", batch_size=1,
                            seed=1, progress=False)
     assert a.max_new_tokens == 7 and a.predictions == b.predictions and a.run.nfe == b.run.nfe
-    longest = max(len(evaluate.prompt_ids(model, e)) for e in examples)
-    assert evaluate.reasoning(model, examples, progress=False).max_new_tokens == model.family.length - longest
+    longest = max(len(passes.prompt_ids(model, e)) for e in examples)
+    assert reasoning(model, examples, progress=False).max_new_tokens == model.family.length - longest
     with pytest.raises(ValueError, match="give settings= or the keyword settings"):
-        evaluate.reasoning(model, examples, s, threshold=0.9, progress=False)
+        reasoning(model, examples, s, threshold=0.9, progress=False)
     stories = infill_from_source(ckpts["text"], "train", 2, sentences=5, hidden=1)
     with pytest.raises(ValueError, match="max_new_tokens applies to generate only"):
-        evaluate.infill(model, stories, DecodeSettings(max_new_tokens=4), progress=False)
-    stats = evaluate.throughput(model, examples, DecodeSettings(max_new_tokens=5, ignore_eos=True), warmup=1,
+        infill(model, stories, DecodeSettings(max_new_tokens=4), progress=False)
+    stats = passes.throughput(model, examples, DecodeSettings(max_new_tokens=5, ignore_eos=True), warmup=1,
                                 progress=False)
     assert stats.tokens == 2 * 5  # two timed calls of one example, 5 tokens each
 
-    pts = bench.sweep([("m", model)], "reasoning", examples, DecodeSettings(max_new_tokens=7, cache_order="reveal"),
+    pts = sweeps.sweep([("m", model)], "reasoning", examples, DecodeSettings(max_new_tokens=7, cache_order="reveal"),
                       thresholds=[0.5], warmup=1, seed=1, progress=False)
     (p,) = pts
     assert p.result["max_new_tokens"] == 7 and {k: p.result[k] for k in DETERMINISTIC} == {
         k: a.to_dict()[k] for k in DETERMINISTIC}
     with pytest.raises(ValueError, match=r"the sweep sets threshold: give it as thresholds=\[...\]"):
-        bench.sweep([("m", model)], "reasoning", examples, s, thresholds=[0.5], progress=False)
+        sweeps.sweep([("m", model)], "reasoning", examples, s, thresholds=[0.5], progress=False)
     res = evaluation.evaluate_checkpoint(ckpts["setdlm"], "reasoning", DecodeSettings(threshold=0.5, max_new_tokens=7),
                                     level="easy", n=3)
     kw = evaluation.evaluate_checkpoint(ckpts["setdlm"], "reasoning", level="easy", n=3, threshold=0.5, max_new_tokens=7)
@@ -238,7 +241,7 @@ def test_eval_reasoning_matches_the_library(ckpts, tmp_path, capsys):
     assert got == json.loads((tmp_path / "r.json").read_text())
     model = setdlm.load(ckpts["setdlm"])
     examples = reasoning_split("test", 5, level="easy", seed=0)
-    ref = evaluate.reasoning(model, examples, batch_size=2, threshold=0.5, max_new_tokens=12, progress=False)
+    ref = reasoning(model, examples, batch_size=2, threshold=0.5, max_new_tokens=12, progress=False)
     assert got["task"] == "reasoning" and got["data"] == "generated:easy" and got["split"] == "test"
     assert (got["accuracy"], got["correct"], got["max_new_tokens"]) == (ref.accuracy, ref.correct, 12)
     assert {k: got[k] for k in DETERMINISTIC} == {k: ref.to_dict()[k] for k in DETERMINISTIC}
@@ -253,7 +256,7 @@ def test_eval_reasoning_reads_gsm8k_jsonl(ckpts, tmp_path, capsys):
     data.write_text("".join(json.dumps(e.to_dict()) + "\n" for e in examples))
     code, stdout, err = run(["eval", ckpts["ar"], "--task", "reasoning", "--data", str(data)], capsys)
     assert code == 0, err
-    ref = evaluate.reasoning(setdlm.load(ckpts["ar"]), examples, progress=False)
+    ref = reasoning(setdlm.load(ckpts["ar"]), examples, progress=False)
     got = json.loads(stdout)
     assert got["n"] == 3 and got["data"] == str(data) and got["accuracy"] == ref.accuracy
     assert got["generated_tokens"] == ref.run.generated_tokens
@@ -267,7 +270,7 @@ def test_eval_infill_matches_the_library(ckpts, tmp_path, capsys):
     got = json.loads(stdout)
     model = setdlm.load(ckpts["setdlm"])
     examples = infill_from_source(ckpts["text"], "train", 4, sentences=5, hidden=3)
-    ref = evaluate.infill(model, examples, window=3, progress=False)
+    ref = infill(model, examples, window=3, progress=False)
     assert (got["rouge1"], got["rouge2"], got["rougeL"]) == (ref.rouge1, ref.rouge2, ref.rougeL)
     assert {k: got[k] for k in DETERMINISTIC} == {k: ref.to_dict()[k] for k in DETERMINISTIC}
     assert got["decode"]["window"] == 3 and got["skipped_too_long"] == 0
@@ -294,7 +297,7 @@ def test_eval_infill_matches_the_library(ckpts, tmp_path, capsys):
     ("eval", ["--task", "reasoning", "--n", "0"], ["--n: must be a positive integer, got '0'"]),
     ("eval", ["--task", "bogus"], ["--task: invalid choice: 'bogus'"]),
     ("eval", ["--task", "infill", "--hidden", "2"], ["--hidden: invalid choice: 2"]),
-    ("bench", ["--task", "likelihood", "--thresholds", "0.9", "--out", "OUT"], ["--thresholds, --windows, --block-sizes, --batch-sizes, --warmup and --speculate apply"]),
+    ("bench", ["--task", "likelihood", "--thresholds", "0.9", "--out", "OUT"], ["--thresholds, --windows, --block-sizes, --batch-sizes, --warmup and --sweep-speculate apply"]),
     ("bench", ["--task", "reasoning", "--thresholds", "0.9,x", "--out", "OUT"], ["'x' is not a number"]),
     ("bench", ["--task", "reasoning", "--thresholds", "1.5", "--level", "easy", "--n", "2", "--out", "OUT"],
      [r"thresholds must lie in (0, 1]"]),
@@ -366,58 +369,58 @@ def test_aup_on_hand_computed_points():
     w78, w76 = exp(-3 * (1 - 78 / 80)), exp(-3 * (1 - 76 / 80))  # 0.92774, 0.86071
     want = 1 * 80 + 0.5 * (2 - 1) * (78 * w78 + 80 * 1) + 0.5 * (3 - 2) * (76 * w76 + 78 * w78)
     assert want == pytest.approx(225.0709, abs=1e-4)
-    assert bench.aup([1, 2, 3, 4], [80, 78, 76, 70]) == pytest.approx(want)
-    assert bench.aup([3, 1, 4, 2], [76, 80, 70, 78]) == pytest.approx(want)  # any input order: sorted by ρ
-    assert bench.aup_points([3, 1, 4, 2], [76, 80, 70, 78]) == [(1, 80), (2, 78), (3, 76)]
+    assert metrics.aup([1, 2, 3, 4], [80, 78, 76, 70]) == pytest.approx(want)
+    assert metrics.aup([3, 1, 4, 2], [76, 80, 70, 78]) == pytest.approx(want)  # any input order: sorted by ρ
+    assert metrics.aup_points([3, 1, 4, 2], [76, 80, 70, 78]) == [(1, 80), (2, 78), (3, 76)]
     # y_max is the best accuracy on the task (another method's 90): every W < 1, the first term unweighted
     w = {y: exp(-3 * (1 - y / 90)) for y in (80, 78, 76)}
-    assert bench.aup([1, 2, 3, 4], [80, 78, 76, 70], y_max=90) == pytest.approx(
+    assert metrics.aup([1, 2, 3, 4], [80, 78, 76, 70], y_max=90) == pytest.approx(
         80 + 0.5 * (80 * w[80] + 78 * w[78]) + 0.5 * (78 * w[78] + 76 * w[76]))
     # a dip below y1 − 5 drops that point; the trapezoid joins its neighbours (ρ 1 → 3)
-    assert bench.aup([1, 2, 3], [80, 60, 79]) == pytest.approx(80 + 0.5 * 2 * (79 * exp(-3 / 80) + 80))
+    assert metrics.aup([1, 2, 3], [80, 60, 79]) == pytest.approx(80 + 0.5 * 2 * (79 * exp(-3 / 80) + 80))
     # y1 is the least parallel point's accuracy: a more accurate faster point is weighted W = 1 and counts
-    assert bench.aup([1, 2], [70, 80]) == pytest.approx(70 + 0.5 * (80 + 70 * exp(-3 * (1 - 70 / 80))))
+    assert metrics.aup([1, 2], [70, 80]) == pytest.approx(70 + 0.5 * (80 + 70 * exp(-3 * (1 - 70 / 80))))
     # one point (AR: one token per forward): ρ·y; equal ρ: the more accurate point is y1
-    assert bench.aup([1.0], [42.0]) == 42.0
-    assert bench.aup([1, 1], [50, 60]) == 60 and bench.aup([2, 2], [0, 0]) == 0
+    assert metrics.aup([1.0], [42.0]) == 42.0
+    assert metrics.aup([1, 1], [50, 60]) == 60 and metrics.aup([2, 2], [0, 0]) == 0
     for args, needle in [(([], []), "at least one"), (([1, 2], [50]), "as many"), (([0], [50]), "positive"),
                          (([1], [150]), r"percentages in \[0, 100\]"),
                          (([1], [50], 40), "y_max must be the highest accuracy")]:
         with pytest.raises(ValueError, match=needle):
-            bench.aup(*args)
+            metrics.aup(*args)
 
 
 def test_aup_scores_group_curves_and_share_y_max():
     def pt(model, family, q, tpf, tau, window=None, block=None):
-        return bench.BenchPoint(model, family, "reasoning", bench.Setting(tau, window, 1, block), q, 100.0, None, 10.0,
+        return sweeps.BenchPoint(model, family, "reasoning", sweeps.Setting(tau, window, 1, block), q, 100.0, None, 10.0,
                                 tpf, {})
     pts = [pt("ar", "ar", 0.40, 1.0, None),
            pt("sd", "setdlm", 0.30, 1.0, None, 4), pt("sd", "setdlm", 0.28, 1.5, 0.9, 4),
            pt("sd", "setdlm", 0.20, 2.0, 0.6, 4),
            pt("bd", "bd3lm", 0.35, 1.0, None, None, 4), pt("bd", "bd3lm", 0.34, 1.2, 0.9, None, 8)]
-    scores = {(a.model, a.block_size): a for a in bench.aup_scores(pts)}
+    scores = {(a.model, a.block_size): a for a in metrics.aup_scores(pts)}
     assert set(scores) == {("ar", None), ("sd", None), ("bd", 4), ("bd", 8)}  # one curve per block size
     assert all(a.y_max == 40.0 for a in scores.values())  # the best of the sweep, AR's
     assert scores["ar", None].aup == pytest.approx(40.0)
     sd = scores["sd", None]
     assert (sd.counted, sd.points, sd.max_tpf) == (2, 3, 1.5)  # 20% is more than 5 points below 30%
-    assert sd.aup == pytest.approx(bench.aup([1.0, 1.5], [30.0, 28.0], 40.0))
-    assert bench.aup_scores([bench.likelihood_point("m", tiny("ar", TOK), {"nelbo": 1.0})]) == []
+    assert sd.aup == pytest.approx(metrics.aup([1.0, 1.5], [30.0, 28.0], 40.0))
+    assert metrics.aup_scores([sweeps.likelihood_point("m", tiny("ar", TOK), {"nelbo": 1.0})]) == []
 
 
 def test_points_are_set_against_the_ar_model_at_the_same_batch_size():
     """The sweep's table gives each decoding point's accuracy and tokens/s as multiples of the AR point of its
     batch size (timed side by side); a batch size without an AR point gets none."""
     def pt(family, batch, q, v, window=None, spec=False):
-        return bench.BenchPoint(family, family, "reasoning", bench.Setting(None, window, batch, None, speculate=spec),
+        return sweeps.BenchPoint(family, family, "reasoning", sweeps.Setting(None, window, batch, None, speculate=spec),
                                 q, v, None, 10.0, 1.0, {})
 
     points = [pt("ar", 1, 0.90, 100.0), pt("setdlm", 1, 0.88, 250.0, 4, True), pt("setdlm", 32, 0.88, 900.0, 4, True),
               pt("ar", 8, 0.90, 400.0), pt("setdlm", 8, 0.45, 200.0, 4)]
-    ratios = bench.against_ar(points)
+    ratios = sweeps.against_ar(points)
     assert ratios[0] == (1.0, 1.0) and 2 not in ratios
     assert ratios[1] == pytest.approx((0.88 / 0.90, 2.5)) and ratios[4] == pytest.approx((0.5, 0.5))
-    table = bench.markdown_table(points)
+    table = reports.markdown_table(points)
     assert "× AR quality | × AR tok/s |" in table
     assert "| 0.98x | 2.50x |" in table and "| 0.50x | 0.50x |" in table and "| – | – |" in table
-    assert "× AR" not in bench.markdown_table(points[1:3])  # no AR point: no such columns
+    assert "× AR" not in reports.markdown_table(points[1:3])  # no AR point: no such columns

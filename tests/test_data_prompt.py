@@ -6,7 +6,7 @@ import pytest
 from setdlm import FamilyConfig, Model
 from setdlm.data import Corpus, Tokenizer, build_dataset, char_tokenizer, encode_prompt, start_ids
 from setdlm.data.tasks import reasoning_split
-from setdlm.evaluate import prompt_ids
+from setdlm.evaluation.passes import prompt_ids
 
 from support import make_model
 

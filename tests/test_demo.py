@@ -123,15 +123,16 @@ def test_shipped_models_are_the_trained_ones():
     held-out problems and the Shakespeare SetDLM's bound on Shakespeare text is far below log(vocab)."""
     import math
 
-    from setdlm import evaluate
+    from setdlm.evaluation.likelihood import likelihood
+    from setdlm.evaluation.reasoning import reasoning
 
     problems = reasoning_split("test", 30, level="medium", seed=0)
     for name in ("arith-ar", "arith-setdlm-smax8"):
-        acc = evaluate.reasoning(setdlm.load(name), problems, batch_size=30, progress=False).accuracy
+        acc = reasoning(setdlm.load(name), problems, batch_size=30, progress=False).accuracy
         assert acc >= 0.15, (name, acc)
     m = setdlm.load("shakespeare-setdlm-smax8")
     text = read_source("shakespeare").texts[0][-20_000:]
     ids = m.tokenizer.encode(text)[: 4 * m.family.length]
     rows = torch.tensor(ids).view(4, m.family.length)
-    bound = evaluate.likelihood(m, [rows], progress=False).nats_per_token
+    bound = likelihood(m, [rows], progress=False).nats_per_token
     assert bound < math.log(m.tokenizer.vocab_size) - 1.5, bound

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from setdlm.evaluate import bound_generator, likelihood
+from setdlm.evaluation.likelihood import bound_generator, likelihood
 from setdlm.family import FamilyConfig
 from setdlm.lm import Model
 from setdlm.masks import causal_mask

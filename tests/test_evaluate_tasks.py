@@ -12,9 +12,10 @@ from setdlm import Model
 from setdlm.data.tasks import InfillExample, ReasoningExample, reasoning_split
 from setdlm.decoding import applicable, generate
 from setdlm.decoding import infill as decode_infill
-from setdlm.evaluate import (fits, infill, infill_row, infill_steps, interleave, prompt_ids, reasoning,
-                             reasoning_steps, throughput)
-from setdlm.metrics import exact_match, rouge
+from setdlm.evaluation.infill import infill, infill_steps
+from setdlm.evaluation.metrics import exact_match, rouge
+from setdlm.evaluation.passes import fits, infill_row, interleave, prompt_ids, throughput
+from setdlm.evaluation.reasoning import reasoning, reasoning_steps
 
 from support import Counting, SlowStart, scripted, task_tokenizer, tiny
 

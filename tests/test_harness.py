@@ -1,4 +1,4 @@
-"""The lm-evaluation-harness adapter (setdlm.harness) through lm-eval's own API objects: ``Instance``
+"""The lm-evaluation-harness adapter (setdlm.evaluation.harness) through lm-eval's own API objects: ``Instance``
 requests, the model registry, and ``simple_evaluate`` on small local tasks (generate_until and
 multiple_choice). Skipped when lm-eval is not installed (the ``test`` extra installs it)."""
 
@@ -15,8 +15,8 @@ from lm_eval.api.registry import get_model  # noqa: E402
 from setdlm import FamilyConfig, Model  # noqa: E402
 from setdlm.data import char_tokenizer  # noqa: E402
 from setdlm.decoding import DecodeSettings, generate  # noqa: E402
-from setdlm.evaluate import bound_generator  # noqa: E402
-from setdlm.harness import PAPER_INSTRUCTION, SetDLMLM, boxed_to_hashes, paper_user_turn  # noqa: E402
+from setdlm.evaluation.likelihood import bound_generator  # noqa: E402
+from setdlm.evaluation.harness import PAPER_INSTRUCTION, SetDLMLM, boxed_to_hashes, paper_user_turn  # noqa: E402
 from setdlm.objectives import Batch, compute_loss, log_probs, setdlm_inputs  # noqa: E402
 
 from support import make_model  # noqa: E402
@@ -197,7 +197,7 @@ def test_simple_evaluate_on_local_tasks(checkpoints, tmp_path):
 
 @pytest.mark.slow
 def test_module_runs_lm_evals_command_line(checkpoints, tmp_path):
-    """`python -m setdlm.harness run --model setdlm ...` (lm-eval's CLI with the model registered), the way to
+    """`python -m setdlm.evaluation.harness run --model setdlm ...` (lm-eval's CLI with the model registered), the way to
     call the harness from the shell with lm-eval releases that predate plugin discovery."""
     import subprocess
     import sys
@@ -209,7 +209,7 @@ def test_module_runs_lm_evals_command_line(checkpoints, tmp_path):
         f"task: setdlm_cli_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'data.jsonl'}\n"
         "test_split: test\ndoc_to_text: '{{question}}'\noutput_type: multiple_choice\n"
         "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{label}}'\nmetric_list:\n  - metric: acc\n")
-    out = subprocess.run([sys.executable, "-m", "setdlm.harness", "run", "--model", "setdlm", "--model_args",
+    out = subprocess.run([sys.executable, "-m", "setdlm.evaluation.harness", "run", "--model", "setdlm", "--model_args",
                           f"pretrained={checkpoints['ar']}", "--tasks", "setdlm_cli_mc", "--include_path",
                           str(tmp_path), "--device", "cpu"], capture_output=True, text=True, env=subprocess_env(),
                          timeout=300)

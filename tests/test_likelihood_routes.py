@@ -1,5 +1,5 @@
 """One likelihood estimator (issue 13 item 4): the trainer's held-out bound (its rows in batches, as a row),
-``setdlm eval`` and the lm-eval adapter's scorer all go through ``setdlm.evaluate.likelihood`` and give the
+``setdlm eval`` and the lm-eval adapter's scorer all go through ``setdlm.evaluation.likelihood.likelihood`` and give the
 same number for one checkpoint, one seed and one batch size."""
 
 import json
@@ -11,7 +11,7 @@ from setdlm import FamilyConfig, Model
 from setdlm import load as load_checkpoint
 from setdlm.cli import main as cli
 from setdlm.data import build_dataset, char_tokenizer, read_source
-from setdlm.evaluate import likelihood
+from setdlm.evaluation.likelihood import likelihood
 
 from support import make_model
 
@@ -39,7 +39,7 @@ def test_three_routes_give_one_number(tmp_path, capsys, family, kw):
     assert direct.nats_per_token == pytest.approx(trainer["nelbo"], rel=1e-12) and direct.tokens == trainer["tokens"]
 
     lm_eval = pytest.importorskip("lm_eval")  # noqa: F841  the adapter needs it
-    from setdlm.harness import SetDLMLM
+    from setdlm.evaluation.harness import SetDLMLM
 
     harness = SetDLMLM(str(tmp_path / "ck"), seed=SEED, batch_size=BATCH, device="cpu")
     pairs = []  # each row as (context, continuation): its BOS, then its other tokens

@@ -64,7 +64,7 @@ def test_each_entry_point_reads_its_default(tmp_path):
 def test_the_harness_default(tmp_path):
     """lm-eval's ``generate_until`` budget when a task sets no ``max_gen_toks``: 256, or the model argument."""
     pytest.importorskip("lm_eval")
-    from setdlm.harness import SetDLMLM
+    from setdlm.evaluation.harness import SetDLMLM
 
     path = save_tiny(tmp_path / "ck")
     assert SetDLMLM(path).max_new_tokens == 256

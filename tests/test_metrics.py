@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from setdlm.metrics import (LikelihoodSummary, answer_matches, exact_match, extract_answer, rouge, rouge_scores,
+from setdlm.evaluation.metrics import (LikelihoodSummary, answer_matches, exact_match, extract_answer, rouge, rouge_scores,
                             throughput_stats)
 
 

@@ -1,6 +1,6 @@
 """The parallel-dependency suite (copy, reverse, sort, a 4x4 Latin square): generated offline with fixed
 splits, scored exactly (any valid Latin square with the given first row counts), decoded through the real
-decoders by ``evaluate.parallel`` and swept by ``setdlm bench --task parallel`` (τ, windows, BD3LM block
+decoders by ``parallel`` and swept by ``setdlm bench --task parallel`` (τ, windows, BD3LM block
 sizes, TPF and AUP); ``setdlm train --data parallel-...`` trains on it."""
 
 import json
@@ -9,7 +9,9 @@ import pytest
 import torch
 
 import setdlm
-from setdlm import evaluate, evaluation
+from setdlm import evaluation
+from setdlm.evaluation import passes
+from setdlm.evaluation.parallel import parallel
 from setdlm.data import read_source
 from setdlm.data.parallel import PARALLEL_TASKS, ParallelExample, _latin_squares, parallel_split
 from setdlm.data.prompt import encode_prompt
@@ -73,16 +75,16 @@ def test_evaluate_parallel_scores_what_the_decoder_writes(family, threshold):
     copy = ParallelExample("copy", ("1", "2", "3", "4", "5", "6", "7", "8"), "1 2 3 4 5 6 7 8")
     script = encode_prompt(TOK, sq.prompt) + TOK.encode(other) + [TOK.eos_token_id]
     model = scripted(tiny(family, TOK), script, TOK.eos_token_id)
-    res = evaluate.parallel(model, [sq, copy], threshold=threshold, batch_size=1, progress=False)
+    res = parallel(model, [sq, copy], threshold=threshold, batch_size=1, progress=False)
     assert res.predictions[0] == other and (res.correct, res.accuracy) == (1, 0.5)
     assert res.per_task == {"copy": 0.0, "latin": 1.0}
     assert res.to_dict()["per_task"] == res.per_task and res.to_dict()["accuracy"] == 0.5
     assert (res.run.tokens_per_step > 1.5) == (threshold is not None)
-    stats = evaluate.throughput(model, [sq, copy], threshold=threshold, warmup=1, progress=False)  # times copy
-    alone = evaluate.parallel(model, [copy], threshold=threshold, progress=False)
+    stats = passes.throughput(model, [sq, copy], threshold=threshold, warmup=1, progress=False)  # times copy
+    alone = parallel(model, [copy], threshold=threshold, progress=False)
     assert stats.calls == 1 and stats.tokens == alone.run.generated_tokens
     with pytest.raises(ValueError, match="expected ParallelExample examples"):
-        evaluate.parallel(model, [object()], progress=False)
+        parallel(model, [object()], progress=False)
 
 
 def test_builtin_sources_train_on_the_train_split(tmp_path, capsys):
@@ -96,7 +98,7 @@ def test_builtin_sources_train_on_the_train_split(tmp_path, capsys):
     assert code == 0, err
     model = setdlm.load(out)
     ex = parallel_split("test", 4, tasks="sort")
-    assert all(evaluate.fits(model, e) for e in ex)
+    assert all(passes.fits(model, e) for e in ex)
     assert model.tokenizer.decode(model.tokenizer.encode(ex[0].prompt + ex[0].completion)) == ex[0].prompt + ex[0].completion
 
 
@@ -123,7 +125,7 @@ def test_bench_and_eval_parallel(ckpts, tmp_path, capsys):
     assert doc["task"] == "parallel" and doc["data"] == "generated:parallel" and doc["block_sizes"] == [None, 8]
     examples = parallel_split("test", 8)
     model = setdlm.load(ckpts["bd3lm"])
-    ref = evaluate.parallel(model, examples, threshold=0.5, block_size=8, max_new_tokens=12, progress=False)
+    ref = parallel(model, examples, threshold=0.5, block_size=8, max_new_tokens=12, progress=False)
     (p,) = [p for p in doc["points"] if p["family"] == "bd3lm" and p["threshold"] == 0.5 and p["block_size"] == 8]
     assert p["result"]["per_task"] == ref.per_task and p["tokens_per_step"] == ref.run.tokens_per_step
     assert {(a["model"], a["window"], a["block_size"]) for a in doc["aup"]} == {

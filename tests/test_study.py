@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from setdlm import decoding, evaluate
+from setdlm import decoding
+from setdlm.evaluation import passes
 from setdlm.data.tasks import reasoning_split, write_jsonl
 from support import subprocess_env
 
@@ -68,7 +69,7 @@ def test_respeed_interleaves_configurations_example_by_example(study, monkeypatc
     def spy(model, prompts, settings, **kw):
         run = "reason-ar" if model.family.family == "ar" else "reason-setdlm-smax4"
         assert len(prompts) == 1  # batch 1
-        prompt = next(e.prompt for e in problems if evaluate.prompt_ids(model, e) == list(prompts[0]))
+        prompt = next(e.prompt for e in problems if passes.prompt_ids(model, e) == list(prompts[0]))
         calls.append((run, settings.threshold, prompt))
         return real(model, prompts, settings, **kw)
 

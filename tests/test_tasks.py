@@ -11,7 +11,7 @@ from setdlm.data.tasks import (LEVELS, SPLITS, InfillExample, ReasoningConfig, e
                                gsm_symbolic, infill_examples, infill_from_file, load_gsm8k_jsonl, make_infill,
                                reasoning_split, split_of, split_sentences, write_jsonl)
 from setdlm.data.tokenizers import char_tokenizer
-from setdlm.metrics import extract_answer
+from setdlm.evaluation.metrics import extract_answer
 
 # ---------------------------------------------------------------------------------------------------------
 # reasoning

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import setdlm
-from setdlm.evaluate import likelihood
+from setdlm.evaluation.likelihood import likelihood
 from setdlm.training import (CheckpointArgs, DataArgs, EvalArgs, FamilyArgs, ModelArgs, OptimArgs, SystemArgs,
                              TrainConfig, config_fields, heldout_of, resume_config, train)
 from setdlm.cli.train import build_parser

@@ -9,7 +9,7 @@ import torch
 
 import setdlm
 from setdlm.formats import checkpoint as ckpt
-from setdlm.evaluate import likelihood
+from setdlm.evaluation.likelihood import likelihood
 from setdlm.training import heldout_of
 
 from support import subprocess_env, write_hamlet

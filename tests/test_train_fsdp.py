@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 import setdlm
 from setdlm.formats import checkpoint as ckpt
-from setdlm.evaluate import likelihood
+from setdlm.evaluation.likelihood import likelihood
 from setdlm.training import TrainConfig, consolidate, heldout_of, train
 
 from support import subprocess_env, write_hamlet

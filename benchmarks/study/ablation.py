@@ -93,7 +93,7 @@ def score(root: Path) -> None:
     import torch
 
     import setdlm
-    from setdlm import evaluate
+    from setdlm.evaluation.reasoning import reasoning
     from setdlm.data.tasks import reasoning_split
 
     torch.set_num_threads(1)
@@ -106,7 +106,7 @@ def score(root: Path) -> None:
         if (size, model) in done or not ckpt.is_dir():
             continue
         net = setdlm.load(str(ckpt))
-        r = evaluate.reasoning(net, examples, batch_size=32, seed=0, progress=False)
+        r = reasoning(net, examples, batch_size=32, seed=0, progress=False)
         bound = json.loads(subprocess.run(["setdlm", "eval", str(ckpt)], check=True, capture_output=True,
                                           text=True).stdout).get("ppl")
         row = {"size": size, "model": model, "params": sum(p.numel() for p in net.backbone.parameters()),

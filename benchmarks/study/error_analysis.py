@@ -130,13 +130,13 @@ def _rate(num: int, den: int) -> float | None:
 
 def analyse(model, examples, settings: dict, *, batch_size: int, seed: int) -> dict:
     """Decode ``examples`` with ``settings`` (traced) and return every figure of one configuration."""
-    from setdlm import evaluate
+    from setdlm.evaluation.passes import prompt_ids
     from setdlm.data.tasks import extract_answer
     from setdlm.decoding import DecodeSettings, generate
 
     tok = model.tokenizer
-    prompts = [evaluate.prompt_ids(model, e) for e in examples]
-    budget = model.family.length - max(map(len, prompts))  # as evaluate.reasoning: what the longest leaves
+    prompts = [prompt_ids(model, e) for e in examples]
+    budget = model.family.length - max(map(len, prompts))  # as evaluation.reasoning: what the longest leaves
     ds = DecodeSettings(max_new_tokens=budget, **settings)
     eos = tok.eos_token_id
     n_right = n_forwards = n_committed = 0

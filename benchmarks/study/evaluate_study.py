@@ -36,7 +36,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from runs import ADAPT, FAMILIES, steps_of  # noqa: E402
 
 import setdlm  # noqa: E402
-from setdlm import evaluate  # noqa: E402
+from setdlm.evaluation.infill import infill  # noqa: E402
+from setdlm.evaluation.passes import fits, interleave, throughput_steps  # noqa: E402
+from setdlm.evaluation.reasoning import reasoning  # noqa: E402
 from setdlm.data.sources import infill_from_source  # noqa: E402
 from setdlm.data.tasks import reasoning_split  # noqa: E402
 from setdlm.decoding import DecodeSettings  # noqa: E402
@@ -104,8 +106,8 @@ def eval_lm(run: str, done: set, quick: bool) -> None:
 
 
 def speed_pass(task: str, run: str, model, tau, quick: bool, infill_pool=None):
-    """The batch-1 timing of one configuration as an :func:`setdlm.evaluate.throughput_steps` pass (run it
-    with :func:`speed`, or several side by side with ``evaluate.interleave``): (a) 64 tokens after each of
+    """The batch-1 timing of one configuration as an :func:`setdlm.evaluation.passes.throughput_steps` pass (run it
+    with :func:`speed`, or several side by side with ``interleave``): (a) 64 tokens after each of
     the first ``LM_PROMPTS`` held-out prompts, (b) the first ``N_SPEED`` test problems, (c) the first
     ``WARMUP + N_INFILL_SPEED`` examples of ``infill_pool``; the first ``WARMUP`` calls untimed."""
     more = {}
@@ -121,13 +123,13 @@ def speed_pass(task: str, run: str, model, tau, quick: bool, infill_pool=None):
     else:
         items = infill_pool[: (12 if quick else WARMUP + N_INFILL_SPEED)]
         more = {"repetition_penalty": 1.2}
-    return evaluate.throughput_steps(model, items, decode_settings(model, task, tau, **more),
+    return throughput_steps(model, items, decode_settings(model, task, tau, **more),
                                      warmup=2 if quick else WARMUP, progress=False, clock=CLOCK)
 
 
 def speed(steps) -> dict:
     """Run one :func:`speed_pass` alone; its speed fields for raw.jsonl."""
-    return speed_row(evaluate.interleave([steps])[0])
+    return speed_row(interleave([steps])[0])
 
 
 def eval_reason(run: str, done: set, quick: bool) -> None:
@@ -142,7 +144,7 @@ def eval_reason(run: str, done: set, quick: bool) -> None:
         setting = "off" if tau is None else f"tau={tau}"
         if ("reason", run, setting) in done:
             continue
-        acc = evaluate.reasoning(model, problems, decode_settings(model, "reason", tau), batch_size=50,
+        acc = reasoning(model, problems, decode_settings(model, "reason", tau), batch_size=50,
                                  progress=False)
         record({"task": "reason", "run": run, "setting": setting, "family": model.family.family,
                 "threshold": tau, "accuracy": acc.accuracy, "n": len(problems),
@@ -155,7 +157,7 @@ def infill_examples(models, quick: bool):
     ex = []
     for split in ("validation", "test"):
         ex += infill_from_source("shakespeare", split, sentences=5, hidden=1, seed=0)
-    ok = [e for e in ex if all(evaluate.fits(m, e) for m in models)]
+    ok = [e for e in ex if all(fits(m, e) for m in models)]
     return ok[:12] if quick else ok
 
 
@@ -165,7 +167,7 @@ def eval_infill(runs: list[str], done: set, quick: bool) -> None:
     for run, model in models.items():
         if ("infill", run, "off") in done:
             continue
-        res = evaluate.infill(model, examples, decode_settings(model, "infill", None, repetition_penalty=1.2),
+        res = infill(model, examples, decode_settings(model, "infill", None, repetition_penalty=1.2),
                               batch_size=16, progress=False)
         record({"task": "infill", "run": run, "setting": "off", "family": model.family.family,
                 "rouge1": res.rouge1, "rouge2": res.rouge2, "rougeL": res.rougeL, "n": len(examples),
@@ -177,7 +179,7 @@ def respeed(quick: bool) -> None:
     the speed fields are replaced and the row is marked ``"speed": "interleaved"``.
 
     Within a task every configuration (run, threshold) times the same examples *interleaved*
-    (``evaluate.interleave``): example i is decoded by every configuration in turn (the order rotated by i)
+    (``interleave``): example i is decoded by every configuration in turn (the order rotated by i)
     before example i + 1, so a drift of the machine's speed over minutes (a shared host's CPU) hits all of
     them alike and the ratios between rows stay fair."""
     from tqdm import tqdm
@@ -193,7 +195,7 @@ def respeed(quick: bool) -> None:
         pool = infill_examples([models[r["run"]] for r in group], quick) if task == "infill" else None
         passes = [speed_pass(task, r["run"], models[r["run"]], r.get("threshold"), quick, pool) for r in group]
         with tqdm(desc=f"respeed {task} ({len(group)} configurations side by side)", unit="call") as bar:
-            stats = evaluate.interleave(passes, progress=lambda: bar.update(1))
+            stats = interleave(passes, progress=lambda: bar.update(1))
         for r, st in zip(group, stats):
             r.update(speed_row(st), speed="interleaved")
     tmp = raw.with_suffix(".tmp")

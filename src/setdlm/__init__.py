@@ -1,8 +1,8 @@
 """setdlm: set diffusion language models (SetDLM) and their special cases AR, MDLM and BD3LM.
 
 The public names are those of ``__all__`` here and in the subpackages ``setdlm.data``, ``setdlm.decoding``
-and ``setdlm.serve``, plus the documented functions of the modules the docs name (``setdlm.evaluate``,
-``setdlm.bench``, ``setdlm.evaluation``, ``setdlm.training``, ...).
+and ``setdlm.serve``, plus the documented functions of the modules the docs name (``setdlm.evaluation`` and its modules,
+``setdlm.training``, ...).
 """
 
 from .backbone import Backbone

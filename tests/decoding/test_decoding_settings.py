@@ -99,7 +99,7 @@ def test_cli_flags_are_the_dataclass_fields():
     assert {"regex", "json_schema", "choice"} <= dests["generate"] & dests["infill"]
     assert names <= dests["generate"] and names <= dests["eval"]
     assert dests["infill"] & names == names - set(GENERATE_ONLY)
-    # bench sweeps these four (--thresholds, --windows, --block-sizes, --speculate)
+    # bench sweeps these four (--thresholds, --windows, --block-sizes, --sweep-speculate)
     assert dests["bench"] & names == names - {"threshold", "window", "block_size", "speculate"}
     args = parser.parse_args(["generate", "--prompt", "a", "--stop", "x", "--stop", "y", "--length-penalty", "3",
                               "1.5", "--eos-token-id", "2", "--ignore-eos", "--cache-order", "reveal"])

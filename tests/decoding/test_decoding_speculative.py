@@ -11,10 +11,11 @@ import pytest
 import torch
 
 import setdlm
-from setdlm import Model, bench, evaluate
+from setdlm import Model
 from setdlm.decoding import DecodeSettings, fill, generate
 from setdlm.decoding.session import Session
-from setdlm.evaluation import TaskSpec, task_examples
+from setdlm.evaluation import TaskSpec, reports, sweeps, task_examples
+from setdlm.evaluation.reasoning import reasoning
 from setdlm.masks import describe, speculative_step_mask
 
 from support import (MASK, PROMPTS, CharTokenizer, active_rows, assert_cache_clean, recorded, run,
@@ -233,28 +234,28 @@ def test_other_families_refuse_speculate(family):
 
 
 def test_bench_sweeps_speculation_beside_the_windows(tmp_path, capsys):
-    """``setdlm bench --speculate`` adds each SetDLM window's speculative decode (w > 1) beside w = 1, the
+    """``setdlm bench --sweep-speculate`` adds each SetDLM window's speculative decode (w > 1) beside w = 1, the
     default window and AR, side by side in one run; its accuracy is w = 1's, in fewer forwards per token."""
     code, stdout, err = run(["bench", "arith-setdlm-smax8", "arith-ar", "--task", "reasoning", "--n", "6",
-                             "--warmup", "1", "--thresholds", "off", "--windows", "1,D", "--speculate",
+                             "--warmup", "1", "--thresholds", "off", "--windows", "1,D", "--sweep-speculate",
                              "--out", str(tmp_path / "b")], capsys)
     assert code == 0, err
     lines = stdout.strip().splitlines()
     assert lines[0].endswith("| NFE | TPF | forwards/token | × AR quality | × AR tok/s |")  # AR in the sweep
     rows = lines[2:lines.index("")] if "" in lines else lines[2:]  # the AUP table follows a blank line
     assert [line.split(" | ")[3] for line in rows] == ["1", "4", "4 spec", "–"]  # w column
-    pts = {(p.family, p.setting.window, p.setting.speculate): p for p in bench.read_json(tmp_path / "b" / "bench.json")}
+    pts = {(p.family, p.setting.window, p.setting.speculate): p for p in reports.read_json(tmp_path / "b" / "bench.json")}
     w1, spec, window = pts["setdlm", 1, False], pts["setdlm", 4, True], pts["setdlm", 4, False]
     assert spec.quality == w1.quality and spec.result["correct"] == w1.result["correct"]
     assert spec.forwards_per_token < w1.forwards_per_token == 1.0 == window.forwards_per_token
     assert spec.tokens_per_step == pytest.approx(1 / spec.forwards_per_token)
     model = setdlm.load("arith-setdlm-smax8")
     examples, _ = task_examples(TaskSpec("reasoning", n=6), [model])
-    a = evaluate.reasoning(model, examples, window=1, progress=False)
-    b = evaluate.reasoning(model, examples, speculate=True, progress=False)
+    a = reasoning(model, examples, window=1, progress=False)
+    b = reasoning(model, examples, speculate=True, progress=False)
     assert a.predictions == b.predictions and b.run.nfe_per_example < a.run.nfe_per_example
     with pytest.raises(ValueError, match="give speculate=True to the sweep"):
-        bench.sweep([("m", model)], "reasoning", examples, DecodeSettings(speculate=True))
+        sweeps.sweep([("m", model)], "reasoning", examples, DecodeSettings(speculate=True))
 
 
 def test_a_wide_window_feeds_about_three_windows_a_forward_not_its_square(monkeypatch):

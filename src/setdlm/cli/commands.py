@@ -7,7 +7,7 @@ Every subcommand is registered in ``COMMANDS`` below; ``setdlm --help`` lists th
 * ``export``   — :func:`setdlm.training.consolidate`: an FSDP run's shards → single-file weights
 * ``eval``     — :func:`setdlm.evaluation.evaluate_checkpoint` on a :class:`~setdlm.evaluation.TaskSpec`: a
   checkpoint's likelihood bound, reasoning accuracy or infilling ROUGE
-* ``bench``    — :func:`setdlm.evaluation.bench_checkpoints`: speed/quality sweeps (:mod:`setdlm.bench`)
+* ``bench``    — :func:`setdlm.evaluation.bench_checkpoints`: speed/quality sweeps (:mod:`setdlm.evaluation.sweeps`)
 * ``generate`` — :func:`setdlm.cli.options.generate_rows` (:func:`setdlm.decoding.generate`) on prompts from
   arguments, a file or stdin
 * ``infill``   — :func:`setdlm.cli.options.infill_rows` (:func:`setdlm.decoding.infill`)
@@ -31,8 +31,8 @@ import re
 import sys
 
 from .command import Parser, run
-from .flags import (SETTINGS, add_model_flags, add_settings_flags, add_task_flags, decode_settings, list_of,
-                    positive_int, task_spec)
+from .flags import (SETTINGS, add_model_flags, add_settings_flags, add_task_flags, applies_to, decode_settings,
+                    list_of, positive_int, task_spec)
 from ..decoding.settings import GENERATE_ONLY, default_max_new_tokens
 from ..errors import UserError
 from ..outputs import write_text
@@ -102,12 +102,13 @@ def _add_eval(sub) -> None:
     p.add_argument("--batch-size", type=positive_int, default=None, help="rows per batch (likelihood default: "
                    "the run's; decoding default 32)")
     p.add_argument("--seed", type=int, default=None, help="likelihood: seed of the random orders/masks (default: "
-                   "the run's); reasoning/infill: seed of the example draw and of sampling (default 0)")
-    p.add_argument("--bf16", action="store_true", help="likelihood: bf16 autocast (default: as trained)")
+                   "the run's); decoding tasks: seed of the example draw and of sampling (default 0)")
+    p.add_argument("--bf16", action="store_true", help=applies_to("bf16", "options") + "bf16 autocast (default: as "
+                   "trained)")
     add_model_flags(p, "evaluate")
     p.add_argument("--output", default=None, help="also write the result as JSON to this file")
-    p.add_argument("--predictions", default=None, help="reasoning/infill: write each example's prediction "
-                   "to this JSONL file")
+    p.add_argument("--predictions", default=None, help=applies_to("predictions", "options") + "write each example's "
+                   "prediction to this JSONL file")
     p.set_defaults(func=_eval)
 
 
@@ -118,7 +119,7 @@ def _bench(args) -> int:
     settings, spec = decode_settings(args), task_spec(args)
     run = bench_checkpoints(args.checkpoints, spec, args.out, settings, title=args.title,
                             thresholds=args.thresholds, windows=args.windows, batch_sizes=args.batch_sizes,
-                            block_sizes=args.block_sizes, warmup=args.warmup, speculate=args.sweep_speculate,
+                            block_sizes=args.block_sizes, warmup=args.warmup, sweep_speculate=args.sweep_speculate,
                             clock=args.clock, ema=args.ema, device=args.device, quantize=args.quantize)
     print(run.table, end="")
     print(f"wrote {', '.join(map(str, run.files))}", file=sys.stderr)
@@ -128,7 +129,7 @@ def _bench(args) -> int:
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help=summary(_bench), description=_bench.__doc__)
     p.add_argument("checkpoints", nargs="+", help="checkpoint or training run folders (one curve each)")
-    swept = ("threshold", "window", "block_size", "speculate")  # setdlm.bench.SWEPT + speculate (not imported here: it loads torch)
+    swept = ("threshold", "window", "block_size", "speculate")  # setdlm.evaluation.sweeps.SWEPT + speculate
     add_task_flags(p, settings=tuple(k for k in SETTINGS if k not in swept), task_default=None)
     p.add_argument("--out", required=True, help="folder for bench.md, bench.json and bench.png")
     p.add_argument("--title", default=None, help="title of the plot (default: the task)")
@@ -136,7 +137,7 @@ def _add_bench(sub) -> None:
                    help="comma-separated tau values, 'off' for none (default off,.99,.95,.9,.85,.8,.75,.7,.65,.6)")
     p.add_argument("--windows", type=list_of(int, "--windows"), default=None,
                    help="setdlm: comma-separated windows w, 'D' for the model's D (default D)")
-    p.add_argument("--speculate", dest="sweep_speculate", action="store_true", help="setdlm: also run each window w > 1 as lossless "
+    p.add_argument("--sweep-speculate", action="store_true", help="setdlm: also run each window w > 1 as lossless "
                    "self-speculative decoding (the output of w = 1, threshold off)")
     p.add_argument("--block-sizes", type=list_of(int, "--block-sizes"), default=None,
                    help="bd3lm/mdlm: comma-separated decoding block sizes, 'D' for the model's own S (default D)")

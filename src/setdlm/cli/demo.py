@@ -46,11 +46,12 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
              max_new_tokens: int | None = None, progress: bool = True) -> dict:
     """Run the four parts; returns the numbers it printed (the live table as bench points). ``max_new_tokens``:
     the Shakespeare continuation's length (None: the demo's default, docs/decoding.md)."""
-    from .. import bench, evaluate
+    from ..data.tasks import extract_answer
     from ..decoding import DecodeSettings
     from ..decoding.settings import default_max_new_tokens
-    from ..evaluation import TaskSpec, task_examples
-    from ..metrics import extract_answer
+    from ..evaluation import TaskSpec, reports, sweeps, task_examples
+    from ..evaluation.infill import infill
+    from ..evaluation.reasoning import reasoning
     from ..outputs import check_folder
 
     if not (isinstance(n, int) and n >= 3):
@@ -73,7 +74,7 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
 
     _rule("2. A hidden line of held-out Shakespeare, infilled by SetDLM S<=8 (w = M = 8)")
     (ex,), _ = task_examples(TaskSpec("infill", data="shakespeare", split="test", n=1, hidden=1, seed=0), [lm])
-    r = evaluate.infill(lm, [ex], DecodeSettings(window=lm.family.M, repetition_penalty=1.2), batch_size=1,
+    r = infill(lm, [ex], DecodeSettings(window=lm.family.M, repetition_penalty=1.2), batch_size=1,
                         progress=False)
     print(f"{ex.prefix.strip()}\n  >>> {r.predictions[0].strip()} <<<\n{ex.suffix.strip()}")
     print(f"[original line: {ex.middle.strip()!r}; ROUGE-L {100 * r.rougeL:.1f}]")
@@ -82,7 +83,7 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
     _rule("3. An arithmetic word problem, solved by SetDLM S<=8")
     solver = get(REASON[-1])
     problems, _ = task_examples(TaskSpec("reasoning", level="medium", split="test", n=n, seed=0), [solver])
-    r = evaluate.reasoning(solver, problems, DecodeSettings(cache_order="reveal"), batch_size=n, progress=False)
+    r = reasoning(solver, problems, DecodeSettings(cache_order="reveal"), batch_size=n, progress=False)
     ok = [extract_answer(p) == e.answer for p, e in zip(r.predictions, problems)]
     exact = [p.strip() == e.solution.strip() for p, e in zip(r.predictions, problems)]
     # the first problem it solves step by step, else the first it answers right, else the first
@@ -94,13 +95,13 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
 
     _rule(f"4. Live: the same {n} problems, batch 1, on this machine")
     reasoners = [(name, get(name)) for name in REASON]
-    points = bench.sweep(reasoners, "reasoning", problems, DecodeSettings(cache_order="reveal"),
+    points = sweeps.sweep(reasoners, "reasoning", problems, DecodeSettings(cache_order="reveal"),
                          thresholds=(None, 0.9, 0.7), warmup=2, progress=progress)
-    print(bench.markdown_table(points))
+    print(reports.markdown_table(points))
     result["table"] = [p.to_dict() for p in points]
     out = Path(out)
     try:
-        png = bench.plot(points, out / "pareto.png", title=f"arithmetic word problems: accuracy vs speed (n={n})")
+        png = reports.plot(points, out / "pareto.png", title=f"arithmetic word problems: accuracy vs speed (n={n})")
         print(f"\nwrote {png}")
         result["plot"] = str(png)
     except ImportError as e:

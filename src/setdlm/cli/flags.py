@@ -119,29 +119,41 @@ def task_spec(args):
 
 
 
-def add_task_flags(p, *, settings: tuple[str, ...], task_default: str | None) -> None:
-    """Flags that pick the task's examples (the fields of TaskSpec), and the decoding ``settings`` offered."""
-    from ..data.tasks import LEVELS, SPLITS
-    from ..evaluation.spec import DECODING_TASKS, GENERATING_TASKS, TASKS
+def applies_to(name: str, kind: str = "fields") -> str:
+    """``"reasoning/infill: "``: the tasks a TaskSpec field (``kind="fields"``) or an evaluation option
+    (``kind="options"``) applies to, as the start of its flag's help."""
+    from ..evaluation.registry import using
 
-    p.add_argument("--task", choices=TASKS, default=task_default, required=task_default is None,
-                   help="what to measure" + (f" (default {task_default})" if task_default else ""))
-    p.add_argument("--data", default=None, help="likelihood: text source (default: the run's held-out rows); "
-                   "reasoning: GSM8K-format JSONL (default: generated problems); infill: a text file, folder or "
-                   "built-in corpus (default: shakespeare)")
-    p.add_argument("--level", choices=tuple(LEVELS), default=None, help="reasoning: difficulty of the "
+    return "/".join(using(kind, name)) + ": "
+
+
+def add_task_flags(p, *, settings: tuple[str, ...], task_default: str | None) -> None:
+    """Flags that pick the task's examples (the fields of TaskSpec), and the decoding ``settings`` offered;
+    the task choices and which tasks a flag applies to come from the task registry."""
+    from ..data.tasks import LEVELS, SPLITS
+    from ..evaluation.passes import CLOCKS
+    from ..evaluation.registry import REGISTRY, decoding, generating
+
+    tasks = applies_to
+    p.add_argument("--task", choices=tuple(REGISTRY), default=task_default, required=task_default is None,
+                   help="what to measure: " + "; ".join(f"{t.name}, {t.title}" for t in REGISTRY.values())
+                   + (f" (default {task_default})" if task_default else ""))
+    p.add_argument("--data", default=None, help="; ".join(f"{t.name}: {t.notes['data']}" for t in REGISTRY.values()
+                                                         if "data" in t.notes))
+    p.add_argument("--level", choices=tuple(LEVELS), default=None, help=tasks("level") + "difficulty of the "
                    "generated problems (default medium)")
-    p.add_argument("--split", choices=SPLITS, default=None, help="reasoning/infill/parallel: split drawn from "
-                   "(default test)")
-    p.add_argument("--n", type=positive_int, default=None, help="reasoning/infill/parallel: examples (default 200 "
-                   "problems or parallel-suite examples, or every infilling window that fits the context)")
-    p.add_argument("--hidden", type=int, choices=(1, 3), default=None, help="infill: hidden sentences of 5 "
-                   "(default 1)")
-    p.add_argument("--eos", action="store_true", help="infill: EOS after the suffix (each window a whole document)")
-    p.add_argument("--clock", choices=("wall", "cpu"), default=None, help="decoding tasks: time decoding by "
-                   "wall clock (default, the paper's) or by CPU time (steady on a shared CPU)")
-    notes = {name: "/".join(GENERATING_TASKS if name in GENERATE_ONLY else DECODING_TASKS) + ": " for name in settings}
-    notes["max_new_tokens"] = "reasoning/parallel (default: what the longest prompt leaves of L): "
-    notes["cache_order"] = "reasoning/parallel (the paper's GSM8K runs: reveal): "
+    p.add_argument("--split", choices=SPLITS, default=None, help=tasks("split") + "split drawn from (default test)")
+    p.add_argument("--n", type=positive_int, default=None, help=tasks("n") + "examples (default 200 generated "
+                   "ones, or every window of a text source that fits the context)")
+    p.add_argument("--hidden", type=int, choices=(1, 3), default=None, help=tasks("hidden") + "hidden sentences "
+                   "of 5 (default 1)")
+    p.add_argument("--eos", action="store_true", help=tasks("eos") + "EOS after the suffix (each window a whole "
+                   "document)")
+    p.add_argument("--clock", choices=CLOCKS, default=None, help=tasks("clock", "options") + "time "
+                   "decoding by wall clock (default, the paper's) or by CPU time (steady on a shared CPU)")
+    generate_notes = "/".join(generating()) + ": "
+    notes = {name: (generate_notes if name in GENERATE_ONLY else "/".join(decoding()) + ": ") for name in settings}
+    notes["max_new_tokens"] = generate_notes[:-2] + " (default: what the longest prompt leaves of L): "
+    notes["cache_order"] = generate_notes[:-2] + " (the paper's GSM8K runs: reveal): "
     add_settings_flags(p, settings, notes=notes)
     p.set_defaults(**{name: None for name in SETTINGS if name not in settings})

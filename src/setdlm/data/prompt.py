@@ -15,8 +15,8 @@ Two conventions, chosen by the tokenizer:
 
 ``tokenizer.encode`` never adds special tokens (:mod:`setdlm.data.tokenizers`), so special tokens are added
 here and only here. Every caller that turns text into a decoding context uses these functions: ``generate`` /
-``infill`` (:mod:`setdlm.decoding.api`), the server, the task evaluators (:mod:`setdlm.evaluate`), the CLI's
-prompt lengths and the lm-eval adapter (:mod:`setdlm.harness`, which follows lm-eval's rule of starting with
+``infill`` (:mod:`setdlm.decoding.api`), the server, the task evaluators (:mod:`setdlm.evaluation.passes`), the CLI's
+prompt lengths and the lm-eval adapter (:mod:`setdlm.evaluation.harness`, which follows lm-eval's rule of starting with
 EOS when a tokenizer has no BOS). Chat messages go through :func:`setdlm.chat.chat_prompt` instead.
 
 ``tokenizer`` is any object with ``encode(text) -> list[int]`` and ``bos_token_id`` / ``eos_token_id``

@@ -38,7 +38,28 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..errors import UserError
-from ..metrics import extract_answer
+
+# the answer line of a GSM8K solution (docs/method.md §5.2; lm-eval's strict match reads the same line)
+# "#### 1,234", "####-5", "#### − 7", "#### $12", "#### 12.00"
+_ANSWER = re.compile(r"####[ \t]*\$?[ \t]*([-−–]?)[ \t]*(\d[\d,]*)(\.\d+)?")
+
+
+def extract_answer(text: str) -> int | None:
+    """The integer after the first ``####`` in ``text``, or None when there is none.
+
+    Robust to spaces around the number and the sign, thousands separators (``1,234``), a leading ``$``,
+    Unicode minus signs and a zero fraction (``12.00``). A non-zero fraction (``2.5``) is not an integer
+    and gives None, as does a missing ``####`` line: both score as wrong.
+    """
+    m = _ANSWER.search(text)
+    if m is None:
+        return None
+    sign, digits, frac = m.groups()
+    if frac is not None and frac.strip(".0"):
+        return None
+    value = int(digits.replace(",", ""))
+    return -value if sign else value
+
 
 SPLITS = ("train", "validation", "test")
 HOLDOUT = 0.1  # fraction of all texts in validation, and again in test

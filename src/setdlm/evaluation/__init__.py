@@ -1,16 +1,34 @@
-"""Evaluation orchestration: what to measure (:class:`TaskSpec`), on which examples
-(:func:`task_examples`), and checkpoints by path (:func:`evaluate_checkpoint`, :func:`bench_checkpoints`),
-behind ``setdlm eval`` and ``setdlm bench`` (docs/evaluation.md).
+"""The evaluation wing (docs/evaluation.md): what to measure (:class:`TaskSpec`), the task registry
+(:data:`REGISTRY` of :class:`Task`), the examples of a task (:func:`task_examples`), and checkpoints by path
+(:func:`evaluate_checkpoint`, :func:`bench_checkpoints`), behind ``setdlm eval`` and ``setdlm bench``.
 
-The measurements themselves are :mod:`setdlm.evaluate` (likelihood, reasoning, infilling, the parallel
-suite) and the sweeps and reports :mod:`setdlm.bench`. Nothing here imports the training code: a run's
-held-out rows are rebuilt from its recorded arguments (:func:`heldout_rows`).
+One concept per module:
+
+* :mod:`~setdlm.evaluation.registry` — the :class:`Task` record and :data:`REGISTRY`;
+* :mod:`~setdlm.evaluation.spec` — :class:`TaskSpec`, checked against its task's entry;
+* :mod:`~setdlm.evaluation.likelihood`, :mod:`~setdlm.evaluation.reasoning`, :mod:`~setdlm.evaluation.infill`,
+  :mod:`~setdlm.evaluation.parallel` — one task each, registered by its own file (the estimator
+  ``likelihood``, ``reasoning``, ``infill``, ``parallel`` and their ``*_steps`` live there);
+* :mod:`~setdlm.evaluation.passes` — the decoding passes the tasks share, ``interleave`` and ``throughput``;
+* :mod:`~setdlm.evaluation.metrics` — exact match, ROUGE, likelihood and throughput summaries, AUP;
+* :mod:`~setdlm.evaluation.sweeps` and :mod:`~setdlm.evaluation.reports` — ``setdlm bench``'s sweeps, and its
+  table, plot and JSON;
+* :mod:`~setdlm.evaluation.examples` and :mod:`~setdlm.evaluation.runs` — examples that fit, and checkpoints
+  by path;
+* :mod:`~setdlm.evaluation.harness` — the lm-evaluation-harness adapter (``python -m setdlm.evaluation.harness``;
+  not imported here: it needs ``lm_eval``).
+
+Nothing here imports the training code: a run's held-out rows are rebuilt from its recorded arguments
+(:func:`heldout_rows`).
 """
 
+from .registry import REGISTRY, Task, get_task, register
+from .spec import TaskSpec
+from . import likelihood, reasoning, infill, parallel  # noqa: F401  (each registers its task, in this order)
 from .examples import task_examples, write_predictions
 from .likelihood import checkpoint_likelihood, heldout_rows, training_args
 from .runs import BenchRun, bench_checkpoints, evaluate_checkpoint, labels
-from .spec import DECODING_TASKS, TASKS, TaskSpec
 
-__all__ = ["TaskSpec", "TASKS", "DECODING_TASKS", "task_examples", "write_predictions", "checkpoint_likelihood",
-           "heldout_rows", "training_args", "evaluate_checkpoint", "bench_checkpoints", "BenchRun", "labels"]
+__all__ = ["TaskSpec", "Task", "REGISTRY", "get_task", "register", "task_examples", "write_predictions",
+           "checkpoint_likelihood", "heldout_rows", "training_args", "evaluate_checkpoint", "bench_checkpoints",
+           "BenchRun", "labels"]

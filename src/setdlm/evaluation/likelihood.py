@@ -1,14 +1,108 @@
-"""A checkpoint's likelihood bound on its run's held-out rows or on given text: the one estimator,
-:func:`setdlm.evaluate.likelihood` (docs/method.md §5.1), with the run's recorded evaluation settings."""
+"""The likelihood task: the family's likelihood bound over a split (docs/method.md §5.1), and a checkpoint's
+bound on its run's held-out rows or on given text, with the run's recorded evaluation settings.
+
+:func:`likelihood` is the one estimator, behind ``setdlm eval``, the trainer's held-out bound and the lm-eval
+adapter's scores: the model in eval mode, the training-time inputs (for SetDLM every target masked, one
+reveal order sampled per sequence), per-token NLLs summed over the whole split and divided by the number of
+scored tokens (``Σ nll / Σ tokens``, not a mean of batch means). AR gives its exact NLL; MDLM and BD3LM their
+1/t-weighted NELBO; SetDLM the any-order NLL in the sampled order, an upper bound on the NLL. ``samples = k``
+passes over the data k times with fresh orders (the reference's ``num_importance_samples``): the estimate's
+variance falls, its expectation does not move. The task does not decode: it measures a checkpoint
+(:func:`checkpoint_likelihood`).
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
+import torch
+from tqdm.auto import tqdm
+
+from ..batch import Batch
 from ..data.dataset import TokenDataset
 from ..errors import UserError
 from ..lm import Model
+from ..objectives import compute_loss
+from ..seeds import derive_seed
+from .metrics import LikelihoodSummary
+from .registry import Task, register
+
+
+def _as_batch(b) -> Batch:
+    """A ``Batch``, or a (B, L) tensor of token ids that are all scored (no padding, no context)."""
+    if isinstance(b, Batch):
+        return b
+    if isinstance(b, torch.Tensor) and b.dim() == 2 and not b.is_floating_point():
+        return Batch(b, torch.ones_like(b, dtype=torch.bool))
+    raise UserError(f"a batch must be a setdlm.objectives.Batch or a (B, L) integer tensor, got {type(b).__name__}")
+
+
+def bound_generator(seed: int, sample: int, index: int, device=None) -> torch.Generator:
+    """The generator of batch ``index`` in pass ``sample`` of :func:`likelihood`: seeded by ``(seed, index)``
+    in the first pass (the trainer's held-out seeds) and by ``(seed, sample, index)`` in later ones, so that
+    a batch's orders and masks depend neither on the batches before it nor on the number of processes."""
+    parts = (seed, "eval", index) if sample == 0 else (seed, "eval", sample, index)
+    return torch.Generator(device=device).manual_seed(derive_seed(*parts))
+
+
+def _indexed(batches, rank: int, world: int) -> Iterator[tuple[int, object]]:
+    """``(index, batch)`` of the batches this process scores: every ``world``-th from ``rank``."""
+    if isinstance(batches, Sequence):
+        return ((i, batches[i]) for i in range(rank, len(batches), world))
+    return ((i, b) for i, b in enumerate(batches) if i % world == rank)
+
+
+@torch.no_grad()
+def likelihood(model: Model, batches: Iterable, *, samples: int = 1, seed: int = 1, bf16: bool = False,
+               dist=None, progress: bool = True) -> LikelihoodSummary:
+    """Likelihood bound of ``model`` over ``batches`` (``Batch`` objects or (B, L) token-id tensors): the
+    one estimator behind ``setdlm eval``, the trainer's held-out bound (:meth:`setdlm.training.state.TrainState.evaluate`)
+    and the lm-eval adapter's scores.
+
+    ``samples``: passes over the data, each with freshly sampled orders / masks (``batches`` must then be
+    re-iterable, e.g. a list or a DataLoader). Batch ``i`` of pass ``s`` draws them from
+    :func:`bound_generator` ``(seed, s, i)``, so the result is reproducible (docs/method.md §5.1: seed 1) and
+    does not depend on the batches before it. ``bf16``: autocast. ``dist`` (a :class:`setdlm.training.distributed.Dist`):
+    under DDP each process scores every ``world``-th batch and the sums are all-reduced.
+    """
+    if samples < 1:
+        raise UserError(f"samples must be >= 1, got {samples}")
+    if samples > 1 and isinstance(batches, Iterator):
+        raise UserError("samples > 1 passes over the data several times: give a list or a DataLoader, "
+                        "not a one-shot iterator")
+    rank, world = (dist.rank, dist.world) if dist is not None else (0, 1)
+    was_training = model.backbone.training
+    model.backbone.eval()
+    device = next(model.backbone.parameters()).device
+    sums = torch.zeros(samples, 4, dtype=torch.float64, device=device)  # per pass: nats, tokens, Σ bounds, batches
+    total = samples * -(-(len(batches) - rank) // world) if hasattr(batches, "__len__") else None
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    try:
+        with tqdm(total=total, desc="likelihood", unit="batch", disable=None if progress else True) as bar, amp:
+            for s in range(samples):
+                for i, b in _indexed(batches, rank, world):
+                    out = compute_loss(model.backbone, model.family, _as_batch(b).to(device), train=False,
+                                       generator=bound_generator(seed, s, i, device))
+                    sums[s] += torch.stack([out.nll.double().sum(), out.mask.sum().double(), out.loss.double(),
+                                            torch.ones((), dtype=torch.float64, device=device)])
+                    bar.update(1)
+                    if not bar.disable and sums[:, 1].sum() > 0:  # reading the sums waits for the device
+                        bar.set_postfix(nats_per_token=f"{float(sums[:, 0].sum() / sums[:, 1].sum()):.4f}")
+    finally:
+        model.backbone.train(was_training)
+    if dist is not None and dist.active:
+        torch.distributed.all_reduce(sums)
+    nats, tokens, bounds, count = sums.cpu().unbind(-1)  # (samples,) each
+    if tokens[0] == 0:
+        raise UserError("no scored tokens in the data (empty batches, or every token padding or context)")
+    if len(set(tokens.tolist())) > 1:
+        raise UserError(f"the data changed between passes: scored tokens per pass {[int(t) for t in tokens]}")
+    return LikelihoodSummary(nats=float(nats.sum()) / samples, tokens=int(tokens[0]), samples=samples,
+                             batch_mean=float(bounds.sum() / count.sum()))
+
 
 # the training arguments that rebuild a run's held-out rows (every setdlm checkpoint records them)
 SPLIT_ARGS = ("data", "length", "eval_fraction", "eval_max", "split_seed")
@@ -54,7 +148,6 @@ def checkpoint_likelihood(model: Model, training: dict, *, data: str | None = No
     ``batch_size``/``seed``/``bf16`` default to the run's own evaluation settings, so the bound is the one
     the trainer logged."""
     from ..data import build_dataset, read_source
-    from ..evaluate import likelihood
 
     if data is not None:
         rows = build_dataset(read_source(data), model.tokenizer, model.family.length)
@@ -70,3 +163,15 @@ def checkpoint_likelihood(model: Model, training: dict, *, data: str | None = No
     nelbo = res.nats_per_token
     return {"task": "likelihood", "family": model.family.family, "nelbo": nelbo, "ppl": math.exp(min(nelbo, 700)),
             "bpd": nelbo / math.log(2), "tokens": res.tokens, "loss": res.batch_mean}
+
+
+def _measure(model: Model, checkpoint, spec, *, batch_size: int | None, bf16: bool) -> dict:
+    """The task's result for ``checkpoint``: :func:`checkpoint_likelihood` on ``spec.data`` or the run's rows."""
+    return checkpoint_likelihood(model, training_args(checkpoint), data=spec.data, batch_size=batch_size,
+                                 seed=spec.seed, bf16=bf16, where=str(checkpoint))
+
+
+LIKELIHOOD = register(Task(
+    name="likelihood", title="the likelihood bound", quality="nelbo", header="nats/token",
+    source=lambda spec: "each run's held-out rows", options=("bf16",), percent=False, measure=_measure,
+    notes={"data": "text source (default: the run's held-out rows)"}))

@@ -1,8 +1,9 @@
 """Checkpoints by path, evaluated: what ``setdlm eval`` and ``setdlm bench`` run (docs/evaluation.md).
 
 :func:`evaluate_checkpoint` measures one checkpoint on a :class:`~setdlm.evaluation.spec.TaskSpec` and
-returns the JSON-ready result; :func:`bench_checkpoints` sweeps decoding settings over several with
-:mod:`setdlm.bench` and writes its table, plot and points. Every argument is checked before any model is
+returns the JSON-ready result; :func:`bench_checkpoints` sweeps decoding settings over several
+(:mod:`setdlm.evaluation.sweeps`) and writes their table, plot and points (:mod:`setdlm.evaluation.reports`).
+What differs between tasks is the task's registry entry (:mod:`setdlm.evaluation.registry`). Every argument is checked before any model is
 loaded; bad ones are :class:`setdlm.errors.UserError`\\ s naming the argument.
 """
 
@@ -14,20 +15,20 @@ from pathlib import Path
 
 from ..decoding.settings import DecodeSettings
 from ..errors import UserError
+from . import reports, sweeps
 from .examples import task_examples, write_predictions
-from .likelihood import checkpoint_likelihood, training_args
-from .spec import DECODING_TASKS, TaskSpec
-
-CLOCKS = ("wall", "cpu")
+from .passes import CLOCKS
+from .registry import decoding, using
+from .spec import TaskSpec
 
 
 def _check_options(spec: TaskSpec, *, clock: str | None, batch_size: int | None, bf16: bool,
                    predictions: str | Path | None) -> None:
-    """The options of an evaluation that apply to some tasks only, and their values."""
-    for name, given, tasks in (("clock", clock is not None, DECODING_TASKS), ("bf16", bf16, ("likelihood",)),
-                               ("predictions", predictions is not None, DECODING_TASKS)):
-        if given and spec.task not in tasks:
-            raise UserError(f"{name} applies to task {'/'.join(tasks)}, not {spec.task}", fields=(name, "task"))
+    """The options of an evaluation that apply to some tasks only (``Task.options``), and their values."""
+    for name, given in (("clock", clock is not None), ("bf16", bf16), ("predictions", predictions is not None)):
+        if given and name not in spec.entry.options:
+            raise UserError(f"{name} applies to task {'/'.join(using('options', name))}, not {spec.task}",
+                            fields=(name, "task"))
     if clock is not None and clock not in CLOCKS:
         raise UserError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}", fields=("clock",))
     if batch_size is not None and not (isinstance(batch_size, int) and batch_size >= 1):
@@ -50,16 +51,17 @@ def evaluate_checkpoint(checkpoint: str | Path, task: TaskSpec | str = "likeliho
     that ``setdlm eval`` prints.
 
     ``task``: a :class:`TaskSpec`, or a task name and the TaskSpec fields as keywords (``data=``,
-    ``level=``, ``n=``, ...). likelihood: :func:`~setdlm.evaluation.likelihood.checkpoint_likelihood`
-    (``data``, ``batch_size``, ``seed``, ``bf16``). reasoning / parallel / infill: the examples of
-    :func:`~setdlm.evaluation.examples.task_examples` decoded by :func:`setdlm.evaluate.reasoning` /
-    :func:`~setdlm.evaluate.parallel` / :func:`~setdlm.evaluate.infill` with ``settings`` (a
+    ``level=``, ``n=``, ...). A task that does not decode (likelihood:
+    :func:`~setdlm.evaluation.likelihood.checkpoint_likelihood`, with ``data``, ``batch_size``, ``seed``,
+    ``bf16``) gives its ``measure``. A decoding task (reasoning / parallel / infill / a registered one): the
+    examples of :func:`~setdlm.evaluation.examples.task_examples` decoded and scored by the task's ``steps``
+    (e.g. :func:`setdlm.evaluation.reasoning.reasoning`) with ``settings`` (a
     :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields as keywords: ``threshold=``,
     ``window=``, ``max_new_tokens=``, ...), each example's prediction written to ``predictions`` (JSONL)
     when given. Bad values are :class:`~setdlm.errors.UserError`\\ s raised before any loading."""
-    from .. import bench, evaluate
     from ..formats.loading import load
     from ..outputs import check_file
+    from .passes import drain
 
     spec, knobs = TaskSpec.of(task, keywords)
     settings = DecodeSettings.of(settings, knobs, "evaluate_checkpoint")
@@ -68,17 +70,16 @@ def evaluate_checkpoint(checkpoint: str | Path, task: TaskSpec | str = "likeliho
     if predictions is not None:
         check_file(predictions, "predictions")
     model = load(checkpoint, ema=ema, device=device, quantize=quantize)
-    if spec.task == "likelihood":
-        return checkpoint_likelihood(model, training_args(checkpoint), data=spec.data, batch_size=batch_size,
-                                     seed=spec.seed, bf16=bf16, where=str(checkpoint))
-    settings = bench.fixed_settings(settings, {}, [model], spec.task, "evaluate_checkpoint")
+    entry = spec.entry
+    if not entry.decodes:
+        return entry.measure(model, checkpoint, spec, batch_size=batch_size, bf16=bf16)
+    settings = sweeps.fixed_settings(settings, {}, [model], spec.task, "evaluate_checkpoint")
     examples, skipped = task_examples(spec, [model])
-    task_args = {"eos": spec.eos} if spec.task == "infill" else {}
-    fn = {"reasoning": evaluate.reasoning, "parallel": evaluate.parallel, "infill": evaluate.infill}[spec.task]
-    result = fn(model, examples, settings, batch_size=batch_size or 32, clock=clock or "wall", seed=spec.seed,
-                **task_args)
+    task_args = entry.args(spec)
+    result = drain(entry.steps(model, examples, settings, batch_size=batch_size or 32, warmup=0,
+                               clock=clock or "wall", seed=spec.seed, progress=True, **task_args))
     if predictions is not None:
-        write_predictions(predictions, examples, result)
+        write_predictions(predictions, examples, result, spec.task)
     decode = decode_record(settings, clock=clock, seed=spec.seed, **task_args)
     return {"task": spec.task, "family": model.family.family, "data": spec.source, "split": spec.split or "test",
             "skipped_too_long": skipped, "decode": decode, **result.to_dict()}
@@ -108,59 +109,59 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: TaskSpec | str, o
                       thresholds: Sequence[float | None] | None = None, windows: Sequence[int | None] | None = None,
                       batch_sizes: Sequence[int] | None = None, block_sizes: Sequence[int | None] | None = None,
                       warmup: int | None = None, clock: str | None = None, ema: bool = False, device: str = "cpu",
-                      speculate: bool = False, quantize: str | None = None, **keywords) -> BenchRun:
+                      sweep_speculate: bool = False, quantize: str | None = None, **keywords) -> BenchRun:
     """Benchmark checkpoints on ``task`` (a :class:`TaskSpec`, or a task name and its fields as keywords)
     and write ``out``/bench.md, bench.json and bench.png (what ``setdlm bench`` runs).
-    reasoning/parallel/infill: :func:`setdlm.bench.sweep` over ``thresholds`` (default
-    :data:`setdlm.bench.THRESHOLDS`), ``windows`` (None = D), ``block_sizes`` (None = the model's) and
-    ``batch_sizes`` (default 1), with ``speculate`` also each SetDLM window's self-speculative decode, the
-    first ``warmup`` examples untimed (default 50, at most a quarter of the examples), the other decoding
-    settings fixed (``settings``, a :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields as
-    keywords); likelihood: one bound per checkpoint (on ``data`` or each run's held-out rows). Every
-    setting is checked before any model is loaded."""
-    from .. import bench
+    A decoding task: :func:`setdlm.evaluation.sweeps.sweep` over ``thresholds`` (default
+    :data:`setdlm.evaluation.sweeps.THRESHOLDS`), ``windows`` (None = D), ``block_sizes`` (None = the model's)
+    and ``batch_sizes`` (default 1), with ``sweep_speculate`` also each SetDLM window's self-speculative
+    decode, the first ``warmup`` examples untimed (default 50, at most a quarter of the examples), the other
+    decoding settings fixed (``settings``, a :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields
+    as keywords); a task that does not decode (likelihood): its measure per checkpoint (on ``data`` or each
+    run's held-out rows). Every setting is checked before any model is loaded."""
     from ..formats.loading import load
     from ..outputs import check_folder, write_text
 
     spec, knobs = TaskSpec.of(task, keywords)
     settings = DecodeSettings.of(settings, knobs, "bench_checkpoints")
-    if not spec.decoding and (thresholds or windows or batch_sizes or block_sizes or warmup is not None or speculate):
-        swept = ("thresholds", "windows", "block_sizes", "batch_sizes", "warmup", "speculate")
-        raise UserError(f"{', '.join(swept[:-1])} and {swept[-1]} apply to the decoding tasks "
-                        f"({'/'.join(DECODING_TASKS)})", fields=swept)
+    swept = (thresholds, windows, batch_sizes, block_sizes, warmup is not None, sweep_speculate)
+    if not spec.decoding and any(swept):
+        names = ("thresholds", "windows", "block_sizes", "batch_sizes", "warmup", "sweep_speculate")
+        raise UserError(f"{', '.join(names[:-1])} and {names[-1]} apply to the decoding tasks "
+                        f"({'/'.join(decoding())})", fields=names)
     spec.check_settings(settings)
     _check_options(spec, clock=clock, batch_size=None, bf16=False, predictions=None)
     folder = check_folder(out)
     if spec.decoding:
-        bench.check_settings(thresholds or bench.THRESHOLDS, windows or [None], batch_sizes or [1],
-                             50 if warmup is None else warmup, block_sizes or [None])
-        bench.check_unswept(settings)
+        sweeps.check_sweep(thresholds or sweeps.THRESHOLDS, windows or [None], batch_sizes or [1],
+                           50 if warmup is None else warmup, block_sizes or [None])
+        sweeps.check_unswept(settings)
     names = labels(checkpoints)
     models = [load(c, ema=ema, device=device, quantize=quantize) for c in checkpoints]
     meta = {"task": spec.task, "checkpoints": dict(zip(names, map(str, checkpoints))),
             "families": {lab: m.family.to_dict() for lab, m in zip(names, models)}}
-    if not spec.decoding:
-        points = [bench.likelihood_point(lab, m, checkpoint_likelihood(m, training_args(c), data=spec.data,
-                                                                       seed=spec.seed, where=str(c)))
+    entry = spec.entry
+    if not entry.decodes:
+        points = [sweeps.measured_point(lab, m, spec.task, entry.measure(m, c, spec, batch_size=None, bf16=False))
                   for c, lab, m in zip(checkpoints, names, models)]
-        meta["data"] = spec.data or "each run's held-out rows"
+        meta["data"] = spec.source
     else:
-        settings = bench.fixed_settings(settings, {}, models, spec.task)
+        settings = sweeps.fixed_settings(settings, {}, models, spec.task)
         examples, skipped = task_examples(spec, models)
         warmup = min(50, len(examples) // 4) if warmup is None else warmup
-        thresholds, windows = list(thresholds or bench.THRESHOLDS), list(windows or [None])
+        thresholds, windows = list(thresholds or sweeps.THRESHOLDS), list(windows or [None])
         batch_sizes, block_sizes = list(batch_sizes or [1]), list(block_sizes or [None])
-        task_args = {"eos": spec.eos} if spec.task == "infill" else {}
-        points = bench.sweep(list(zip(names, models)), spec.task, examples, settings, thresholds=thresholds,
-                             windows=windows, batch_sizes=batch_sizes, block_sizes=block_sizes, warmup=warmup,
-                             clock=clock or "wall", seed=spec.seed, speculate=speculate, **task_args)
+        task_args = entry.args(spec)
+        points = sweeps.sweep(list(zip(names, models)), spec.task, examples, settings, thresholds=thresholds,
+                              windows=windows, batch_sizes=batch_sizes, block_sizes=block_sizes, warmup=warmup,
+                              clock=clock or "wall", seed=spec.seed, speculate=sweep_speculate, task_args=task_args)
         fixed = decode_record(settings, clock=clock, seed=spec.seed, **task_args)
         meta.update(data=spec.source, split=spec.split or "test", examples=len(examples), skipped_too_long=skipped,
                     warmup=warmup, thresholds=thresholds, windows=windows, block_sizes=block_sizes,
-                    batch_sizes=batch_sizes, speculate=speculate, decode=fixed)
-    table = bench.markdown_table(points)
+                    batch_sizes=batch_sizes, speculate=sweep_speculate, decode=fixed)
+    table = reports.markdown_table(points)
     folder.mkdir(parents=True, exist_ok=True)
     md = write_text(folder / "bench.md", table, "out")
-    js = bench.write_json(points, folder / "bench.json", **meta)
-    png = bench.plot(points, folder / "bench.png", title=title)
+    js = reports.write_json(points, folder / "bench.json", **meta)
+    png = reports.plot(points, folder / "bench.png", title=title)
     return BenchRun(points, table, (md, js, png))

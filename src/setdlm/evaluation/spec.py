@@ -1,35 +1,26 @@
 """What an evaluation measures: :class:`TaskSpec`, built once by ``setdlm eval``/``bench``, the demo and
 Python callers, and checked when built (docs/evaluation.md).
 
-A task is one of :data:`TASKS`: the likelihood bound (docs/method.md §5.1), reasoning accuracy (§5.2),
-the parallel-dependency suite, or sentence infilling (§5.4). The fields that pick its examples apply to
-some tasks only (:data:`APPLIES`); giving one to another task, or a value out of range, is a
-:class:`setdlm.errors.UserError` naming the field, raised before any model is loaded.
+A task is an entry of :data:`setdlm.evaluation.registry.REGISTRY`: the likelihood bound (docs/method.md §5.1),
+reasoning accuracy (§5.2), the parallel-dependency suite, or sentence infilling (§5.4). The fields that pick
+its examples apply to some tasks only (``Task.fields``); giving one to another task, or a value out of range,
+is a :class:`setdlm.errors.UserError` naming the field, raised before any model is loaded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from pathlib import Path
 
 from ..decoding.settings import GENERATE_ONLY, DecodeSettings
 from ..errors import UserError
-
-TASKS = ("likelihood", "reasoning", "infill", "parallel")
-DECODING_TASKS = ("reasoning", "infill", "parallel")
-GENERATING_TASKS = ("reasoning", "parallel")  # the decoding tasks that generate (infilling fills a gap)
-
-# field -> the tasks it applies to; the decoding settings apply to DECODING_TASKS (those of generate only,
-# such as the budget and stop strings, to GENERATING_TASKS): see check_settings
-APPLIES = {"level": ("reasoning",), "split": DECODING_TASKS, "n": DECODING_TASKS, "hidden": ("infill",),
-           "eos": ("infill",)}
+from .registry import SPEC_FIELDS, Task, decoding, generating, get_task, using
 
 
 @dataclass(frozen=True)
 class TaskSpec:
     """The examples of an evaluation.
 
-    ``task``: one of :data:`TASKS`. ``data``: likelihood, a text source (default: the run's held-out rows);
+    ``task``: a registered task (:data:`~setdlm.evaluation.registry.REGISTRY`). ``data``: likelihood, a text source (default: the run's held-out rows);
     reasoning, a GSM8K-format JSONL (default: generated problems); infill, a text source (default the
     built-in ``shakespeare``); parallel takes none (its examples are generated). ``level`` (generated
     problems: easy, medium, hard; default medium), ``split`` (default test), ``n`` examples (default 200
@@ -50,22 +41,12 @@ class TaskSpec:
     def __post_init__(self):
         from ..data.tasks import LEVELS, SPLITS
 
-        if self.task not in TASKS:
-            raise UserError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}", fields=("task",))
-        for name, tasks in APPLIES.items():
-            if getattr(self, name) not in (None, False) and self.task not in tasks:
+        task = get_task(self.task)
+        for name in SPEC_FIELDS:
+            if getattr(self, name) not in (None, False) and name not in task.fields:
+                tasks = using("fields", name)
                 raise UserError(f"{name} applies to task {'/'.join(tasks)}, not {self.task}", fields=(name, "task"))
-        if self.task == "parallel" and self.data is not None:
-            raise UserError("data does not apply to task parallel: its examples are generated (train on them "
-                            "with data parallel)", fields=("data", "task"))
-        if self.task == "reasoning" and self.data is not None:
-            for name in ("level", "split"):
-                if getattr(self, name) is not None:
-                    raise UserError(f"{name} applies to generated problems; data {self.data} is a GSM8K file",
-                                    fields=(name, "data"))
-            if not Path(self.data).is_file():
-                raise UserError(f"GSM8K file {self.data!r} does not exist (generated problems: level "
-                                "easy|medium|hard)", fields=("level",))
+        task.check(self)
         if self.level is not None and self.level not in LEVELS:
             raise UserError(f"level must be one of {', '.join(LEVELS)}, got {self.level!r}", fields=("level",))
         if self.split is not None and self.split not in SPLITS:
@@ -90,23 +71,25 @@ class TaskSpec:
         return cls(task, **{k: keywords[k] for k in names}), rest
 
     @property
+    def entry(self) -> Task:
+        """The task's registry entry (:class:`~setdlm.evaluation.registry.Task`)."""
+        return get_task(self.task)
+
+    @property
     def decoding(self) -> bool:
         """True for the tasks that decode (all but likelihood)."""
-        return self.task in DECODING_TASKS
+        return self.entry.decodes
 
     @property
     def source(self) -> str:
-        """The examples' source as results record it: ``data``, or ``generated:LEVEL`` /
-        ``generated:parallel`` / ``shakespeare`` by default."""
-        if self.data is not None:
-            return self.data
-        return {"infill": "shakespeare", "parallel": "generated:parallel"}.get(self.task,
-                                                                              f"generated:{self.level or 'medium'}")
+        """The examples' source as results record it: ``data``, or the task's default (``generated:LEVEL``,
+        ``generated:parallel``, ``shakespeare``)."""
+        return self.data if self.data is not None else self.entry.source(self)
 
     def check_settings(self, settings: DecodeSettings) -> None:
         """Decoding settings apply to the decoding tasks; those of generate only (the budget, EOS stop, stop
         strings, cache order) to the tasks that generate."""
         for name in (f.name for f in fields(DecodeSettings) if getattr(settings, f.name) != f.default):
-            tasks = GENERATING_TASKS if name in GENERATE_ONLY else DECODING_TASKS
+            tasks = generating() if name in GENERATE_ONLY else decoding()
             if self.task not in tasks:
                 raise UserError(f"{name} applies to task {'/'.join(tasks)}, not {self.task}", fields=(name, "task"))

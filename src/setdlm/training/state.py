@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from ..formats import checkpoint as ckpt
-from ..evaluate import likelihood
+from ..evaluation.likelihood import likelihood
 from ..lm import Model
 from ..model import Transformer
 from ..objectives import compute_loss

@@ -1,6 +1,6 @@
 """Scores and summaries used by evaluation and benchmarks (docs/method.md §4.10, §5.1, §5.2, §5.4).
 
-* ``extract_answer`` / ``exact_match`` — GSM8K-style scoring: the integer after the first ``####`` in a
+* ``extract_answer`` (:mod:`setdlm.data.tasks`, the answer format) / ``exact_match`` — GSM8K-style scoring: the integer after the first ``####`` in a
   completion must equal the reference (docs/method.md §5.2; lm-eval's strict match reads the same line).
 * ``rouge`` — ROUGE-1/2/L F-measure of predictions against references through the ``rouge-score`` package
   (optional extra ``eval``), as HF ``evaluate``'s ``rouge`` metric does for the paper's infilling table
@@ -10,40 +10,22 @@
 * ``throughput_stats`` — decoding speed the paper's way (docs/method.md §4.10, §7.20): tokens/s of each call after
   the warm-up calls, their mean and standard deviation, plus the aggregate tokens/s; only *generated*
   tokens count (the prompt does not), while the latency includes the prompt prefill.
+* ``aup`` / ``aup_scores`` — d3LLM's accuracy under parallelism of a τ sweep's curves (docs/evaluation.md,
+  "TPF and AUP").
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from .errors import UserError
+from ..data.tasks import extract_answer
+from ..errors import UserError
 
 # ---------------------------------------------------------------------------------------------------------
 # exact match of the final answer (GSM8K)
 # ---------------------------------------------------------------------------------------------------------
-
-# "#### 1,234", "####-5", "#### − 7", "#### $12", "#### 12.00"
-_ANSWER = re.compile(r"####[ \t]*\$?[ \t]*([-−–]?)[ \t]*(\d[\d,]*)(\.\d+)?")
-
-
-def extract_answer(text: str) -> int | None:
-    """The integer after the first ``####`` in ``text``, or None when there is none.
-
-    Robust to spaces around the number and the sign, thousands separators (``1,234``), a leading ``$``,
-    Unicode minus signs and a zero fraction (``12.00``). A non-zero fraction (``2.5``) is not an integer
-    and gives None, as does a missing ``####`` line: both score as wrong.
-    """
-    m = _ANSWER.search(text)
-    if m is None:
-        return None
-    sign, digits, frac = m.groups()
-    if frac is not None and frac.strip(".0"):
-        return None
-    value = int(digits.replace(",", ""))
-    return -value if sign else value
 
 
 def answer_matches(prediction: str, reference: str | int) -> bool:
@@ -217,3 +199,96 @@ def throughput_stats(generated_tokens: Sequence[int], seconds: Sequence[float], 
 
 def _tail_sum(xs: Sequence[int] | None, start: int) -> int | None:
     return None if xs is None else int(sum(xs[start:]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# AUP: accuracy under parallelism (d3LLM)
+# ---------------------------------------------------------------------------------------------------------
+
+AUP_ALPHA = 3.0  # d3LLM's penalty factor α
+AUP_DROP = 5.0  # points more than this many percentage points below y_1 do not count
+
+
+def aup_weight(y: float, y_max: float, alpha: float = AUP_ALPHA) -> float:
+    """d3LLM's quality weight ``W(y) = min(exp(-α (1 - y / y_max)), 1)`` (1 when ``y_max`` is 0: then every
+    y is 0 and the weight multiplies nothing)."""
+    return 1.0 if y_max <= 0 else min(math.exp(-alpha * (1 - y / y_max)), 1.0)
+
+
+def aup(rho: Sequence[float], y: Sequence[float], y_max: float | None = None, *, alpha: float = AUP_ALPHA,
+        drop: float = AUP_DROP) -> float:
+    """Accuracy Under Parallelism of parallelism/accuracy pairs, as d3LLM defines it (Qian et al., "AUP:
+    when Accuracy Meets Parallelism in Diffusion Language Models", hao-ai-lab blog 2025, and the d3LLM
+    repository's ``AUP_leaderboard``)::
+
+        AUP = ρ_1 y_1 + 1/2 Σ_{i=2..m} (ρ_i - ρ_{i-1}) (y_i W(y_i) + y_{i-1} W(y_{i-1}))
+
+    ``rho``: tokens per forward (TPF, > 0) of each point; ``y``: its accuracy in percent. The points are
+    sorted by ρ ascending (equal ρ: the higher accuracy first), so ``y_1`` is the accuracy of the least
+    parallel point; only points with ``y_i >= y_1 - drop`` count (5 points), and the sum runs over those in
+    that order. ``W`` is :func:`aup_weight` with ``y_max`` the highest accuracy reached on the task, by any
+    method (default the highest of ``y``); the first term is not weighted. One point gives ``ρ_1 y_1``
+    (an AR model: its accuracy)."""
+    rho, y = [float(r) for r in rho], [float(v) for v in y]
+    if len(rho) != len(y) or not rho:
+        raise UserError(f"aup needs as many accuracies as TPF values, at least one: got {len(rho)} and {len(y)}")
+    if not all(r > 0 for r in rho):
+        raise UserError(f"tokens per forward must be positive, got {rho}")
+    if not all(0 <= v <= 100 for v in y):
+        raise UserError(f"accuracies must be percentages in [0, 100], got {y}")
+    y_max = max(y) if y_max is None else float(y_max)
+    if y_max < max(y) or y_max > 100:
+        raise UserError(f"y_max must be the highest accuracy on the task (>= {max(y)}, <= 100), got {y_max}")
+    kept = aup_points(rho, y, drop)
+    total = kept[0][0] * kept[0][1]
+    for (r0, y0), (r1, y1) in zip(kept, kept[1:]):
+        total += 0.5 * (r1 - r0) * (y1 * aup_weight(y1, y_max, alpha) + y0 * aup_weight(y0, y_max, alpha))
+    return total
+
+
+def aup_points(rho: Sequence[float], y: Sequence[float], drop: float = AUP_DROP) -> list[tuple[float, float]]:
+    """The ``(ρ, y)`` pairs that :func:`aup` counts, in its order: sorted by ρ (equal ρ: higher y first),
+    those with ``y >= y_1 - drop``."""
+    pts = sorted(zip(rho, y), key=lambda p: (p[0], -p[1]))
+    return [p for p in pts if p[1] >= pts[0][1] - drop]
+
+
+@dataclass(frozen=True)
+class AupScore:
+    """The AUP of one curve of a sweep: a model at one window, block size and batch size, over τ."""
+
+    model: str
+    family: str
+    window: int | None
+    block_size: int | None
+    batch_size: int
+    aup: float
+    y_max: float  # the highest quality (×100) of the whole sweep: the same for every curve
+    counted: int  # points within AUP_DROP of y_1
+    points: int
+    max_tpf: float  # the highest TPF among the counted points
+    speculate: bool = False  # a self-speculative decode: a curve of its own (one point, threshold off)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def aup_scores(points: Sequence) -> list[AupScore]:
+    """One :class:`AupScore` per curve of a decoding sweep's points (:class:`~setdlm.evaluation.sweeps.BenchPoint`:
+    model, w, block size, batch), over its τ points; y is the quality ×100 (accuracy in %, or ROUGE-L ×100 for infilling), ρ the TPF, and ``y_max`` the best
+    quality of every point given, so that the curves' AUPs compare. Empty for the likelihood task."""
+    points = [p for p in points if p.tokens_per_step is not None]
+    if not points:
+        return []
+    y_max = 100 * max(p.quality for p in points)
+    curves: dict[tuple, list] = {}
+    for p in points:
+        key = (p.model, p.setting.window, p.setting.block_size, p.setting.batch_size, p.setting.speculate)
+        curves.setdefault(key, []).append(p)
+    out = []
+    for (model, w, block, batch, spec), pts in curves.items():
+        rho, y = [p.tokens_per_step for p in pts], [100 * p.quality for p in pts]
+        kept = aup_points(rho, y)
+        out.append(AupScore(model, pts[0].family, w, block, batch, aup(rho, y, y_max), y_max, len(kept), len(pts),
+                            kept[-1][0], speculate=spec))
+    return out

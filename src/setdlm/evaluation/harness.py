@@ -5,8 +5,8 @@ Registration. Importing this module registers the model name ``setdlm`` in lm-ev
 (``lm_eval.api.registry.register_model``). setdlm's package metadata also declares it as an
 ``lm_eval.models`` entry point, which lm-eval releases with plugin discovery load by themselves, so
 ``lm_eval --model setdlm`` works there as is. With releases that predate plugins (0.4.13 included), run the
-harness through ``python -m setdlm.harness`` (it takes ``lm_eval``'s arguments), or ``import
-setdlm.harness`` before ``lm_eval.simple_evaluate(model="setdlm", ...)``.
+harness through ``python -m setdlm.evaluation.harness`` (it takes ``lm_eval``'s arguments), or ``import
+setdlm.evaluation.harness`` before ``lm_eval.simple_evaluate(model="setdlm", ...)``.
 
 Requests:
 
@@ -19,7 +19,7 @@ Requests:
   under a sampled reveal order; MDLM/BD3LM their NELBO. ``samples=k`` averages the bound over k sampled
   orders / masks (the reference's ``num_importance_samples``). ``is_greedy`` is exact for AR and, for
   SetDLM, says whether every continuation token is its query's argmax under the sampled order; MDLM and
-  BD3LM report False. The bound is :func:`setdlm.evaluate.likelihood`'s, batch for batch: request batch
+  BD3LM report False. The bound is :func:`setdlm.evaluation.likelihood.likelihood`'s, batch for batch: request batch
   ``i`` of sample ``s`` uses the same seeded generator, so these scores add up to what ``setdlm eval``
   reports for the same rows, seed and batch size.
 * ``loglikelihood_rolling(text)`` — the bound of the whole text in disjoint windows of the context length.
@@ -42,15 +42,14 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
-from .batch import Batch
-from .data.prompt import max_prompt_tokens, start_ids
-from .decoding import generate
-from .decoding.settings import DecodeSettings, default_max_new_tokens
-from .decoding.settings import DecodeSettings
-from .errors import UserError
-from .evaluate import bound_generator
-from .formats.loading import load
-from .objectives import compute_loss, log_probs
+from ..batch import Batch
+from ..data.prompt import max_prompt_tokens, start_ids
+from ..decoding import generate
+from ..decoding.settings import DecodeSettings, default_max_new_tokens
+from ..errors import UserError
+from ..formats.loading import load
+from ..objectives import compute_loss, log_probs
+from .likelihood import bound_generator
 
 PAPER_INSTRUCTION = "Please reason step by step, and put your final answer within $\\boxed{}$. "
 _QUESTION = re.compile(r"^\s*Question:\s*(.*?)\s*(?:\nAnswer:\s*)?$", re.S)
@@ -261,7 +260,7 @@ class SetDLMLM(LM):
                 context[b, :len(ctx)] = True
             batch = Batch(ids, valid, context).to(self._device)
             lls, greedy = torch.zeros(B, dtype=torch.float64), torch.ones(B, dtype=torch.bool)
-            for s in range(self.samples):  # batch i of pass s is seeded as setdlm.evaluate.likelihood seeds it
+            for s in range(self.samples):  # batch i of pass s is seeded as evaluation.likelihood seeds it
                 g = bound_generator(self.seed, s, lo // self.batch_size, self._device)
                 nll, ok = self._bound(backbone, fam, batch, g)
                 lls -= nll.double().sum(1).cpu() / self.samples
@@ -299,7 +298,7 @@ class _Capture:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m setdlm.harness ARGS``: lm-eval's command line with the ``setdlm`` model registered."""
+    """``python -m setdlm.evaluation.harness ARGS``: lm-eval's command line with the ``setdlm`` model registered."""
     from lm_eval.__main__ import cli_evaluate
 
     sys.argv = ["lm_eval", *(sys.argv[1:] if argv is None else argv)]

@@ -1,0 +1,319 @@
+"""The decoding passes every decoding task shares (docs/method.md §4.10, §5): rows from examples, one timed
+pass over them in batches, passes run side by side, and decoding speed the paper's way.
+
+A task (:mod:`setdlm.evaluation.reasoning`, :mod:`~setdlm.evaluation.parallel`, :mod:`~setdlm.evaluation.infill`)
+decodes its examples with :func:`completion_steps` (``[BOS] prompt`` continued: reasoning, the parallel suite)
+or :func:`fill_steps` (``[BOS] prefix [MASK]×m suffix`` filled at the oracle length: infilling) and scores
+what they return. Every pass is a generator that yields after each decoding call, so that :func:`interleave`
+can alternate passes call by call; :func:`drain` runs one to its end.
+
+``throughput`` — decoding speed the paper's way (docs/method.md §4.10, §7.20): one example per call at batch 1,
+the first ``warmup`` calls excluded, mean ± std of per-call generated tokens / second (prompt tokens never
+count; the latency includes the prefill), plus the aggregate rate, the number to compare at batch > 1.
+
+Every pass times its calls: ``DecodingRun.speed`` holds the same statistics over the calls after ``warmup``,
+so one pass gives quality and speed (``setdlm bench`` sweeps settings this way). NFE and tokens/step are always
+the decoder's own counts (``GenerationOutput.nfe``, ``row_nfe``, ``row_committed``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import asdict, dataclass, replace
+
+import torch
+from tqdm.auto import tqdm
+
+from ..data.parallel import ParallelExample
+from ..data.prompt import check_prompt_fits, encode_prompt, start_ids
+from ..data.tasks import InfillExample, ReasoningExample, encode_infill
+from ..decoding.settings import DecodeSettings, default_max_new_tokens
+from ..errors import UserError
+from ..lm import Model
+from .metrics import ThroughputStats, throughput_stats
+
+# ---------------------------------------------------------------------------------------------------------
+# rows
+# ---------------------------------------------------------------------------------------------------------
+
+
+def tokenizer(model: Model):
+    """The model's tokenizer (a task evaluation needs one)."""
+    if model.tokenizer is None:
+        raise UserError("task evaluation needs the model's tokenizer, and model.tokenizer is None")
+    return model.tokenizer
+
+
+def _eos(tok) -> list[int]:
+    eos = getattr(tok, "eos_token_id", None)
+    return [] if eos is None else [int(eos)]
+
+
+def prompt_ids(model: Model, example: ReasoningExample | ParallelExample) -> list[int]:
+    """The tokens a reasoning problem (a parallel-suite example, any example with a ``prompt``) is decoded from: ``[BOS] + prompt``, the
+    prompt ending in ``"\\n"``, as ``setdlm train`` lays out a prompt/completion pair (``[BOS] prompt
+    completion [EOS]``)."""
+    tok = tokenizer(model)
+    return encode_prompt(tok, example.prompt)
+
+
+def infill_row(model: Model, example: InfillExample, *, eos: bool = False) -> tuple[list[int], int, list[int]]:
+    """``(prefix ids, oracle length, suffix ids)`` of an infilling example: ``[BOS] + prefix``, the token count
+    of the hidden middle, ``suffix (+ [EOS] with eos=True)``, each part tokenized on its own (docs/method.md §5.4). The
+    suffix is empty for AR models, which condition on the prefix only."""
+    tok = tokenizer(model)
+    pre, mid, suf = encode_infill(example, tok)
+    if model.family.spec.left_to_right:  # AR infilling conditions on the prefix only (docs/method.md §4.6)
+        return start_ids(tok) + pre, len(mid), []
+    return start_ids(tok) + pre, len(mid), suf + (_eos(tok) if eos else [])
+
+
+def fits(model: Model, example: ReasoningExample | ParallelExample | InfillExample, *, eos: bool = False) -> bool:
+    """True when the whole example fits in the model's context length L: a problem's (or a parallel-suite
+    example's, or any example with a ``prompt`` and a ``completion``) prompt, completion and EOS; an infilling
+    window's prefix, middle and suffix (+ EOS with ``eos``), whatever the family."""
+    tok = tokenizer(model)
+    if isinstance(example, InfillExample):
+        pre, mid, suf = encode_infill(example, tok)
+        n = len(start_ids(tok)) + len(pre) + len(mid) + len(suf) + (len(_eos(tok)) if eos else 0)
+    elif isinstance(getattr(example, "prompt", None), str) and isinstance(getattr(example, "completion", None), str):
+        n = len(prompt_ids(model, example)) + len(tok.encode(example.completion)) + len(_eos(tok))
+    else:
+        raise UserError(f"expected a ReasoningExample, ParallelExample or InfillExample, got {type(example).__name__}")
+    return n <= model.family.length
+
+
+def check_examples(examples: Sequence, kind: type) -> list:
+    """``examples`` as a list, refused when empty or when one is not a ``kind``."""
+    examples = list(examples)
+    if not examples:
+        raise UserError("no examples to evaluate")
+    bad = next((e for e in examples if not isinstance(e, kind)), None)
+    if bad is not None:
+        raise UserError(f"expected {kind.__name__} examples, got {type(bad).__name__}")
+    return examples
+
+
+def _budget(model: Model, prompts: list[list[int]], max_new_tokens: int | None) -> int:
+    """``max_new_tokens``, by default what the longest prompt leaves of the context (the same for every row,
+    so that no row's result depends on the others)."""
+    L = model.family.length
+    i = max(range(len(prompts)), key=lambda j: len(prompts[j]))
+    check_prompt_fits(len(prompts[i]), L, f"prompt {i}")
+    if max_new_tokens is not None:  # checked by DecodeSettings
+        return max_new_tokens
+    return default_max_new_tokens("evaluate", room=L - len(prompts[i]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# one timed pass over the examples
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecodingRun:
+    """What one decoding pass over ``n`` examples cost, from the decoder's own counts."""
+
+    n: int  # examples decoded
+    batch_size: int  # rows per decoding call
+    nfe: int  # backbone forwards of the whole pass (prefill excluded; a batched forward counts once)
+    nfe_per_example: float  # mean over examples of the forwards each took part in (its NFE at batch 1)
+    tokens_per_step: float  # Σ committed / Σ row forwards over the pass: the decoder's parallelism factor
+    generated_tokens: int  # tokens generated over the pass (prompt and context excluded)
+    seconds: float  # time of all calls, prefill included, tokenization excluded
+    speed: ThroughputStats  # tokens/s over the calls after the warm-up ones
+    clock: str = "wall"  # what the seconds measure: "wall" clock or this process's "cpu" time
+
+    def to_dict(self) -> dict:
+        return {**{k: v for k, v in asdict(self).items() if k != "speed"}, "speed": self.speed.to_dict()}
+
+
+CLOCKS = ("wall", "cpu")
+
+
+def drain(steps: Generator):
+    """Run a ``*_steps`` generator to the end and return what it returns."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def decode_steps(n: int, call: Callable[[int, int], object], *, batch_size: int, warmup: int, progress: bool,
+                  desc: str, clock: str) -> Generator[None, None, tuple[list, DecodingRun]]:
+    """Decode examples ``[0, n)`` in consecutive calls of ``batch_size`` (``call(lo, hi)`` returns the
+    ``GenerationOutput`` of examples lo..hi-1); speed statistics skip the first ``warmup`` calls. A call's
+    time is the decoder's wall time (``clock="wall"``) or the CPU time of this process during the call.
+    A generator that yields after every call (so that :func:`interleave` can alternate passes) and returns
+    ``(outputs, run)``; the arguments are checked before the first call."""
+    if not (isinstance(batch_size, int) and batch_size >= 1):
+        raise UserError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if not (isinstance(warmup, int) and warmup >= 0):
+        raise UserError(f"warmup must be a non-negative integer, got {warmup!r}")
+    if clock not in CLOCKS:
+        raise UserError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    calls = -(-n // batch_size)
+    if warmup >= calls:
+        raise UserError(f"warmup={warmup} leaves none of the {calls} decoding calls ({n} examples at batch size "
+                        f"{batch_size}) to measure")
+    outs, seconds = [], []
+    with tqdm(total=n, desc=desc, unit="ex", disable=None if progress else True) as bar:
+        for lo in range(0, n, batch_size):
+            hi = min(lo + batch_size, n)
+            cpu = time.process_time()
+            outs.append(call(lo, hi))
+            seconds.append(outs[-1].seconds if clock == "wall" else time.process_time() - cpu)
+            bar.update(hi - lo)
+            yield
+    row_nfe = [sum(o.row_nfe) for o in outs]
+    committed = [sum(o.row_committed) for o in outs]
+    speed = throughput_stats([o.num_tokens for o in outs], seconds, warmup=warmup, nfe=[o.nfe for o in outs],
+                             committed=committed, row_nfe=row_nfe)
+    run = DecodingRun(n=n, batch_size=batch_size, nfe=sum(o.nfe for o in outs), nfe_per_example=sum(row_nfe) / n,
+                      tokens_per_step=sum(committed) / max(sum(row_nfe), 1),
+                      generated_tokens=sum(o.num_tokens for o in outs), seconds=sum(seconds), speed=speed,
+                      clock=clock)
+    return outs, run
+
+
+def _check_clock(model: Model, clock: str) -> None:
+    device = next(model.backbone.parameters()).device
+    if clock == "cpu" and device.type != "cpu":
+        raise UserError(f"clock='cpu' times CPU work, but the model runs on {device}; use clock='wall'")
+
+
+def generate_steps(model: Model, prompts: list[list[int]], settings: DecodeSettings, *, seed: int | None, **opts):
+    """Decode ``prompts`` with ``settings``; every row's budget is ``settings.max_new_tokens`` or, when that is
+    None, what the longest prompt leaves of the context (:func:`_budget`)."""
+    from ..decoding import generate
+
+    settings.check_for(model.family.family)
+    _check_clock(model, opts["clock"])
+    budget = _budget(model, prompts, settings.max_new_tokens)
+    settings = replace(settings, max_new_tokens=budget)
+    outs, run = yield from decode_steps(len(prompts), lambda lo, hi: generate(
+        model, prompts[lo:hi], settings, seed=seed), **opts)
+    return outs, run, budget
+
+
+def fill_steps(model: Model, examples: list[InfillExample], settings: DecodeSettings, *, seed: int | None,
+                  eos: bool, **opts):
+    """Fill each example's middle at its oracle length with ``settings`` (fill's: no budget, EOS stop or
+    cache order)."""
+    from ..decoding import infill as decode_infill
+
+    settings.check_for(model.family.family, mode="fill")
+    _check_clock(model, opts["clock"])
+    rows = [infill_row(model, e, eos=eos) for e in examples]
+    L = model.family.length
+    for i, (pre, m, suf) in enumerate(rows):
+        if len(pre) + m + len(suf) > L:
+            raise UserError(f"infill example {i} needs {len(pre) + m + len(suf)} tokens, more than the context "
+                            f"length L={L} (select examples with setdlm.evaluation.passes.fits)")
+    pre, lens, suf = zip(*rows)
+    return (yield from decode_steps(len(rows), lambda lo, hi: decode_infill(
+        model, list(pre[lo:hi]), list(suf[lo:hi]), list(lens[lo:hi]), settings=settings, seed=seed), **opts))
+
+
+def _texts(outs: list, tok, eos_ids: Sequence[int]) -> list[str]:
+    """Each row's text, cut at its first EOS (rows decoded with ``ignore_eos`` may run past one)."""
+    texts = []
+    for o in outs:
+        for text, ids, reason in zip(o.texts, o.tokens, o.finish_reason):
+            cut = next((j for j, t in enumerate(ids) if t in eos_ids), None)
+            texts.append(tok.decode(ids[:cut]) if reason == "length" and cut is not None else text)
+    return texts
+
+
+
+def completion_steps(model: Model, examples: list, settings: DecodeSettings, what: str, *, seed: int | None, **opts):
+    """Decode each example's completion from its prompt (:func:`prompt_ids`); returns ``(predictions, run,
+    budget)``, every prediction cut at its first EOS. ``opts``: ``batch_size``, ``warmup``, ``progress``,
+    ``clock`` of :func:`decode_steps`."""
+    from ..decoding.api import eos_ids
+
+    tok = tokenizer(model)
+    prompts = [prompt_ids(model, e) for e in examples]
+    outs, run, budget = yield from generate_steps(model, prompts, settings, seed=seed,
+                                                  desc=f"{model.family.family} {what}", **opts)
+    return _texts(outs, tok, eos_ids(model, settings.eos_token_id)), run, budget
+
+
+def interleave(passes: Sequence[Generator], *, progress: Callable[[], None] | None = None) -> list:
+    """Run evaluation passes (a task's ``*_steps``, e.g. :func:`setdlm.evaluation.reasoning.reasoning_steps`,
+    or :func:`throughput_steps`) side by side: one decoding call of each in turn, the order rotated by one
+    every round, until all are done;
+    returns their results in the order given. Timing them this way makes a drift of the machine's speed (a
+    shared host, thermal throttling) hit every pass alike, so that their speed ratios are fair.
+    ``progress`` is called after every call."""
+    passes = list(passes)
+    results: list = [None] * len(passes)
+    live = list(range(len(passes)))
+    r = 0
+    while live:
+        order = live[r % len(live):] + live[: r % len(live)]
+        for i in order:
+            try:
+                next(passes[i])
+            except StopIteration as done:
+                results[i] = done.value
+                live.remove(i)
+                continue
+            if progress is not None:
+                progress()
+        r += 1
+    return results
+
+
+def throughput(model: Model, items: Sequence, settings: DecodeSettings | None = None, *, warmup: int = 50,
+               batch_size: int = 1, eos: bool = False, clock: str = "wall", seed: int | None = None,
+               progress: bool = True, **knobs) -> ThroughputStats:
+    """Decoding speed the paper's way: ``batch_size`` items per call (1 for the paper's numbers), the first
+    ``warmup`` calls excluded; ``mean ± std`` of per-call tokens/s and the ``aggregate`` rate (compare that
+    one at batch > 1). Only generated tokens count (an EOS that ends a row included, the prompt never);
+    the latency of a call includes its prefill. NFE and tokens/step are the decoder's counts.
+
+    ``items``: reasoning problems or parallel-suite examples (decoded as :mod:`~setdlm.evaluation.reasoning` does), infilling
+    examples (as :mod:`~setdlm.evaluation.infill`), or prompts: strings (encoded as ``[BOS] + text``) or token-id lists (as given).
+    ``settings`` (or its fields as keywords) go to the decoder (``ignore_eos=True`` makes every row generate
+    ``max_new_tokens``; default what the longest prompt leaves of the context). ``clock="cpu"`` times by CPU
+    time instead of wall time (see :func:`setdlm.evaluation.reasoning.reasoning`).
+    """
+    return drain(throughput_steps(model, items, settings, warmup=warmup, batch_size=batch_size, eos=eos,
+                                   clock=clock, seed=seed, progress=progress, **knobs))
+
+
+def throughput_steps(model: Model, items: Sequence, settings: DecodeSettings | None = None, *, warmup: int = 50,
+                     batch_size: int = 1, eos: bool = False, clock: str = "wall", seed: int | None = None,
+                     progress: bool = True, **knobs) -> Generator[None, None, ThroughputStats]:
+    """:func:`throughput` as a generator that yields after every decoding call and returns the statistics
+    (:func:`interleave`)."""
+    settings = DecodeSettings.of(settings, knobs, "throughput")
+    items = list(items)
+    if not items:
+        raise UserError("no prompts or examples to time")
+    opts = dict(seed=seed, batch_size=batch_size, warmup=warmup, progress=progress, clock=clock,
+                desc=f"{model.family.family} throughput")
+    if isinstance(items[0], InfillExample):
+        if settings.max_new_tokens is not None:
+            raise UserError("max_new_tokens does not apply to infilling: the oracle length of each middle is used")
+        examples = check_examples(items, InfillExample)
+        return (yield from fill_steps(model, examples, settings, eos=eos, **opts))[1].speed
+    if isinstance(items[0], (ReasoningExample, ParallelExample)):
+        prompts = [prompt_ids(model, e) for e in check_examples(items, type(items[0]))]
+    else:
+        prompts = [_prompt(model, p, i) for i, p in enumerate(items)]
+    return (yield from generate_steps(model, prompts, settings, **opts))[1].speed
+
+
+def _prompt(model: Model, p, i: int) -> list[int]:
+    if isinstance(p, str):
+        tok = tokenizer(model)
+        return encode_prompt(tok, p)
+    if isinstance(p, torch.Tensor):
+        p = p.tolist()
+    if not (isinstance(p, (list, tuple)) and all(isinstance(t, int) and t >= 0 for t in p)):
+        raise UserError(f"item {i} is neither an example, a string nor a list of token ids: {str(p)[:40]!r}")
+    return list(p)
