@@ -16,6 +16,8 @@ fixtures built on these.
   a ``setdlm serve`` subprocess's output read line by line (an event when it listens);
 * ``backbone_contract`` — the cache contract every backbone passes (our DiT and the Hugging Face adapter),
   imported as ``support.backbone_contract``;
+* ``toy_task``          — a task added in one file, as docs/evaluation.md shows (imported as ``support.toy_task``:
+  importing it registers ``toy``, so only tests/test_task_registry.py imports it, and unregisters it after);
 * ``reference_sources`` — the authors' reference fixture reached every way a user reaches it (imported as
   ``support.reference_sources``: it needs ``safetensors`` and ``tokenizers``).
 

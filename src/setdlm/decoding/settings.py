@@ -58,7 +58,7 @@ MAX_NEW_TOKENS_DEFAULTS = {
     "generate": (64, "`generate`, `Model.generate`, `Session.add` / `prepare`"),
     "cli": (128, "`setdlm generate` (`--max-new-tokens`; with `--speculate` at most the room)"),
     "server": (64, "the server (`max_tokens`; the room: what prompt and suffix leave)"),
-    "evaluate": (None, "`evaluate.reasoning` / `parallel`, `setdlm eval` (the room: what the longest prompt leaves)"),
+    "evaluate": (None, "`evaluation.reasoning` / `parallel`, `setdlm eval` (the room: what the longest prompt leaves)"),
     "harness": (256, "the lm-eval adapter (`setdlm.evaluation.harness`), when a task sets no `max_gen_toks`"),
     "demo": (48, "`setdlm demo` (`--max-new-tokens`)"),
 }
