@@ -65,6 +65,7 @@ def test_train_eval_resume_through_the_cli(corpus, tmp_path, capsys):
     (["--M", "64", "--length", "32"], ["M=64, L=32"]),
     (["--family", "bd3lm", "--block-size", "5"], ["multiple of the block size 5"]),
     (["--family", "ar", "--D", "2"], ["--D applies to setdlm", "'ar'"]),
+    (["--family", "ar", "--block-size", "4"], ["--block-size applies to bd3lm and mdlm, not to family 'ar'"]),
     (["--batch-size", "6", "--grad-accum", "4"], ["batch_size 6 is not divisible by grad_accum 4"]),
     (["--tokenizer", "wordpiece"], ["unknown tokenizer 'wordpiece'"]),
     (["--data", "EMPTY"], ["empty corpus", "empty.txt"]),

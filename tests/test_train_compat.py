@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import setdlm
+from setdlm.errors import UserError
 from setdlm.evaluate import likelihood
 from setdlm.training import (CheckpointArgs, DataArgs, EvalArgs, FamilyArgs, ModelArgs, OptimArgs, SystemArgs,
                              TrainConfig, config_fields, heldout_of, resume_config, train)
@@ -121,6 +122,35 @@ def test_flat_and_grouped_construction_agree():
         TrainConfig(out="r", eval_ema=True)
     with pytest.raises(ValueError, match="M"):  # the family's knobs against the data's context length
         TrainConfig(out="r", length=8, D=2, M=16)
+
+
+@pytest.mark.parametrize("given, name, families", [
+    (dict(family="ar", D=8), "D", "setdlm"),
+    (dict(family="ar", D=4), "D", "setdlm"),  # given is given, even at the default
+    (dict(family="mdlm", keep_clean_bos=True), "keep_clean_bos", "setdlm"),
+    (dict(family="ar", block_size=4), "block_size", "bd3lm and mdlm"),
+    (dict(objective=FamilyArgs(family="bd3lm", M=6)), "M", "setdlm"),  # a group's knob off its default
+])
+def test_a_knob_of_another_family_is_refused_by_the_library(given, name, families):
+    family = given.get("family") or given["objective"].family
+    with pytest.raises(UserError) as e:
+        TrainConfig(out="r", **given)
+    assert str(e.value) == f"{name} applies to {families}, not to family {family!r}" and e.value.fields == (name,)
+    with pytest.raises(UserError, match=f"^{name} applies to"):  # an override of a preset, a replace
+        TrainConfig.from_preset("tiny", out="r", **given)
+    if "objective" not in given:
+        with pytest.raises(UserError, match=f"^{name} applies to"):
+            TrainConfig(out="r", family=family).replace(**{k: v for k, v in given.items() if k != "family"})
+
+
+def test_values_a_preset_or_a_record_brings_are_not_refused():
+    cfg = TrainConfig.from_preset("lm1b", out="r", family="ar")  # lm1b sets D, block_size, keep_clean_bos
+    assert (cfg.family, cfg.D, cfg.block_size, cfg.keep_clean_bos) == ("ar", 4, 4, True)
+    assert cfg.replace(steps=3).steps == 3 and TrainConfig(objective=FamilyArgs(family="ar"), out="r").D == 4
+    old = TrainConfig.from_record({"family": "ar", "D": 8, "out": "r", "retired_field": 1}, steps=3)
+    assert (old.D, old.steps) == (8, 3)  # an old run that recorded D for AR still loads and resumes
+    with pytest.raises(UserError, match="^D applies to setdlm, not to family 'ar'"):
+        TrainConfig.from_record({"family": "ar", "out": "r"}, D=2)
 
 
 def test_eval_ema_scores_the_ema_weights_and_leaves_the_raw_ones(tmp_path):

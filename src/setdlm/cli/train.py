@@ -9,7 +9,7 @@ import sys
 
 from ..errors import UserError
 from ..family import FAMILIES
-from ..training.config import STRATEGIES, family_knobs, TrainConfig, config_fields, field_type
+from ..training.config import STRATEGIES, TrainConfig, config_fields, field_type
 from ..training.loop import train
 from ..training.run_folder import interrupted_note, resume_config
 
@@ -45,11 +45,6 @@ def run_train(args: argparse.Namespace) -> int:
         cfg = resume_config(given.pop("out"), **given)
     else:
         cfg = TrainConfig.from_preset(given.pop("preset", "tiny"), **given)
-    for name in given:
-        families = family_knobs(name)
-        if families and cfg.objective.family not in families:
-            raise UserError(f"--{name.replace('_', '-')} applies to {' and '.join(families)}, not to family "
-                             f"{cfg.objective.family!r}")
     result = train(cfg)
     if result.eval is not None and os.environ.get("RANK", "0") == "0":  # once, not once per process
         e = result.eval

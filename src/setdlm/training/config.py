@@ -249,6 +249,10 @@ class TrainConfig:
                                   "compile", "out", "grad_checkpointing", "allow_data_change")
 
     def __init__(self, preset: str = "tiny", **given):
+        self._fill(preset, given)
+        self._refuse_other_family(given)
+
+    def _fill(self, preset: str, given: dict) -> None:
         unknown = [k for k in given if k not in GROUPS and k not in _OWNER]
         if unknown:
             raise TypeError(f"unknown training argument(s) {', '.join(map(repr, unknown))}")
@@ -265,6 +269,29 @@ class TrainConfig:
             raise UserError("eval_ema needs EMA weights: set ema > 0 (e.g. 0.999)")
         self.family_config(mask_token_id=0)  # checks D, M, k, block size against L
 
+    def _refuse_other_family(self, given: dict) -> None:
+        """A knob ``given`` explicitly that the family does not use (``D`` for AR) is a mistake, not a no-op;
+        in a group object given, the knobs off their default count as given. Values a preset or a checkpoint
+        brings are not checked: presets set ``D`` and ``block_size`` for every family, and runs written before
+        this check may have recorded such a value."""
+        family = self.objective.family
+        explicit = [k for k in given if k in _OWNER]
+        explicit += [f.name for g in GROUPS if g in given for f in fields(given[g])
+                     if getattr(given[g], f.name) != f.default]
+        for name in explicit:
+            families = family_knobs(name)
+            if families and family not in families:
+                raise UserError(f"{name} applies to {' and '.join(families)}, not to family {family!r}",
+                                fields=(name,))
+
+    @classmethod
+    def _given_on_top(cls, preset: str, values: dict, given: dict) -> "TrainConfig":
+        """``values`` with ``given`` on top, of which only ``given`` is checked against the family."""
+        cfg = cls.__new__(cls)
+        cfg._fill(preset, {**values, **given})
+        cfg._refuse_other_family(given)
+        return cfg
+
     def __getattr__(self, name: str):  # a flat name: read from its group
         group = _OWNER.get(name)
         if group is None or group not in self.__dict__:
@@ -276,11 +303,21 @@ class TrainConfig:
 
     @classmethod
     def from_preset(cls, name: str = "tiny", **overrides) -> "TrainConfig":
-        return cls(**{**preset_values(name), **overrides, "preset": name})
+        """Preset ``name``'s values with ``overrides`` on top (an override of another family's knob is refused)."""
+        overrides.pop("preset", None)
+        return cls._given_on_top(name, preset_values(name), overrides)
+
+    @classmethod
+    def from_record(cls, record: dict, **given) -> "TrainConfig":
+        """The configuration a checkpoint recorded (its ``"training"`` section, flat names; fields added
+        since take their defaults) with ``given`` on top; only ``given`` is checked against the family."""
+        given = dict(given)
+        preset = given.pop("preset", record.get("preset", "tiny"))
+        return cls._given_on_top(preset, {k: v for k, v in record.items() if k in _OWNER}, given)
 
     def replace(self, **flat) -> "TrainConfig":
         """A copy with the flat fields ``flat`` changed (checked again)."""
-        return TrainConfig(**{**self.to_dict(), **flat})
+        return TrainConfig.from_record(self.to_dict(), **flat)
 
     def to_dict(self) -> dict:
         """The flat names and values (what a checkpoint records as ``"training"``)."""

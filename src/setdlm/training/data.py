@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..data import TokenDataset, Tokenizer, build_dataset, build_tokenizer, heldout_split, read_source
 from ..family import FamilyConfig
-from .config import TrainConfig, config_fields
+from .config import TrainConfig
 
 
 @dataclass
@@ -62,6 +62,5 @@ def heldout_of(training_args: dict, tokenizer: Tokenizer) -> TokenDataset:
     """The held-out rows a run evaluated on, rebuilt from its recorded training arguments."""
     from ..evaluation import heldout_rows  # the one rebuild of a run's split (setdlm eval uses it too)
 
-    names = {f.name for f in config_fields()}
-    cfg = TrainConfig(**{k: v for k, v in training_args.items() if k in names})  # defaults for older runs
+    cfg = TrainConfig.from_record(training_args)  # defaults for fields added since
     return heldout_rows(cfg.to_dict(), tokenizer)

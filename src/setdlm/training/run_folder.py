@@ -130,9 +130,8 @@ def resume_config(out: str | Path, **given) -> TrainConfig:
     saved = ckpt.read_config(latest).get("training") or {}
     if not saved:
         raise UserError(f"{latest / ckpt.CONFIG}: records no training arguments, so the run cannot resume")
-    names = {f.name for f in config_fields()} - {"allow_data_change"}  # given each time, never carried over
-    return TrainConfig(**{**{k: v for k, v in saved.items() if k in names}, **given, "out": str(out),
-                          "resume": True})
+    saved = {k: v for k, v in saved.items() if k != "allow_data_change"}  # given each time, never carried over
+    return TrainConfig.from_record(saved, **given, out=str(out), resume=True)
 
 
 def read_log(path: Path) -> list[tuple[int, str]]:
