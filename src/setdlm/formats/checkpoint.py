@@ -326,10 +326,10 @@ def read_config(folder: str | Path) -> dict:
     path = resolve(folder) / CONFIG
     cfg = read_json(path, "not a setdlm checkpoint folder")
     if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
-        hint = ("it is a Hugging Face causal LM: load it with setdlm.formats.hf.load_pretrained, or fine-tune it with "
-                "`setdlm train --init-from`" if isinstance(cfg, dict) and "model_type" in cfg
+        hint = ("it is a Hugging Face causal LM: load it with setdlm.formats.hf.load_pretrained, or train from it "
+                "with init_from" if isinstance(cfg, dict) and "model_type" in cfg
                 else "Hugging Face models load through setdlm.formats.hf")
-        raise UserError(f"{path}: not a setdlm config (no \"format\": \"setdlm\"); {hint}")
+        raise UserError(f"{path}: not a setdlm config (no \"format\": \"setdlm\"); {hint}", fields=("init_from",))
     for key in ("architecture", "family"):
         if not isinstance(cfg.get(key), dict):
             raise UserError(f"{path}: missing the {key!r} section")

@@ -54,8 +54,8 @@ def check_same_data(folder: Path, recorded: str | None, setup: Setup, allow_chan
     now = data_digest(setup)
     if now != recorded:
         raise UserError(f"cannot resume: the training data changed since {folder} (sha256 of its tokenized rows "
-                         f"{recorded[:12]}..., now {now[:12]}...); restore the data, or pass --allow-data-change "
-                         "to continue on the new data")
+                         f"{recorded[:12]}..., now {now[:12]}...); restore the data, or pass "
+                        "allow_data_change=True to continue on the new data", fields=("allow_data_change",))
 
 
 def heldout_of(training_args: dict, tokenizer: Tokenizer) -> TokenDataset:

@@ -55,7 +55,7 @@ def init_dist(device: str, strategy: str = "ddp") -> Dist:
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     if strategy == "fsdp" and "MASTER_ADDR" not in os.environ:
         raise UserError("strategy fsdp shards over the processes of torchrun: start with torchrun "
-                         "--nproc-per-node N -m setdlm.training ... (docs/training.md)")
+                        "--nproc-per-node N -m setdlm.training ... (docs/training.md)", fields=("strategy",))
     dev = resolve_device(device, local)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)

@@ -119,7 +119,8 @@ def setup(cfg: TrainConfig, dist: Dist, lock: RunLock) -> tuple[TrainState, Path
               file=sys.stderr)
     state = TrainState(cfg, dist, data, resume_from, init)
     if state.step >= o.steps:
-        raise UserError(f"the checkpoint is at step {state.step}, which is not below steps={o.steps}; raise --steps")
+        raise UserError(f"the checkpoint is at step {state.step}, which is not below steps={o.steps}; raise steps",
+                        fields=("steps",))
     if dist.main:
         for line in start_report(cfg, state, built_tokenizer=tokenizer is None and resume_from is None):
             print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout, flush=True)
@@ -129,7 +130,7 @@ def setup(cfg: TrainConfig, dist: Dist, lock: RunLock) -> tuple[TrainState, Path
         lock.acquire()
         if check_out_dir(cfg) != resume_from:  # another process wrote here while this one prepared
             raise UserError(f"{out}: another run wrote a checkpoint here while this one started; choose "
-                             "another --out")
+                            "another out", fields=("out",))
         truncate_log(out / METRICS, state.step)
         if resume_from is not None:
             print(f"resuming from {resume_from} at step {state.step}", file=sys.stderr)

@@ -47,7 +47,7 @@ class RunLock:
             holder = f.read().strip() or "another process"
             f.close()
             raise UserError(f"{self.path.parent}: another training run is writing into this folder ({holder}); "
-                             "wait for it to end or choose another --out") from None
+                            "wait for it to end or choose another out", fields=("out",)) from None
         self.file = f
         if sign:
             self._sign(socket.gethostname())
@@ -87,22 +87,24 @@ def check_out_dir(cfg: TrainConfig) -> Path | None:
     if out.exists() and not out.is_dir():
         raise UserError(f"out {cfg.out!r} exists and is not a folder")
     if ckpt.is_checkpoint(out):
-        raise UserError(f"out {cfg.out!r} is a checkpoint folder, not a run folder; choose another --out")
+        raise UserError(f"out {cfg.out!r} is a checkpoint folder, not a run folder; choose another out",
+                        fields=("out",))
     for parent in out.absolute().parents:
         if (parent / ckpt.LATEST).is_file() and (parent / "checkpoints").is_dir():
             raise UserError(f"out {cfg.out!r} lies inside the training run {str(parent)!r}; choose a folder "
-                             "outside it")
+                            "outside it", fields=("out",))
     latest = ckpt.latest_checkpoint(out) if out.is_dir() else None
     if latest is None and out.is_dir() and any((out / "checkpoints").glob("step-*")):
         raise UserError(f"{out / ckpt.LATEST}: missing, but {out} holds checkpoints; repair or remove it")
     if latest is not None and not resume:
-        raise UserError(f"out {cfg.out!r} already holds a training run; pass --resume or choose another folder")
+        raise UserError(f"out {cfg.out!r} already holds a training run; pass resume=True or choose another folder",
+                        fields=("out", "resume"))
     log = out / METRICS
     if log.is_file():
         rows = read_log(log)
         if rows and latest is None and not resume:  # never truncate the log of another run
-            raise UserError(f"{log}: holds {len(rows)} rows of another run (no checkpoint yet); pass --resume to "
-                             "restart that run, or choose another --out")
+            raise UserError(f"{log}: holds {len(rows)} rows of another run (no checkpoint yet); pass resume=True "
+                            "to restart that run, or choose another out", fields=("out", "resume"))
     return latest
 
 
