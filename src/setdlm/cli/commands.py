@@ -34,7 +34,6 @@ from .command import Parser, run
 from .flags import (SETTINGS, add_model_flags, add_settings_flags, add_task_flags, decode_settings, list_of,
                     positive_int, task_spec)
 from ..decoding.settings import GENERATE_ONLY, default_max_new_tokens
-from ..errors import UserError
 from ..outputs import write_text
 
 
@@ -281,14 +280,12 @@ def _add_convert(sub) -> None:
 def _serve(args) -> int:
     """Serve a model over an OpenAI-compatible HTTP API with set streaming, continuous batching and a live
     decode-order page at / (needs the extra setdlm[serve]; docs/serve.md)."""
-    from ..serve import serve
+    from ..serve import ServeOptions, serve
 
-    if not args.max_body_mb > 0 or not args.grace >= 0:  # the flag's unit (MiB) is the command line's own
-        raise UserError(f"--max-body-mb must be > 0 and --grace >= 0, got {args.max_body_mb}, {args.grace}")
-    serve(args.model or _pretrained_default(), host=args.host, port=args.port, max_batch=args.max_batch,
-          max_queue=args.max_queue, timeout=args.timeout, device=args.device, name=args.name,
-          max_body=int(args.max_body_mb * 2**20), allow_hosts=tuple(args.allow_host), grace=args.grace,
-          quantize=args.quantize)
+    options = ServeOptions(host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
+                           timeout=args.timeout, max_body_mb=args.max_body_mb, allow_hosts=tuple(args.allow_host),
+                           grace=args.grace)  # checked here, once: a bad value is one line naming its flag
+    serve(args.model or _pretrained_default(), options, device=args.device, name=args.name, quantize=args.quantize)
     return 0
 
 
