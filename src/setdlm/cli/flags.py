@@ -13,6 +13,7 @@ import typing
 
 from ..decoding.settings import GENERATE_ONLY, DecodeSettings
 from ..errors import UserError
+from .options import constraint_of
 
 
 def positive_int(s: str) -> int:
@@ -103,9 +104,7 @@ def decode_settings(args) -> DecodeSettings:
             raise UserError(str(e), fields=(name,)) from None
         kw[name] = v
     if hasattr(args, "regex"):
-        from ..decoding.constraint import of_options
-
-        kw["constraint"] = of_options(args.regex, args.json_schema, args.choice)
+        kw["constraint"] = constraint_of(args.regex, args.json_schema, args.choice)
     return DecodeSettings(**kw)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..data.inputs import read_text
+from ..decoding import constraint
 from ..decoding.settings import DecodeSettings, default_max_new_tokens
 from ..errors import UserError
 
@@ -32,6 +34,28 @@ class ModelChoice:
 
         return load(self.checkpoint or str(pretrained.path(pretrained.DEFAULT)), ema=self.ema, device=self.device,
                     quantize=self.quantize)
+
+
+def constraint_of(regex: str | None = None, json_schema: str | None = None, choice: list[str] | None = None):
+    """The :class:`~setdlm.decoding.constraint.Constraint` of ``--regex``, ``--json-schema`` (inline JSON, or
+    the path of a file holding it: read here, decoding takes the text) or ``--choice``, at most one of them;
+    None for none."""
+    given = [n for n, v in (("regex", regex), ("json_schema", json_schema), ("choice", choice)) if v]
+    if len(given) > 1:
+        raise UserError(f"give one of regex, json_schema, choice, not {' and '.join(given)}",
+                        fields=("regex", "json_schema", "choice"))
+    if regex:
+        return constraint.regex(regex)
+    if choice:
+        return constraint.choice(choice)
+    if not json_schema:
+        return None
+    if not json_schema.lstrip().startswith("{"):  # a file
+        json_schema = read_text(json_schema, "json_schema file", fields=("json_schema",))
+    try:
+        return constraint.json_schema(json_schema)
+    except ValueError as e:
+        raise UserError(str(e), fields=("json_schema",)) from None
 
 
 def _check_requests(requests: list, none: str, output: str | None) -> None:
