@@ -405,3 +405,17 @@ def test_no_module_is_too_long(mods):
     assert "setdlm.bench" not in LONG_MODULES and "setdlm.cli.commands" not in LONG_MODULES
     stale = [m for m in LONG_MODULES if m in lines and lines[m] <= MAX_LINES]
     assert not stale, f"no longer long, drop them from LONG_MODULES: {stale}"
+
+
+def test_each_name_has_one_home():
+    """A module outside a package's ``__init__`` does not import a setdlm name only to expose it again
+    (``setdlm.formats.hf.chat_prompt`` for ``setdlm.chat.chat_prompt``): importers go to the defining module."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.ImportFrom) and node.level and "noqa: F401" in lines[node.lineno - 1]:
+                found.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert not found, found

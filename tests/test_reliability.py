@@ -24,6 +24,7 @@ from setdlm.data import char_tokenizer
 from setdlm.decoding import generate, infill
 from setdlm.family import FamilyConfig
 from setdlm.lm import Model
+from setdlm.outputs import write_text_atomic
 from setdlm.training import TrainConfig
 
 from support import make_model, run, subprocess_env, write_hamlet
@@ -433,7 +434,7 @@ def test_checkpoint_permissions_follow_the_umask(ckpts, tmp_path):
     try:
         path = tmp_path / "ck"
         setdlm.load(ckpts["ar"]).save(path)
-        ckpt.write_text_atomic(tmp_path / "latest", "ck\n")
+        write_text_atomic(tmp_path / "latest", "ck\n")
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o755

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from ..errors import UserError
 from .compiler import Compiler, cut_repetitions, without_end_mark
-from .schema_regex import UNENFORCED, check_nesting, schema_regex, strip_anchors  # noqa: F401 (UNENFORCED: documented)
+from .schema_regex import check_nesting, schema_regex, strip_anchors
 
 DEFAULT_MAX_DEPTH = 3  # JSON Schema: depth to which recursive references are unrolled
 _META = set("\\.+*?()|[]{}^$#&-~")  # characters a literal escapes (Rust regex syntax)

@@ -48,7 +48,7 @@ from torch import Tensor
 from ..errors import UserError
 from ..family import FamilyConfig
 from ..model import TransformerConfig, Transformer
-from ..outputs import umask, write_text_atomic  # noqa: F401  (ckpt.write_text_atomic: the run folder's files)
+from ..outputs import umask
 from ..resources import check_fits
 
 CONFIG, WEIGHTS, EMA_WEIGHTS, CARD = "config.json", "model.safetensors", "ema.safetensors", "README.md"

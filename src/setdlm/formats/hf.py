@@ -31,7 +31,6 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..chat import chat_prompt  # noqa: F401  (setdlm.formats.hf.chat_prompt: the one chat path, documented here first)
 from ..errors import UserError
 from .hub import HubUnreachableError, hub_reachable, is_connection_failure
 from ..model import KVCache, apply_rope, attention, begin_step, end_step

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..formats import checkpoint as ckpt
+from ..outputs import write_text_atomic
 from .config import TrainConfig, config_fields
 
 METRICS = "metrics.jsonl"
@@ -165,7 +166,7 @@ def truncate_log(path: Path, step: int) -> None:
     rows = read_log(path)
     keep = [r for s, r in rows if s <= step]
     if len(keep) < len(rows):
-        ckpt.write_text_atomic(path, "".join(r + "\n" for r in keep))
+        write_text_atomic(path, "".join(r + "\n" for r in keep))
 
 
 def append_log(out: Path, row: dict) -> None:

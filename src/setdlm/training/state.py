@@ -15,6 +15,7 @@ from ..evaluate import likelihood
 from ..lm import Model
 from ..model import Transformer
 from ..objectives import compute_loss
+from ..outputs import write_text_atomic
 from .config import TrainConfig
 from .data import Setup, check_same_data, data_digest
 from .distributed import Dist, grad_norm, gradient_sync, replica_divergence, wrap
@@ -145,7 +146,7 @@ class TrainState:
             ckpt.save(out / name, model, ema=self.ema, training_args=cfg.to_dict(), training_state=state,
                       optimizer_state=self.optimizer.state_dict())
         if dist.main:
-            ckpt.write_text_atomic(out / ckpt.LATEST, name + "\n")
+            write_text_atomic(out / ckpt.LATEST, name + "\n")
         if dist.active and not dist.sharded:
             torch.distributed.barrier()
         return out / name
