@@ -32,6 +32,13 @@ def family_knobs(name: str) -> tuple[str, ...]:
     return using("train_flags", name)
 
 
+def knobs_for(family: str, **knobs) -> dict:
+    """The ``knobs`` (training options) that apply to ``family``: to build every family's configuration from
+    one set of knobs (``TrainConfig`` refuses a knob of another family that is given)."""
+    get_family(family)
+    return {k: v for k, v in knobs.items() if not family_knobs(k) or family in family_knobs(k)}
+
+
 def streams(family: str) -> int:
     """Positions a training row feeds per token: 2 for the two-stream families (clean + noisy copies)."""
     return get_family(family).streams
