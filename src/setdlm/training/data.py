@@ -8,8 +8,9 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
 from ..data import TokenDataset, Tokenizer, build_dataset, build_tokenizer, heldout_split, read_source
+from ..errors import UserError
+from ..evaluation import heldout_rows
 from ..family import FamilyConfig
 from .config import TrainConfig
 
@@ -60,7 +61,5 @@ def check_same_data(folder: Path, recorded: str | None, setup: Setup, allow_chan
 
 def heldout_of(training_args: dict, tokenizer: Tokenizer) -> TokenDataset:
     """The held-out rows a run evaluated on, rebuilt from its recorded training arguments."""
-    from ..evaluation import heldout_rows  # the one rebuild of a run's split (setdlm eval uses it too)
-
     cfg = TrainConfig.from_record(training_args)  # defaults for fields added since
     return heldout_rows(cfg.to_dict(), tokenizer)

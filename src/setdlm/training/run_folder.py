@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -33,8 +34,7 @@ class RunLock:
 
     def acquire(self, sign: bool = True) -> None:
         """Take the lock; ``sign``: write this process into the file (once the run really starts)."""
-        import fcntl
-        import socket
+        import fcntl  # POSIX only: needed when a run takes its lock, not to import this module
 
         if self.file is not None:
             if sign:
