@@ -95,7 +95,7 @@ class ModelArgs:
 
 
 @dataclass
-class FamilyArgs:
+class ObjectiveArgs:
     """The family and its knobs: which objective is trained (docs/method.md §2.1, §2.9)."""
 
     family: str = _f("ar, mdlm, bd3lm or setdlm", default="setdlm")
@@ -151,7 +151,7 @@ class OptimArgs:
 
 
 @dataclass
-class DataArgs:
+class CorpusArgs:
     """The training text, its tokenizer, the context length and the fixed held-out split."""
 
     data: str = _f("training text: a file, folder, .jsonl, built-in corpus or hf:NAME", default="shakespeare")
@@ -231,7 +231,7 @@ class SystemArgs:
             raise UserError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
 
 
-GROUPS = {"model": ModelArgs, "objective": FamilyArgs, "optim": OptimArgs, "corpus": DataArgs,
+GROUPS = {"model": ModelArgs, "objective": ObjectiveArgs, "optim": OptimArgs, "corpus": CorpusArgs,
           "evaluation": EvalArgs, "checkpointing": CheckpointArgs, "system": SystemArgs}
 _OWNER = {f.name: group for group, cls in GROUPS.items() for f in fields(cls)}  # flat name -> group
 
@@ -244,9 +244,9 @@ class TrainConfig:
 
     preset: str
     model: ModelArgs
-    objective: FamilyArgs
+    objective: ObjectiveArgs
     optim: OptimArgs
-    corpus: DataArgs
+    corpus: CorpusArgs
     evaluation: EvalArgs
     checkpointing: CheckpointArgs
     system: SystemArgs

@@ -17,10 +17,12 @@ from .config import TrainConfig
 
 @dataclass
 class Setup:
+    """What a run trains on: the tokenizer, the family at this context length, and the tokenized rows."""
+
     tokenizer: Tokenizer
     family: FamilyConfig
-    train: TokenDataset
-    heldout: TokenDataset
+    train_rows: TokenDataset
+    heldout_rows: TokenDataset  # the fixed held-out split the bound is measured on
 
 
 def prepare_data(cfg: TrainConfig, tokenizer: Tokenizer | None = None) -> Setup:
@@ -40,7 +42,7 @@ def data_digest(setup: Setup) -> str:
     """sha256 of the tokenized training and held-out rows (ids, padding and prompt masks): a checkpoint
     records it, so that ``--resume`` on changed data (an edited file, another tokenization) is noticed."""
     h = hashlib.sha256()
-    for ds in (setup.train, setup.heldout):
+    for ds in (setup.train_rows, setup.heldout_rows):
         for t in (ds.input_ids, ds.attention_mask, ds.context_mask):
             h.update(str(tuple(t.shape)).encode())
             h.update(t.contiguous().numpy().tobytes())

@@ -36,7 +36,8 @@ class Dist:
     strategy: str = "ddp"
 
     @property
-    def main(self) -> bool:
+    def is_main(self) -> bool:
+        """Rank 0: the process that prints, logs and names the checkpoint folders."""
         return self.rank == 0
 
     @property

@@ -40,7 +40,7 @@ def save_sharded(dst: Path, model, net: nn.Module, optimizer, ema: dict | None, 
     import torch.distributed.checkpoint as dcp
 
     state = _state(net, optimizer, ema)
-    if not dist.main:  # rank 0 names the temporary folder that all write into
+    if not dist.is_main:  # rank 0 names the temporary folder that all write into
         where = [None]
         torch.distributed.broadcast_object_list(where, 0)
         dcp.save(state, checkpoint_id=Path(where[0]) / ckpt.SHARDED)
