@@ -415,7 +415,7 @@ def test_a_bad_latest_file_is_named(ckpts, tmp_path, capsys):
 
 def test_messages_name_what_the_user_set(tmp_path, corpus, capsys):
     code, _, err = run(["train", "--out", str(tmp_path / "r"), "--data", corpus, "--length", "1"], capsys)
-    line = one_line(code, err, "length (the context length L) must be at least 2")
+    line = one_line(code, err, "--length must be at least 2 (L: a BOS and one token to learn), got 1")
     assert "M" not in line.replace("setdlm", "")
     code, _, err = run(["train", "--out", str(tmp_path / "r"), "--data", corpus, "--length", "3"], capsys)
     one_line(code, err, "D=4, L=3")

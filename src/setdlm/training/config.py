@@ -62,13 +62,13 @@ def _check(group) -> None:
         for name in names:
             v = getattr(group, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
-                raise UserError(f"{name} must be {what} integer, got {v!r}")
+                raise UserError(f"{name} must be {what} integer, got {v!r}", fields=(name,))
 
 
 def _in_range(group, checks: dict[str, bool]) -> None:
     for name, ok in checks.items():
         if not ok:
-            raise UserError(f"{name} out of range: {getattr(group, name)}")
+            raise UserError(f"{name} out of range: {getattr(group, name)}", fields=(name,))
 
 
 @dataclass
@@ -87,7 +87,8 @@ class ModelArgs:
         _check(self)
         _in_range(self, {"dropout": 0 <= self.dropout < 1})
         if self.hidden_size % self.n_heads:
-            raise UserError(f"hidden_size {self.hidden_size} is not divisible by n_heads {self.n_heads}")
+            raise UserError(f"hidden_size {self.hidden_size} is not divisible by n_heads {self.n_heads}",
+                            fields=("hidden_size", "n_heads"))
 
     def transformer_config(self, vocab_size: int) -> TransformerConfig:
         return TransformerConfig(vocab_size=vocab_size, hidden_size=self.hidden_size, n_heads=self.n_heads,
@@ -110,7 +111,7 @@ class ObjectiveArgs:
     def __post_init__(self):
         _check(self)
         if self.family not in FAMILIES:
-            raise UserError(f"unknown family {self.family!r}; choose one of {', '.join(FAMILIES)}")
+            raise UserError(f"unknown family {self.family!r}; choose one of {', '.join(FAMILIES)}", fields=("family",))
 
     def family_config(self, length: int, mask_token_id: int) -> FamilyConfig:
         """The :class:`FamilyConfig` these knobs give at context length ``length`` (checks them against it)."""
@@ -140,14 +141,16 @@ class OptimArgs:
     def __post_init__(self):
         _check(self)
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise UserError(f"lr must be positive, got {self.lr}")
+            raise UserError(f"lr must be positive, got {self.lr}", fields=("lr",))
         if self.lr_schedule not in ("constant", "cosine"):
-            raise UserError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
+            raise UserError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}",
+                            fields=("lr_schedule",))
         _in_range(self, {"min_lr_ratio": 0 <= self.min_lr_ratio <= 1, "weight_decay": self.weight_decay >= 0,
                          "beta1": 0 <= self.beta1 < 1, "beta2": 0 <= self.beta2 < 1, "clip": self.clip >= 0,
                          "ema": 0 <= self.ema < 1})
         if self.batch_size % self.grad_accum:
-            raise UserError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
+            raise UserError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}",
+                            fields=("batch_size", "grad_accum"))
 
 
 @dataclass
@@ -168,10 +171,10 @@ class CorpusArgs:
         _check(self)
         if not isinstance(self.data, str) or not self.data.strip():
             raise UserError(f"data must name a text source (a file, folder, built-in corpus or hf:NAME), got "
-                             f"{self.data!r}")
+                            f"{self.data!r}", fields=("data",))
         if self.length < 2:
-            raise UserError(f"length (the context length L) must be at least 2, a BOS and one token to learn, "
-                             f"got {self.length}")
+            raise UserError(f"length must be at least 2 (L: a BOS and one token to learn), got {self.length}",
+                            fields=("length",))
         _in_range(self, {"eval_fraction": 0 < self.eval_fraction < 1})
         if Path(self.data).exists():  # recorded absolute, so that `setdlm eval` finds it from anywhere
             self.data = str(Path(self.data).resolve())
@@ -209,7 +212,7 @@ class CheckpointArgs:
     def __post_init__(self):
         _check(self)
         if not self.out:
-            raise UserError("out (the run folder) is required")
+            raise UserError("out (the run folder) is required", fields=("out",))
 
 
 @dataclass
@@ -228,7 +231,8 @@ class SystemArgs:
     def __post_init__(self):
         _check(self)
         if self.strategy not in STRATEGIES:
-            raise UserError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+            raise UserError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}",
+                            fields=("strategy",))
 
 
 GROUPS = {"model": ModelArgs, "objective": ObjectiveArgs, "optim": OptimArgs, "corpus": CorpusArgs,
@@ -273,7 +277,7 @@ class TrainConfig:
                 raise TypeError(f"{group} must be a {cls.__name__}, got {type(value).__name__}")
             object.__setattr__(self, group, value)
         if self.evaluation.eval_ema and not self.optim.ema:
-            raise UserError("eval_ema needs EMA weights: set ema > 0 (e.g. 0.999)")
+            raise UserError("eval_ema needs EMA weights: set ema > 0 (e.g. 0.999)", fields=("eval_ema", "ema"))
         self.family_config(mask_token_id=0)  # checks D, M, k, block size against L
 
     def _refuse_other_family(self, given: dict) -> None:
