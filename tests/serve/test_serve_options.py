@@ -39,6 +39,7 @@ def test_good_values_and_what_follows_from_them():
     (["--max-body-mb", "-2"], "--max-body-mb must be > 0 (MiB), got -2.0"),
     (["--grace", "-1"], "--grace must be a number of seconds >= 0, got -1.0"),
     (["--port", "70000"], "--port must be an integer in [0, 65535], got 70000"),
+    (["--allow-host", ""], "--allow-hosts must be a tuple of host names, got ('',)"),  # the flag's other spelling
 ])
 def test_the_command_line_names_the_flag_before_the_model_loads(flags, needle, capsys):
     code, _, err = run(["serve", "./no-such-model", *flags], capsys)  # the model is never read

@@ -279,7 +279,7 @@ def _serve(args) -> int:
     """Serve a model over an OpenAI-compatible HTTP API with set streaming, continuous batching and a live
     decode-order page at / (needs the extra setdlm[serve]; docs/serve.md)."""
     options = ServeOptions(host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
-                           timeout=args.timeout, max_body_mb=args.max_body_mb, allow_hosts=tuple(args.allow_host),
+                           timeout=args.timeout, max_body_mb=args.max_body_mb, allow_hosts=tuple(args.allow_hosts),
                            grace=args.grace)  # checked here, once: a bad value is one line naming its flag
     serve(args.model or pretrained.DEFAULT, options, device=args.device, name=args.name, quantize=args.quantize)
     return 0
@@ -297,8 +297,9 @@ def _add_serve(sub) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take (default 300)")
     p.add_argument("--max-body-mb", type=float, default=4.0, help="request body limit in MiB; more gets 413 "
                    "(default 4)")
-    p.add_argument("--allow-host", action="append", default=[], metavar="NAME", help="on loopback, also answer "
-                   "this Host header name (default: 127.0.0.1, localhost, ::1 only; repeatable)")
+    p.add_argument("--allow-host", "--allow-hosts", dest="allow_hosts", action="append", default=[], metavar="NAME",
+                   help="on loopback, also answer this Host header name (default: 127.0.0.1, localhost, ::1 only; "
+                   "repeatable)")
     p.add_argument("--grace", type=float, default=30.0, help="on SIGTERM/Ctrl-C, seconds requests in flight get "
                    "to finish before the server exits (default 30)")
     p.add_argument("--name", default=None, help="model id in the API (default: the folder name)")
