@@ -102,7 +102,7 @@ def wrap(backbone: nn.Module, dist: Dist, bf16: bool) -> nn.Module:
     """The module the training step calls: ``backbone`` under DDP (several processes), sharded in place by
     FSDP2 (``fsdp``: then ``backbone`` itself), or ``backbone`` alone."""
     if dist.sharded:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # FSDP runs only
 
         # the DiT returns its logits as a view; nothing changes them in place (the losses read them), which
         # is what FSDP2's warning about views is for (tests/test_train_fsdp.py: the gradients are exact)
