@@ -20,7 +20,7 @@ import tempfile
 
 import torch
 
-from setdlm.training import TrainConfig, train
+from setdlm.training import TrainConfig, knobs_for, train
 
 
 def step_flops(n_params: int, n_layers: int, d: int, rows: int, length: int, two_stream: bool,
@@ -37,7 +37,7 @@ def step_flops(n_params: int, n_layers: int, d: int, rows: int, length: int, two
 def measure(family: str, length: int, batch: int, steps: int, checkpointing: bool) -> float:
     """Median seconds per optimizer step after the first."""
     with tempfile.TemporaryDirectory() as out:
-        cfg = TrainConfig(out=out, init_from="smollm2-135m", family=family, D=4, M=8, block_size=4,
+        cfg = TrainConfig(out=out, init_from="smollm2-135m", family=family, **knobs_for(family, D=4, M=8, block_size=4),
                           data="reasoning-medium", length=length, batch_size=batch, steps=steps + 1, lr=1e-5,
                           warmup=1, log_every=1, eval_every=0, save_every=0, eval_max=4, eval_batch_size=4,
                           grad_checkpointing=checkpointing)

@@ -94,7 +94,7 @@ def smol_as(family: str):
 
 
 def cost(args) -> None:
-    from setdlm.formats.hf import chat_prompt
+    from setdlm.chat import chat_prompt
 
     problems = reasoning_split("test", args.prompts, level="easy")
     cases = [(name, lambda n=name: setdlm.load(n), regex(SOLUTION), [e.prompt for e in problems], 80)
@@ -153,7 +153,7 @@ def validity(args) -> None:
 def validity_smol(args, problems) -> None:
     import jsonschema
 
-    from setdlm.formats.hf import chat_prompt
+    from setdlm.chat import chat_prompt
 
     model = setdlm.load("smollm2-135m")
     for (ask, text), c in itertools.product(ASKS.items(), (None, json_schema(SCHEMA))):

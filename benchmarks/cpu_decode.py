@@ -44,7 +44,7 @@ import torch
 from hf_decode_speed import QUESTIONS  # benchmarks/ is the script's folder, hence on sys.path
 from setdlm import FamilyConfig, Model, load
 from setdlm.decoding import generate
-from setdlm.formats.hf import chat_prompt
+from setdlm.chat import chat_prompt
 
 
 def setdlm_call(model: Model, prompts, n: int, kw: dict):

@@ -62,7 +62,7 @@ from setdlm.formats.hf import HFBackbone
 from setdlm.mask_rules import kernel
 from setdlm.masks import causal_mask
 from setdlm.objectives import compute_loss, setdlm_inputs
-from setdlm.training.config import TrainConfig
+from setdlm.training.config import TrainConfig, knobs_for
 from setdlm.training.data import Setup
 from setdlm.training.distributed import Dist
 from setdlm.training.state import TrainState
@@ -262,8 +262,8 @@ def flex_check(hf, mask_id: int, device, fam: dict) -> dict:
 
 def _state(hf, family: str, L: int, B: int, mask_id: int, device, bf16: bool, out: str, compile_: bool = False):
     cfg = TrainConfig.from_preset("tiny", out=out, family=family, batch_size=B, length=L, bf16=bf16, steps=10**6,
-                                  warmup=0, eval_every=0, save_every=0, eval_batch_size=B, D=4, block_size=4,
-                                  device=str(device), compile=compile_)
+                                  warmup=0, eval_every=0, save_every=0, eval_batch_size=B,
+                                  **knobs_for(family, D=4, block_size=4), device=str(device), compile=compile_)
     V = hf.config.vocab_size
     g = torch.Generator().manual_seed(11)
     n = 4 * B

@@ -13,6 +13,7 @@ from setdlm.data import char_tokenizer
 from setdlm.family import FamilyConfig
 from setdlm.lm import Model
 from setdlm.masks import causal_mask
+from setdlm.outputs import write_text_atomic
 
 from support import make_model
 
@@ -191,8 +192,8 @@ def test_vocabulary_mismatch(saved, tmp_path):
 def test_run_folder_follows_latest(tmp_path):
     m = tiny_model()
     m.save(tmp_path / "run" / "checkpoints" / "step-00000005")
-    ckpt.write_text_atomic(tmp_path / "run" / "latest", "checkpoints/step-00000005\n")
+    write_text_atomic(tmp_path / "run" / "latest", "checkpoints/step-00000005\n")
     assert torch.equal(logits(setdlm.load(tmp_path / "run")), logits(m))
-    ckpt.write_text_atomic(tmp_path / "run" / "latest", "checkpoints/step-00000009\n")
+    write_text_atomic(tmp_path / "run" / "latest", "checkpoints/step-00000009\n")
     with pytest.raises(ValueError, match=r"latest: points to 'checkpoints/step-00000009'"):
         setdlm.load(tmp_path / "run")

@@ -98,3 +98,31 @@ def test_bad_input_is_raised_as_user_error():
         if n and rel not in PLAIN_VALUE_ERRORS:
             found[rel] = n
     assert not found, f"raise UserError for bad input (setdlm.errors), not ValueError: {found}"
+
+
+def test_a_switch_given_as_true_is_its_flag():
+    e = UserError("out 'r' already holds a training run; pass resume=True or choose another folder",
+                  fields=("out", "resume"))
+    assert as_flags(e) == "--out 'r' already holds a training run; pass --resume or choose another folder"
+
+
+# flags of other programs that a message may quote (torchrun's, the Hugging Face CLI's)
+OTHER_PROGRAMS_FLAGS = {"--nproc-per-node", "--local-dir"}
+
+
+def test_training_and_format_errors_name_arguments_not_flags():
+    """The library's messages name the argument (``steps``, ``resume=True``) and list it in ``fields``; the
+    command line spells it as a flag (``as_flags``), so no message of the library hard-codes a flag."""
+    import ast
+    import re
+
+    found = []
+    for folder in ("training", "formats"):
+        for p in (SRC / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("UserError", "check_fits"):
+                    words = " ".join(c.value for a in node.args for c in ast.walk(a)
+                                     if isinstance(c, ast.Constant) and isinstance(c.value, str))
+                    found += [(p.name, f) for f in re.findall(r"--[a-z][\w-]*", words)
+                              if f not in OTHER_PROGRAMS_FLAGS]
+    assert not found, found

@@ -111,8 +111,10 @@ def test_family_from_flags_is_the_trainers_config(family, flags):
     the other families' options are dropped)."""
     if flags["keep_clean_bos"] and family != "setdlm":
         flags = {**flags, "keep_clean_bos": False}  # the trainer refuses it for the others
-    cfg = training.TrainConfig(out="x", family=family, length=16, **flags)
+    cfg = training.TrainConfig(out="x", family=family, length=16, **training.knobs_for(family, **flags))
     assert family_from_flags(family, 16, 3, flags) == cfg.family_config(mask_token_id=3)
+    recorded = training.TrainConfig.from_record({"out": "x", "family": family, "length": 16, **flags})  # an old run's
+    assert recorded.family_config(mask_token_id=3) == cfg.family_config(mask_token_id=3)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

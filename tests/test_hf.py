@@ -11,7 +11,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from setdlm.family import FamilyConfig  # noqa: E402
-from setdlm.formats.hf import HFBackbone, HubUnreachableError, adapt, load_pretrained  # noqa: E402
+from setdlm.formats.hf import HFBackbone, adapt, load_pretrained  # noqa: E402
+from setdlm.formats.hub import HubUnreachableError  # noqa: E402
 from setdlm.masks import causal_mask  # noqa: E402
 from setdlm.objectives import Batch, compute_loss, setdlm_inputs  # noqa: E402
 from setdlm.schedules import StaggeredSchedule  # noqa: E402

@@ -15,8 +15,9 @@ transformers = pytest.importorskip("transformers")
 
 import setdlm  # noqa: E402
 from setdlm import FamilyConfig, Model  # noqa: E402
-from setdlm.formats.hf import HFBackbone, HubUnreachableError, adapt, setdlm_tokenizer  # noqa: E402
-from setdlm.formats.hub import bench_table, is_hub_id, model_card  # noqa: E402
+from setdlm.errors import as_flags  # noqa: E402
+from setdlm.formats.hf import HFBackbone, adapt, setdlm_tokenizer  # noqa: E402
+from setdlm.formats.hub import HubUnreachableError, bench_table, is_hub_id, model_card  # noqa: E402
 from setdlm.masks import causal_mask  # noqa: E402
 from setdlm.objectives import Batch, compute_loss  # noqa: E402
 from support import tiny_hf, tiny_tokenizer  # noqa: E402
@@ -123,5 +124,6 @@ def test_push_to_hub_offline(tmp_path, no_network):
 def test_plain_hf_folder_is_refused_with_a_hint(tmp_path):
     m = tiny_hf("llama", dtype=torch.float32)
     m.save_pretrained(tmp_path / "hf")
-    with pytest.raises(ValueError, match="Hugging Face causal LM.*--init-from"):
+    with pytest.raises(ValueError, match="Hugging Face causal LM.*train from it with init_from") as e:
         setdlm.load(tmp_path / "hf")
+    assert as_flags(e.value).endswith("train from it with --init-from")  # the command line's words

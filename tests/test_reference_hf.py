@@ -18,7 +18,8 @@ transformers = pytest.importorskip("transformers")
 import setdlm  # noqa: E402
 from setdlm.cli import main as cli  # noqa: E402
 from setdlm.decoding import generate  # noqa: E402
-from setdlm.formats.hf import HFBackbone, HubUnreachableError  # noqa: E402
+from setdlm.formats.hf import HFBackbone  # noqa: E402
+from setdlm.formats.hub import HubUnreachableError  # noqa: E402
 from setdlm.objectives import Batch, setdlm_inputs  # noqa: E402
 from setdlm.schedules import StaggeredSchedule  # noqa: E402
 from support import tiny_tokenizer  # noqa: E402

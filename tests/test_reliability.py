@@ -24,6 +24,7 @@ from setdlm.data import char_tokenizer
 from setdlm.decoding import generate, infill
 from setdlm.family import FamilyConfig
 from setdlm.lm import Model
+from setdlm.outputs import write_text_atomic
 from setdlm.training import TrainConfig
 
 from support import make_model, run, subprocess_env, write_hamlet
@@ -414,7 +415,7 @@ def test_a_bad_latest_file_is_named(ckpts, tmp_path, capsys):
 
 def test_messages_name_what_the_user_set(tmp_path, corpus, capsys):
     code, _, err = run(["train", "--out", str(tmp_path / "r"), "--data", corpus, "--length", "1"], capsys)
-    line = one_line(code, err, "length (the context length L) must be at least 2")
+    line = one_line(code, err, "--length must be at least 2 (L: a BOS and one token to learn), got 1")
     assert "M" not in line.replace("setdlm", "")
     code, _, err = run(["train", "--out", str(tmp_path / "r"), "--data", corpus, "--length", "3"], capsys)
     one_line(code, err, "D=4, L=3")
@@ -433,7 +434,7 @@ def test_checkpoint_permissions_follow_the_umask(ckpts, tmp_path):
     try:
         path = tmp_path / "ck"
         setdlm.load(ckpts["ar"]).save(path)
-        ckpt.write_text_atomic(tmp_path / "latest", "ck\n")
+        write_text_atomic(tmp_path / "latest", "ck\n")
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o755

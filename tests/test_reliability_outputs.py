@@ -135,7 +135,7 @@ def test_resume_after_the_training_data_changed(corpus, tmp_path, capsys):
     assert run(["train", "--out", out, "--resume", "--steps", "3"], capsys)[0] == 0  # same data: resumes
     data.write_text(data.read_text().replace("the", "teh"))
     code, _, err = run(["train", "--out", out, "--resume", "--steps", "4"], capsys)
-    one_line(code, err, "cannot resume: the training data changed since", "--allow-data-change")
+    one_line(code, err, "cannot resume: the training data changed since", "pass --allow-data-change to continue")
     code, _, err = run(["train", "--out", out, "--resume", "--steps", "4", "--allow-data-change"], capsys)
     assert code == 0, err
     saved = json.loads((tmp_path / "run/checkpoints/step-00000004/training_state.json").read_text())
@@ -154,7 +154,7 @@ def test_a_refused_out_is_left_as_it_was(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     assert run(["train", "--out", str(out), "--data", corpus, "--steps", "2", *TINY], capsys)[0] == 0
     before = _tree(out)
-    for target, needle in [(out, "already holds a training run"),
+    for target, needle in [(out, "already holds a training run; pass --resume or choose another folder"),
                            (out / "checkpoints" / "step-00000002", "is a checkpoint folder"),
                            (out / "checkpoints", "lies inside the training run"),
                            (out / "checkpoints" / "new", "lies inside the training run")]:

@@ -40,7 +40,7 @@ def smol():
 @pytest.fixture(scope="module")
 def prompts(smol):
     """Ragged prompts: a chat-formatted question, plain text after BOS, code without BOS."""
-    from setdlm.formats.hf import chat_prompt
+    from setdlm.chat import chat_prompt
 
     tok = smol.tokenizer
     return [chat_prompt(tok, "What is the capital of France?"), [tok.bos_token_id] + tok.encode("Once upon a time"),

@@ -95,7 +95,7 @@ def test_bf16_and_accumulation_and_ema(corpus, tmp_path):
 def test_out_folder_guards(corpus, tmp_path):
     run = str(tmp_path / "r")
     train(TrainConfig(out=run, data=corpus, steps=2, **TINY))
-    with pytest.raises(ValueError, match="already holds a training run; pass --resume"):
+    with pytest.raises(ValueError, match="already holds a training run; pass resume=True"):
         train(TrainConfig(out=run, data=corpus, steps=4, **TINY))
     with pytest.raises(ValueError, match="cannot resume: hidden_size=64 but the checkpoint .* hidden_size=32"):
         train(TrainConfig(out=run, data=corpus, steps=4, resume=True, **{**TINY, "hidden_size": 64}))

@@ -12,8 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 import setdlm
+from setdlm.errors import UserError
 from setdlm.evaluation.likelihood import likelihood
-from setdlm.training import (CheckpointArgs, DataArgs, EvalArgs, FamilyArgs, ModelArgs, OptimArgs, SystemArgs,
+from setdlm.training import (CheckpointArgs, CorpusArgs, EvalArgs, ObjectiveArgs, ModelArgs, OptimArgs, SystemArgs,
                              TrainConfig, config_fields, heldout_of, resume_config, train)
 from setdlm.cli.train import build_parser
 
@@ -90,13 +91,13 @@ def test_groups_check_their_own_fields():
     with pytest.raises(ValueError, match="hidden_size 30 is not divisible by n_heads 4"):
         ModelArgs(hidden_size=30, n_heads=4)
     with pytest.raises(ValueError, match="unknown family 'gpt'"):
-        FamilyArgs(family="gpt")
+        ObjectiveArgs(family="gpt")
     with pytest.raises(ValueError, match="batch_size 10 is not divisible by grad_accum 4"):
         OptimArgs(batch_size=10, grad_accum=4)
     with pytest.raises(TypeError, match="lr must be a number"):
         OptimArgs(lr="fast")
     with pytest.raises(ValueError, match="length .* at least 2"):
-        DataArgs(length=1)
+        CorpusArgs(length=1)
     with pytest.raises(ValueError, match="log_every must be a positive integer"):
         EvalArgs(log_every=0)
     with pytest.raises(ValueError, match="out .* is required"):
@@ -105,10 +106,20 @@ def test_groups_check_their_own_fields():
         SystemArgs(strategy="zero3")
 
 
+def test_each_group_is_named_as_its_class():
+    """``cfg.objective`` is an ``ObjectiveArgs``, ``cfg.corpus`` a ``CorpusArgs``, ...: the group's name and its
+    class agree (``EvalArgs`` for ``evaluation``, ``CheckpointArgs`` for ``checkpointing``)."""
+    from setdlm.training.config import GROUPS
+
+    cfg = TrainConfig(out="r")
+    for group, cls in GROUPS.items():
+        assert group.startswith(cls.__name__.removesuffix("Args").lower()) and isinstance(getattr(cfg, group), cls)
+
+
 def test_flat_and_grouped_construction_agree():
     flat = TrainConfig(out="r", steps=7, hidden_size=48, n_heads=4, D=3)
     grouped = TrainConfig(checkpointing=CheckpointArgs(out="r"), optim=OptimArgs(steps=7),
-                          model=ModelArgs(hidden_size=48, n_heads=4), objective=FamilyArgs(D=3))
+                          model=ModelArgs(hidden_size=48, n_heads=4), objective=ObjectiveArgs(D=3))
     assert flat == grouped and flat.steps == flat.optim.steps == 7 and flat.to_dict() == grouped.to_dict()
     assert flat.replace(steps=9).optim.steps == 9 and flat.optim.steps == 7
     with pytest.raises(AttributeError, match="use cfg.replace"):
@@ -121,6 +132,35 @@ def test_flat_and_grouped_construction_agree():
         TrainConfig(out="r", eval_ema=True)
     with pytest.raises(ValueError, match="M"):  # the family's knobs against the data's context length
         TrainConfig(out="r", length=8, D=2, M=16)
+
+
+@pytest.mark.parametrize("given, name, families", [
+    (dict(family="ar", D=8), "D", "setdlm"),
+    (dict(family="ar", D=4), "D", "setdlm"),  # given is given, even at the default
+    (dict(family="mdlm", keep_clean_bos=True), "keep_clean_bos", "setdlm"),
+    (dict(family="ar", block_size=4), "block_size", "bd3lm and mdlm"),
+    (dict(objective=ObjectiveArgs(family="bd3lm", M=6)), "M", "setdlm"),  # a group's knob off its default
+])
+def test_a_knob_of_another_family_is_refused_by_the_library(given, name, families):
+    family = given.get("family") or given["objective"].family
+    with pytest.raises(UserError) as e:
+        TrainConfig(out="r", **given)
+    assert str(e.value) == f"{name} applies to {families}, not to family {family!r}" and e.value.fields == (name,)
+    with pytest.raises(UserError, match=f"^{name} applies to"):  # an override of a preset, a replace
+        TrainConfig.from_preset("tiny", out="r", **given)
+    if "objective" not in given:
+        with pytest.raises(UserError, match=f"^{name} applies to"):
+            TrainConfig(out="r", family=family).replace(**{k: v for k, v in given.items() if k != "family"})
+
+
+def test_values_a_preset_or_a_record_brings_are_not_refused():
+    cfg = TrainConfig.from_preset("lm1b", out="r", family="ar")  # lm1b sets D, block_size, keep_clean_bos
+    assert (cfg.family, cfg.D, cfg.block_size, cfg.keep_clean_bos) == ("ar", 4, 4, True)
+    assert cfg.replace(steps=3).steps == 3 and TrainConfig(objective=ObjectiveArgs(family="ar"), out="r").D == 4
+    old = TrainConfig.from_record({"family": "ar", "D": 8, "out": "r", "retired_field": 1}, steps=3)
+    assert (old.D, old.steps) == (8, 3)  # an old run that recorded D for AR still loads and resumes
+    with pytest.raises(UserError, match="^D applies to setdlm, not to family 'ar'"):
+        TrainConfig.from_record({"family": "ar", "out": "r"}, D=2)
 
 
 def test_eval_ema_scores_the_ema_weights_and_leaves_the_raw_ones(tmp_path):

@@ -35,6 +35,7 @@ def as_flags(error: UserError) -> str:
     text = str(error)
     for name in error.fields:
         flag, bare = "--" + name.replace("_", "-"), rf"(?<![\w.\-/'\"]){re.escape(name)}"
+        text = re.sub(bare + r"=True\b", flag, text)  # a switch: resume=True -> --resume
         text = re.sub(bare + r"=(['\"]?)([\w.+-]*)\1", lambda m: f"{flag} {m.group(2)}", text)
         text = re.sub(bare + r"(?![\w.\-/'\"])", flag, text)
     if error.fields:

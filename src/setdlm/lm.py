@@ -15,7 +15,9 @@ from typing import Any
 
 from torch import nn
 
+from .decoding import fill, generate, infill
 from .family import FamilyConfig
+from .formats.checkpoint import save
 
 
 @dataclass
@@ -26,28 +28,20 @@ class Model:
 
     def generate(self, prompts, **kwargs):
         """Decode continuations of ``prompts`` (strings or token-id lists) with the family's decoder."""
-        from .decoding import generate
-
         return generate(self, prompts, **kwargs)
 
     def infill(self, prefixes, suffixes, lengths, **kwargs):
         """Fill ``lengths`` tokens between each prefix and suffix."""
-        from .decoding import infill
-
         return infill(self, prefixes, suffixes, lengths, **kwargs)
 
     def fill(self, sequences, **kwargs):
         """Decode every MASK of ``sequences`` (token-id lists holding ``family.mask_token_id`` anywhere)."""
-        from .decoding import fill
-
         return fill(self, sequences, **kwargs)
 
     def save(self, path, **kwargs):
         """Write a checkpoint folder (config.json, model.safetensors, tokenizer.json, README.md model card;
         ``bench=`` adds a results table, ``push_to_hub="user/repo"`` uploads it); see
         :func:`setdlm.formats.checkpoint.save`. ``setdlm.load(path)`` reads it back."""
-        from .formats.checkpoint import save
-
         return save(path, self, **kwargs)
 
     def eval(self) -> "Model":

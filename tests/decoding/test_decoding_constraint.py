@@ -410,3 +410,26 @@ def test_speculate_with_a_constraint_is_the_constrained_left_to_right_output_in_
         ref = infill(model, ["a", "b"], ["xyz", "zz"], window=1, **mid)
         out = infill(model, ["a", "b"], ["xyz", "zz"], window=w, speculate=True, **mid)
         assert out.tokens == ref.tokens and all(re.fullmatch("[a-c]+-(yes|no)", t) for t in out.texts)
+
+
+def test_decoding_takes_the_schema_and_the_command_line_reads_its_file(tmp_path):
+    """No file is read inside decoding: ``json_schema`` takes a dict or its text (a path is not JSON); the
+    command line's ``--json-schema FILE`` is read by ``setdlm.cli.options.constraint_from_flags``."""
+    from setdlm.cli.options import constraint_from_flags
+    from setdlm.decoding import constraint
+    from setdlm.errors import UserError, as_flags
+
+    schema = {"type": "string", "enum": ["ab", "c"]}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(schema))
+    with pytest.raises(UserError, match="json_schema: the schema is not valid JSON"):
+        json_schema(str(path))
+    assert not hasattr(constraint, "of_options")
+    inline = constraint_from_flags(json_schema=json.dumps(schema))
+    assert constraint_from_flags(json_schema=str(path)) == json_schema(schema) == inline
+    with pytest.raises(UserError) as e:
+        constraint_from_flags(json_schema=str(tmp_path / "none.json"))
+    assert as_flags(e.value) == f"--json-schema file '{tmp_path / 'none.json'}' does not exist"
+    with pytest.raises(UserError, match="give one of regex, json_schema, choice, not regex and json_schema"):
+        constraint_from_flags(regex="a", json_schema=str(tmp_path / "none.json"))  # the conflict first, as before
+    assert constraint_from_flags() is None and constraint_from_flags(choice=["a", "b"]) == choice(["a", "b"])

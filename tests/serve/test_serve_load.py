@@ -163,7 +163,7 @@ def test_load_and_abuse_32_clients():
     model = tiny_model("setdlm", L=48, seed=2)
     model.tokenizer = CharTokenizer()
     answers, rss = _load(model, _requests(["to be", "or not", "a", "the cat sat"], 16), clients=32, per_client=4,
-                         max_batch=8, bad=BAD, max_body=100_000)
+                         max_batch=8, bad=BAD, max_body_mb=100_000 / 2**20)
     assert len(answers) >= 32  # one good request per client at least
     assert max(rss) - min(rss) < 300, (min(rss), max(rss))  # the refused bodies were not kept
 

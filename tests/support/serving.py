@@ -41,15 +41,15 @@ def _server_class():
 
 
 @contextlib.contextmanager
-def running(model, name: str = "m", *, grace: float | None = None, **kwargs):
-    """Serve ``model`` on a free loopback port; yields (base url, app). ``app.state.server`` is the uvicorn
-    server (``should_exit = True`` is what SIGTERM does; its ``closed`` event is set once it stops listening);
-    ``grace``: its shutdown grace period."""
+def running(model, name: str = "m", *, grace: float | None = None, **options):
+    """Serve ``model`` on a free loopback port with the :class:`~setdlm.serve.ServeOptions` ``options``; yields
+    (base url, app). ``app.state.server`` is the uvicorn server (``should_exit = True`` is what SIGTERM does;
+    its ``closed`` event is set once it stops listening); ``grace``: its shutdown grace period."""
     import uvicorn
 
-    from setdlm.serve import create_app
+    from setdlm.serve import ServeOptions, create_app
 
-    app = create_app(model, name, **kwargs)
+    app = create_app(model, name, ServeOptions(**options))
     port = free_port()
     server = _server_class()(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                             timeout_graceful_shutdown=grace))

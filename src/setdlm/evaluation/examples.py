@@ -14,7 +14,9 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..lm import Model
+from ..outputs import write_text
 from .passes import fits
+from .registry import get_task
 from .spec import TaskSpec
 
 
@@ -80,8 +82,6 @@ def write_predictions(path: str | Path, examples: Sequence, result, task: str) -
     """One JSONL row per example, as ``task``'s ``prediction`` writes it: the question, answer, prediction and
     correctness (reasoning; the parallel suite with its task), or the prefix, suffix, reference middle and
     prediction (infilling)."""
-    from ..outputs import write_text
-    from .registry import get_task
 
     row = get_task(task).prediction
     rows = [row(e, pred) for e, pred in zip(examples, result.predictions)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 
+from ..data.sources import infill_from_source
 from ..data.tasks import InfillExample
 from ..decoding.settings import DecodeSettings
 from ..lm import Model
@@ -70,7 +71,6 @@ def infill_steps(model: Model, examples: Sequence[InfillExample], settings: Deco
 def infill_examples(spec, models: Sequence[Model]) -> tuple[list[InfillExample], int]:
     """Windows of 5 sentences with the middle ``hidden`` (1 or 3) hidden, from ``data`` (a text source; default
     the built-in ``shakespeare``), ``split``, shuffled by ``seed``: the first ``n`` that fit (all when None)."""
-    from ..data.sources import infill_from_source
 
     pool = infill_from_source(spec.data or "shakespeare", spec.split or "test", None, sentences=5,
                               hidden=spec.hidden or 1, seed=spec.seed or 0)

@@ -22,8 +22,11 @@ import torch
 from tqdm.auto import tqdm
 
 from ..batch import Batch
-from ..data.dataset import TokenDataset
+from ..data import build_dataset, read_source
+from ..data.dataset import TokenDataset, heldout_split
 from ..errors import UserError
+from ..formats.checkpoint import is_checkpoint, read_config
+from ..formats.loading import locate
 from ..lm import Model
 from ..objectives import compute_loss
 from ..seeds import derive_seed
@@ -110,8 +113,6 @@ SPLIT_ARGS = ("data", "length", "eval_fraction", "eval_max", "split_seed")
 
 def training_args(checkpoint: str | Path) -> dict:
     """The training arguments a checkpoint recorded ({} for one that has none, e.g. the authors' layout)."""
-    from ..formats.checkpoint import is_checkpoint, read_config
-    from ..formats.loading import locate
 
     folder = locate(checkpoint)
     return (read_config(folder).get("training") or {}) if is_checkpoint(folder) else {}
@@ -121,8 +122,6 @@ def heldout_rows(training: dict, tokenizer) -> TokenDataset:
     """The held-out rows a run evaluated on, rebuilt from its recorded training arguments ``training``:
     its text source tokenized into rows of its context length, then the trainer's fixed split
     (:func:`setdlm.data.dataset.heldout_split`)."""
-    from ..data import build_dataset, read_source
-    from ..data.dataset import heldout_split
 
     missing = [k for k in SPLIT_ARGS if k not in training]
     if missing:
@@ -147,7 +146,6 @@ def checkpoint_likelihood(model: Model, training: dict, *, data: str | None = No
     token), ``ppl``, ``bpd``, ``tokens`` and ``loss`` (the mean of the per-batch bounds). Unset
     ``batch_size``/``seed``/``bf16`` default to the run's own evaluation settings, so the bound is the one
     the trainer logged."""
-    from ..data import build_dataset, read_source
 
     if data is not None:
         rows = build_dataset(read_source(data), model.tokenizer, model.family.length)

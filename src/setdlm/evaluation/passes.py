@@ -28,6 +28,8 @@ from tqdm.auto import tqdm
 from ..data.parallel import ParallelExample
 from ..data.prompt import check_prompt_fits, encode_prompt, start_ids
 from ..data.tasks import InfillExample, ReasoningExample, encode_infill
+from ..decoding import generate, infill as decode_infill
+from ..decoding.api import eos_ids
 from ..decoding.settings import DecodeSettings, default_max_new_tokens
 from ..errors import UserError
 from ..lm import Model
@@ -187,7 +189,6 @@ def _check_clock(model: Model, clock: str) -> None:
 def generate_steps(model: Model, prompts: list[list[int]], settings: DecodeSettings, *, seed: int | None, **opts):
     """Decode ``prompts`` with ``settings``; every row's budget is ``settings.max_new_tokens`` or, when that is
     None, what the longest prompt leaves of the context (:func:`_budget`)."""
-    from ..decoding import generate
 
     settings.check_for(model.family.family)
     _check_clock(model, opts["clock"])
@@ -202,7 +203,6 @@ def fill_steps(model: Model, examples: list[InfillExample], settings: DecodeSett
                   eos: bool, **opts):
     """Fill each example's middle at its oracle length with ``settings`` (fill's: no budget, EOS stop or
     cache order)."""
-    from ..decoding import infill as decode_infill
 
     settings.check_for(model.family.family, mode="fill")
     _check_clock(model, opts["clock"])
@@ -232,7 +232,6 @@ def completion_steps(model: Model, examples: list, settings: DecodeSettings, wha
     """Decode each example's completion from its prompt (:func:`prompt_ids`); returns ``(predictions, run,
     budget)``, every prediction cut at its first EOS. ``opts``: ``batch_size``, ``warmup``, ``progress``,
     ``clock`` of :func:`decode_steps`."""
-    from ..decoding.api import eos_ids
 
     tok = tokenizer(model)
     prompts = [prompt_ids(model, e) for e in examples]

@@ -14,7 +14,9 @@ import platform
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import __version__
 from ..errors import UserError
+from ..outputs import write_text
 from .metrics import AUP_DROP, aup_scores
 from .registry import Task, get_task
 from .sweeps import BenchPoint, Setting, against_ar, pareto_front
@@ -157,8 +159,6 @@ def write_json(points: Sequence[BenchPoint], path: str | Path, **meta) -> Path:
     """The raw numbers of every point, with ``meta`` (task settings, checkpoints) and the software versions."""
     import torch
 
-    from .. import __version__
-    from ..outputs import write_text
 
     doc = {**meta, "versions": {"setdlm": __version__, "torch": torch.__version__, "python": platform.python_version()},
            "points": [p.to_dict() for p in points], "aup": [a.to_dict() for a in aup_scores(points)]}

@@ -15,9 +15,11 @@ from pathlib import Path
 
 from ..decoding.settings import DecodeSettings
 from ..errors import UserError
+from ..formats.loading import load
+from ..outputs import check_file, check_folder, write_text
 from . import reports, sweeps
 from .examples import task_examples, write_predictions
-from .passes import CLOCKS
+from .passes import CLOCKS, drain
 from .registry import decoding, using
 from .spec import TaskSpec
 
@@ -59,9 +61,6 @@ def evaluate_checkpoint(checkpoint: str | Path, task: TaskSpec | str = "likeliho
     :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields as keywords: ``threshold=``,
     ``window=``, ``max_new_tokens=``, ...), each example's prediction written to ``predictions`` (JSONL)
     when given. Bad values are :class:`~setdlm.errors.UserError`\\ s raised before any loading."""
-    from ..formats.loading import load
-    from ..outputs import check_file
-    from .passes import drain
 
     spec, knobs = TaskSpec.of(task, keywords)
     settings = DecodeSettings.of(settings, knobs, "evaluate_checkpoint")
@@ -119,8 +118,6 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: TaskSpec | str, o
     decoding settings fixed (``settings``, a :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields
     as keywords); a task that does not decode (likelihood): its measure per checkpoint (on ``data`` or each
     run's held-out rows). Every setting is checked before any model is loaded."""
-    from ..formats.loading import load
-    from ..outputs import check_folder, write_text
 
     spec, knobs = TaskSpec.of(task, keywords)
     settings = DecodeSettings.of(settings, knobs, "bench_checkpoints")

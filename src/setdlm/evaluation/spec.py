@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ..decoding.settings import GENERATE_ONLY, DecodeSettings
+from ..data.tasks import LEVELS, SPLITS
+from ..decoding.settings import DecodeSettings, GENERATE_ONLY
 from ..errors import UserError
 from .registry import SPEC_FIELDS, Task, decoding, generating, get_task, using
 
@@ -39,7 +40,6 @@ class TaskSpec:
     seed: int | None = None
 
     def __post_init__(self):
-        from ..data.tasks import LEVELS, SPLITS
 
         task = get_task(self.task)
         for name in SPEC_FIELDS:

@@ -42,14 +42,18 @@ import typing
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from ..data.tokenizers import TOKENIZER_FILE, load_tokenizer
 from ..errors import UserError
 from ..family import FamilyConfig
 from ..model import TransformerConfig, Transformer
-from ..outputs import umask, write_text_atomic  # noqa: F401  (ckpt.write_text_atomic: the run folder's files)
+from ..outputs import umask
 from ..resources import check_fits
+from .hf import config_dict, backbone_from_config
+from .hub import push_folder, model_card
 
 CONFIG, WEIGHTS, EMA_WEIGHTS, CARD = "config.json", "model.safetensors", "ema.safetensors", "README.md"
 STATE, OPTIMIZER, LATEST = "training_state.json", "optimizer.safetensors", "latest"
@@ -164,8 +168,6 @@ def model_config_dict(model, training_args: dict | None = None, source: dict | N
     if isinstance(backbone, Transformer):
         kind, arch = "dit", backbone.config.to_dict()
     elif is_hf_backbone(backbone):
-        from .hf import config_dict
-
         kind, arch = "hf", config_dict(backbone)
     else:
         raise UserError(f"saving a {type(backbone).__name__} backbone is not supported: only the setdlm DiT "
@@ -218,8 +220,6 @@ def save(path: str | Path, model, *, ema: dict[str, Tensor] | None = None,
 
     write_folder(dst, fill)
     if push_to_hub is not None:
-        from .hub import push_folder
-
         push_folder(dst, push_to_hub, private=private, token=token, commit_message=commit_message)
     return dst
 
@@ -228,8 +228,6 @@ def write_description(folder: Path, model, config: dict, training_state: dict | 
                       repo_id: str | None = None) -> None:
     """The files of a checkpoint besides its tensors: tokenizer, ``training_state.json``, ``config.json`` and
     the model card."""
-    from .hub import model_card
-
     model.tokenizer.save(folder)
     if training_state is not None:
         (folder / STATE).write_text(json.dumps(training_state, indent=2) + "\n", encoding="utf-8")
@@ -326,10 +324,10 @@ def read_config(folder: str | Path) -> dict:
     path = resolve(folder) / CONFIG
     cfg = read_json(path, "not a setdlm checkpoint folder")
     if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
-        hint = ("it is a Hugging Face causal LM: load it with setdlm.formats.hf.load_pretrained, or fine-tune it with "
-                "`setdlm train --init-from`" if isinstance(cfg, dict) and "model_type" in cfg
+        hint = ("it is a Hugging Face causal LM: load it with setdlm.formats.hf.load_pretrained, or train from it "
+                "with init_from" if isinstance(cfg, dict) and "model_type" in cfg
                 else "Hugging Face models load through setdlm.formats.hf")
-        raise UserError(f"{path}: not a setdlm config (no \"format\": \"setdlm\"); {hint}")
+        raise UserError(f"{path}: not a setdlm config (no \"format\": \"setdlm\"); {hint}", fields=("init_from",))
     for key in ("architecture", "family"):
         if not isinstance(cfg.get(key), dict):
             raise UserError(f"{path}: missing the {key!r} section")
@@ -413,8 +411,6 @@ def refuse_pickle(path: Path) -> None:
 def check_safetensors(path: Path) -> None:
     """A ``ValueError`` naming ``path`` unless it is a complete safetensors file (header read, every tensor's
     bytes present): checks weights that another library (``transformers``) will load, before it does."""
-    from safetensors import safe_open
-
     refuse_pickle(path)
     try:
         size = path.stat().st_size
@@ -457,8 +453,6 @@ def read_tensors(path: Path, expected: dict[str, tuple] | None = None, what: str
 
 
 def load_checkpoint_tokenizer(folder: Path, cfg: dict, vocab_size: int, fam: FamilyConfig):
-    from ..data.tokenizers import TOKENIZER_FILE, load_tokenizer
-
     path = folder / TOKENIZER_FILE
     if not path.is_file():
         raise UserError(f"{path}: missing (the checkpoint's tokenizer)")
@@ -488,8 +482,6 @@ def _records_prompt(folder: Path) -> bool:
 def build_backbone(cfg: dict, arch: TransformerConfig | dict, dtype: torch.dtype | None = None) -> torch.nn.Module:
     """An untrained backbone of the checkpoint's architecture (weights to be loaded)."""
     if cfg.get("backbone", "dit") == "hf":
-        from .hf import backbone_from_config
-
         return backbone_from_config(arch, dtype=dtype)
     return Transformer(arch).to(dtype) if dtype is not None else Transformer(arch)
 

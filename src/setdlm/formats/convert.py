@@ -43,14 +43,18 @@ import re
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from torch import Tensor
 from torch import nn
 
-from .checkpoint import check_model_size, refuse_pickle
+from ..data.tokenizers import Tokenizer, load_tokenizer
 from ..errors import UserError
 from ..family import FamilyConfig
 from ..lm import Model
 from ..model import TransformerConfig, Transformer
+from .checkpoint import check_model_size, refuse_pickle, expected_shapes, load_weights, resolve, save, read_config
+from .hf import backbone_from_config
+from .hub import HubUnreachableError, is_hub_id, snapshot, snapshot_checkpoint
 
 _BLOCK_PARAMS = ("norm1.weight", "attn_qkv.weight", "attn_out.weight", "norm2.weight",
                  "mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias")
@@ -204,8 +208,6 @@ def _shard_index(folder: Path, suffix: str) -> tuple[Path, dict[str, str]] | Non
 
 
 def _read_weight_file(f: Path) -> dict[str, Tensor]:
-    from safetensors.torch import load_file
-
     if f.suffix == ".safetensors":
         refuse_pickle(f)
     try:
@@ -322,7 +324,6 @@ def _base_config(base: str):
     """The transformers config of the base model: a local folder, or a Hub id (config.json only)."""
     from transformers import AutoConfig
 
-    from .hub import HubUnreachableError, is_hub_id, snapshot
 
     path = Path(base).expanduser()
     if path.is_dir():
@@ -356,9 +357,6 @@ def hf_reference_state_dict(sd: dict[str, Tensor]) -> tuple[dict[str, Tensor], d
 
 def reference_hf_backbone(cfg: dict, sd: dict[str, Tensor], *, base: str | None = None) -> nn.Module:
     """An :class:`~setdlm.formats.hf.HFBackbone` holding the weights of an AutoModelFromPreTrained checkpoint."""
-    from .checkpoint import expected_shapes, load_weights
-    from .hf import backbone_from_config
-
     bb = cfg.get("backbone_config") or {}
     base = base or bb.get("pretrained_model_name_or_path")
     if not base:
@@ -419,9 +417,6 @@ def reference_tokenizer(folder: Path, cfg: dict, name: str, *, tokenizer=None, b
                         mask_token_id: int):
     """The checkpoint's tokenizer as a setdlm Tokenizer whose MASK id is the checkpoint's, or None when no
     source is known (see the module docstring for the order of the sources)."""
-    from ..data.tokenizers import Tokenizer, load_tokenizer
-    from .hub import is_hub_id, snapshot
-
     if isinstance(tokenizer, Tokenizer):
         if tokenizer.mask_token_id != mask_token_id:
             raise UserError(f"the tokenizer's MASK id {tokenizer.mask_token_id} differs from the checkpoint's "
@@ -507,9 +502,6 @@ def convert_reference(src: str | Path, out: str | Path, *, tokenizer=None, D: in
     """Write the authors' checkpoint ``src`` (a folder or Hub id) as a setdlm checkpoint at ``out``.
     Keywords: as :func:`load_reference_model` (``dtype`` also by name: ``"bfloat16"``). A tokenizer is
     required (a checkpoint always carries one)."""
-    from .checkpoint import resolve, save
-    from .hub import is_hub_id, snapshot_checkpoint
-
     for name, v in (("D", D), ("M", M)):
         if v is not None and not (isinstance(v, int) and v >= 1):
             raise UserError(f"{name} must be a positive integer, got {v}", fields=(name,))
@@ -540,8 +532,6 @@ def convert_reference(src: str | Path, out: str | Path, *, tokenizer=None, D: in
 def describe(folder: str | Path) -> str:
     """One line about a converted checkpoint: family, context length (D and M for SetDLM), backbone, mask id
     and vocabulary (what ``setdlm convert`` prints)."""
-    from .checkpoint import read_config
-
     cfg = read_config(folder)
     fam = cfg["family"]
     extra = f" D={fam['D']} M={fam['M']}" if fam.get("D") is not None else ""

@@ -25,6 +25,10 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
+from ..family import FamilyConfig
+from ..lm import Model
+from .checkpoint import is_checkpoint, partial_folder, remove_partial, save
+from .hf import adapt, setdlm_tokenizer
 
 MAGIC = b"GGUF"
 CONVERTER_VERSION = 1  # part of the cache key: a change of the conversion invalidates old folders
@@ -114,8 +118,6 @@ def resolve(name_or_path: str | Path) -> Path | None:
 def checkpoint_for(path: str | Path) -> Path:
     """The setdlm checkpoint folder converted from the GGUF file ``path``; converts on the first call for
     this file (:func:`convert`), afterwards only checks that the folder is there."""
-    from .checkpoint import is_checkpoint
-
     p = Path(path).expanduser()
     if not p.is_file():
         raise UserError(f"GGUF file {str(path)!r} does not exist")
@@ -234,11 +236,6 @@ def convert(path: str | Path, dst: str | Path, *, digest: str | None = None) -> 
     ``dst`` (family ``ar``, context length = the model's ``max_position_embeddings``, float32 weights,
     the tokenizer with its chat template and a MASK token). Another process converting the same file at
     the same time is harmless: the first finished folder wins."""
-    from .checkpoint import is_checkpoint, partial_folder, remove_partial, save
-    from ..family import FamilyConfig
-    from .hf import adapt, setdlm_tokenizer
-    from ..lm import Model
-
     AutoModelForCausalLM, AutoTokenizer = _transformers()
     p, dst = Path(path).expanduser().resolve(), Path(dst)
     reader = read_header(p)

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UserError
+from .gguf import _field, read_header
 from .quantize import (INT4_GROUP, Int4Linear, Int8Linear, check_cpu, finish, int4_groups, kept_float, linear_layers,
                        replace_layer)
 
@@ -55,7 +56,6 @@ def file_tensors(path: Path, hf_model: nn.Module) -> dict[str, object]:
     name of its module (``model.layers.0.self_attn.q_proj``); a tied output head maps to the embedding."""
     import gguf
 
-    from .gguf import _field, read_header
 
     reader = read_header(path)
     arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(_field(reader, "general.architecture"))

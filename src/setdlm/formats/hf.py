@@ -28,13 +28,14 @@ import os
 from contextlib import nullcontext
 
 import torch
+from tokenizers import Tokenizer as Backend
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..chat import chat_prompt  # noqa: F401  (setdlm.formats.hf.chat_prompt: the one chat path, documented here first)
+from ..data.tokenizers import ROLES, Tokenizer
 from ..errors import UserError
-from .hub import HubUnreachableError, hub_reachable, is_connection_failure
 from ..model import KVCache, apply_rope, attention, begin_step, end_step
+from .hub import HubUnreachableError, hub_reachable, is_connection_failure
 
 LLAMA_LIKE = ("llama", "qwen2", "qwen3")
 SUPPORTED_MODEL_TYPES = (*LLAMA_LIKE, "gpt2")
@@ -283,10 +284,6 @@ def setdlm_tokenizer(tokenizer):
     vocabulary, added tokens and special tokens (BERT's [CLS]/[SEP] play BOS/EOS), and its chat template.
     Use it to train on or checkpoint a model whose tokenizer came from ``transformers``; call
     :func:`add_mask_token` first so that the MASK token is part of it."""
-    from tokenizers import Tokenizer as Backend
-
-    from ..data.tokenizers import ROLES, Tokenizer
-
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         raise UserError(f"{type(tokenizer).__name__} is a slow tokenizer; setdlm needs a fast one (tokenizer.json)")

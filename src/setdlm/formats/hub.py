@@ -26,6 +26,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..errors import UserError
+from ..family import FamilyConfig
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 # files a checkpoint needs to load: not the optimizer state, not the authors' Python sources
@@ -176,8 +177,6 @@ def bench_table(bench) -> str:
 
 def _family(fam: dict):
     """The :class:`~setdlm.family.FamilyConfig` of config.json's ``family`` (its registry entry: ``.spec``)."""
-    from ..family import FamilyConfig
-
     return FamilyConfig.from_dict(fam)
 
 

@@ -22,12 +22,14 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, convert, gguf, hub, pretrained
+from ..data import Tokenizer
 from ..errors import UserError
 from ..lm import Model
-from .gguf_quant import keep_file_quantization
-from .quantize import check_quantize, quantize as quantize_backbone
 from ..resources import resolve_device
+from . import checkpoint, convert, gguf, hub, pretrained
+from .gguf_quant import keep_file_quantization
+from .hf import load_pretrained, setdlm_tokenizer
+from .quantize import check_quantize, quantize as quantize_backbone
 
 
 def locate(path: str | Path, *, revision: str | None = None, ema: bool = False) -> Path:
@@ -106,8 +108,6 @@ def load_for_training(name_or_path: str):
     anything :func:`locate` finds in our format or the authors' layout (any family, DiT or HF backbone), or a
     ``transformers`` causal LM (Llama, Qwen2/3, GPT-2; a local folder, or a Hub id, which needs network), given
     a MASK token when its tokenizer has none. Weights in float32, in training mode."""
-    from ..data import Tokenizer
-
     p = Path(name_or_path).expanduser()
     if not p.exists() and not _is_name(str(name_or_path)):
         raise UserError(f"{name_or_path!r}: no such folder, and not a shipped model, a packaged GGUF model or a "
@@ -127,8 +127,6 @@ def load_for_training(name_or_path: str):
         for f in weights:
             checkpoint.check_safetensors(f)
     try:
-        from .hf import load_pretrained, setdlm_tokenizer
-
         import transformers  # noqa: F401 (checked here, so the error can say how to install it)
     except ImportError:
         raise UserError(f'{name_or_path!r} is a Hugging Face model, which needs transformers: '

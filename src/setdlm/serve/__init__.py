@@ -2,5 +2,6 @@
 decode-order page (docs/serve.md). Needs the optional extra ``setdlm[serve]`` (Starlette, uvicorn)."""
 
 from .app import create_app, serve
+from .options import ServeOptions
 
-__all__ = ["create_app", "serve"]
+__all__ = ["ServeOptions", "create_app", "serve"]

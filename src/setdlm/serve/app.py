@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
@@ -19,27 +21,25 @@ from ..decoding.output import step_record
 from ..decoding.session import prepare
 from ..decoding.settings import family_settings
 from ..errors import UserError
+from ..formats.loading import load
 from .batching import Batcher, Job, QueueFull
-from .guard import DEFAULT_MAX_BODY, LOOPBACK_HOSTS, Guard, is_loopback, log, read_json_body
+from .guard import Guard, log, read_json_body
+from .options import ServeOptions
 from .responses import TextStream, chunk, completion, finish_reason, new_id, summary, usage
 from .schemas import APIError, param_of, parse_request
 
 
-def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, timeout: float = 300.0,
-               max_body: int = DEFAULT_MAX_BODY, allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS):
-    """The Starlette app serving ``model`` under the id ``name``; its decoding loop starts with the app.
-    ``max_body``: request body limit in bytes; ``allowed_hosts``: the ``Host`` names answered (None: any)."""
+def create_app(model, name: str, options: ServeOptions = ServeOptions()):
+    """The Starlette app serving ``model`` under the id ``name`` with ``options`` (its limits, and the ``Host``
+    names answered: :attr:`ServeOptions.allowed_hosts`); its decoding loop starts with the app."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    if not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise UserError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    if not (isinstance(max_body, int) and max_body >= 1):
-        raise UserError(f"max_body must be a positive number of bytes, got {max_body!r}")
-    batcher = Batcher(model, max_batch=max_batch, max_queue=max_queue)
+    batcher = Batcher(model, options)
+    timeout, max_queue = options.timeout, options.max_queue
     created = int(time.time())
     page = resources.files("setdlm.serve").joinpath("static/index.html").read_text(encoding="utf-8")
     takes = family_settings(model.family)  # the page sends only these of its family-specific settings
@@ -71,7 +71,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
             raise APIError(400, str(e).splitlines()[0], param_of(e)) from None
 
     async def complete(request: Request, chat: bool):
-        raw = await read_json_body(request, max_body)
+        raw = await read_json_body(request, options.max_body)
         if raw is None:  # the client went away mid-body (logged); there is no one to answer
             return Response(status_code=400)
         arrived = time.monotonic()
@@ -192,7 +192,7 @@ def create_app(model, name: str, *, max_batch: int = 16, max_queue: int = 64, ti
     routes = [Route("/", index), Route("/health", health), Route("/v1/models", models),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat_completions, methods=["POST"])]
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, allowed=allowed_hosts)],
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, allowed=options.allowed_hosts)],
                     exception_handlers={APIError: api_error, 404: not_found, 405: not_found})
     app.state.batcher, app.state.name, app.state.family = batcher, name, model.family.family
     return app
@@ -207,40 +207,24 @@ def _sse(body: dict) -> str:
     return f"data: {json.dumps(body)}\n\n"
 
 
-def serve(model_path: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16, max_queue: int = 64,
-          timeout: float = 300.0, device: str = "cpu", name: str | None = None, log_level: str = "info",
-          max_body: int = DEFAULT_MAX_BODY, allow_hosts: tuple[str, ...] = (), grace: float = 30.0,
-          quantize: str | None = None) -> None:
-    """Load a model (anything ``setdlm.load`` accepts, or a shipped model's name) and serve it until
-    interrupted. On loopback only the ``Host`` names of :data:`~setdlm.serve.guard.LOOPBACK_HOSTS` and
-    ``allow_hosts`` are answered; bound elsewhere, any (with a warning). SIGTERM or Ctrl-C: no new
-    connections, requests in flight get ``grace`` seconds to finish, then the server exits."""
+def serve(model_path: str, options: ServeOptions = ServeOptions(), *, device: str = "cpu", name: str | None = None,
+          log_level: str = "info", quantize: str | None = None) -> None:
+    """Load a model (anything ``setdlm.load`` accepts, or a shipped model's name) and serve it with ``options``
+    until interrupted. On loopback only the ``Host`` names of :data:`~setdlm.serve.guard.LOOPBACK_HOSTS` and
+    ``options.allow_hosts`` are answered; bound elsewhere, any (with a warning). SIGTERM or Ctrl-C: no new
+    connections, requests in flight get ``options.grace`` seconds to finish, then the server exits."""
     try:
         import uvicorn
     except ImportError:
         raise UserError("serving needs the optional extra: pip install 'setdlm[serve]'") from None
-    from ..formats.loading import load
-
-    for field_, v, lo in (("max_batch", max_batch, 1), ("max_queue", max_queue, 0)):
-        if not (isinstance(v, int) and v >= lo):
-            raise UserError(f"{field_} must be >= {lo}, got {v}", fields=(field_,))
-    if not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise UserError(f"timeout must be > 0 seconds, got {timeout}", fields=("timeout",))
-    if not (isinstance(max_body, int) and max_body > 0):
-        raise UserError(f"max_body must be > 0 bytes, got {max_body}")
-    if not (isinstance(grace, (int, float)) and grace >= 0):
-        raise UserError(f"grace must be a number of seconds >= 0, got {grace!r}", fields=("grace",))
-    check_listen(host, port)  # before the model loads: a busy port is one line, not minutes later
-    if is_loopback(host):
-        allowed = LOOPBACK_HOSTS + tuple(h.lower() for h in allow_hosts)
-    else:
-        allowed = None
+    check_listen(options.host, options.port)  # before the model loads: a busy port is one line, not minutes later
+    if options.allowed_hosts is None:
         log.warning("listening on %s: every machine that reaches it can use this server (no authentication); "
-                    "bind 127.0.0.1 unless that is what you want", host)
+                    "bind 127.0.0.1 unless that is what you want", options.host)
     model = load(model_path, device=device, quantize=quantize)
-    app = create_app(model, name or _model_name(model_path), max_batch=max_batch, max_queue=max_queue,
-                     timeout=timeout, max_body=max_body, allowed_hosts=allowed)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace)
+    app = create_app(model, name or _model_name(model_path), options)
+    config = uvicorn.Config(app, host=options.host, port=options.port, log_level=log_level,
+                            timeout_graceful_shutdown=options.grace)
     server = server_class()(config)
     server.run()
     if not server.started:  # as uvicorn.run: the startup failed (its log says why)
@@ -252,9 +236,7 @@ def server_class():
     the API) and, at SIGTERM / Ctrl-C, ends the requests still running just before the grace period runs
     out: a stream gets an error event as its last, any other request a 503, instead of a connection cut with
     neither an error nor ``[DONE]``."""
-    import logging
-
-    import uvicorn
+    import uvicorn  # the optional extra setdlm[serve], as Starlette in create_app
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None):
@@ -286,11 +268,8 @@ def server_class():
 
 
 def check_listen(host: str, port: int) -> None:
-    """Raise ValueError (one line) unless a server can listen on ``host:port``."""
-    import socket
-
-    if not (isinstance(port, int) and 0 <= port <= 65535):
-        raise UserError(f"port must be an integer in [0, 65535], got {port!r}")
+    """Raise a UserError (one line) unless a server can listen on ``host:port`` (both checked by
+    :class:`ServeOptions`)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as e:

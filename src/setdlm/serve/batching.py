@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..decoding.session import Row, RowStep, Session
-from ..errors import UserError
+from .options import ServeOptions
 
 
 class QueueFull(Exception):
@@ -48,13 +48,12 @@ class Job:
 
 
 class Batcher:
-    """Runs ``model``'s decoding loop in a background thread; ``submit`` and ``cancel`` are thread-safe."""
+    """Runs ``model``'s decoding loop in a background thread, ``options.max_batch`` rows at most and
+    ``options.max_queue`` requests waiting; ``submit`` and ``cancel`` are thread-safe."""
 
-    def __init__(self, model, *, max_batch: int = 16, max_queue: int = 64):
-        if not (isinstance(max_batch, int) and max_batch >= 1 and isinstance(max_queue, int) and max_queue >= 0):
-            raise UserError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch!r}, {max_queue!r}")
+    def __init__(self, model, options: ServeOptions):
         self.session = Session(model)
-        self.max_batch, self.max_queue = max_batch, max_queue
+        self.max_batch, self.max_queue = options.max_batch, options.max_queue
         self._cv = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._cancelled: list[Job] = []

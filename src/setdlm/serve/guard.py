@@ -13,7 +13,6 @@ import logging
 from .schemas import APIError
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")  # Host names a loopback server answers by default
-DEFAULT_MAX_BODY = 4 * 2**20  # bytes
 
 log = logging.getLogger("setdlm.serve")
 

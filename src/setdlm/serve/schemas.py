@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 from ..chat import ROLES, chat_prompt
 from ..data.prompt import check_prompt_fits, encode_prompts
-from ..seeds import SEED_RANGE
 from ..decoding.settings import DecodeSettings, default_max_new_tokens
+from ..seeds import SEED_RANGE
+from .structured import BadStructure, constraint_of
 
 
 class APIError(Exception):
@@ -184,8 +185,6 @@ def _settings(body: dict, max_tokens: int, width: int) -> DecodeSettings:
         s["ignore_eos"] = True
     if _get(body, "speculate", bool, False):  # SetDLM self-speculative decoding (docs/decoding.md)
         s["speculate"] = True
-    from .structured import BadStructure, constraint_of  # response_format, regex, choice (docs/decoding.md)
-
     try:
         constraint = constraint_of(body)
     except BadStructure as e:

@@ -12,14 +12,14 @@
 * :mod:`~setdlm.cli.train`: ``setdlm train`` / ``python -m setdlm.training``.
 """
 
-from .config import (CheckpointArgs, DataArgs, EvalArgs, FamilyArgs, ModelArgs, OptimArgs, SystemArgs, TrainConfig,
-                     config_fields)
+from .config import (CheckpointArgs, CorpusArgs, EvalArgs, ObjectiveArgs, ModelArgs, OptimArgs, SystemArgs, TrainConfig,
+                     config_fields, knobs_for)
 from .data import Setup, heldout_of, prepare_data
 from .loop import TrainResult, train
 from .run_folder import interrupted_note, resume_config
 from .schedule import DataOrder, lr_at
 from .sharded import consolidate
 
-__all__ = ["CheckpointArgs", "DataArgs", "DataOrder", "EvalArgs", "FamilyArgs", "ModelArgs", "OptimArgs", "Setup",
+__all__ = ["CheckpointArgs", "CorpusArgs", "DataOrder", "EvalArgs", "ObjectiveArgs", "ModelArgs", "OptimArgs", "Setup",
            "SystemArgs", "TrainConfig", "TrainResult", "config_fields", "consolidate", "heldout_of",
-           "interrupted_note", "lr_at", "prepare_data", "resume_config", "train"]
+           "interrupted_note", "knobs_for", "lr_at", "prepare_data", "resume_config", "train"]

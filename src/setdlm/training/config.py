@@ -32,6 +32,13 @@ def family_knobs(name: str) -> tuple[str, ...]:
     return using("train_flags", name)
 
 
+def knobs_for(family: str, **knobs) -> dict:
+    """The ``knobs`` (training options) that apply to ``family``: to build every family's configuration from
+    one set of knobs (``TrainConfig`` refuses a knob of another family that is given)."""
+    get_family(family)
+    return {k: v for k, v in knobs.items() if not family_knobs(k) or family in family_knobs(k)}
+
+
 def streams(family: str) -> int:
     """Positions a training row feeds per token: 2 for the two-stream families (clean + noisy copies)."""
     return get_family(family).streams
@@ -55,13 +62,13 @@ def _check(group) -> None:
         for name in names:
             v = getattr(group, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
-                raise UserError(f"{name} must be {what} integer, got {v!r}")
+                raise UserError(f"{name} must be {what} integer, got {v!r}", fields=(name,))
 
 
 def _in_range(group, checks: dict[str, bool]) -> None:
     for name, ok in checks.items():
         if not ok:
-            raise UserError(f"{name} out of range: {getattr(group, name)}")
+            raise UserError(f"{name} out of range: {getattr(group, name)}", fields=(name,))
 
 
 @dataclass
@@ -80,7 +87,8 @@ class ModelArgs:
         _check(self)
         _in_range(self, {"dropout": 0 <= self.dropout < 1})
         if self.hidden_size % self.n_heads:
-            raise UserError(f"hidden_size {self.hidden_size} is not divisible by n_heads {self.n_heads}")
+            raise UserError(f"hidden_size {self.hidden_size} is not divisible by n_heads {self.n_heads}",
+                            fields=("hidden_size", "n_heads"))
 
     def transformer_config(self, vocab_size: int) -> TransformerConfig:
         return TransformerConfig(vocab_size=vocab_size, hidden_size=self.hidden_size, n_heads=self.n_heads,
@@ -88,7 +96,7 @@ class ModelArgs:
 
 
 @dataclass
-class FamilyArgs:
+class ObjectiveArgs:
     """The family and its knobs: which objective is trained (docs/method.md §2.1, §2.9)."""
 
     family: str = _f("ar, mdlm, bd3lm or setdlm", default="setdlm")
@@ -103,7 +111,7 @@ class FamilyArgs:
     def __post_init__(self):
         _check(self)
         if self.family not in FAMILIES:
-            raise UserError(f"unknown family {self.family!r}; choose one of {', '.join(FAMILIES)}")
+            raise UserError(f"unknown family {self.family!r}; choose one of {', '.join(FAMILIES)}", fields=("family",))
 
     def family_config(self, length: int, mask_token_id: int) -> FamilyConfig:
         """The :class:`FamilyConfig` these knobs give at context length ``length`` (checks them against it)."""
@@ -133,18 +141,20 @@ class OptimArgs:
     def __post_init__(self):
         _check(self)
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise UserError(f"lr must be positive, got {self.lr}")
+            raise UserError(f"lr must be positive, got {self.lr}", fields=("lr",))
         if self.lr_schedule not in ("constant", "cosine"):
-            raise UserError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}")
+            raise UserError(f"lr_schedule must be constant or cosine, got {self.lr_schedule!r}",
+                            fields=("lr_schedule",))
         _in_range(self, {"min_lr_ratio": 0 <= self.min_lr_ratio <= 1, "weight_decay": self.weight_decay >= 0,
                          "beta1": 0 <= self.beta1 < 1, "beta2": 0 <= self.beta2 < 1, "clip": self.clip >= 0,
                          "ema": 0 <= self.ema < 1})
         if self.batch_size % self.grad_accum:
-            raise UserError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
+            raise UserError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}",
+                            fields=("batch_size", "grad_accum"))
 
 
 @dataclass
-class DataArgs:
+class CorpusArgs:
     """The training text, its tokenizer, the context length and the fixed held-out split."""
 
     data: str = _f("training text: a file, folder, .jsonl, built-in corpus or hf:NAME", default="shakespeare")
@@ -161,10 +171,10 @@ class DataArgs:
         _check(self)
         if not isinstance(self.data, str) or not self.data.strip():
             raise UserError(f"data must name a text source (a file, folder, built-in corpus or hf:NAME), got "
-                             f"{self.data!r}")
+                            f"{self.data!r}", fields=("data",))
         if self.length < 2:
-            raise UserError(f"length (the context length L) must be at least 2, a BOS and one token to learn, "
-                             f"got {self.length}")
+            raise UserError(f"length must be at least 2 (L: a BOS and one token to learn), got {self.length}",
+                            fields=("length",))
         _in_range(self, {"eval_fraction": 0 < self.eval_fraction < 1})
         if Path(self.data).exists():  # recorded absolute, so that `setdlm eval` finds it from anywhere
             self.data = str(Path(self.data).resolve())
@@ -202,7 +212,7 @@ class CheckpointArgs:
     def __post_init__(self):
         _check(self)
         if not self.out:
-            raise UserError("out (the run folder) is required")
+            raise UserError("out (the run folder) is required", fields=("out",))
 
 
 @dataclass
@@ -221,10 +231,11 @@ class SystemArgs:
     def __post_init__(self):
         _check(self)
         if self.strategy not in STRATEGIES:
-            raise UserError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+            raise UserError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}",
+                            fields=("strategy",))
 
 
-GROUPS = {"model": ModelArgs, "objective": FamilyArgs, "optim": OptimArgs, "corpus": DataArgs,
+GROUPS = {"model": ModelArgs, "objective": ObjectiveArgs, "optim": OptimArgs, "corpus": CorpusArgs,
           "evaluation": EvalArgs, "checkpointing": CheckpointArgs, "system": SystemArgs}
 _OWNER = {f.name: group for group, cls in GROUPS.items() for f in fields(cls)}  # flat name -> group
 
@@ -237,9 +248,9 @@ class TrainConfig:
 
     preset: str
     model: ModelArgs
-    objective: FamilyArgs
+    objective: ObjectiveArgs
     optim: OptimArgs
-    corpus: DataArgs
+    corpus: CorpusArgs
     evaluation: EvalArgs
     checkpointing: CheckpointArgs
     system: SystemArgs
@@ -249,6 +260,10 @@ class TrainConfig:
                                   "compile", "out", "grad_checkpointing", "allow_data_change")
 
     def __init__(self, preset: str = "tiny", **given):
+        self._fill(preset, given)
+        self._refuse_other_family(given)
+
+    def _fill(self, preset: str, given: dict) -> None:
         unknown = [k for k in given if k not in GROUPS and k not in _OWNER]
         if unknown:
             raise TypeError(f"unknown training argument(s) {', '.join(map(repr, unknown))}")
@@ -262,8 +277,31 @@ class TrainConfig:
                 raise TypeError(f"{group} must be a {cls.__name__}, got {type(value).__name__}")
             object.__setattr__(self, group, value)
         if self.evaluation.eval_ema and not self.optim.ema:
-            raise UserError("eval_ema needs EMA weights: set ema > 0 (e.g. 0.999)")
+            raise UserError("eval_ema needs EMA weights: set ema > 0 (e.g. 0.999)", fields=("eval_ema", "ema"))
         self.family_config(mask_token_id=0)  # checks D, M, k, block size against L
+
+    def _refuse_other_family(self, given: dict) -> None:
+        """A knob ``given`` explicitly that the family does not use (``D`` for AR) is a mistake, not a no-op;
+        in a group object given, the knobs off their default count as given. Values a preset or a checkpoint
+        brings are not checked: presets set ``D`` and ``block_size`` for every family, and runs written before
+        this check may have recorded such a value."""
+        family = self.objective.family
+        explicit = [k for k in given if k in _OWNER]
+        explicit += [f.name for g in GROUPS if g in given for f in fields(given[g])
+                     if getattr(given[g], f.name) != f.default]
+        for name in explicit:
+            families = family_knobs(name)
+            if families and family not in families:
+                raise UserError(f"{name} applies to {' and '.join(families)}, not to family {family!r}",
+                                fields=(name,))
+
+    @classmethod
+    def _given_on_top(cls, preset: str, values: dict, given: dict) -> "TrainConfig":
+        """``values`` with ``given`` on top, of which only ``given`` is checked against the family."""
+        cfg = cls.__new__(cls)
+        cfg._fill(preset, {**values, **given})
+        cfg._refuse_other_family(given)
+        return cfg
 
     def __getattr__(self, name: str):  # a flat name: read from its group
         group = _OWNER.get(name)
@@ -276,11 +314,21 @@ class TrainConfig:
 
     @classmethod
     def from_preset(cls, name: str = "tiny", **overrides) -> "TrainConfig":
-        return cls(**{**preset_values(name), **overrides, "preset": name})
+        """Preset ``name``'s values with ``overrides`` on top (an override of another family's knob is refused)."""
+        overrides.pop("preset", None)
+        return cls._given_on_top(name, preset_values(name), overrides)
+
+    @classmethod
+    def from_record(cls, record: dict, **given) -> "TrainConfig":
+        """The configuration a checkpoint recorded (its ``"training"`` section, flat names; fields added
+        since take their defaults) with ``given`` on top; only ``given`` is checked against the family."""
+        given = dict(given)
+        preset = given.pop("preset", record.get("preset", "tiny"))
+        return cls._given_on_top(preset, {k: v for k, v in record.items() if k in _OWNER}, given)
 
     def replace(self, **flat) -> "TrainConfig":
         """A copy with the flat fields ``flat`` changed (checked again)."""
-        return TrainConfig(**{**self.to_dict(), **flat})
+        return TrainConfig.from_record(self.to_dict(), **flat)
 
     def to_dict(self) -> dict:
         """The flat names and values (what a checkpoint records as ``"training"``)."""

@@ -8,18 +8,21 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
 from ..data import TokenDataset, Tokenizer, build_dataset, build_tokenizer, heldout_split, read_source
+from ..errors import UserError
+from ..evaluation import heldout_rows
 from ..family import FamilyConfig
-from .config import TrainConfig, config_fields
+from .config import TrainConfig
 
 
 @dataclass
 class Setup:
+    """What a run trains on: the tokenizer, the family at this context length, and the tokenized rows."""
+
     tokenizer: Tokenizer
     family: FamilyConfig
-    train: TokenDataset
-    heldout: TokenDataset
+    train_rows: TokenDataset
+    heldout_rows: TokenDataset  # the fixed held-out split the bound is measured on
 
 
 def prepare_data(cfg: TrainConfig, tokenizer: Tokenizer | None = None) -> Setup:
@@ -39,7 +42,7 @@ def data_digest(setup: Setup) -> str:
     """sha256 of the tokenized training and held-out rows (ids, padding and prompt masks): a checkpoint
     records it, so that ``--resume`` on changed data (an edited file, another tokenization) is noticed."""
     h = hashlib.sha256()
-    for ds in (setup.train, setup.heldout):
+    for ds in (setup.train_rows, setup.heldout_rows):
         for t in (ds.input_ids, ds.attention_mask, ds.context_mask):
             h.update(str(tuple(t.shape)).encode())
             h.update(t.contiguous().numpy().tobytes())
@@ -54,14 +57,11 @@ def check_same_data(folder: Path, recorded: str | None, setup: Setup, allow_chan
     now = data_digest(setup)
     if now != recorded:
         raise UserError(f"cannot resume: the training data changed since {folder} (sha256 of its tokenized rows "
-                         f"{recorded[:12]}..., now {now[:12]}...); restore the data, or pass --allow-data-change "
-                         "to continue on the new data")
+                         f"{recorded[:12]}..., now {now[:12]}...); restore the data, or pass "
+                        "allow_data_change=True to continue on the new data", fields=("allow_data_change",))
 
 
 def heldout_of(training_args: dict, tokenizer: Tokenizer) -> TokenDataset:
     """The held-out rows a run evaluated on, rebuilt from its recorded training arguments."""
-    from ..evaluation import heldout_rows  # the one rebuild of a run's split (setdlm eval uses it too)
-
-    names = {f.name for f in config_fields()}
-    cfg = TrainConfig(**{k: v for k, v in training_args.items() if k in names})  # defaults for older runs
+    cfg = TrainConfig.from_record(training_args)  # defaults for fields added since
     return heldout_rows(cfg.to_dict(), tokenizer)

@@ -36,7 +36,8 @@ class Dist:
     strategy: str = "ddp"
 
     @property
-    def main(self) -> bool:
+    def is_main(self) -> bool:
+        """Rank 0: the process that prints, logs and names the checkpoint folders."""
         return self.rank == 0
 
     @property
@@ -55,7 +56,7 @@ def init_dist(device: str, strategy: str = "ddp") -> Dist:
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     if strategy == "fsdp" and "MASTER_ADDR" not in os.environ:
         raise UserError("strategy fsdp shards over the processes of torchrun: start with torchrun "
-                         "--nproc-per-node N -m setdlm.training ... (docs/training.md)")
+                        "--nproc-per-node N -m setdlm.training ... (docs/training.md)", fields=("strategy",))
     dev = resolve_device(device, local)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -101,7 +102,7 @@ def wrap(backbone: nn.Module, dist: Dist, bf16: bool) -> nn.Module:
     """The module the training step calls: ``backbone`` under DDP (several processes), sharded in place by
     FSDP2 (``fsdp``: then ``backbone`` itself), or ``backbone`` alone."""
     if dist.sharded:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # FSDP runs only
 
         # the DiT returns its logits as a view; nothing changes them in place (the losses read them), which
         # is what FSDP2's warning about views is for (tests/test_train_fsdp.py: the gradients are exact)

@@ -62,7 +62,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     lock = RunLock(out)
     done = False
     try:
-        if dist.main:
+        if dist.is_main:
             lock.check()
         state, resume_from = setup(cfg, dist, lock)
         result = run(cfg, state, dist, resume_from)
@@ -70,7 +70,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         return result
     finally:  # cleanup
         lock.release()
-        if dist.main and not done:
+        if dist.is_main and not done:
             remove_if_unused(out, fresh)
 
 
@@ -96,13 +96,13 @@ def setup(cfg: TrainConfig, dist: Dist, lock: RunLock) -> tuple[TrainState, Path
     """Check the run folder and the inputs, build the data, the model and the optimizer (restored when
     resuming), then take the run folder. Nothing is written before every check has passed."""
     resume_from = check_out_dir(cfg)
-    if cfg.checkpointing.resume and resume_from is None and dist.main:
+    if cfg.checkpointing.resume and resume_from is None and dist.is_main:
         print(f"{cfg.out}: no checkpoint to resume from yet; starting from scratch", file=sys.stderr)
     cfg, init, tokenizer = _starting_point(cfg, dist, resume_from)
     data = None
     if tokenizer is None and dist.active:  # one tokenizer for all (BPE training need not be bitwise reproducible)
-        data = prepare_data(cfg) if dist.main else None
-        msg = [data.tokenizer.to_json() if dist.main else None]
+        data = prepare_data(cfg) if dist.is_main else None
+        msg = [data.tokenizer.to_json() if dist.is_main else None]
         torch.distributed.broadcast_object_list(msg, 0)
         tokenizer = Tokenizer.from_json(msg[0])
     data = data or prepare_data(cfg, tokenizer)  # every check of the inputs happens before anything is written
@@ -113,23 +113,24 @@ def setup(cfg: TrainConfig, dist: Dist, lock: RunLock) -> tuple[TrainState, Path
                          f"{o.grad_accum} × {dist.world}")
     if resume_from is None:  # a resumed run already fitted
         check_memory(cfg, init, data.tokenizer.vocab_size, dist.device, dist.world)
-    if cfg.system.bf16 and dist.main and not native_bf16(dist.device):
+    if cfg.system.bf16 and dist.is_main and not native_bf16(dist.device):
         print(f"warning: --bf16 on a {dist.device.type} without native bf16 (no AVX512-BF16 or AMX): PyTorch "
               "emulates it, and training is much slower than in float32 (docs/training.md); drop --bf16",
               file=sys.stderr)
     state = TrainState(cfg, dist, data, resume_from, init)
     if state.step >= o.steps:
-        raise UserError(f"the checkpoint is at step {state.step}, which is not below steps={o.steps}; raise --steps")
-    if dist.main:
+        raise UserError(f"the checkpoint is at step {state.step}, which is not below steps={o.steps}; raise steps",
+                        fields=("steps",))
+    if dist.is_main:
         for line in start_report(cfg, state, built_tokenizer=tokenizer is None and resume_from is None):
             print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout, flush=True)
-    if dist.main:
+    if dist.is_main:
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
         lock.acquire()
         if check_out_dir(cfg) != resume_from:  # another process wrote here while this one prepared
             raise UserError(f"{out}: another run wrote a checkpoint here while this one started; choose "
-                             "another --out")
+                            "another out", fields=("out",))
         truncate_log(out / METRICS, state.step)
         if resume_from is not None:
             print(f"resuming from {resume_from} at step {state.step}", file=sys.stderr)
@@ -150,7 +151,7 @@ def start_report(cfg: TrainConfig, state: TrainState, *, built_tokenizer: bool) 
     if built_tokenizer and d.tokenizer == "bpe" and vocab < d.vocab_size:
         lines.append(f"warning: --vocab-size {d.vocab_size} asked, but the BPE tokenizer learned only {vocab} "
                      "tokens from this text (too little text for more merges)")
-    rows, held = len(setup.train) + len(setup.heldout), len(setup.heldout)
+    rows, held = len(setup.train_rows) + len(setup.heldout_rows), len(setup.heldout_rows)
     if held < FEW_HELDOUT:
         lines.append(f"warning: the held-out set is {held} row{'s' if held != 1 else ''} (--eval-fraction "
                      f"{d.eval_fraction} of {rows} rows): its bound is noisy; give more text or a larger "
@@ -160,7 +161,7 @@ def start_report(cfg: TrainConfig, state: TrainState, *, built_tokenizer: bool) 
                      f"reaches --lr {o.lr:g}; lower --warmup")
     params = sum(p.numel() for p in state.backbone.parameters())
     lines.append(f"training {cfg.objective.family} ({params / 1e6:.2f}M parameters) on {d.data}: tokenizer "
-                 f"{setup.tokenizer.kind}, {vocab:,} tokens; {len(setup.train):,} rows of {d.length} tokens, "
+                 f"{setup.tokenizer.kind}, {vocab:,} tokens; {len(setup.train_rows):,} rows of {d.length} tokens, "
                  f"{held:,} held out; {o.batch_size * d.length:,} tokens per step; steps {state.step + 1}-{o.steps}, "
                  f"a loss line every {e.log_every}")
     return lines
@@ -174,11 +175,11 @@ def run(cfg: TrainConfig, state: TrainState, dist: Dist, resume_from: Path | Non
 
     def log(row: dict) -> None:
         history.append(row)
-        if dist.main:
+        if dist.is_main:
             append_log(out, row)
 
     bar = tqdm(total=cfg.optim.steps, initial=start, desc=f"train {cfg.objective.family}",
-               disable=None if dist.main else True, dynamic_ncols=True)
+               disable=None if dist.is_main else True, dynamic_ncols=True)
     t0 = t_log = time.perf_counter()
     tok_total = tok_log = 0
     loss_acc, n_acc, loss = 0.0, 0, None
@@ -196,7 +197,7 @@ def run(cfg: TrainConfig, state: TrainState, dist: Dist, resume_from: Path | Non
             loss, tps = stats[0].item() / dist.world, stats[1].item() / max(now - t_log, 1e-9)
             log({"step": s, "loss": loss, "lr": lr_at(cfg.optim, s - 1), "grad_norm": norm, "tokens_per_s": tps})
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tps:,.0f}")
-            if dist.main:  # stdout, flushed: a pipe or a log file shows it as it happens
+            if dist.is_main:  # stdout, flushed: a pipe or a log file shows it as it happens
                 bar.write(f"step {s}: loss {loss:.4f}, lr {lr_at(cfg.optim, s - 1):.3g}, {tps:,.0f} tokens/s",
                           file=sys.stdout)
                 sys.stdout.flush()
@@ -204,7 +205,7 @@ def run(cfg: TrainConfig, state: TrainState, dist: Dist, resume_from: Path | Non
         if (e.eval_every and s % e.eval_every == 0) or last:
             evaluation = state.evaluate()
             log({"step": s, "split": "heldout", **evaluation})
-            if dist.main:
+            if dist.is_main:
                 bar.write(f"step {s}: held-out nelbo {evaluation['nelbo']:.4f} ppl {evaluation['ppl']:.2f} "
                           f"({evaluation['tokens']} tokens)", file=sys.stderr)
         if (c.save_every and s % c.save_every == 0) or last:
@@ -218,6 +219,6 @@ def run(cfg: TrainConfig, state: TrainState, dist: Dist, resume_from: Path | Non
 def save(state: TrainState, out: Path, last: dict, keep: int, dist: Dist) -> Path:
     """Checkpoint the state, then keep the newest ``keep`` checkpoints."""
     path = state.save(out, last)
-    if dist.main:
+    if dist.is_main:
         prune(out, keep)
     return path

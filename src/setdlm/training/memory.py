@@ -28,4 +28,5 @@ def check_memory(cfg: TrainConfig, backbone: nn.Module | None, vocab_size: int, 
     state = n_params * (20 if cfg.optim.ema else 16) // shards
     needed = state + rows * streams(cfg.objective.family) * cfg.corpus.length * layers * d * 4 * 4
     check_fits(f"training {n_params:,} parameters on micro-batches of {rows} rows", needed, device,
-               "lower --hidden-size / --n-layers, or --batch-size (or raise --grad-accum)")
+               "lower hidden_size / n_layers, or batch_size (or raise grad_accum)",
+               fields=("hidden_size", "n_layers", "batch_size", "grad_accum"))

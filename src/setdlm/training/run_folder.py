@@ -11,11 +11,13 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import time
 from pathlib import Path
 
 from ..errors import UserError
 from ..formats import checkpoint as ckpt
+from ..outputs import write_text_atomic
 from .config import TrainConfig, config_fields
 
 METRICS = "metrics.jsonl"
@@ -32,8 +34,7 @@ class RunLock:
 
     def acquire(self, sign: bool = True) -> None:
         """Take the lock; ``sign``: write this process into the file (once the run really starts)."""
-        import fcntl
-        import socket
+        import fcntl  # POSIX only: needed when a run takes its lock, not to import this module
 
         if self.file is not None:
             if sign:
@@ -47,7 +48,7 @@ class RunLock:
             holder = f.read().strip() or "another process"
             f.close()
             raise UserError(f"{self.path.parent}: another training run is writing into this folder ({holder}); "
-                             "wait for it to end or choose another --out") from None
+                            "wait for it to end or choose another out", fields=("out",)) from None
         self.file = f
         if sign:
             self._sign(socket.gethostname())
@@ -87,22 +88,24 @@ def check_out_dir(cfg: TrainConfig) -> Path | None:
     if out.exists() and not out.is_dir():
         raise UserError(f"out {cfg.out!r} exists and is not a folder")
     if ckpt.is_checkpoint(out):
-        raise UserError(f"out {cfg.out!r} is a checkpoint folder, not a run folder; choose another --out")
+        raise UserError(f"out {cfg.out!r} is a checkpoint folder, not a run folder; choose another out",
+                        fields=("out",))
     for parent in out.absolute().parents:
         if (parent / ckpt.LATEST).is_file() and (parent / "checkpoints").is_dir():
             raise UserError(f"out {cfg.out!r} lies inside the training run {str(parent)!r}; choose a folder "
-                             "outside it")
+                            "outside it", fields=("out",))
     latest = ckpt.latest_checkpoint(out) if out.is_dir() else None
     if latest is None and out.is_dir() and any((out / "checkpoints").glob("step-*")):
         raise UserError(f"{out / ckpt.LATEST}: missing, but {out} holds checkpoints; repair or remove it")
     if latest is not None and not resume:
-        raise UserError(f"out {cfg.out!r} already holds a training run; pass --resume or choose another folder")
+        raise UserError(f"out {cfg.out!r} already holds a training run; pass resume=True or choose another folder",
+                        fields=("out", "resume"))
     log = out / METRICS
     if log.is_file():
         rows = read_log(log)
         if rows and latest is None and not resume:  # never truncate the log of another run
-            raise UserError(f"{log}: holds {len(rows)} rows of another run (no checkpoint yet); pass --resume to "
-                             "restart that run, or choose another --out")
+            raise UserError(f"{log}: holds {len(rows)} rows of another run (no checkpoint yet); pass resume=True "
+                            "to restart that run, or choose another out", fields=("out", "resume"))
     return latest
 
 
@@ -130,9 +133,8 @@ def resume_config(out: str | Path, **given) -> TrainConfig:
     saved = ckpt.read_config(latest).get("training") or {}
     if not saved:
         raise UserError(f"{latest / ckpt.CONFIG}: records no training arguments, so the run cannot resume")
-    names = {f.name for f in config_fields()} - {"allow_data_change"}  # given each time, never carried over
-    return TrainConfig(**{**{k: v for k, v in saved.items() if k in names}, **given, "out": str(out),
-                          "resume": True})
+    saved = {k: v for k, v in saved.items() if k != "allow_data_change"}  # given each time, never carried over
+    return TrainConfig.from_record(saved, **given, out=str(out), resume=True)
 
 
 def read_log(path: Path) -> list[tuple[int, str]]:
@@ -164,7 +166,7 @@ def truncate_log(path: Path, step: int) -> None:
     rows = read_log(path)
     keep = [r for s, r in rows if s <= step]
     if len(keep) < len(rows):
-        ckpt.write_text_atomic(path, "".join(r + "\n" for r in keep))
+        write_text_atomic(path, "".join(r + "\n" for r in keep))
 
 
 def append_log(out: Path, row: dict) -> None:

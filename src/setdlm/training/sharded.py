@@ -27,7 +27,7 @@ from .distributed import Dist
 
 
 def _state(net: nn.Module, optimizer, ema: dict | None) -> dict:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import get_state_dict  # FSDP only (as dcp below)
 
     model, optim = get_state_dict(net, optimizer)  # (sharded) tensors by parameter name
     return {"model": model, "optim": optim, **({"ema": ema} if ema is not None else {})}
@@ -37,10 +37,10 @@ def save_sharded(dst: Path, model, net: nn.Module, optimizer, ema: dict | None, 
                  training_state: dict, dist: Dist) -> Path:
     """Write the checkpoint folder ``dst`` (atomically, as every checkpoint): collective, every process
     calls it. ``model``: the :class:`~setdlm.lm.Model` whose config and tokenizer are recorded."""
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as dcp  # half a second to import: only FSDP runs and export need it
 
     state = _state(net, optimizer, ema)
-    if not dist.main:  # rank 0 names the temporary folder that all write into
+    if not dist.is_main:  # rank 0 names the temporary folder that all write into
         where = [None]
         torch.distributed.broadcast_object_list(where, 0)
         dcp.save(state, checkpoint_id=Path(where[0]) / ckpt.SHARDED)
@@ -61,7 +61,7 @@ def save_sharded(dst: Path, model, net: nn.Module, optimizer, ema: dict | None, 
 
 def load_sharded(folder: Path, net: nn.Module, optimizer, ema: dict | None) -> None:
     """Load a sharded checkpoint into the (sharded) ``net``, ``optimizer`` and ``ema`` in place: collective."""
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as dcp  # half a second to import: only FSDP runs and export need it
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     state = _state(net, optimizer, ema)
@@ -86,7 +86,7 @@ def consolidate(path: str | Path) -> Path:
     """Write ``model.safetensors`` (and ``ema.safetensors``) into the sharded checkpoint ``path`` (a checkpoint
     folder, or a run folder: its latest), so that ``setdlm.load`` reads it; one process, on the CPU. The
     sharded files stay (``--resume`` reads them). Returns the checkpoint folder."""
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as dcp  # half a second to import: only FSDP runs and export need it
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
     folder = ckpt.resolve(path)

@@ -15,6 +15,7 @@ from ..evaluation.likelihood import likelihood
 from ..lm import Model
 from ..model import Transformer
 from ..objectives import compute_loss
+from ..outputs import write_text_atomic
 from .config import TrainConfig
 from .data import Setup, check_same_data, data_digest
 from .distributed import Dist, grad_norm, gradient_sync, replica_divergence, wrap
@@ -48,7 +49,7 @@ class TrainState:
         if resume_from is not None:
             self._restore(resume_from, net)
         self.net = torch.compile(net) if cfg.system.compile else net
-        self.order = DataOrder(len(setup.train), o.seed)
+        self.order = DataOrder(len(setup.train_rows), o.seed)
         self.micro = o.batch_size // (o.grad_accum * dist.world)
         self.digest: str | None = None  # data_digest, computed at the first checkpoint
 
@@ -80,7 +81,7 @@ class TrainState:
         loss_sum, tokens = torch.zeros((), dtype=torch.float64, device=dist.device), 0
         amp = torch.autocast(dist.device.type, dtype=torch.bfloat16) if self.cfg.system.bf16 else nullcontext()
         for m in range(o.grad_accum):
-            batch = self.setup.train.batch(mine[m * self.micro:(m + 1) * self.micro])
+            batch = self.setup.train_rows.batch(mine[m * self.micro:(m + 1) * self.micro])
             tokens += int(batch.attention_mask.sum())  # counted on the host, before the copy: no device sync
             batch = batch.to(dist.device)
             seed = micro_batch_seed(o.seed, s, dist.rank * o.grad_accum + m)
@@ -122,7 +123,8 @@ class TrainState:
         share the batches; under ``fsdp`` (whose forward is collective) each process scores all of them."""
         e = self.cfg.evaluation
         with self._ema_weights() if e.eval_ema else nullcontext():
-            res = likelihood(Model(self.backbone, self.setup.family), self.setup.heldout.batches(e.eval_batch_size),
+            batches = self.setup.heldout_rows.batches(e.eval_batch_size)
+            res = likelihood(Model(self.backbone, self.setup.family), batches,
                              seed=e.eval_seed, bf16=self.cfg.system.bf16, progress=False,
                              dist=None if self.dist.sharded else self.dist)
         return res.bound_row()
@@ -132,7 +134,7 @@ class TrainState:
         cfg, dist = self.cfg, self.dist
         divergence = replica_divergence(self.backbone, dist)
         name = f"checkpoints/step-{self.step:08d}"
-        self.digest = self.digest or (data_digest(self.setup) if dist.main else None)
+        self.digest = self.digest or (data_digest(self.setup) if dist.is_main else None)
         state = {"step": self.step, "data": self.order.position(self.step, cfg.optim.batch_size),
                  "data_sha256": self.digest, "world_size": dist.world, "strategy": dist.strategy,
                  "lr_schedule": {"kind": cfg.optim.lr_schedule, "lr": lr_at(cfg.optim, max(self.step - 1, 0))},
@@ -140,12 +142,12 @@ class TrainState:
         model = Model(self.backbone, self.setup.family, self.setup.tokenizer)
         if dist.sharded:
             save_sharded(out / name, model, self.backbone, self.optimizer, self.ema, cfg.to_dict(), state, dist)
-        elif dist.main:
+        elif dist.is_main:
             state["replica_max_abs_diff"] = divergence
             ckpt.save(out / name, model, ema=self.ema, training_args=cfg.to_dict(), training_state=state,
                       optimizer_state=self.optimizer.state_dict())
-        if dist.main:
-            ckpt.write_text_atomic(out / ckpt.LATEST, name + "\n")
+        if dist.is_main:
+            write_text_atomic(out / ckpt.LATEST, name + "\n")
         if dist.active and not dist.sharded:
             torch.distributed.barrier()
         return out / name
