@@ -25,7 +25,7 @@ LAYERS = [
 ]
 SIDEWAYS = {0, 1}  # layers whose parts may import each other
 ENTRY_POINTS = {"setdlm.__main__", "setdlm.training.__main__"}  # `python -m ...`: they start the CLI
-# the one edge up, with its reason (docs/architecture.md): a convenience method importing lazily
+# the one edge up, with its reason (docs/architecture.md)
 UPWARD = {("setdlm.lm", "setdlm.formats.checkpoint"): "Model.save writes through the checkpoint format"}
 
 

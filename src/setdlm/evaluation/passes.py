@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from tqdm.auto import tqdm
 
+from .. import decoding  # decoding.generate / decoding.infill looked up per call (a test or a profiler may wrap them)
 from ..data.parallel import ParallelExample
 from ..data.prompt import check_prompt_fits, encode_prompt, start_ids
 from ..data.tasks import InfillExample, ReasoningExample, encode_infill
-from ..decoding import generate, infill as decode_infill
 from ..decoding.api import eos_ids
 from ..decoding.settings import DecodeSettings, default_max_new_tokens
 from ..errors import UserError
@@ -194,7 +194,7 @@ def generate_steps(model: Model, prompts: list[list[int]], settings: DecodeSetti
     _check_clock(model, opts["clock"])
     budget = _budget(model, prompts, settings.max_new_tokens)
     settings = replace(settings, max_new_tokens=budget)
-    outs, run = yield from decode_steps(len(prompts), lambda lo, hi: generate(
+    outs, run = yield from decode_steps(len(prompts), lambda lo, hi: decoding.generate(
         model, prompts[lo:hi], settings, seed=seed), **opts)
     return outs, run, budget
 
@@ -213,7 +213,7 @@ def fill_steps(model: Model, examples: list[InfillExample], settings: DecodeSett
             raise UserError(f"infill example {i} needs {len(pre) + m + len(suf)} tokens, more than the context "
                             f"length L={L} (select examples with setdlm.evaluation.passes.fits)")
     pre, lens, suf = zip(*rows)
-    return (yield from decode_steps(len(rows), lambda lo, hi: decode_infill(
+    return (yield from decode_steps(len(rows), lambda lo, hi: decoding.infill(
         model, list(pre[lo:hi]), list(suf[lo:hi]), list(lens[lo:hi]), settings=settings, seed=seed), **opts))
 
 
