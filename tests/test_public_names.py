@@ -14,6 +14,7 @@ PACKAGES = ("setdlm", "setdlm.data", "setdlm.decoding", "setdlm.serve")
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 REFERENCE = re.compile(r"(?<![\w/.-])setdlm(?:\.[A-Za-z_]\w*)+")
 FILE_SUFFIXES = {"py", "md", "json", "jsonl", "txt", "png", "safetensors"}
+MOVED = re.compile(r"<!-- moved-names\b.*?-->(.*?)<!-- /moved-names -->", re.S)
 
 
 def _import(name: str):
@@ -74,9 +75,34 @@ def test_resolver_finds_what_is_missing():
     assert not resolve("setdlm.schedules.identity_order") and not resolve("setdlm.nothing_here")
 
 
+def _refs(text: str) -> set[str]:
+    return {r for r in REFERENCE.findall(text) if r.rsplit(".", 1)[-1] not in FILE_SUFFIXES}
+
+
+def moved_names(text: str) -> tuple[str, list[tuple[set[str], set[str]]]]:
+    """``text`` without its ``<!-- moved-names -->`` tables, and each of their rows' (before, now) names."""
+    rows = []
+    for table in MOVED.findall(text):
+        for line in table.splitlines():
+            cells = line.split("|")
+            if line.startswith("| ") and len(cells) >= 4 and (_refs(cells[1]) or _refs(cells[2])):
+                rows.append((_refs(cells[1]), _refs(cells[2])))
+    return MOVED.sub("", text), rows
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_docs_references_resolve(doc):
-    refs = sorted({r for r in REFERENCE.findall(doc.read_text(encoding="utf-8"))
-                   if r.rsplit(".", 1)[-1] not in FILE_SUFFIXES})
-    broken = [r for r in refs if not resolve(r)]
+    """Every setdlm name resolves, except in a table of moved names, whose first column names what is gone
+    (docs/architecture.md, "What moved"): those must not resolve, and what they became must."""
+    text, moved = moved_names(doc.read_text(encoding="utf-8"))
+    broken = [r for r in sorted(_refs(text) | {r for _, now in moved for r in now}) if not resolve(r)]
     assert not broken, f"{doc.name} names what does not exist: {broken}"
+    alive = [r for before, _ in moved for r in sorted(before) if resolve(r)]
+    assert not alive, f"{doc.name} says these moved, but they still exist: {alive}"
+
+
+def test_a_moved_names_table_is_checked_both_ways():
+    text = ("<!-- moved-names -->\n| before | now |\n|---|---|\n| `setdlm.evaluate` | `setdlm.evaluation.passes` |\n"
+            "<!-- /moved-names -->\nsee `setdlm.load`")
+    rest, rows = moved_names(text)
+    assert _refs(rest) == {"setdlm.load"} and rows == [({"setdlm.evaluate"}, {"setdlm.evaluation.passes"})]
