@@ -36,16 +36,22 @@ from setdlm.evaluation.passes import interleave, prompt_ids
 from setdlm.evaluation.reasoning import reasoning_steps
 
 MODELS = {"AR": "arith-ar", "BD3LM S=4": "arith-bd3lm-s4", "SetDLM S<=8": "arith-setdlm-smax8"}
+DISTILLED = "SetDLM S<=8 distilled"  # --distilled CHECKPOINT: arith-setdlm-smax8 fine-tuned on its own outputs
+NAMES = dict(MODELS)  # model key -> what setdlm.load reads (MODELS, and the distilled checkpoint when given)
 
 
-def modes(windows: list[int]) -> list[tuple[str, str, dict, str | None]]:
-    """(label, model key, decode settings, speculative layout) of every mode on the frontier."""
+def modes(windows: list[int], distilled: bool = False) -> list[tuple[str, str, dict, str | None]]:
+    """(label, model key, decode settings, speculative layout) of every mode on the frontier; ``distilled``: also
+    the self-distilled SetDLM's lossless speculative decode (benchmarks/self_distill.py) at each window."""
     out = [("AR", "AR", {}, None), ("BD3LM τ off", "BD3LM S=4", {}, None),
            ("BD3LM τ 0.9", "BD3LM S=4", {"threshold": 0.9}, None),
            ("SetDLM w=1", "SetDLM S<=8", {"window": 1}, None), ("SetDLM w=4 τ off", "SetDLM S<=8", {}, None)]
     out += [(f"SetDLM w=4 τ {t}", "SetDLM S<=8", {"threshold": t}, None) for t in (0.99, 0.95, 0.9)]
     out += [(f"SetDLM speculate w={w} {layout}", "SetDLM S<=8", {"speculate": True, "window": w}, layout)
             for w in windows for layout in ("all", "last")]
+    if distilled:
+        out += [(f"SetDLM distilled speculate w={w} last", DISTILLED, {"speculate": True, "window": w}, "last")
+                for w in windows]
     return out
 
 
@@ -76,7 +82,7 @@ def positions_per_forward(model, examples, settings: dict, layout: str | None) -
 
 def run_batch(models: dict, examples, batch: int, windows: list[int], clock: str) -> list[dict]:
     """Every mode at one batch size, side by side; one dict per mode."""
-    plan = modes(windows)
+    plan = modes(windows, DISTILLED in models)
     passes = [with_layout(reasoning_steps(models[key], examples, batch_size=batch, clock=clock,
                                                    progress=False, **settings), layout)
               for _, key, settings, layout in plan]
@@ -85,7 +91,7 @@ def run_batch(models: dict, examples, batch: int, windows: list[int], clock: str
     print(f"batch {batch}: {len(plan)} modes side by side in {time.perf_counter() - started:.0f} s", flush=True)
     rows = []
     for (label, key, settings, layout), r in zip(plan, results):
-        rows.append({"mode": label, "model": MODELS[key], "settings": settings, "layout": layout, "batch": batch,
+        rows.append({"mode": label, "model": NAMES[key], "settings": settings, "layout": layout, "batch": batch,
                      "accuracy": r.accuracy, "tokens": r.run.generated_tokens, "seconds": r.run.seconds,
                      "tokens_per_second": r.run.generated_tokens / r.run.seconds, "nfe": r.run.nfe,
                      "tokens_per_forward": r.run.tokens_per_step, "ms_per_forward": 1e3 * r.run.seconds / r.run.nfe})
@@ -139,22 +145,26 @@ def main() -> None:
     ap.add_argument("--windows", type=int, nargs="+", default=[4, 5, 6], help="speculative windows")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    ap.add_argument("--distilled", default=None, help="a self-distilled SetDLM checkpoint to add "
+                    "(benchmarks/self_distill.py)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.distilled:
+        NAMES[DISTILLED] = args.distilled
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    models = {key: setdlm.load(name) for key, name in MODELS.items()}
+    models = {key: setdlm.load(name) for key, name in NAMES.items()}
     examples = reasoning_split("test", args.n, level="medium", seed=args.seed)
     positions = {label: positions_per_forward(models[key], examples[:20], settings, layout)
-                 for label, key, settings, layout in modes(args.windows)}
+                 for label, key, settings, layout in modes(args.windows, bool(args.distilled))}
     rows = []
     for b in args.batch_sizes:
         rows += run_batch(models, examples, b, args.windows, args.clock)
     for x in rows:
         x["positions_per_forward"] = positions[x["mode"]]
     speculative.HORIZONS = "auto"
-    meta = {"n": args.n, "seed": args.seed, "threads": args.threads, "clock": args.clock, "torch": torch.__version__,
+    meta = {"distilled": args.distilled, "n": args.n, "seed": args.seed, "threads": args.threads, "clock": args.clock, "torch": torch.__version__,
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     (out / "frontier.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out / "frontier.md").write_text(table(rows))
