@@ -76,3 +76,10 @@ def test_anchors_are_dropped_and_a_choice_may_be_a_prefix_of_another():
     # exactly 7 tokens: only "yes sir" fits (it could never be written after "yes" matched)
     out = generate(model, ["a"], max_new_tokens=7, ignore_eos=True, constraint=C.choice(["yes", "yes sir"]))
     assert out.texts == ["yes sir"]
+
+
+@pytest.mark.parametrize("pattern, what", [("a\\p{L", "property"), ("a[bc", "character class")])
+def test_an_unclosed_class_or_property_is_one_error_not_a_hang(pattern, what):
+    """``\\p{`` without its ``}`` sent the pattern walk back to the start, forever (the server's thread with it)."""
+    with pytest.raises(UserError, match=f"unclosed {what}"):
+        C.automaton(C.regex(pattern), CHAR, 8)

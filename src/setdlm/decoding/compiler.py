@@ -85,39 +85,50 @@ def class_end(pattern: str, i: int) -> int | None:
 _FLAGS = re.compile(r"\(\?([a-zA-Z-]*)[:)]")  # (?flags) and (?flags:...)
 
 
-def without_end_mark(pattern: str, where: str) -> str:
-    """``pattern`` with U+FFFF (the end mark of :mod:`setdlm.decoding.compile_worker`) taken out of every
-    class: ``.``, ``[...]`` and ``\\D \\W \\S \\p \\P`` each intersected with ``[^\\x{FFFF}]``."""
-    out, i, n = [], 0, len(pattern)
+def regex_atoms(pattern: str):
+    """``(start, atom)`` for each atom of ``pattern`` in order: an escape (``\\p{...}`` whole), a character
+    class ``[...]`` whole, or one character; ``atom`` is None where a class or a ``\\p{`` is not closed (and
+    the walk stops there)."""
+    i, n = 0, len(pattern)
     while i < n:
         c = pattern[i]
         if c == "\\":
-            e = pattern[i + 1:i + 2]
-            if e in ("p", "P"):
+            j = i + 2
+            if pattern[i + 1:i + 2] in ("p", "P"):
                 j = pattern.find("}", i) + 1 if pattern[i + 2:i + 3] == "{" else i + 3
-                out.append(f"[{pattern[i:j]}&&[^\\x{{FFFF}}]]")
-                i = j
-                continue
-            out.append(f"[\\{e}&&[^\\x{{FFFF}}]]" if e in ("D", "W", "S") else pattern[i:i + 2])
-            i += 2
-            continue
-        if c == "[":
+                if j == 0:
+                    yield i, None
+                    return
+        elif c == "[":
             j = class_end(pattern, i)
             if j is None:
-                raise UserError(f"{where}: an unclosed character class in {pattern!r}", fields=(where,))
-            out.append(f"[{pattern[i:j]}&&[^\\x{{FFFF}}]]")
-            i = j
-            continue
-        if c == ".":
+                yield i, None
+                return
+        else:
+            j = i + 1
+        yield i, pattern[i:j]
+        i = j
+
+
+def without_end_mark(pattern: str, where: str) -> str:
+    """``pattern`` with U+FFFF (the end mark of :mod:`setdlm.decoding.compile_worker`) taken out of every
+    class: ``.``, ``[...]`` and ``\\D \\W \\S \\p \\P`` each intersected with ``[^\\x{FFFF}]``."""
+    out = []
+    for i, atom in regex_atoms(pattern):
+        if atom is None:
+            what = "character class" if pattern[i] == "[" else "property \\p{...}"
+            raise UserError(f"{where}: an unclosed {what} in {pattern!r}", fields=(where,))
+        if atom[0] == "[" or atom[:2] in ("\\p", "\\P", "\\D", "\\W", "\\S"):
+            out.append(f"[{atom}&&[^\\x{{FFFF}}]]")
+        elif atom == ".":
             out.append("[^\\n\\x{FFFF}]")
-        elif c == "(" and (m := _FLAGS.match(pattern, i)) and "s" in m.group(1).split("-")[0]:
+        elif atom == "(" and (m := _FLAGS.match(pattern, i)) and "s" in m.group(1).split("-")[0]:
             raise UserError(f"{where}: the flag s (. matching a newline) is not supported; write [\\s\\S] for it",
                             fields=(where,))
-        elif c == "\uffff":
+        elif atom == "\uffff":
             raise UserError(f"{where}: the noncharacter U+FFFF is not allowed in a constraint", fields=(where,))
         else:
-            out.append(c)
-        i += 1
+            out.append(atom)
     return "".join(out)
 
 

@@ -28,7 +28,7 @@ import math
 import re
 
 from ..errors import UserError
-from .compiler import class_end
+from .compiler import regex_atoms
 
 MAX_NESTING = 64  # levels of a schema (a deeper one is refused, never a RecursionError)
 MAX_LISTED = 1000  # multiples of multipleOf listed at most
@@ -285,8 +285,8 @@ def json_safe(pattern: str, where: str) -> str:
     their escapes, and no other character a JSON string holds only escaped (``.``, negated classes and
     ``\\S`` ``\\D`` ``\\W`` lose them; ``\\s`` is a space). The output is a subset of the pattern's strings,
     which is what validates; a construct that cannot be rewritten is refused."""
-    out, i, n = [], 0, len(pattern)
-    while i < n:
+    out = []
+    for i, atom in regex_atoms(pattern):
         c = pattern[i]
         if c == "\\":
             e = pattern[i + 1:i + 2]
@@ -306,16 +306,11 @@ def json_safe(pattern: str, where: str) -> str:
                 out.append("\\" + e)
             else:
                 _refuse("pattern", where, f"the escape \\{e} is not supported inside a JSON string")
-            i += 2
-            continue
-        if c == "[":
-            j = class_end(pattern, i)
-            if j is None:
-                _refuse("pattern", where, "an unclosed character class")
-            out.append(f"[{pattern[i:j]}&&{_CHAR}]")  # the class, JSON-safe characters only
-            i = j
-            continue
-        if c == ".":
+        elif atom is None:
+            _refuse("pattern", where, "an unclosed character class")
+        elif c == "[":
+            out.append(f"[{atom}&&{_CHAR}]")  # the class, JSON-safe characters only
+        elif c == ".":
             out.append(_CHAR)
         elif c == '"':
             out.append('(?:\\\\")')
@@ -325,7 +320,6 @@ def json_safe(pattern: str, where: str) -> str:
             _refuse("pattern", where, f"the control character {c!r}")
         else:
             out.append(c)
-        i += 1
     return "".join(out)
 
 
