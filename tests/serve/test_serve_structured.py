@@ -112,6 +112,16 @@ def test_response_format_regex_and_choice_on_both_endpoints(server):
     assert "".join(ch.choices[0].delta.content or "" for ch in out if ch.choices) in ("yes", "no")
 
 
+def assert_400s(c, bad, *, max_tokens: int) -> None:
+    """Each ``(extra_body, needle, param)`` of ``bad`` is a 400 whose message holds ``needle`` and whose param is
+    ``param``; the server still serves after them."""
+    for extra, needle, param in bad:
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="tiny", prompt="zz", max_tokens=max_tokens, extra_body=extra)
+        assert needle in e.value.body["message"] and e.value.body["param"] == param, (extra, e.value.body)
+    assert c.completions.create(model="tiny", prompt="zz", max_tokens=3).choices[0].text is not None  # still serving
+
+
 def test_bad_structured_requests_are_a_400_naming_the_problem(server):
     url, _ = server
     c = client(url)
@@ -123,11 +133,7 @@ def test_bad_structured_requests_are_a_400_naming_the_problem(server):
            ({"regex": "a", "choice": ["b"]}, "give one of response_format, regex, choice", "choice"),
            ({"regex": "a{50}"}, "no match of at most 5 tokens", None),
            ({"regex": "(a"}, "invalid regular expression", "regex")]
-    for extra, needle, param in bad:
-        with pytest.raises(openai.BadRequestError) as e:
-            c.completions.create(model="tiny", prompt="zz", max_tokens=5, extra_body=extra)
-        assert needle in e.value.body["message"] and e.value.body["param"] == param, (extra, e.value.body)
-    assert c.completions.create(model="tiny", prompt="zz", max_tokens=3).choices[0].text is not None  # still serving
+    assert_400s(c, bad, max_tokens=5)
 
 
 def test_pydantic_models_with_bounds_lengths_patterns_optional_nesting_lists_and_unions(server):
@@ -158,11 +164,7 @@ def test_probe_requests_are_valid_or_a_400_naming_the_field_and_the_server_lives
             "'minProperties' at (root)", "response_format"),
            ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
                "type": "string", "format": "hostname"}}}}, "'format' at (root)", "response_format")]
-    for extra, needle, param in bad:
-        with pytest.raises(openai.BadRequestError) as e:
-            c.completions.create(model="tiny", prompt="zz", max_tokens=40, extra_body=extra)
-        assert needle in e.value.body["message"] and e.value.body["param"] == param, (extra, e.value.body)
-    assert c.completions.create(model="tiny", prompt="zz", max_tokens=3).choices[0].text is not None  # still serving
+    assert_400s(c, bad, max_tokens=40)
 
 
 def test_compiling_holds_its_own_pool_not_the_one_parsing_requests(bounds):
