@@ -21,6 +21,7 @@ from setdlm.objectives import OBJECTIVES, compute_loss
 
 from support import make_model
 from support.models import FAMILY_KW
+from support.name_checks import name_compares
 
 SRC = Path(setdlm.__file__).resolve().parent
 
@@ -28,33 +29,11 @@ SRC = Path(setdlm.__file__).resolve().parent
 PENDING: dict[str, str] = {}  # modules allowed a family compare for now, with why (none left)
 
 
-def _names(node: ast.AST) -> list[str]:
-    """The family names a literal spells: a string, or a tuple/list/set of strings."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return [node.value] if node.value in FAMILIES else []
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return [n for e in node.elts for n in _names(e)]
-    return []
-
-
 def family_compares(path: Path) -> list[str]:
     """``line: source`` of every comparison with a family name in ``path``: ``x == "ar"``, ``x != "setdlm"``,
     ``x in ("bd3lm", "mdlm")``. Not counted: the checkpoint format's name (``cfg.get("format") == "setdlm"``)
     and substring / key tests (``"setdlm" in cfg``)."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if not isinstance(node, ast.Compare):
-            continue
-        sides = [node.left, *node.comparators]
-        for op, a, b in zip(node.ops, sides, sides[1:]):
-            if isinstance(op, (ast.Eq, ast.NotEq)):
-                hit = any(_names(x) and "format" not in ast.unparse(y) for x, y in ((a, b), (b, a)))
-            else:
-                literal = isinstance(b, (ast.Tuple, ast.List, ast.Set))
-                hit = isinstance(op, (ast.In, ast.NotIn)) and literal and bool(_names(b))
-            if hit:
-                found.append(f"{node.lineno}: {ast.unparse(node)}")
-    return found
+    return name_compares(ast.parse(path.read_text(encoding="utf-8")), FAMILIES, "format")
 
 
 def test_no_family_string_compares_outside_the_registry():

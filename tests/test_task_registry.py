@@ -19,6 +19,7 @@ from setdlm.evaluation import REGISTRY, Task, TaskSpec, get_task, register
 from setdlm.evaluation.registry import OPTIONS, SPEC_FIELDS, decoding, generating, using
 
 from support import png_size, run, save_tiny
+from support.name_checks import literal_names, name_compares
 
 SRC = Path(setdlm.__file__).resolve().parent
 TASKS = ("likelihood", "reasoning", "infill", "parallel")
@@ -26,36 +27,18 @@ TASKS = ("likelihood", "reasoning", "infill", "parallel")
 OWNERS = {"evaluation/registry.py", *(f"evaluation/{t}.py" for t in TASKS)}
 
 
-def _names(node: ast.AST) -> list[str]:
-    """The task names a literal spells: a string, or a tuple/list/set of strings."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return [node.value] if node.value in TASKS else []
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return [n for e in node.elts for n in _names(e)]
-    return []
-
-
 def task_dispatch(path: Path) -> list[str]:
     """``line: source`` of every decision by a task's name in ``path``: ``task == "infill"``, ``x != "likelihood"``,
     ``task in ("reasoning", "parallel")``, a dict keyed by task names, a table (tuple/list/set) of two or more
     task names. Not counted: the ``setdlm infill`` command's name (``args.command in ("generate", "infill")``)."""
-    found, tree = [], ast.parse(path.read_text(encoding="utf-8"))
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = name_compares(tree, TASKS, "command")
     compared = {id(x) for node in ast.walk(tree) if isinstance(node, ast.Compare) for x in node.comparators}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Compare):
-            sides = [node.left, *node.comparators]
-            for op, a, b in zip(node.ops, sides, sides[1:]):
-                if isinstance(op, (ast.Eq, ast.NotEq)):
-                    hit = any(_names(x) and "command" not in ast.unparse(y) for x, y in ((a, b), (b, a)))
-                else:
-                    literal = isinstance(b, (ast.Tuple, ast.List, ast.Set))
-                    hit = (isinstance(op, (ast.In, ast.NotIn)) and literal and bool(_names(b))
-                           and "command" not in ast.unparse(a))
-                if hit:
-                    found.append(f"{node.lineno}: {ast.unparse(node)}")
-        elif isinstance(node, ast.Dict) and any(k is not None and _names(k) for k in node.keys):
+        if isinstance(node, ast.Dict) and any(k is not None and literal_names(k, TASKS) for k in node.keys):
             found.append(f"{node.lineno}: dict keyed by task names {ast.unparse(node)[:60]}")
-        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(_names(node)) >= 2 and id(node) not in compared:
+        elif (isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(literal_names(node, TASKS)) >= 2
+              and id(node) not in compared):
             found.append(f"{node.lineno}: table of task names {ast.unparse(node)[:60]}")
     return found
 
