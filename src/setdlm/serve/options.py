@@ -53,7 +53,7 @@ class ServeOptions:
     @property
     def max_body(self) -> int:
         """The request body limit in bytes."""
-        return int(self.max_body_mb * 2**20) if _number(self.max_body_mb) else 0
+        return int(self.max_body_mb * 2**20)
 
     @property
     def allowed_hosts(self) -> tuple[str, ...] | None:
