@@ -60,10 +60,12 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+_DESCRIPTION = run_train.__doc__ + " Defaults come from --preset; every flag overrides it."
+
+
 def add_train_commands(sub, summary) -> None:
     """``setdlm train`` and ``setdlm export`` on the subparsers ``sub`` (``summary``: a command's one-line help)."""
-    p = sub.add_parser("train", help=summary(run_train), argument_default=argparse.SUPPRESS,
-                       description=run_train.__doc__ + " Defaults come from --preset; every flag overrides it.")
+    p = sub.add_parser("train", help=summary(run_train), argument_default=argparse.SUPPRESS, description=_DESCRIPTION)
     add_train_arguments(p)
     p.set_defaults(func=run_train)
     e = sub.add_parser("export", help=summary(run_export), description=run_export.__doc__)
@@ -73,8 +75,7 @@ def add_train_commands(sub, summary) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``python -m setdlm.training`` (the same flags as ``setdlm train``)."""
-    p = Parser(prog="setdlm train", argument_default=argparse.SUPPRESS,
-               description=run_train.__doc__ + " Defaults come from --preset; every flag overrides it.")
+    p = Parser(prog="setdlm train", argument_default=argparse.SUPPRESS, description=_DESCRIPTION)
     add_train_arguments(p)
     return p
 
