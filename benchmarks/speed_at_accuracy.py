@@ -39,14 +39,17 @@ from setdlm.evaluation.reasoning import reasoning_steps
 MODELS = {"AR": "arith-ar", "BD3LM S=4": "arith-bd3lm-s4", "SetDLM S<=8": "arith-setdlm-smax8"}
 DISTILLED = "SetDLM S<=8 distilled"  # --distilled CHECKPOINT: arith-setdlm-smax8 fine-tuned on its own outputs
 DISTILLED_AR = "AR distilled"  # --distilled-ar CHECKPOINT: arith-ar fine-tuned by the same recipe
+AR_HEAD = "SetDLM+AR"  # --ar-head CHECKPOINT: a SetDLM trained with a next-token head (ar_weight > 0)
 NAMES = dict(MODELS)  # model key -> what setdlm.load reads (MODELS, and the distilled checkpoint when given)
 
 
-def modes(windows: list[int], distilled: bool = False, distilled_ar: bool = False
-          ) -> list[tuple[str, str, dict, str | None]]:
+def modes(windows: list[int], distilled: bool = False, distilled_ar: bool = False, ar_head: bool = False,
+          only: list[str] | None = None) -> list[tuple[str, str, dict, str | None]]:
     """(label, model key, decode settings, speculative layout) of every mode on the frontier; ``distilled``: also
     the self-distilled SetDLM's lossless speculative decode (benchmarks/self_distill.py) at each window;
-    ``distilled_ar``: the AR model fine-tuned by the same recipe."""
+    ``distilled_ar``: the AR model fine-tuned by the same recipe; ``ar_head``: the SetDLM trained with a
+    next-token head, its AR decode (``speculate="next_token"``, w = 1) and its speculative decode verified by that head
+    at each window; ``only``: keep the modes whose label contains one of these strings."""
     out = [("AR", "AR", {}, None)] + ([("AR distilled", DISTILLED_AR, {}, None)] if distilled_ar else [])
     out += [("BD3LM τ off", "BD3LM S=4", {}, None),
             ("BD3LM τ 0.9", "BD3LM S=4", {"threshold": 0.9}, None),
@@ -57,7 +60,10 @@ def modes(windows: list[int], distilled: bool = False, distilled_ar: bool = Fals
     if distilled:
         out += [(f"SetDLM distilled speculate w={w} last", DISTILLED, {"speculate": True, "window": w}, "last")
                 for w in windows]
-    return out
+    if ar_head:
+        out += [(f"SetDLM+AR speculate=next_token w={w}", AR_HEAD, {"speculate": "next_token", "window": w}, None)
+                for w in [1, *windows]]
+    return [m for m in out if m[0] == "AR" or not only or any(o in m[0] for o in only)]
 
 
 def with_layout(steps, layout: str | None):
@@ -85,9 +91,9 @@ def positions_per_forward(model, examples, settings: dict, layout: str | None) -
     return fed / forwards
 
 
-def run_batch(models: dict, examples, batch: int, windows: list[int], clock: str) -> list[dict]:
+def run_batch(models: dict, examples, batch: int, windows: list[int], clock: str, only=None) -> list[dict]:
     """Every mode at one batch size, side by side; one dict per mode."""
-    plan = modes(windows, DISTILLED in models, DISTILLED_AR in models)
+    plan = modes(windows, DISTILLED in models, DISTILLED_AR in models, AR_HEAD in models, only)
     passes = [with_layout(reasoning_steps(models[key], examples, batch_size=batch, clock=clock,
                                                    progress=False, **settings), layout)
               for _, key, settings, layout in plan]
@@ -135,8 +141,9 @@ def plot(rows: list[dict], path: Path) -> None:
         ax = fig.add_subplot(1, len(batches), i + 1)
         for x in (x for x in rows if x["batch"] == b):
             family = x["mode"].split()[0]
-            marker = {"AR": "s", "BD3LM": "^", "SetDLM": "o"}[family]
+            marker = {"AR": "s", "BD3LM": "^", "SetDLM": "o", "SetDLM+AR": "D"}[family]
             color = "C3" if "speculate" in x["mode"] else {"AR": "k", "BD3LM": "C0", "SetDLM": "C2"}[family]
+            color = "C4" if family == "SetDLM+AR" else color
             ax.scatter(x["tokens_per_second"], 100 * x["accuracy"], marker=marker, color=color)
             ax.annotate(x["mode"].replace("SetDLM ", "").replace("speculate ", "spec "), (x["tokens_per_second"],
                         100 * x["accuracy"]), fontsize=6, xytext=(3, 2), textcoords="offset points")
@@ -162,26 +169,34 @@ def main() -> None:
                     "(benchmarks/self_distill.py)")
     ap.add_argument("--distilled-ar", default=None, help="arith-ar fine-tuned by the same recipe "
                     "(benchmarks/self_distill.py --model arith-ar); ratios are taken against the better AR")
+    ap.add_argument("--ar-head", default=None, help="a SetDLM trained with a next-token head (setdlm train "
+                    "--ar-weight 1): its AR decode and speculate='next_token' at each window")
+    ap.add_argument("--only", nargs="+", default=None, help="keep the modes whose label contains one of these "
+                    "(AR is always kept)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.distilled:
         NAMES[DISTILLED] = args.distilled
     if args.distilled_ar:
         NAMES[DISTILLED_AR] = args.distilled_ar
+    if args.ar_head:
+        NAMES[AR_HEAD] = args.ar_head
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    models = {key: setdlm.load(name) for key, name in NAMES.items()}
+    plan = modes(args.windows, bool(args.distilled), bool(args.distilled_ar), bool(args.ar_head), args.only)
+    models = {key: setdlm.load(name) for key, name in NAMES.items() if any(m[1] == key for m in plan)}
     examples = reasoning_split("test", args.n, level="medium", seed=args.seed)
     positions = {label: positions_per_forward(models[key], examples[:20], settings, layout)
-                 for label, key, settings, layout in modes(args.windows, bool(args.distilled), bool(args.distilled_ar))}
+                 for label, key, settings, layout in plan}
     rows = []
     for b in args.batch_sizes:
-        rows += run_batch(models, examples, b, args.windows, args.clock)
+        rows += run_batch(models, examples, b, args.windows, args.clock, args.only)
     for x in rows:
         x["positions_per_forward"] = positions[x["mode"]]
     speculative.HORIZONS = "auto"
-    meta = {"distilled": args.distilled, "distilled_ar": args.distilled_ar, "n": args.n, "seed": args.seed, "threads": args.threads, "clock": args.clock, "torch": torch.__version__,
+    meta = {"distilled": args.distilled, "distilled_ar": args.distilled_ar, "ar_head": args.ar_head, "only": args.only,
+            "n": args.n, "seed": args.seed, "threads": args.threads, "clock": args.clock, "torch": torch.__version__,
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     (out / "frontier.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out / "frontier.md").write_text(table(rows))

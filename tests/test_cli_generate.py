@@ -87,3 +87,29 @@ def test_generate_after_training(tmp_path, capsys):
     assert "nfe=" in err
     ref = decoding.generate(setdlm.load(run_dir), ["the cat"], max_new_tokens=8, temperature=0.0, seed=0)
     assert stdout == ref.texts[0] + "\n"
+
+
+def test_generate_speculate_next_token_is_the_ar_decode_of_the_same_weights(tmp_path, capsys):
+    """``--speculate-next-token`` (``speculate="next_token"``) on a model trained with a next-token head prints the AR
+    decode of its weights; ``--speculate`` stays the window=1 decode; without the head the error names the flag."""
+    import dataclasses
+
+    from setdlm import Model
+    from setdlm.family import FamilyConfig
+
+    plain = setdlm.load(save_tiny(tmp_path / "plain", "setdlm"))
+    head = Model(plain.backbone, dataclasses.replace(plain.family, ar_weight=1.0), plain.tokenizer)
+    head.save(tmp_path / "head")
+    ar = Model(plain.backbone, FamilyConfig("ar", plain.family.length, plain.family.mask_token_id), plain.tokenizer)
+    ref = decoding.generate(ar, ["ab", "the q"], max_new_tokens=8)
+    out = tmp_path / "gen.jsonl"
+    code, _, err = run(["generate", str(tmp_path / "head"), "--prompt", "ab", "--prompt", "the q", "--max-new-tokens",
+                        "8", "--window", "3", "--speculate-next-token", "--output", str(out)], capsys)
+    assert code == 0, err
+    assert [json.loads(r)["tokens"] for r in out.read_text().splitlines()] == ref.tokens
+    w1 = decoding.generate(head, ["ab"], max_new_tokens=8, window=1)
+    code, _, err = run(["generate", str(tmp_path / "head"), "--prompt", "ab", "--max-new-tokens", "8", "--speculate",
+                        "--output", str(out)], capsys)
+    assert code == 0 and json.loads(out.read_text())["tokens"] == w1.tokens[0], err
+    code, _, err = run(["generate", str(tmp_path / "plain"), "--prompt", "ab", "--speculate-next-token"], capsys)
+    assert code != 0 and "--speculate" in err and "not trained" in err

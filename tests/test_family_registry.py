@@ -125,11 +125,13 @@ def test_decode_sizes_default_to_the_models_own():
 
 
 def test_family_config_keeps_its_dict_and_reads_its_entry():
-    """config.json's "family" is unchanged: the same nine keys, and a dict loads back to an equal config."""
+    """config.json's "family": the nine keys plus ``ar_weight`` (added later: a dict without it, as every model
+    saved before, loads with 0, the paper's objective), and a dict loads back to an equal config."""
     cfg = FamilyConfig("setdlm", length=16, mask_token_id=3, D=4)
     d = cfg.to_dict()
     assert d == {"family": "setdlm", "length": 16, "mask_token_id": 3, "block_size": None, "D": 4, "M": 8,
-                 "k": None, "b": None, "keep_clean_bos": False}
+                 "k": None, "b": None, "keep_clean_bos": False, "ar_weight": 0.0}
+    assert FamilyConfig.from_dict({k: v for k, v in d.items() if k != "ar_weight"}) == cfg
     assert FamilyConfig.from_dict(d) == cfg and cfg.spec is get_family("setdlm") and isinstance(cfg.spec, Family)
     assert FamilyConfig("mdlm", length=16, mask_token_id=3).block_size == 16  # MDLM's default sub-block, min(32, L)
 

@@ -80,7 +80,7 @@ def _rows(path):
 def test_recorded_arguments_are_the_flags():
     saved = json.loads((FIXTURE / STEP2 / "config.json").read_text())["training"]
     names = [f.name for f in config_fields()]
-    assert set(names) == set(saved) | {"strategy"}  # every old argument, and the strategy
+    assert set(names) == set(saved) | {"strategy", "ar_weight"}  # every old argument, and the two added since
     flags = {a.dest for a in build_parser()._actions} - {"help"}
     assert flags == set(names)
     args = build_parser().parse_args(["--out", "r", "--hidden-size", "48", "--D", "3", "--strategy", "fsdp"])

@@ -22,6 +22,10 @@ sequence and the noisy one, docs/method.md §2.3, §2.8). The decode settings ea
 ``keep_clean_bos`` (SetDLM only, default off): train the way the paper's LM1B/OWT models were trained,
 with the row's BOS first in the reveal order, a MASK query scored by the loss, and left out of the
 likelihood bound (docs/concepts.md, "Conventions").
+
+``ar_weight`` (SetDLM only, default 0: the paper's objective): the weight of a next-token loss on the clean
+stream read in position order, which makes the network an AR model too (docs/method.md §2.10); the
+``speculate="next_token"`` decode verifies with that head (docs/decoding.md). It changes training only, not the bound.
 """
 
 from __future__ import annotations
@@ -146,13 +150,14 @@ BD3LM = register(Family(
     describe=lambda f: f"blocks of S = {f.block_size}, L = {f.length}",
     config_from_flags=lambda flags: {"block_size": flags.get("block_size") or flags.get("D")}))  # S defaults to D
 SETDLM = register(Family(
-    "setdlm", "set diffusion (SetDLM)", config_fields=("D", "M", "k", "b", "keep_clean_bos"),
-    train_flags=("D", "M", "k", "keep_clean_bos"), decode_settings=("window", "threshold", "speculate"), streams=2,
+    "setdlm", "set diffusion (SetDLM)", config_fields=("D", "M", "k", "b", "keep_clean_bos", "ar_weight"),
+    train_flags=("D", "M", "k", "keep_clean_bos", "ar_weight"), decode_settings=("window", "threshold", "speculate"), streams=2,
     objective="setdlm", decoder="setdlm", cache_holds="window", reveal_cache_order=True, left_to_right=False,
     ordered=True, complete=_complete_setdlm,
     schedule=lambda f: StaggeredSchedule.from_dm(f.length, f.D, f.M, k=f.k, b=f.b), describe=_describe_setdlm,
     config_from_flags=lambda flags: {**_pick("D", "M", "k")(flags),
-                                     "keep_clean_bos": bool(flags.get("keep_clean_bos"))}))
+                                     "keep_clean_bos": bool(flags.get("keep_clean_bos")),
+                                     "ar_weight": float(flags.get("ar_weight") or 0.0)}))
 
 FAMILIES = tuple(REGISTRY)  # ("ar", "mdlm", "bd3lm", "setdlm")
 
@@ -172,6 +177,7 @@ class FamilyConfig:
     k: float | None = None  # optional explicit schedule shape
     b: float | None = None  # optional explicit schedule width (a float in (0, 1], not the decoding window)
     keep_clean_bos: bool = False  # SetDLM: BOS first in the order, scored in training, not in the bound
+    ar_weight: float = 0.0  # SetDLM: weight of the clean stream's next-token loss in training (0: none)
 
     def __post_init__(self):
         spec = get_family(self.family)
@@ -191,6 +197,13 @@ class FamilyConfig:
         if self.keep_clean_bos and "keep_clean_bos" not in spec.config_fields:
             raise UserError(f"keep_clean_bos applies to family {'/'.join(using('config_fields', 'keep_clean_bos'))!r} "
                              f"only, not to {self.family!r}")
+        w = self.ar_weight
+        if isinstance(w, bool) or not (isinstance(w, (int, float)) and 0 <= w < float("inf")):
+            raise UserError(f"ar_weight must be a finite number >= 0, got {w!r}", fields=("ar_weight",))
+        self.ar_weight = float(w)
+        if self.ar_weight and "ar_weight" not in spec.config_fields:
+            raise UserError(f"ar_weight applies to family {'/'.join(using('config_fields', 'ar_weight'))!r} only, "
+                            f"not to {self.family!r}", fields=("ar_weight",))
         self.schedule()  # validates D, M, k, b and divisibility
 
     @property

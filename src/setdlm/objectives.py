@@ -14,6 +14,8 @@ tokens they count, so that a bound over a dataset is ``Σ nll / Σ mask``:
   ``α'/(1−α)`` weight, docs/method.md §2.5, §7.1); loss = per-sequence mean, then mean over sequences.
   ``keep_clean_bos`` (the paper's LM1B/OWT training, docs/concepts.md "Conventions"): the row's leading
   BOS is revealed first, is a MASK query and is scored in training; the bound drops it (the first rank).
+  ``ar_weight > 0`` adds, in training only, that weight times the next-token loss of the clean stream in
+  position order (one more causal forward of the clean sequence, docs/method.md §2.10).
 
 The MASK logit is never predicted (−∞ before the softmax, docs/method.md §7.16). Context tokens
 (``context_mask``) are never masked and never in a loss; padding (``attention_mask`` False) is invisible.
@@ -194,6 +196,8 @@ def _ar(model: Backbone, family: FamilyConfig, batch: Batch, train: bool, *, gen
 def _setdlm(model: Backbone, family: FamilyConfig, batch: Batch, train: bool, *, generator, antithetic) -> LossOutput:
     out = setdlm_loss(model, batch, family.mask_token_id, family.schedule(), generator=generator,
                       keep_clean_bos=family.keep_clean_bos)
+    if train and family.ar_weight:  # the clean stream read in position order is an AR model (§2.10)
+        out.loss = out.loss + family.ar_weight * ar_loss(model, batch, family.mask_token_id).loss
     if not train:  # the bound counts the targets only: a kept BOS (the first rank) is dropped
         mask = batch.targets & ~clean_bos(batch) if family.keep_clean_bos else batch.targets
         nll = out.nll * mask  # (B, L)

@@ -19,7 +19,7 @@ from setdlm.evaluation.reasoning import reasoning
 from setdlm.masks import describe, speculative_step_mask
 
 from support import (MASK, PROMPTS, CharTokenizer, active_rows, assert_cache_clean, recorded, run,
-                     setdlm_training_logits, tiny_model)
+                     session_results, setdlm_training_logits, tiny_model)
 
 TOL = 1e-9
 SAMPLED = [dict(temperature=1.0, top_p=0.9), dict(temperature=0.7, top_k=5, repetition_penalty=1.2),
@@ -185,13 +185,7 @@ def test_session_rows_joining_between_steps_decode_as_alone():
     s.step()
     later = s.add(PROMPTS[1], max_new_tokens=12, ignore_eos=True, window=3, speculate=True)
     plain = s.add(PROMPTS[2], max_new_tokens=12, ignore_eos=True)  # another group: the window decode
-    done = {}
-    for _ in range(40):
-        for ev in s.step():
-            if ev.done is not None:
-                done[ev.row] = ev.done
-        if not len(s):
-            break
+    done = session_results(s)
     ref = generate(model, PROMPTS, max_new_tokens=12, ignore_eos=True, window=1)
     assert done[first].tokens == ref.tokens[0] and done[later].tokens == ref.tokens[1]
     assert done[plain].tokens == generate(model, PROMPTS[2:], max_new_tokens=12, ignore_eos=True).tokens[0]
@@ -219,7 +213,7 @@ def test_shipped_models_give_the_left_to_right_tokens(name, prompts, dtype):
     (dict(speculate=True, cache_order="reveal"), "cache_order='reveal' does not apply"),
     (dict(speculate=True, reveal_times=[[0.5] * 4] * 3), "reveal_times do not apply"),
     (dict(speculate=True, max_new_tokens=60), r"prompt \+ max_new_tokens <= the context length"),
-    (dict(speculate="yes"), "speculate must be True, False or None")])
+    (dict(speculate="yes"), "speculate must be True, False, None or 'next_token'")])
 def test_bad_settings_raise_clear_errors(knobs, needle):
     knobs.setdefault("max_new_tokens", 4)
     with pytest.raises((ValueError, TypeError), match=needle):

@@ -61,6 +61,32 @@ def test_a_speculative_request_streams_accepted_sets_and_the_window_1_text():
         assert code == 400 and body["error"]["param"] == "speculate"
 
 
+def test_speculate_ar_serves_the_ar_text_of_the_same_weights():
+    """``"speculate": "next_token"`` on a model trained with a next-token head: the AR decode's text, its steps streamed
+    with their drafts; on a model without that head a 400 naming speculate."""
+    from setdlm import Model
+    from setdlm.family import FamilyConfig
+
+    plain = _model()
+    model = Model(plain.backbone, FamilyConfig("setdlm", 48, plain.family.mask_token_id, D=2, ar_weight=1.0),
+                  plain.tokenizer)
+    ar = Model(plain.backbone, FamilyConfig("ar", 48, plain.family.mask_token_id), plain.tokenizer)
+    ref = generate(ar, "to be or", max_new_tokens=20, ignore_eos=True)
+    with running(model, "tiny") as (url, _):
+        code, body = _post(url, {"prompt": "to be or", "max_tokens": 20, "ignore_eos": True, "window": 4,
+                                 "speculate": "next_token"})
+        assert code == 200 and body["choices"][0]["text"] == ref.texts[0]
+        code, raw = _post(url, {"prompt": "to be or", "max_tokens": 20, "ignore_eos": True, "window": 4,
+                                "speculate": "next_token", "stream": True})
+        events = [json.loads(line[5:]) for line in raw.split("\n\n") if line.startswith("data:") and "[DONE]" not in line]
+        assert code == 200 and "".join(e["choices"][0]["text"] for e in events) == ref.texts[0]
+        code, body = _post(url, {"prompt": "to be or", "speculate": "AR"})
+        assert code == 400 and body["error"]["param"] == "speculate"
+    with running(plain, "tiny") as (url, _):
+        code, body = _post(url, {"prompt": "to be or", "max_tokens": 4, "speculate": "next_token"})
+        assert code == 400 and body["error"]["param"] == "speculate" and "not trained" in body["error"]["message"]
+
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 

@@ -9,7 +9,8 @@ fixtures built on these.
 * ``recording``         — the real backbone wrapped: ``recorded``, ``scripted``, ``Counting``, ``SlowStart``,
   ``gated`` (forwards run when the test allows), ``failing`` (forwards that raise when the test asks) and
   ``committed_only_by`` (a token only one row's decode commits, to make that row's steps fail);
-* ``references``        — from-scratch checks of a traced decode (logits and cache per step);
+* ``references``        — from-scratch checks of a traced decode (logits and cache per step); ``session_results``
+  (a session stepped to its end);
 * ``cli``               — ``run`` (``setdlm ARGS`` in-process), ``assert_one_line_error``, ``subprocess_env``,
   ``write_hamlet``, ``png_size``;
 * ``serving``           — a real server on a free loopback port (events: listening, closed), and ``Output``:
@@ -29,6 +30,6 @@ from .models import FAMILY_KW, make_model, save_tiny, tiny, tiny_hf, tiny_model
 from .recording import (Call, Counting, Failing, Gated, Recorder, Scripted, SlowStart, committed_only_by, failing,
                         gated, recorded, scripted)
 from .references import (active_rows, assert_bd3lm_steps_exact, assert_cache_clean, assert_setdlm_steps_exact,
-                         left_to_right_setdlm, setdlm_training_logits, step_logits)
+                         left_to_right_setdlm, session_results, setdlm_training_logits, step_logits)
 from .serving import Output, free_port, running
 from .tokenizers import BOS, EOS, MASK, PAD, PROMPTS, V, CharTokenizer, task_tokenizer, tiny_tokenizer

@@ -111,3 +111,15 @@ def setdlm_training_logits(backbone, seq, visible, q, mask_id=MASK):
     rest = [p for p in range(n_pos) if p not in visible and p != q]
     inp = setdlm_inputs(Batch(ids, att, ctx), torch.tensor([visible + [q] + rest]), mask_id)
     return backbone(inp.input_ids, inp.position_ids, inp.attn_mask, logits_start=n_pos)[0, len(visible)]
+
+
+def session_results(session, limit: int = 40) -> dict:
+    """Step ``session`` until no row is left (at most ``limit`` steps): each finished row's result, by row."""
+    done = {}
+    for _ in range(limit):
+        for ev in session.step():
+            if ev.done is not None:
+                done[ev.row] = ev.done
+        if not len(session):
+            break
+    return done

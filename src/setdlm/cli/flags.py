@@ -79,6 +79,9 @@ def add_settings_flags(p, names, *, defaults: dict | None = None, notes: dict | 
         help_ += f" (default {default})" if default is not None else ""
         if kinds[0] is bool:
             p.add_argument(flag, action="store_true", default=None, help=help_)
+            for value, more in meta.get("values", {}).items():  # --speculate-ar: speculate="next_token"
+                p.add_argument(f"{flag}-{value.replace('_', '-')}", dest=f.name, action="store_const", const=value, default=None,
+                               help=more)
         elif "nargs" in meta:  # length_penalty START FACTOR
             p.add_argument(flag, nargs=meta["nargs"], default=None, metavar=("START", "FACTOR"), help=help_)
         elif typing.get_origin(kinds[-1]) is tuple:  # stop, eos_token_id: repeatable

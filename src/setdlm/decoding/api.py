@@ -30,7 +30,7 @@ from ..data.prompt import check_prompt_fits, encode_prompts, is_token_id, vocab_
 from ..errors import UserError
 from ..resources import check_fits
 from ..seeds import check_seed
-from . import ar, bd3lm, mdlm, setdlm, speculative
+from . import ar, bd3lm, mdlm, setdlm, speculative, speculative_next_token
 from .constrained import row_constraints
 from .output import GenerationOutput
 from .settings import DecodeSettings, applicable, default_max_new_tokens
@@ -260,6 +260,10 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
     stops = _stops(model, settings.stop)
     sampling = settings.sampling(fam.mask_token_id, eos_ids(model, settings.eos_token_id))
     window, block_size = fam.spec.decode_sizes(fam, settings.window, settings.block_size)
+    if settings.speculate == "next_token" and not getattr(fam, "ar_weight", 0.0):
+        raise UserError("speculate='next_token' verifies with the model's next-token head, which this model was not trained "
+                        "for (its family's ar_weight is 0; train with ar_weight > 0, docs/method.md §2.10): use "
+                        "speculate=True", fields=("speculate",))
     if settings.speculate:
         window = max(1, min(window, fam.length - 1 if room is None else room))
     sizes = {"window": window, "block_size": block_size}
@@ -270,12 +274,14 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
         _check_cache_fits(model, fam.spec.cache_holds, sizes[fam.spec.cache_holds])
     return DecodeConfig(sampling, fam.length, mode=mode, stop_on_eos=mode == "generate" and not settings.ignore_eos,
                         window=window, block_size=block_size, cache_order=cache_order, stop=stops,
-                        tokenizer=model.tokenizer, trace=trace, speculate=bool(settings.speculate))
+                        tokenizer=model.tokenizer, trace=trace, speculate=settings.speculate or False)
 
 
 def decoder_of(fam, cfg: DecodeConfig):
     """The decoder module (``init`` and ``step``) of a state: the family's, or the self-speculative SetDLM
-    decoder (``decoding/speculative.py``) when ``cfg.speculate``."""
+    decoder when ``cfg.speculate`` (``decoding/speculative.py``; ``"next_token"``: ``decoding/speculative_next_token.py``)."""
+    if cfg.speculate == "next_token":
+        return speculative_next_token
     return speculative if cfg.speculate else DECODERS[fam.spec.decoder]
 
 

@@ -15,7 +15,9 @@ setting                families            meaning
                                            ignored by the other families
 ``speculate``          SetDLM              lossless self-speculative decoding: the window drafts, the
                                            left-to-right (w = 1) conditional verifies; the output is that
-                                           of ``window=1`` (docs/decoding.md, "Self-speculative decoding")
+                                           of ``window=1`` (docs/decoding.md, "Self-speculative decoding");
+                                           ``"next_token"``: the clean stream's next-token head verifies (a model
+                                           trained with ``ar_weight > 0``); the output is that AR decode's
 ``temperature``        all                 0 = greedy
 ``top_p``, ``top_k``   all                 nucleus (1.0 = off), top-k (0 = off)
 ``repetition_penalty`` all                 HF's multiplicative rule (1.0 = off)
@@ -110,9 +112,13 @@ class DecodeSettings:
     block_size: int | None = field(default=None, metadata={"help": "bd3lm/mdlm: block size (default the model's)"})
     cache_order: str | None = field(default=None, metadata={
         "help": "setdlm: order of newly cached tokens, position (default) or reveal", "choices": ("position", "reveal")})
-    speculate: bool | None = field(default=None, metadata={
+    speculate: bool | str | None = field(default=None, metadata={
         "help": "setdlm: lossless self-speculative decoding, the window w drafts and the left-to-right decode "
-                "verifies (the output of --window 1, in fewer forwards)"})
+                "verifies (the output of --window 1, in fewer forwards); 'next_token': the model's next-token head "
+                "verifies (a model trained with --ar-weight; the output of that AR decode)",
+        "values": {"next_token": "setdlm: speculate='next_token': the window drafts, the model's next-token head verifies (a model "
+                         "trained with --ar-weight > 0); the output is that AR decode's, in about 2w positions a "
+                         "forward"}})
     temperature: float = field(default=0.0, metadata={"help": "0 = greedy (default)"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling (1 = off)"})
     top_k: int = field(default=0, metadata={"help": "top-k sampling (0 = off)"})
@@ -137,8 +143,9 @@ class DecodeSettings:
         if self.threshold is not None and not (_number(self.threshold) and 0.0 < self.threshold <= 1.0):
             raise UserError(f"threshold must lie in (0, 1] or be None (off), got {self.threshold!r}",
                             fields=("threshold",))
-        if self.speculate is not None and not isinstance(self.speculate, bool):
-            raise TypeError(f"speculate must be True, False or None, got {self.speculate!r}")
+        if self.speculate is not None and not isinstance(self.speculate, bool) and self.speculate != "next_token":
+            raise UserError(f"speculate must be True, False, None or 'next_token', got {self.speculate!r}",
+                            fields=("speculate",))
         if self.speculate and self.threshold is not None:
             raise UserError("speculate verifies every token against the left-to-right decode, which commits one "
                             "token per step; threshold does not apply (leave it None)", fields=("speculate", "threshold"))

@@ -132,16 +132,24 @@ def _queries(k: Tensor, h: Tensor, w: int, layout: str) -> tuple[Tensor, Tensor,
     return hq, oq.expand(B, -1), h
 
 
-def step(backbone, st: DecodeState) -> None:
-    """One forward: cache the pending token, verify the draft, commit the verified prefix plus the verifier's
-    next token, keep the accepted drafts in the cache and take the next draft (module docstring)."""
-    w, N, pos, s = st.cfg.window, st.canvas, st.pos, st.cfg.sampling
-    pending, drafted, draft = st.extra["pending"], st.extra["drafted"], st.extra["draft"]  # (B, N+1) each
+def slots(st: DecodeState) -> tuple[Tensor, int, Tensor, Tensor, Tensor, Tensor]:
+    """A step's draft lengths ``k`` (B,) and their largest ``K``, the first ``K + w`` masked positions of each row
+    ``m_0, m_1, ..`` (B, R) with their validity, and the clean slots: the pending token, then the draft (B, Tc)."""
+    drafted, N = st.extra["drafted"], st.canvas
     k = drafted.sum(-1)  # (B,) draft lengths: the drafts sit at the first k masked positions
     K = int(k.max())
     rank = st.masked.cumsum(-1) - 1  # (B, N+1) rank of each masked position
-    m_pos, m_ok = _ascending(st.masked & (rank < K + w), pos, N)  # (B, R) masked positions m_0, m_1, ..
-    clean_pos, clean_ok = _ascending(pending | drafted, pos, N)  # (B, Tc) pending token, then the draft
+    m_pos, m_ok = _ascending(st.masked & (rank < K + st.cfg.window), st.pos, N)  # (B, R)
+    clean_pos, clean_ok = _ascending(st.extra["pending"] | drafted, st.pos, N)  # (B, Tc)
+    return k, K, m_pos, m_ok, clean_pos, clean_ok
+
+
+def step(backbone, st: DecodeState) -> None:
+    """One forward: cache the pending token, verify the draft, commit the verified prefix plus the verifier's
+    next token, keep the accepted drafts in the cache and take the next draft (module docstring)."""
+    w, N, pos = st.cfg.window, st.canvas, st.pos
+    pending, drafted, draft = st.extra["pending"], st.extra["drafted"], st.extra["draft"]  # (B, N+1) each
+    k, K, m_pos, m_ok, clean_pos, clean_ok = slots(st)
     layout = windowed_horizons(st.batch, w)
     h = torch.arange(K + 1, device=st.device)  # (K+1,) the horizons
     hq, oq, vcols = _queries(k, h, w, layout)  # (B, Q), (B, Q), (K+1,)
@@ -157,18 +165,9 @@ def step(backbone, st: DecodeState) -> None:
     mask = with_cache(speculative_step_mask(clean_pos, clean_ok, horizon, q_ok), st.cache.width)  # (B, 1, T, C+T)
     start = st.cache.lengths.clone()  # (B,)
     logits = backbone(ids, slot_pos, mask, st.cache, keep=clean_ok.sum(-1), logits_start=Tc)  # (B, Q, V)
-    allowed = None if st.constraints is None else allowed_given_drafts(  # (B, Q, V) docs/decoding.md
-        st.constraints, st.tokens, st.masked, drafted, draft, q_pos, q_ok, horizon, logits.shape[-1])
-    tok, conf = propose(logits, q_ok, s, st.generators, _seen(st, drafted, draft, horizon, logits.shape[-1]),
-                        _gen_len(st, drafted, q_pos), allowed=allowed, u=st.extra["u"].gather(1, q_pos))  # (B, Q) each
-
+    tok, conf = predict(st, logits, q_pos, q_ok, horizon)  # (B, Q) each
     v_pos, v_ok, v_tok, v_conf = (x[:, vcols] for x in (q_pos, q_ok, tok, conf))  # (B, K+1) the verifiers
-    is_draft = drafted.gather(1, v_pos) & v_ok  # (B, K+1) verifiers whose position holds a draft
-    d_tok = draft.gather(1, v_pos)
-    acc = (is_draft & (v_tok == d_tok)).long().cumprod(-1).sum(-1)  # (B,) accepted drafts, a prefix
-    commit = v_ok & (h <= acc[:, None])  # (B, K+1) the accepted drafts and the verifier's next token
-    st.cache.crop(start + pending.sum(-1) + acc)  # keep the pending token and the accepted drafts
-    st.write(v_tok, v_conf, commit, v_pos, v_ok, slot_pos, valid)
+    acc, commit = verify(st, start, v_pos, v_ok, v_tok, v_conf, slot_pos, valid)  # (B,), (B, K+1)
 
     last = torch.where(commit & (h == acc[:, None]), v_pos, N)  # (B, K+1) the verifier's own token
     if layout == "all":  # the window of the horizon the step ended on, past its verifier
@@ -179,11 +178,39 @@ def step(backbone, st: DecodeState) -> None:
     st.extra["pending"] = _flags(pending, last)
     st.extra["drafted"] = _flags(drafted, nxt)
     st.extra["draft"] = draft.scatter(1, nxt, tok)
+
+
+def predict(st: DecodeState, logits: Tensor, q_pos: Tensor, q_ok: Tensor, horizon: Tensor) -> tuple[Tensor, Tensor]:
+    """Token and confidence (B, Q) of each prediction of a step: ``logits`` (B, Q, V) for the positions ``q_pos``,
+    each taking the drafts before its ``horizon`` as committed (constraints and penalties see them so), sampled
+    with its position's uniform."""
+    drafted, draft, V = st.extra["drafted"], st.extra["draft"], logits.shape[-1]
+    allowed = None if st.constraints is None else allowed_given_drafts(  # (B, Q, V) docs/decoding.md
+        st.constraints, st.tokens, st.masked, drafted, draft, q_pos, q_ok, horizon, V)
+    return propose(logits, q_ok, st.cfg.sampling, st.generators, _seen(st, drafted, draft, horizon, V),
+                   _gen_len(st, drafted, q_pos), allowed=allowed, u=st.extra["u"].gather(1, q_pos))
+
+
+def verify(st: DecodeState, start: Tensor, v_pos: Tensor, v_ok: Tensor, v_tok: Tensor, v_conf: Tensor,
+           slot_pos: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """The rule (module docstring): the verifiers' tokens ``v_tok`` (B, K+1) at ``v_pos`` against the draft, the
+    accepted prefix and the verifier's next token committed, the pending token and the accepted drafts kept in
+    the cache (it held ``start`` (B,) entries before the forward), the trace's draft fields. Returns the
+    accepted drafts (B,) and what was committed (B, K+1)."""
+    pending, drafted, draft = st.extra["pending"], st.extra["drafted"], st.extra["draft"]  # (B, N+1) each
+    h = torch.arange(v_pos.shape[1], device=v_pos.device)  # (K+1,)
+    is_draft = drafted.gather(1, v_pos) & v_ok  # (B, K+1) verifiers whose position holds a draft
+    d_tok = draft.gather(1, v_pos)
+    acc = (is_draft & (v_tok == d_tok)).long().cumprod(-1).sum(-1)  # (B,) accepted drafts, a prefix
+    commit = v_ok & (h <= acc[:, None])  # (B, K+1) the accepted drafts and the verifier's next token
+    st.cache.crop(start + pending.sum(-1) + acc)  # keep the pending token and the accepted drafts
+    st.write(v_tok, v_conf, commit, v_pos, v_ok, slot_pos, valid)
     if st.traces is not None:
         for b, trace in enumerate(st.traces):
             trace[-1].draft_positions = v_pos[b][is_draft[b]].tolist()
             trace[-1].draft_tokens = d_tok[b][is_draft[b]].tolist()
             trace[-1].accepted = int(acc[b])
+    return acc, commit
 
 
 def _flags(like: Tensor, index: Tensor) -> Tensor:

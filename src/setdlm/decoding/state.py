@@ -37,7 +37,8 @@ class DecodeConfig:
     window: int = 1  # SetDLM positional window w
     block_size: int = 1  # BD3LM block S / MDLM sub-block
     cache_order: str = "position"  # SetDLM: order of newly cached tokens, "position" or "reveal"
-    speculate: bool = False  # SetDLM: lossless self-speculative decoding (decoding/speculative.py)
+    speculate: bool | str = False  # SetDLM: self-speculative decoding (True: decoding/speculative.py, "next_token":
+    # decoding/speculative_next_token.py)
     stop: tuple[str, ...] = ()
     tokenizer: object | None = None
     trace: bool = False

@@ -337,7 +337,7 @@ def read_config(folder: str | Path) -> dict:
 _KINDS = {int: (int,), float: (int, float), str: (str,), bool: (bool,)}
 # keys added to the format after models were saved without them: absent means the behaviour from before the key
 # existed (its default), so older checkpoints (the shipped models among them) load unchanged
-_ADDED_LATER = {"keep_clean_bos"}
+_ADDED_LATER = {"keep_clean_bos", "ar_weight"}
 
 
 def check_fields(path: Path, section: str, d: dict, cls) -> None:

@@ -183,8 +183,11 @@ def _settings(body: dict, max_tokens: int, width: int) -> DecodeSettings:
         s["stop"] = stops
     if _get(body, "ignore_eos", bool, False):
         s["ignore_eos"] = True
-    if _get(body, "speculate", bool, False):  # SetDLM self-speculative decoding (docs/decoding.md)
-        s["speculate"] = True
+    spec = body.get("speculate")  # SetDLM self-speculative decoding (docs/decoding.md): true, or "next_token"
+    if spec == "next_token" or spec is True:
+        s["speculate"] = spec
+    elif spec not in (None, False):
+        raise APIError(400, f"speculate must be true, false or \"next_token\", got {_short(spec)}", "speculate")
     try:
         constraint = constraint_of(body)
     except BadStructure as e:

@@ -106,10 +106,13 @@ class ObjectiveArgs:
     block_size: int | None = _f("bd3lm: block size S (default D); mdlm: decoding sub-block", default=None)
     keep_clean_bos: bool = _f("setdlm: BOS first in the reveal order and scored in training, not in the bound "
                               "(the paper's LM1B/OWT setting; on in those presets)", default=False)
+    ar_weight: float = _f("setdlm: weight of a next-token (AR) loss on the clean stream, for the speculate='next_token' "
+                          "decode (docs/method.md §2.10; default 0: the paper's objective)", default=0.0)
     positive = ("D", "M", "block_size")
 
     def __post_init__(self):
         _check(self)
+        _in_range(self, {"ar_weight": 0 <= self.ar_weight < math.inf})
         if self.family not in FAMILIES:
             raise UserError(f"unknown family {self.family!r}; choose one of {', '.join(FAMILIES)}", fields=("family",))
 
