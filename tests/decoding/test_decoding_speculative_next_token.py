@@ -220,3 +220,19 @@ def test_ar_weight_is_checked_and_belongs_to_setdlm(bad):
     with pytest.raises(ValueError, match="ar_weight"):
         TrainConfig(family="bd3lm", ar_weight=1.0, out="run")
     assert TrainConfig(family="setdlm", ar_weight=0.5, out="run").family_config(3).ar_weight == 0.5
+
+
+def test_a_sweep_adds_the_next_token_decode_of_a_model_with_the_head():
+    """``speculate=True`` in a sweep (``setdlm bench --sweep-speculate``) adds, for a SetDLM with a next-token head,
+    ``speculate="next_token"`` at every window (w = 1: its AR decode); the table marks those points."""
+    from setdlm.evaluation import reports, sweeps
+
+    model, _ = _pair()
+    plain = tiny_model("setdlm", D=4)
+    kinds = {(s.window, s.speculate) for s in sweeps.sweep_settings(model, [None], [1, 3], speculate=True)}
+    assert kinds == {(1, False), (3, False), (3, True), (1, "next_token"), (3, "next_token")}
+    assert {s.speculate for s in sweeps.sweep_settings(plain, [None], [1, 3], speculate=True)} == {False, True}
+    point = sweeps.BenchPoint(model="m", family="setdlm", task="reasoning", quality=0.5, result={},
+                              setting=sweeps.Setting(window=3, speculate="next_token"), tokens_per_second=10.0,
+                              tokens_per_second_std=None, nfe=4.0, tokens_per_step=2.0)
+    assert "| 3 next-token |" in reports.markdown_table([point])

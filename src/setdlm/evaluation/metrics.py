@@ -267,7 +267,7 @@ class AupScore:
     counted: int  # points within AUP_DROP of y_1
     points: int
     max_tpf: float  # the highest TPF among the counted points
-    speculate: bool = False  # a self-speculative decode: a curve of its own (one point, threshold off)
+    speculate: bool | str = False  # a self-speculative decode (True or "next_token"): a curve of its own (one point)
 
     def to_dict(self) -> dict:
         return asdict(self)

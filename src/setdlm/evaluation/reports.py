@@ -68,7 +68,7 @@ def markdown_table(points: Sequence[BenchPoint]) -> str:
         tau, batch = (_tau(s.threshold), s.batch_size) if task.decodes else ("–", "–")
         per = "".join(f"{100 * p.result['per_task'][t]:.1f} | " if t in p.result.get("per_task", {}) else "– | "
                       for t in subtasks)
-        rows.append(f"| {p.model} | {p.family} | {tau} | {_dash(s.window)}{' spec' if s.speculate else ''} | {_dash(s.block_size)} | {batch} | "
+        rows.append(f"| {p.model} | {p.family} | {tau} | {_dash(s.window)}{_spec(s.speculate)} | {_dash(s.block_size)} | {batch} | "
                     f"{_quality_text(task, p.quality)} | {per}{speed} | {nfe} | {tpf} | {fpt} |"
                     + ("".join(f" {r:.2f}x |" for r in vs_ar[i]) if i in vs_ar else " – | – |" if vs_ar else ""))
     scores = aup_scores(points)
@@ -77,9 +77,15 @@ def markdown_table(points: Sequence[BenchPoint]) -> str:
                  f"{AUP_DROP:g} of the least parallel one's y count; y_max = {scores[0].y_max:.1f}):", "",
                  "| model | family | w | block | batch | AUP | points counted | max TPF counted |",
                  "|---|---|---|---|---|---|---|---|"]
-        rows += [f"| {a.model} | {a.family} | {_dash(a.window)}{' spec' if a.speculate else ''} | {_dash(a.block_size)} | {a.batch_size} | "
+        rows += [f"| {a.model} | {a.family} | {_dash(a.window)}{_spec(a.speculate)} | {_dash(a.block_size)} | {a.batch_size} | "
                  f"{a.aup:.1f} | {a.counted} of {a.points} | {a.max_tpf:.2f} |" for a in scores]
     return "\n".join(rows) + "\n"
+
+
+def _spec(speculate) -> str:
+    """The table's mark of a speculative point: " spec" (verified by the ``window=1`` decode), " next-token"
+    (by the next-token head), or nothing."""
+    return {True: " spec", "next_token": " next-token"}.get(speculate, "")
 
 
 def plot(points: Sequence[BenchPoint], path: str | Path, *, title: str | None = None, dpi: int = 100) -> Path:

@@ -50,7 +50,8 @@ class Setting:
     window: int | None = None  # SetDLM window w (the effective one: the default is D)
     batch_size: int = 1
     block_size: int | None = None  # BD3LM/MDLM decoding block (the effective one: the default is the model's)
-    speculate: bool = False  # SetDLM: lossless self-speculative decoding with window w (threshold off)
+    speculate: bool | str = False  # SetDLM: lossless self-speculative decoding with window w (threshold off);
+    # "next_token": verified by the model's next-token head (a model trained with ar_weight > 0)
 
     def apply(self, base: DecodeSettings) -> DecodeSettings:
         """``base`` with this setting's threshold, window, block size and speculation (the sweep owns those:
@@ -92,8 +93,9 @@ def sweep_settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS
                    block_sizes: Sequence[int | None] = (None,), speculate: bool = False) -> list[Setting]:
     """The settings that apply to ``model``'s family: τ only for SetDLM/BD3LM/MDLM, w only for SetDLM (None
     = D), block sizes only for BD3LM/MDLM (None = the model's); with ``speculate``, also the self-speculative
-    decode of each window ``w > 1`` (SetDLM only; it reproduces ``w = 1``, threshold off); each distinct
-    setting once, in sweep order."""
+    decode of each window ``w > 1`` (SetDLM only; it reproduces ``w = 1``, threshold off), and for a SetDLM
+    trained with a next-token head (``ar_weight > 0``) ``speculate="next_token"`` at every window (``w = 1``: the
+    head's AR decode); each distinct setting once, in sweep order."""
     fam = model.family
     check_sweep(thresholds, windows, batch_sizes, block_sizes=block_sizes)
     taus = thresholds if fam.family in SETTING_FAMILIES["threshold"] else [None]
@@ -103,6 +105,8 @@ def sweep_settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS
     out = [Setting(t, w, b, s) for b in batch_sizes for s in ss for w in ws for t in taus]
     spec = speculate and fam.family in SETTING_FAMILIES["speculate"]
     out += [Setting(None, w, b, speculate=True) for b in batch_sizes for w in ws if spec and w > 1]
+    if spec and fam.ar_weight:  # docs/decoding.md, "Verifying with the next-token head"
+        out += [Setting(None, w, b, speculate="next_token") for b in batch_sizes for w in ws]
     return list(dict.fromkeys(out))
 
 
