@@ -38,7 +38,7 @@ from setdlm.evaluation.reasoning import reasoning_steps
 
 MODELS = {"AR": "arith-ar", "BD3LM S=4": "arith-bd3lm-s4", "SetDLM S<=8": "arith-setdlm-smax8"}
 DISTILLED = "SetDLM S<=8 distilled"  # --distilled CHECKPOINT: arith-setdlm-smax8 fine-tuned on its own outputs
-DISTILLED_AR = "AR distilled"  # --distilled-ar CHECKPOINT: arith-ar fine-tuned by the same recipe
+DISTILLED_AR = "AR fine-tuned"  # --distilled-ar CHECKPOINT: arith-ar fine-tuned by the same recipe as the SetDLM
 AR_HEAD = "SetDLM+AR"  # --ar-head CHECKPOINT: a SetDLM trained with a next-token head (ar_weight > 0)
 NAMES = dict(MODELS)  # model key -> what setdlm.load reads (MODELS, and the distilled checkpoint when given)
 
@@ -50,7 +50,7 @@ def modes(windows: list[int], distilled: bool = False, distilled_ar: bool = Fals
     ``distilled_ar``: the AR model fine-tuned by the same recipe; ``ar_head``: the SetDLM trained with a
     next-token head, its AR decode (``speculate="next_token"``, w = 1) and its speculative decode verified by that head
     at each window; ``only``: keep the modes whose label contains one of these strings."""
-    out = [("AR", "AR", {}, None)] + ([("AR distilled", DISTILLED_AR, {}, None)] if distilled_ar else [])
+    out = [("AR", "AR", {}, None)] + ([("AR fine-tuned", DISTILLED_AR, {}, None)] if distilled_ar else [])
     out += [("BD3LM τ off", "BD3LM S=4", {}, None),
             ("BD3LM τ 0.9", "BD3LM S=4", {"threshold": 0.9}, None),
             ("SetDLM w=1", "SetDLM S<=8", {"window": 1}, None), ("SetDLM w=4 τ off", "SetDLM S<=8", {}, None)]

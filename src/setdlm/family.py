@@ -123,7 +123,9 @@ def _complete_mdlm(c: "FamilyConfig") -> None:
 def _describe_setdlm(f: "FamilyConfig") -> str:
     s = f.schedule()
     return (f"position-offset schedule, L = {f.length}, D = {f.D} (target parallelism), M = {f.M} (sets of at most "
-            f"{f.M} tokens: \"S ≤ {f.M}\"), k = {s.k:.4g}, b = {s.b:.4g}; decode with window w = D = {f.D}")
+            f"{f.M} tokens: \"S ≤ {f.M}\"), k = {s.k:.4g}, b = {s.b:.4g}; decode with window w = D = {f.D}"
+            + (f"; a next-token head on the clean stream (ar_weight = {f.ar_weight:g}): speculate='next_token'"
+               if f.ar_weight else ""))
 
 
 def _pick(*names: str) -> Callable[[Mapping], dict]:

@@ -10,6 +10,7 @@ layout, so ``setdlm.load`` (:func:`setdlm.formats.loading.load`) reads them by n
 ``shakespeare-ar``                      AR, same data and budget
 ``arith-setdlm-smax8``                  SetDLM S≤8 on the medium arithmetic word problems (characters)
 ``arith-bd3lm-s4`` / ``arith-ar``       the baselines of the same task
+``arith-setdlm-smax8-ar``               ``arith-setdlm-smax8`` with a next-token head (``ar_weight``, 1000 steps)
 ======================================  ========================================================
 
 ``setdlm generate`` and ``setdlm infill`` use ``shakespeare-setdlm-smax8`` when no checkpoint is given.
@@ -70,7 +71,8 @@ def describe(name: str) -> dict:
                 n *= d
             count += n
     fam = cfg["family"]
-    sizes = " ".join(f"{k}={fam[k]}" for k in ("D", "M", "block_size") if fam.get(k) is not None)
+    sizes = " ".join(f"{k}={fam[k]:g}" if k == "ar_weight" else f"{k}={fam[k]}"
+                     for k in ("D", "M", "block_size", "ar_weight") if fam.get(k))  # ar_weight: a next-token head
     data = (cfg.get("training") or {}).get("data")
     return {"name": name, "parameters": count, "size": sum(f.stat().st_size for f in folder.iterdir()) / 2**20,
             "family": f"{fam['family']} {sizes}".strip(), "task": TASKS.get(data, data or "?"),
