@@ -39,12 +39,14 @@ decode evicts entries past L, §4.5), and at least one token before the first MA
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
 from ..errors import UserError
 from ..masks import speculative_step_mask, with_cache
-from .speculative import _flags, _position_uniforms, predict, slots, verify
+from .speculative import _position_uniforms, predict, verify
 from .state import DecodeState, prefill as prefill_positions
 
 
@@ -79,35 +81,52 @@ def step(backbone, st: DecodeState) -> None:
     verified prefix plus the head's next token, keep the accepted drafts cached, take the next draft."""
     w, N, pos = st.cfg.window, st.canvas, st.pos
     pending, drafted, draft = st.extra["pending"], st.extra["drafted"], st.extra["draft"]  # (B, N+1) each
-    k, K, m_pos, m_ok, clean_pos, clean_ok = slots(st)  # clean: (B, K+1), the pending token, then the draft
-    R = K + w  # pad to K + w ranks, so that every rank a slot asks for exists (invalid past a row's end)
-    m_pos = torch.cat([m_pos, m_pos.new_full((st.batch, R - m_pos.shape[1]), N)], 1)  # (B, K+w)
-    m_ok = torch.cat([m_ok, m_ok.new_zeros(st.batch, R - m_ok.shape[1])], 1)
-    h = torch.arange(K + 1, device=st.device)  # (K+1,) clean slot i predicts rank i
-    v_pos = m_pos[:, : K + 1]  # (B, K+1) the verifiers' positions m_0 .. m_K
-    v_ok = clean_ok & m_ok[:, : K + 1]
+    # a row's masked positions are f, f+1, .. up to its end (init checked it; commits extend the prefix), the
+    # pending token sits at f − 1 and the draft at f .. f+k−1: every slot's position is arithmetic
+    f, end = st.first_masked[:, None], st.length[:, None]  # (B, 1) each
+    k = drafted.sum(-1)  # (B,) draft lengths
+    K = int(k.max())
+    h = torch.arange(K + 1, device=st.device)  # (K+1,) clean slot i (pending, d_0, ..) predicts m_i = f + i
+    clean_ok = h <= k[:, None]  # (B, K+1)
+    clean_pos = torch.where(clean_ok, f - 1 + h, N)
+    v_ok = clean_ok & (f + h < end)  # (B, K+1) the verifiers (the next-token head at m_i)
+    v_pos = torch.where(v_ok, f + h, N)
     w_rank = k[:, None] + 1 + torch.arange(w - 1, device=st.device)  # (B, w−1) ranks k+1 .. k+w−1
-    q_ok = m_ok.gather(1, w_rank.clamp(max=R - 1)) & (w_rank < R)  # (B, w−1) the window's masks
-    q_pos = torch.where(q_ok, m_pos.gather(1, w_rank.clamp(max=R - 1)), N)
-    m_k = m_pos.gather(1, k[:, None])  # (B, 1) the horizon: the masks see every clean slot before m_k
+    q_ok = f + w_rank < end  # (B, w−1) the window's masks
+    q_pos = torch.where(q_ok, f + w_rank, N)
+    m_k = f + k[:, None]  # (B, 1) the horizon: the masks see every clean slot before m_k
     slot_pos, valid = torch.cat([clean_pos, q_pos], 1), torch.cat([clean_ok, q_ok], 1)  # (B, T)
     ids = torch.cat([torch.where(drafted, draft, st.tokens).gather(1, clean_pos), st.tokens.gather(1, q_pos)], 1)
-    mask = with_cache(speculative_step_mask(clean_pos, clean_ok, m_k.expand_as(q_pos), q_ok), st.cache.width)
+    mask = with_cache(_step_mask(K + 1, w - 1, st.device) & valid[:, None, :] | _eye(K + w, st.device), st.cache.width)
     start = st.cache.lengths.clone()  # (B,)
     logits = backbone(ids, slot_pos, mask, st.cache, keep=clean_ok.sum(-1), logits_start=0)  # (B, K+1 + w−1, V)
 
     # every prediction, as (position predicted, horizon = the drafts it takes as committed): verifiers then masks
-    p_pos, p_ok = torch.cat([torch.where(v_ok, v_pos, N), q_pos], 1), torch.cat([v_ok, q_ok], 1)  # (B, P)
+    p_pos, p_ok = torch.cat([v_pos, q_pos], 1), torch.cat([v_ok, q_ok], 1)  # (B, P)
     p_hor = torch.cat([v_pos, m_k.expand_as(q_pos)], 1)  # (B, P)
-    p_rank = torch.cat([h.expand(st.batch, -1), w_rank], 1)  # (B, P)
     tok, conf = predict(st, logits, p_pos, p_ok, p_hor)  # (B, P) each
     acc, commit = verify(st, start, v_pos, v_ok, tok[:, : K + 1], conf[:, : K + 1], slot_pos, valid)  # (B,), (B, K+1)
 
-    last = torch.where(commit & (h == acc[:, None]), v_pos, N)  # (B, K+1) the verifier's own token
-    whole = (acc == k)[:, None]  # (B, 1) the whole draft accepted
-    nxt = torch.where(whole & (p_rank > k[:, None]) & p_ok, p_pos, N)  # (B, P) then the window's masks
-    m_acc = v_pos.gather(1, acc[:, None])  # (B, 1) the verifier's own token, the last committed
-    old = drafted & ~whole & (pos > m_acc)  # (B, N+1) else the drafts past the rejected one
-    st.extra["pending"] = _flags(pending, last)
-    st.extra["drafted"] = _flags(drafted, nxt) | old
-    st.extra["draft"] = draft.scatter(1, nxt, tok)
+    m_acc = v_pos.gather(1, acc[:, None])  # (B, 1) the verifier's own token, the last committed (N: none)
+    whole = (acc == k)[:, None]  # (B, 1) the whole draft accepted: the window's masks are the next draft
+    nxt = torch.where(whole & q_ok, q_pos, N)  # (B, w−1)
+    st.extra["pending"] = (pos == m_acc) & (pos < N)  # (B, N+1)
+    st.extra["drafted"] = torch.where(whole, (pos > m_acc) & (pos < end) & (pos < m_acc + w), drafted & (pos > m_acc))
+    st.extra["draft"] = draft.scatter(1, nxt, tok[:, K + 1:])  # else the drafts past the rejected one stay
+
+
+@functools.lru_cache(maxsize=64)
+def _step_mask(n_clean: int, n_masks: int, device) -> Tensor:
+    """(n_clean + n_masks, n_clean + n_masks) bool: the step's mask among its slots when every slot is valid
+    (:func:`setdlm.masks.speculative_step_mask` with every mask's horizon past the whole draft): clean slots
+    causal, each mask sees every clean slot and itself. A step ANDs its rows' valid columns in and ORs the
+    diagonal back (a slot always sees itself)."""
+    pos = torch.arange(n_clean, device=device)
+    horizon = torch.full((1, n_masks), n_clean, device=device)
+    ok = torch.ones(1, n_clean, dtype=torch.bool, device=device)
+    return speculative_step_mask(pos[None], ok, horizon, torch.ones(1, n_masks, dtype=torch.bool, device=device))[0]
+
+
+@functools.lru_cache(maxsize=64)
+def _eye(n: int, device) -> Tensor:
+    return torch.eye(n, dtype=torch.bool, device=device)
