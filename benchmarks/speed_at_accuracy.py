@@ -145,7 +145,8 @@ def plot(rows: list[dict], path: Path) -> None:
             color = "C3" if "speculate" in x["mode"] else {"AR": "k", "BD3LM": "C0", "SetDLM": "C2"}[family]
             color = "C4" if family == "SetDLM+AR" else color
             ax.scatter(x["tokens_per_second"], 100 * x["accuracy"], marker=marker, color=color)
-            ax.annotate(x["mode"].replace("SetDLM ", "").replace("speculate ", "spec "), (x["tokens_per_second"],
+            label = x["mode"].replace("SetDLM+AR speculate=next_token ", "next-token ")
+            ax.annotate(label.replace("SetDLM ", "").replace("speculate ", "spec "), (x["tokens_per_second"],
                         100 * x["accuracy"]), fontsize=6, xytext=(3, 2), textcoords="offset points")
         ar = baseline([x for x in rows if x["batch"] == b])
         ax.axhline(97 * ar["accuracy"], color="grey", lw=0.6, ls="--")

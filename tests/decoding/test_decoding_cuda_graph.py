@@ -13,7 +13,8 @@ from setdlm.decoding.cuda_graph import GraphedBackbone, bucket
 
 CASES = [("ar", {}, {}), ("bd3lm", {}, {}), ("bd3lm", {}, {"threshold": 0.3}), ("mdlm", {}, {}),
          ("setdlm", {"D": 3}, {}), ("setdlm", {"D": 3}, {"threshold": 0.3}), ("setdlm", {"D": 3}, {"speculate": True}),
-         ("setdlm", {"D": 3}, {"cache_order": "reveal"})]
+         ("setdlm", {"D": 3}, {"cache_order": "reveal"}),
+         ("setdlm", {"D": 3, "ar_weight": 1.0}, {"speculate": "next_token"})]
 
 
 class Widths(torch.nn.Module):

@@ -254,3 +254,31 @@ def test_the_shipped_model_gives_its_ar_decode_in_fewer_forwards(dtype):
     out = generate(model, prompts, max_new_tokens=48, window=6, speculate="next_token")
     _same(out, ref)
     assert 1.5 * sum(out.row_nfe) < sum(ref.row_nfe)
+
+
+def test_bench_sweeps_the_next_token_decode_of_the_shipped_model(tmp_path, capsys):
+    """``setdlm bench arith-setdlm-smax8-ar --sweep-speculate``: beside the windows and their ``window=1``-verified
+    decode, the next-token decode at each window (marked ``next-token``); all of those answer as the AR decode of
+    the same weights, the wider ones in fewer forwards per token."""
+    import setdlm
+    from setdlm.evaluation import TaskSpec, reports, task_examples
+    from setdlm.evaluation.reasoning import reasoning
+
+    from support import run
+
+    code, stdout, err = run(["bench", "arith-setdlm-smax8-ar", "--task", "reasoning", "--n", "6", "--warmup", "1",
+                             "--thresholds", "off", "--windows", "1,4", "--sweep-speculate", "--out",
+                             str(tmp_path / "b")], capsys)
+    assert code == 0, err
+    pts = {(p.setting.window, p.setting.speculate): p for p in reports.read_json(tmp_path / "b" / "bench.json")}
+    assert set(pts) == {(1, False), (4, False), (4, True), (1, "next_token"), (4, "next_token")}
+    assert "| 4 next-token |" in stdout and "| 1 next-token |" in stdout
+    head1, head4 = pts[1, "next_token"], pts[4, "next_token"]
+    assert head1.result["correct"] == head4.result["correct"]
+    assert head4.forwards_per_token < head1.forwards_per_token == 1.0
+    model = setdlm.load("arith-setdlm-smax8-ar")
+    ar = Model(model.backbone, FamilyConfig("ar", model.family.length, model.family.mask_token_id), model.tokenizer)
+    examples, _ = task_examples(TaskSpec("reasoning", n=6), [model])
+    ref = reasoning(ar, examples, progress=False)
+    fast = reasoning(model, examples, speculate="next_token", window=4, progress=False)
+    assert fast.predictions == ref.predictions and ref.to_dict()["correct"] == head4.result["correct"]

@@ -132,24 +132,16 @@ def _queries(k: Tensor, h: Tensor, w: int, layout: str) -> tuple[Tensor, Tensor,
     return hq, oq.expand(B, -1), h
 
 
-def slots(st: DecodeState) -> tuple[Tensor, int, Tensor, Tensor, Tensor, Tensor]:
-    """A step's draft lengths ``k`` (B,) and their largest ``K``, the first ``K + w`` masked positions of each row
-    ``m_0, m_1, ..`` (B, R) with their validity, and the clean slots: the pending token, then the draft (B, Tc)."""
-    drafted, N = st.extra["drafted"], st.canvas
-    k = drafted.sum(-1)  # (B,) draft lengths: the drafts sit at the first k masked positions
-    K = int(k.max())
-    rank = st.masked.cumsum(-1) - 1  # (B, N+1) rank of each masked position
-    m_pos, m_ok = _ascending(st.masked & (rank < K + st.cfg.window), st.pos, N)  # (B, R)
-    clean_pos, clean_ok = _ascending(st.extra["pending"] | drafted, st.pos, N)  # (B, Tc)
-    return k, K, m_pos, m_ok, clean_pos, clean_ok
-
-
 def step(backbone, st: DecodeState) -> None:
     """One forward: cache the pending token, verify the draft, commit the verified prefix plus the verifier's
     next token, keep the accepted drafts in the cache and take the next draft (module docstring)."""
     w, N, pos = st.cfg.window, st.canvas, st.pos
     pending, drafted, draft = st.extra["pending"], st.extra["drafted"], st.extra["draft"]  # (B, N+1) each
-    k, K, m_pos, m_ok, clean_pos, clean_ok = slots(st)
+    k = drafted.sum(-1)  # (B,) draft lengths: the drafts sit at the first k masked positions
+    K = int(k.max())
+    rank = st.masked.cumsum(-1) - 1  # (B, N+1) rank of each masked position
+    m_pos, m_ok = _ascending(st.masked & (rank < K + w), pos, N)  # (B, R) masked positions m_0, m_1, ..
+    clean_pos, clean_ok = _ascending(pending | drafted, pos, N)  # (B, Tc) pending token, then the draft
     layout = windowed_horizons(st.batch, w)
     h = torch.arange(K + 1, device=st.device)  # (K+1,) the horizons
     hq, oq, vcols = _queries(k, h, w, layout)  # (B, Q), (B, Q), (K+1,)
