@@ -82,3 +82,24 @@ def test_bf16_autocast_runs():
         out = m(ids, None, causal_mask(torch.ones(2, 8, dtype=torch.bool)))
     ref = m(ids, None, causal_mask(torch.ones(2, 8, dtype=torch.bool)))
     assert torch.isfinite(out).all() and (out.float() - ref).abs().max() < 0.2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_forward_without_logits_caches_what_a_full_one_caches(dtype):
+    """A prefill (``logits_start`` = T: no logits) stops its last block once its keys and values are cached: the
+    cache is bit for bit the one a forward asking for every logit leaves, and the logits are empty."""
+    m = make_model(dtype=dtype)
+    B, T = 3, 11
+    ids = torch.randint(0, 31, (B, T))
+    pos = torch.arange(T).expand(B, T)
+    mask = causal_mask(torch.ones(B, T, dtype=torch.bool))  # (B, 1, T, T)
+    full, short = m.new_cache(B, capacity=16), m.new_cache(B, capacity=16)
+    logits = m(ids, pos, mask, full, logits_start=0)
+    none = m(ids, pos, mask, short, logits_start=T)
+    assert none.shape == (B, 0, logits.shape[-1])
+    for a, b in zip([*full.k, *full.v], [*short.k, *short.v]):
+        assert torch.equal(a, b)
+    assert torch.equal(full.lengths, short.lengths) and torch.equal(full.pos, short.pos)
+    nxt = torch.randint(0, 31, (B, 1))  # and the next step reads it alike
+    step_mask = torch.ones(B, 1, 1, T + 1, dtype=torch.bool)
+    assert torch.equal(m(nxt, torch.full((B, 1), T), step_mask, full), m(nxt, torch.full((B, 1), T), step_mask, short))

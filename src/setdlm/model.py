@@ -295,7 +295,9 @@ class Block(nn.Module):
         self.wide_attention = False  # float64 attention (set by setdlm.formats.quantize: see attention())
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, layer: int,
-                cache: KVCache | None, step: "CacheStep") -> Tensor:
+                cache: KVCache | None, step: "CacheStep", kv_only: bool = False) -> Tensor:
+        """``kv_only``: write this step's keys and values to ``cache`` and stop (x is returned unchanged): the
+        last block of a forward that asks for no logits (a prefill) needs nothing else."""
         B, T, d = x.shape
         H, hd = self.n_heads, self.head_dim
         qkv = self.attn_qkv(self.norm1(x)).view(B, T, 3, H, hd)  # 'b s (three h d) -> b s three h d'
@@ -303,6 +305,8 @@ class Block(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(layer, k, v, step)  # (B, H, W, hd): cached entries + this step's
+            if kv_only:
+                return x
         y = attention(q, k, v, mask, wide=self.wide_attention)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, d)
         y = self.attn_out(y)
@@ -367,11 +371,12 @@ class Transformer(nn.Module):
         x = self.embed(input_ids)  # (B, T, d)
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_base, x.dtype)
         step = begin_step(cache, position_ids, attn_mask)
+        last = len(self.blocks) - 1 if cache is not None and logits_start >= T else None  # no logits: a prefill
         for i, block in enumerate(self.blocks):
             if self.grad_checkpointing and self.training and cache is None and torch.is_grad_enabled():
                 x = checkpoint(block, x, cos, sin, step.mask, i, cache, step, use_reentrant=False)
-            else:
-                x = block(x, cos, sin, step.mask, i, cache, step)
+            else:  # the last block of a prefill only caches its keys and values (about a quarter of the work)
+                x = block(x, cos, sin, step.mask, i, cache, step, kv_only=i == last)
         end_step(cache, step, keep)
         h = self.norm_final(x[:, logits_start:])
         return self.head(h)
