@@ -112,4 +112,4 @@ def test_generate_speculate_next_token_is_the_ar_decode_of_the_same_weights(tmp_
                         "--output", str(out)], capsys)
     assert code == 0 and json.loads(out.read_text())["tokens"] == w1.tokens[0], err
     code, _, err = run(["generate", str(tmp_path / "plain"), "--prompt", "ab", "--speculate-next-token"], capsys)
-    assert code != 0 and "--speculate" in err and "not trained" in err
+    assert code != 0 and "--speculate-next-token verifies" in err and "not trained" in err and "use --speculate" in err

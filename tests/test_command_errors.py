@@ -76,6 +76,12 @@ def test_field_names_become_flags_as_whole_words_only():
     assert as_flags(UserError("plain words", fields=())) == "plain words"
     assert str(e).startswith("max_new_tokens applies to task")  # Python callers read the library's words
 
+    # a value with a flag of its own (the CLI's VALUE_FLAGS) is spelled as that flag, other values as --name value
+    spec = UserError("speculate='next_token' needs a head; speculate='x' does not exist; use speculate=True",
+                     fields=("speculate",))
+    assert as_flags(spec, {"speculate": ("next_token",)}) == ("--speculate-next-token needs a head; --speculate x does "
+                                                             "not exist; use --speculate")
+
 
 SRC = Path(setdlm.__file__).resolve().parent
 # modules whose deliberate `raise ValueError` stays: internal invariants (a bug if it fires, so a traceback),

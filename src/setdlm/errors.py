@@ -28,13 +28,17 @@ _UNSET = {"(leave it None)": "(leave the flag out)", " (or None)": " (or leave t
           " or be None (off)": " or be left out (off)"}
 
 
-def as_flags(error: UserError) -> str:
+def as_flags(error: UserError, value_flags: dict[str, tuple[str, ...]] | None = None) -> str:
     """The message of ``error`` with each name of ``error.fields`` written as its command-line flag
     (``max_new_tokens`` -> ``--max-new-tokens``, ``quantize='gguf'`` -> ``--quantize gguf``) and the
-    library's "None" as leaving the flag out; names inside other words, paths or quotes are left alone."""
+    library's "None" as leaving the flag out; names inside other words, paths or quotes are left alone.
+    ``value_flags``: per field, the values the command line spells as a flag of their own
+    (``{"speculate": ("next_token",)}``: ``speculate='next_token'`` -> ``--speculate-next-token``)."""
     text = str(error)
     for name in error.fields:
         flag, bare = "--" + name.replace("_", "-"), rf"(?<![\w.\-/'\"]){re.escape(name)}"
+        for value in (value_flags or {}).get(name, ()):
+            text = re.sub(bare + rf"=(['\"]){re.escape(value)}\1", f"{flag}-{value.replace('_', '-')}", text)
         text = re.sub(bare + r"=True\b", flag, text)  # a switch: resume=True -> --resume
         text = re.sub(bare + r"=(['\"]?)([\w.+-]*)\1", lambda m: f"{flag} {m.group(2)}", text)
         text = re.sub(bare + r"(?![\w.\-/'\"])", flag, text)

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 
 from ..errors import UserError, as_flags
+from .flags import VALUE_FLAGS
 
 
 class Parser(argparse.ArgumentParser):
@@ -34,7 +35,7 @@ def run(command: str, call: Callable[[], int], interrupted: Callable[[KeyboardIn
     try:
         return call()
     except UserError as e:  # bad user input: one line, exit 2
-        return _one_line(command, as_flags(e))
+        return _one_line(command, as_flags(e, VALUE_FLAGS))
     except OSError as e:  # the machine refused (a file that cannot be read or written): one line, exit 2
         where = f"{e.filename}: " if e.filename else ""
         return _one_line(command, f"{where}{e.strerror or e}")

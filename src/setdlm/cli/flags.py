@@ -60,6 +60,8 @@ def add_model_flags(p, what: str = "decode with") -> None:
 
 # the constraint is an object, not one flag: generate and infill spell it --regex / --json-schema / --choice
 SETTINGS = tuple(f.name for f in dataclasses.fields(DecodeSettings) if f.name != "constraint")
+# values of a setting with a flag of their own (speculate="next_token": --speculate-next-token), for error messages
+VALUE_FLAGS = {f.name: tuple(f.metadata["values"]) for f in dataclasses.fields(DecodeSettings) if "values" in f.metadata}
 
 
 def add_settings_flags(p, names, *, defaults: dict | None = None, notes: dict | None = None) -> None:
