@@ -81,7 +81,7 @@ def add_settings_flags(p, names, *, defaults: dict | None = None, notes: dict | 
         help_ += f" (default {default})" if default is not None else ""
         if kinds[0] is bool:
             p.add_argument(flag, action="store_true", default=None, help=help_)
-            for value, more in meta.get("values", {}).items():  # --speculate-ar: speculate="next_token"
+            for value, more in meta.get("values", {}).items():  # --speculate-next-token: speculate="next_token"
                 p.add_argument(f"{flag}-{value.replace('_', '-')}", dest=f.name, action="store_const", const=value, default=None,
                                help=more)
         elif "nargs" in meta:  # length_penalty START FACTOR
@@ -136,22 +136,22 @@ def add_task_flags(p, *, settings: tuple[str, ...], task_default: str | None) ->
     """Flags that pick the task's examples (the fields of TaskSpec), and the decoding ``settings`` offered;
     the task choices and which tasks a flag applies to come from the task registry."""
 
-    tasks = applies_to
     p.add_argument("--task", choices=tuple(REGISTRY), default=task_default, required=task_default is None,
                    help="what to measure: " + "; ".join(f"{t.name}, {t.title}" for t in REGISTRY.values())
                    + (f" (default {task_default})" if task_default else ""))
     p.add_argument("--data", default=None, help="; ".join(f"{t.name}: {t.notes['data']}" for t in REGISTRY.values()
                                                          if "data" in t.notes))
-    p.add_argument("--level", choices=tuple(LEVELS), default=None, help=tasks("level") + "difficulty of the "
+    p.add_argument("--level", choices=tuple(LEVELS), default=None, help=applies_to("level") + "difficulty of the "
                    "generated problems (default medium)")
-    p.add_argument("--split", choices=SPLITS, default=None, help=tasks("split") + "split drawn from (default test)")
-    p.add_argument("--n", type=positive_int, default=None, help=tasks("n") + "examples (default 200 generated "
+    p.add_argument("--split", choices=SPLITS, default=None,
+                   help=applies_to("split") + "split drawn from (default test)")
+    p.add_argument("--n", type=positive_int, default=None, help=applies_to("n") + "examples (default 200 generated "
                    "ones, or every window of a text source that fits the context)")
-    p.add_argument("--hidden", type=int, choices=(1, 3), default=None, help=tasks("hidden") + "hidden sentences "
+    p.add_argument("--hidden", type=int, choices=(1, 3), default=None, help=applies_to("hidden") + "hidden sentences "
                    "of 5 (default 1)")
-    p.add_argument("--eos", action="store_true", help=tasks("eos") + "EOS after the suffix (each window a whole "
+    p.add_argument("--eos", action="store_true", help=applies_to("eos") + "EOS after the suffix (each window a whole "
                    "document)")
-    p.add_argument("--clock", choices=CLOCKS, default=None, help=tasks("clock", "options") + "time "
+    p.add_argument("--clock", choices=CLOCKS, default=None, help=applies_to("clock", "options") + "time "
                    "decoding by wall clock (default, the paper's) or by CPU time (steady on a shared CPU)")
     generate_notes = "/".join(generating()) + ": "
     notes = {name: (generate_notes if name in GENERATE_ONLY else "/".join(decoding()) + ": ") for name in settings}

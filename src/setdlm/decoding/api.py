@@ -260,7 +260,7 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
     stops = _stops(model, settings.stop)
     sampling = settings.sampling(fam.mask_token_id, eos_ids(model, settings.eos_token_id))
     window, block_size = fam.spec.decode_sizes(fam, settings.window, settings.block_size)
-    if settings.speculate == "next_token" and not getattr(fam, "ar_weight", 0.0):
+    if settings.speculate == "next_token" and not fam.ar_weight:
         raise UserError("speculate='next_token' verifies with the model's next-token head, which this model was not trained "
                         "for (its family's ar_weight is 0; train with ar_weight > 0, docs/method.md §2.10): use "
                         "speculate=True", fields=("speculate",))

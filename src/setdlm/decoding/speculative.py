@@ -159,7 +159,7 @@ def step(backbone, st: DecodeState) -> None:
     logits = backbone(ids, slot_pos, mask, st.cache, keep=clean_ok.sum(-1), logits_start=Tc)  # (B, Q, V)
     tok, conf = predict(st, logits, q_pos, q_ok, horizon)  # (B, Q) each
     v_pos, v_ok, v_tok, v_conf = (x[:, vcols] for x in (q_pos, q_ok, tok, conf))  # (B, K+1) the verifiers
-    acc, commit = verify(st, start, v_pos, v_ok, v_tok, v_conf, slot_pos, valid)  # (B,), (B, K+1)
+    acc, commit = verify(st, start + pending.sum(-1), v_pos, v_ok, v_tok, v_conf, slot_pos, valid)  # (B,), (B, K+1)
 
     last = torch.where(commit & (h == acc[:, None]), v_pos, N)  # (B, K+1) the verifier's own token
     if layout == "all":  # the window of the horizon the step ended on, past its verifier
@@ -183,19 +183,19 @@ def predict(st: DecodeState, logits: Tensor, q_pos: Tensor, q_ok: Tensor, horizo
                    _gen_len(st, drafted, q_pos), allowed=allowed, u=st.extra["u"].gather(1, q_pos))
 
 
-def verify(st: DecodeState, start: Tensor, v_pos: Tensor, v_ok: Tensor, v_tok: Tensor, v_conf: Tensor,
+def verify(st: DecodeState, kept: Tensor, v_pos: Tensor, v_ok: Tensor, v_tok: Tensor, v_conf: Tensor,
            slot_pos: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
     """The rule (module docstring): the verifiers' tokens ``v_tok`` (B, K+1) at ``v_pos`` against the draft, the
-    accepted prefix and the verifier's next token committed, the pending token and the accepted drafts kept in
-    the cache (it held ``start`` (B,) entries before the forward), the trace's draft fields. Returns the
+    accepted prefix and the verifier's next token committed, the cache cropped to ``kept`` (B,) entries (what it
+    held before the forward and the pending token) plus the accepted drafts, the trace's draft fields. Returns the
     accepted drafts (B,) and what was committed (B, K+1)."""
-    pending, drafted, draft = st.extra["pending"], st.extra["drafted"], st.extra["draft"]  # (B, N+1) each
+    drafted, draft = st.extra["drafted"], st.extra["draft"]  # (B, N+1) each
     h = torch.arange(v_pos.shape[1], device=v_pos.device)  # (K+1,)
     is_draft = drafted.gather(1, v_pos) & v_ok  # (B, K+1) verifiers whose position holds a draft
     d_tok = draft.gather(1, v_pos)
     acc = (is_draft & (v_tok == d_tok)).long().cumprod(-1).sum(-1)  # (B,) accepted drafts, a prefix
     commit = v_ok & (h <= acc[:, None])  # (B, K+1) the accepted drafts and the verifier's next token
-    st.cache.crop(start + pending.sum(-1) + acc)  # keep the pending token and the accepted drafts
+    st.cache.crop(kept + acc)  # keep the pending token and the accepted drafts
     st.write(v_tok, v_conf, commit, v_pos, v_ok, slot_pos, valid)
     if st.traces is not None:
         for b, trace in enumerate(st.traces):

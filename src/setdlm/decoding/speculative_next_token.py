@@ -68,8 +68,7 @@ def init(backbone, st: DecodeState) -> None:
                         fields=("speculate",))
     w = st.cfg.window
     st.cache = backbone.new_cache(st.batch, capacity=min(st.canvas, L) + 2 * w)  # + one step's inputs
-    last = st.first_masked - 1  # (B,) the last clean token, fed by the first step
-    st.extra["pending"] = st.pos[None, :] == last[:, None]  # (B, N+1) committed, not yet cached
+    last = st.first_masked - 1  # (B,) the last clean token, fed by the first step (pending: always at f − 1)
     st.extra["drafted"] = torch.zeros_like(st.masked)  # (B, N+1) positions holding a draft to verify
     st.extra["draft"] = torch.zeros_like(st.tokens)  # (B, N+1) the draft tokens (where drafted)
     st.extra["u"] = _position_uniforms(st)  # (B, N+1)
@@ -80,9 +79,10 @@ def step(backbone, st: DecodeState) -> None:
     """One forward: cache the pending token and the draft, verify the draft with the next-token head, commit the
     verified prefix plus the head's next token, keep the accepted drafts cached, take the next draft."""
     w, N, pos = st.cfg.window, st.canvas, st.pos
-    pending, drafted, draft = st.extra["pending"], st.extra["drafted"], st.extra["draft"]  # (B, N+1) each
+    drafted, draft = st.extra["drafted"], st.extra["draft"]  # (B, N+1) each
     # a row's masked positions are f, f+1, .. up to its end (init checked it; commits extend the prefix), the
-    # pending token sits at f − 1 and the draft at f .. f+k−1: every slot's position is arithmetic
+    # pending token (the last committed, one per row) sits at f − 1 and the draft at f .. f+k−1: every slot's
+    # position is arithmetic
     f, end = st.first_masked[:, None], st.length[:, None]  # (B, 1) each
     k = drafted.sum(-1)  # (B,) draft lengths
     K = int(k.max())
@@ -98,19 +98,18 @@ def step(backbone, st: DecodeState) -> None:
     slot_pos, valid = torch.cat([clean_pos, q_pos], 1), torch.cat([clean_ok, q_ok], 1)  # (B, T)
     ids = torch.cat([torch.where(drafted, draft, st.tokens).gather(1, clean_pos), st.tokens.gather(1, q_pos)], 1)
     mask = with_cache(_step_mask(K + 1, w - 1, st.device) & valid[:, None, :] | _eye(K + w, st.device), st.cache.width)
-    start = st.cache.lengths.clone()  # (B,)
+    start = st.cache.lengths.clone()  # (B,) then the pending token
     logits = backbone(ids, slot_pos, mask, st.cache, keep=clean_ok.sum(-1), logits_start=0)  # (B, K+1 + w−1, V)
 
     # every prediction, as (position predicted, horizon = the drafts it takes as committed): verifiers then masks
     p_pos, p_ok = torch.cat([v_pos, q_pos], 1), torch.cat([v_ok, q_ok], 1)  # (B, P)
     p_hor = torch.cat([v_pos, m_k.expand_as(q_pos)], 1)  # (B, P)
     tok, conf = predict(st, logits, p_pos, p_ok, p_hor)  # (B, P) each
-    acc, commit = verify(st, start, v_pos, v_ok, tok[:, : K + 1], conf[:, : K + 1], slot_pos, valid)  # (B,), (B, K+1)
+    acc, commit = verify(st, start + 1, v_pos, v_ok, tok[:, : K + 1], conf[:, : K + 1], slot_pos, valid)
 
     m_acc = v_pos.gather(1, acc[:, None])  # (B, 1) the verifier's own token, the last committed (N: none)
     whole = (acc == k)[:, None]  # (B, 1) the whole draft accepted: the window's masks are the next draft
     nxt = torch.where(whole & q_ok, q_pos, N)  # (B, w−1)
-    st.extra["pending"] = (pos == m_acc) & (pos < N)  # (B, N+1)
     st.extra["drafted"] = torch.where(whole, (pos > m_acc) & (pos < end) & (pos < m_acc + w), drafted & (pos > m_acc))
     st.extra["draft"] = draft.scatter(1, nxt, tok[:, K + 1:])  # else the drafts past the rejected one stay
 

@@ -71,8 +71,7 @@ def describe(name: str) -> dict:
                 n *= d
             count += n
     fam = cfg["family"]
-    sizes = " ".join(f"{k}={fam[k]:g}" if k == "ar_weight" else f"{k}={fam[k]}"
-                     for k in ("D", "M", "block_size", "ar_weight") if fam.get(k))  # ar_weight: a next-token head
+    sizes = " ".join(f"{k}={fam[k]:g}" for k in ("D", "M", "block_size", "ar_weight") if fam.get(k))
     data = (cfg.get("training") or {}).get("data")
     return {"name": name, "parameters": count, "size": sum(f.stat().st_size for f in folder.iterdir()) / 2**20,
             "family": f"{fam['family']} {sizes}".strip(), "task": TASKS.get(data, data or "?"),
