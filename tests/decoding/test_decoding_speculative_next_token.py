@@ -282,3 +282,23 @@ def test_bench_sweeps_the_next_token_decode_of_the_shipped_model(tmp_path, capsy
     ref = reasoning(ar, examples, progress=False)
     fast = reasoning(model, examples, speculate="next_token", window=4, progress=False)
     assert fast.predictions == ref.predictions and ref.to_dict()["correct"] == head4.result["correct"]
+
+
+@pytest.mark.parametrize("level", ["default", "avx2"])
+def test_the_contracts_hold_at_other_cpu_kernel_levels(level):
+    """The shipped model's float32 next-token decode equals its AR decode, and every verifier and cache equals its
+    from-scratch forward, with ATen's vector kernels (and oneDNN) forced to another level, as on an AVX2-only
+    machine: the tests above rerun in a subprocess (float32 rounding follows the kernels)."""
+    import os
+    import subprocess
+    import sys
+
+    from support import subprocess_env
+
+    env = {**subprocess_env(), "ATEN_CPU_CAPABILITY": level, "ONEDNN_MAX_CPU_ISA": "AVX2",
+           "PYTHONPATH": os.pathsep.join([subprocess_env()["PYTHONPATH"], os.path.dirname(os.path.dirname(__file__))])}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "shipped_model_gives or every_verifier or greedy_output"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout
