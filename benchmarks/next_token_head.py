@@ -3,11 +3,14 @@ that one network drafts (its window) and verifies as an AR model (its clean stre
 the validation split (benchmarks/RESULTS.md, "Faster than AR at AR's accuracy"; docs/decoding.md, "Verifying with
 the next-token head").
 
-    PYTHONPATH=src python benchmarks/next_token_head.py train --out runs/next_token          # 1000 steps, resumable
-    PYTHONPATH=src python benchmarks/next_token_head.py train --init arith-ar --out runs/next_token_from_ar
+    PYTHONPATH=src python benchmarks/next_token_head.py train --out runs/ar_head              # 1000 steps, resumable
     PYTHONPATH=src python benchmarks/next_token_head.py train --ar-control --out runs/ar_control  # AR, same steps
-    PYTHONPATH=src python benchmarks/next_token_head.py select --runs runs/next_token runs/ar_control ...
-    PYTHONPATH=src python benchmarks/next_token_head.py ship --checkpoint runs/next_token/run/checkpoints/step-00001000
+    PYTHONPATH=src python benchmarks/next_token_head.py train --init runs/ar_head/run/checkpoints/step-00001000 \
+        --schedule cooldown --steps 600 --seed 3 --out runs/cool_nt                                 # then cool down
+    PYTHONPATH=src python benchmarks/next_token_head.py train --ar-control --schedule cooldown --steps 600 --seed 3 \
+        --init runs/ar_control/run/checkpoints/step-00001000 --out runs/cool_ar
+    PYTHONPATH=src python benchmarks/next_token_head.py select --runs runs/cool_nt --every 100 --windows 5 6 --out runs/sel_nt
+    PYTHONPATH=src python benchmarks/next_token_head.py ship --out runs/sel_nt --checkpoint runs/cool_nt/run/checkpoints/step-00000500
 
 ``train``: ``setdlm train``'s recipe of the shipped models (the paper's protocol: L = 192, batch 32, lr 1e-3
 constant after 20 warm-up steps, bf16, the ``reasoning-medium`` corpus they were trained on), from ``--init``
@@ -17,8 +20,10 @@ comparison measures. ``select``: every saved checkpoint of the runs on the first
 trained on), greedy: a model with a next-token head by its AR decode (``speculate="next_token"``, so its accuracy is
 its head's) and its tokens per forward at ``--windows``; an AR model by its own decode; written to
 ``OUT/select.json`` with the best checkpoint of each run (highest accuracy, then the later step), every ``--every``
-steps. ``ship``: the chosen checkpoint into the package as ``arith-setdlm-smax8-ar`` (bf16, as every shipped model;
-its model card records the command and the validation numbers of ``OUT/select.json``).
+steps. ``ship``: the chosen checkpoint into the package as ``arith-setdlm-smax8-ar`` (an AR control's as
+``arith-ar-long``; bf16, as every shipped model; its model card records the commands and the validation numbers of
+``OUT/select.json``). ``--schedule cooldown`` (with ``--init`` a checkpoint of a constant-rate run, ``--seed`` a new
+data order) cools a run down: 1e-3 cosine to 0, the recipe of the shipped pair.
 """
 
 from __future__ import annotations
@@ -37,12 +42,18 @@ from setdlm.training import TrainConfig, train
 
 SHIPPED = "arith-setdlm-smax8"
 SHIP_AS = "arith-setdlm-smax8-ar"
+SHIP_AR_AS = "arith-ar-long"  # the AR control of the same training, the baseline of the comparison
 
 
-def finetune(out: Path, init: str, steps: int, ar_weight: float, ar_control: bool) -> Path:
+def finetune(out: Path, init: str | None, steps: int, ar_weight: float, ar_control: bool, schedule: str = "constant",
+             seed: int = 2) -> Path:
+    """``schedule``: "constant" (1e-3 after 20 warm-up steps, the shipped recipe) or "cooldown" (1e-3 cosine to 0:
+    a cool-down of weights trained at the constant rate, from ``init``, on a new data order ``seed``)."""
     family = dict(family="ar") if ar_control else dict(family="setdlm", D=4, M=8, ar_weight=ar_weight)
-    cfg = TrainConfig(init_from="arith-ar" if ar_control else init, data="reasoning-medium", **family, length=192,
-                      steps=steps, batch_size=32, lr=1e-3, warmup=20, lr_schedule="constant", bf16=True, seed=2,
+    init = init or ("arith-ar" if ar_control else SHIPPED)
+    lr = dict(lr_schedule="cosine", min_lr_ratio=0.0) if schedule == "cooldown" else dict(lr_schedule="constant")
+    cfg = TrainConfig(init_from=init, data="reasoning-medium", **family, length=192,
+                      steps=steps, batch_size=32, lr=1e-3, warmup=20, **lr, bf16=True, seed=seed,
                       eval_every=250, eval_max=512, save_every=100, keep=100, log_every=25, out=str(out / "run"),
                       resume=True)
     return Path(train(cfg).checkpoint)
@@ -72,25 +83,50 @@ def select(runs: list[Path], n: int, windows: list[int], batch_size: int, every:
     return report
 
 
-def ship(checkpoint: Path, report: dict) -> Path:
+def lineage(checkpoint: Path) -> list[tuple[Path, dict]]:
+    """The fine-tuning runs from the shipped SetDLM to ``checkpoint``, oldest first: (checkpoint, its training
+    arguments) each, following ``init_from`` while it names a checkpoint of an earlier run."""
     from setdlm.formats.checkpoint import read_config
+
+    chain = [(checkpoint, read_config(checkpoint)["training"])]
+    while Path(chain[-1][1]["init_from"]).is_dir():
+        ck = Path(chain[-1][1]["init_from"])
+        chain.append((ck, read_config(ck)["training"]))
+    return chain[::-1]
+
+
+def ship(checkpoint: Path, report: dict) -> Path:
+    """``checkpoint`` into the package: a SetDLM with the head as ``arith-setdlm-smax8-ar``, an AR control as
+    ``arith-ar-long``; bf16, the model card naming the runs that made it and its validation numbers."""
     from setdlm.formats.pretrained import root
 
     run = checkpoint.parent.parent.parent  # OUT of the train stage: OUT/run/checkpoints/step-N
     row = report["runs"][str(run)]["checkpoints"][checkpoint.name]
-    steps = int(checkpoint.name.split("-")[1])
+    chain = lineage(checkpoint)
+    steps = sum(int(ck.name.split("-")[1]) for ck, _ in chain)
     model = setdlm.load(str(checkpoint))
     model.backbone.to(torch.bfloat16)
-    training = read_config(checkpoint)["training"]
-    training.update(out=str(run / "run"), init_from=SHIPPED)
-    bench = {"fine-tuning steps (from arith-setdlm-smax8)": steps,
-             "medium validation accuracy (next-token head, 300 problems)": round(row["accuracy"], 4)}
+    ar = model.family.family == "ar"
+    training = dict(chain[-1][1], out=str(run / "run"))
+    parts, commands = [], []
+    for i, (ck, t) in enumerate(chain):
+        n, cooldown = int(ck.name.split("-")[1]), t["lr_schedule"] == "cosine"
+        of = f"the first {n} of {t['steps']}" if n < t["steps"] else f"{n}"
+        parts.append(f"{of} steps at {t['lr']:g} " + ("cosine to 0" if cooldown else "constant"))
+        out = ck.parent.parent.parent
+        commands.append(f"python benchmarks/next_token_head.py train --out {out}" + (" --ar-control" if ar else "") + (
+            f" --init {t['init_from']} --schedule cooldown --steps {t['steps']} --seed {t['seed']}" if i else ""))
+    start = "arith-ar" if ar else SHIPPED
+    bench = {f"fine-tuning steps (from {start})": steps,
+             f"medium validation accuracy ({'AR decode' if ar else 'next-token head'}, 300 problems)": round(row["accuracy"], 4)}
     bench.update({f"tokens per forward (speculate='next_token', w = {k.rsplit('w', 1)[1]})": round(v, 2)
-                  for k, v in row.items() if k.startswith("tokens_per_forward")})
-    dest = root() / SHIP_AS
+                  for k, v in row.items() if k.startswith("tokens_per_forward") and not ar})
+    name = (f"arith-ar trained further on its own data, its own loss: {', then '.join(parts)} (the AR baseline of "
+            f"{SHIP_AS})" if ar else
+            f"arith-setdlm-smax8 with a next-token head: ar_weight 1, {', then '.join(parts)} (docs/method.md §2.10)")
+    dest = root() / (SHIP_AR_AS if ar else SHIP_AS)
     model.save(dest, training_args=training, bench=bench, source={
-        "name": f"arith-setdlm-smax8 with a next-token head: {steps} steps of ar_weight 1 (docs/method.md §2.10)",
-        "layout": "setdlm", "command": f"python benchmarks/next_token_head.py train --out {run}"})
+        "name": name, "layout": model.family.family, "command": " && ".join(commands)})
     return dest
 
 
@@ -99,7 +135,11 @@ def main(argv=None) -> None:
     p.add_argument("stage", choices=("train", "select", "ship"))
     p.add_argument("--checkpoint", default=None, help="ship: the checkpoint chosen by select")
     p.add_argument("--out", default="runs/next_token")
-    p.add_argument("--init", default=SHIPPED, help=f"train: the weights to start from (default {SHIPPED})")
+    p.add_argument("--init", default=None, help=f"train: the weights to start from (default {SHIPPED}, "
+                   "arith-ar with --ar-control)")
+    p.add_argument("--schedule", choices=("constant", "cooldown"), default="constant",
+                   help="train: constant 1e-3 (the shipped recipe) or cooldown (1e-3 cosine to 0)")
+    p.add_argument("--seed", type=int, default=2, help="train: the data order and training randomness")
     p.add_argument("--ar-weight", type=float, default=1.0)
     p.add_argument("--ar-control", action="store_true", help="train: arith-ar on the same data, its own loss")
     p.add_argument("--steps", type=int, default=1000)
@@ -114,7 +154,8 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.stage == "train":
-        print(f"checkpoint: {finetune(out, args.init, args.steps, args.ar_weight, args.ar_control)}")
+        checkpoint = finetune(out, args.init, args.steps, args.ar_weight, args.ar_control, args.schedule, args.seed)
+        print(f"checkpoint: {checkpoint}")
     elif args.stage == "ship":
         print(f"shipped: {ship(Path(args.checkpoint), json.loads((out / 'select.json').read_text()))}")
     else:
