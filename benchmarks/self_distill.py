@@ -7,14 +7,15 @@ of the window"; docs/decoding.md, "Self-speculative decoding").
     PYTHONPATH=src python benchmarks/self_distill.py train --steps 300  # fine-tune on them (resumable)
     PYTHONPATH=src python benchmarks/self_distill.py compare --n 300    # validation split: both models
     ... --model arith-ar                                                 # the same recipe for the AR baseline
+    ... --model arith-setdlm-smax8-ar [--schedule cooldown]            # a model with a next-token head
 
 ``data``: the first ``--n`` problems of the built-in ``reasoning-medium`` corpus (train split, the ones the model
 was trained on), each completed by the model's greedy decode (a SetDLM's lossless speculative decode: token for
-token its ``window=1`` output) into ``OUT/data.jsonl`` as prompt/completion pairs; ``--correct-only`` keeps
+token its ``window=1`` output; a model with a next-token head: its head's, ``speculate="next_token"``) into ``OUT/data.jsonl`` as prompt/completion pairs; ``--correct-only`` keeps
 the completions whose answer is right (the model is not taught its own mistakes: rejection-sampled
 self-training). ``train``: ``setdlm train``'s recipe from the shipped weights (``init_from``: architecture and
-tokenizer included) on that file, the shipped model's own settings (family, D, M, L=192, batch 32, bf16) at a
-lower constant learning rate. ``compare``: on the validation split (never trained on), the shipped and the
+tokenizer included) on that file, the shipped model's own settings (family, D, M, ``ar_weight``, L=192, batch 32,
+bf16) at a lower constant learning rate (``--schedule cooldown``: that rate cosine to 0). ``compare``: on the validation split (never trained on), the shipped and the
 fine-tuned model's accuracy and, for a SetDLM, tokens per forward of the speculative decode at each
 ``--windows``, into ``OUT/compare.json``.
 """
@@ -41,6 +42,8 @@ def make_data(out: Path, shipped: str, n: int, batch_size: int, correct_only: bo
     model = setdlm.load(shipped)
     problems = reasoning_split("train", n, level="medium", seed=0)  # the corpus reasoning-medium's first n
     fast = {"speculate": True, "window": 4} if model.family.family == "setdlm" else {}  # = its window-1 output
+    if getattr(model.family, "ar_weight", 0) > 0:  # a model with a next-token head: its head's (AR) output
+        fast = {"speculate": "next_token", "window": 6}
     result = reasoning(model, problems, DecodeSettings(**fast), batch_size=batch_size)
     kept = [(e, p) for e, p in zip(problems, result.predictions) if not correct_only or answer_matches(p, e.answer)]
     path = out / "data.jsonl"
@@ -51,11 +54,15 @@ def make_data(out: Path, shipped: str, n: int, batch_size: int, correct_only: bo
     return path
 
 
-def finetune(out: Path, shipped: str, steps: int, lr: float) -> Path:
+def finetune(out: Path, shipped: str, steps: int, lr: float, schedule: str = "constant") -> Path:
+    """``schedule``: "constant" at ``lr``, or "cooldown" (``lr`` cosine to 0)."""
     fam = setdlm.load(shipped).family
     knobs = knobs_for(fam.family, D=fam.D, M=fam.M, block_size=fam.block_size)
+    if fam.family == "setdlm" and fam.ar_weight > 0:
+        knobs["ar_weight"] = fam.ar_weight  # keep training the next-token head
+    sched = dict(lr_schedule="cosine", min_lr_ratio=0.0) if schedule == "cooldown" else dict(lr_schedule="constant")
     cfg = TrainConfig(init_from=shipped, data=str(out / "data.jsonl"), family=fam.family, **knobs, length=fam.length,
-                      steps=steps, batch_size=32, lr=lr, warmup=20, lr_schedule="constant", bf16=True, seed=1,
+                      steps=steps, batch_size=32, lr=lr, warmup=20, **sched, bf16=True, seed=1,
                       eval_every=steps, save_every=50, log_every=25, out=str(out / "run"), resume=True)
     return Path(train(cfg).checkpoint)
 
@@ -66,8 +73,9 @@ def compare(out: Path, shipped: str, checkpoint: str, n: int, windows: list[int]
     for name in (shipped, checkpoint):
         model = setdlm.load(name)
         rows = {}
+        head = getattr(model.family, "ar_weight", 0) > 0
         for w in (windows if model.family.family == "setdlm" else [1]):
-            fast = {"speculate": True, "window": w} if model.family.family == "setdlm" else {}
+            fast = {"speculate": "next_token" if head else True, "window": w} if model.family.family == "setdlm" else {}
             r = reasoning(model, problems, DecodeSettings(**fast), batch_size=batch_size, clock="cpu", progress=False)
             rows[w] = {"accuracy": r.accuracy, "tokens_per_forward": r.run.tokens_per_step}
             print(f"{name}: window {w}: accuracy {100 * r.accuracy:.1f}%, "
@@ -86,6 +94,8 @@ def main(argv=None) -> None:
     p.add_argument("--n", type=int, default=None, help="problems (data: 4096, compare: 300)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--schedule", choices=("constant", "cooldown"), default="constant",
+                   help="train: constant --lr, or --lr cosine to 0")
     p.add_argument("--windows", type=int, nargs="+", default=[4, 6])
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--checkpoint", default=None, help="compare: the distilled checkpoint (default: the run's latest)")
@@ -99,7 +109,7 @@ def main(argv=None) -> None:
     if args.stage == "data":
         make_data(out, args.model, args.n or 4096, args.batch_size, args.correct_only)
     elif args.stage == "train":
-        print(f"checkpoint: {finetune(out, args.model, args.steps, args.lr)}")
+        print(f"checkpoint: {finetune(out, args.model, args.steps, args.lr, args.schedule)}")
     else:
         compare(out, args.model, args.checkpoint or str(out / "run"), args.n or 300, args.windows, args.batch_size)
 
