@@ -11,13 +11,14 @@ of the window"; docs/decoding.md, "Self-speculative decoding").
 
 ``data``: the first ``--n`` problems of the built-in ``reasoning-medium`` corpus (train split, the ones the model
 was trained on), each completed by the model's greedy decode (a SetDLM's lossless speculative decode: token for
-token its ``window=1`` output; a model with a next-token head: its head's, ``speculate="next_token"``) into ``OUT/data.jsonl`` as prompt/completion pairs; ``--correct-only`` keeps
-the completions whose answer is right (the model is not taught its own mistakes: rejection-sampled
-self-training). ``train``: ``setdlm train``'s recipe from the shipped weights (``init_from``: architecture and
-tokenizer included) on that file, the shipped model's own settings (family, D, M, ``ar_weight``, L=192, batch 32,
-bf16) at a lower constant learning rate (``--schedule cooldown``: that rate cosine to 0). ``compare``: on the validation split (never trained on), the shipped and the
-fine-tuned model's accuracy and, for a SetDLM, tokens per forward of the speculative decode at each
-``--windows``, into ``OUT/compare.json``.
+token its ``window=1`` output; a model with a next-token head: its head's, ``speculate="next_token"``) into
+``OUT/data.jsonl`` as prompt/completion pairs; ``--correct-only`` keeps the completions whose answer is right (the
+model is not taught its own mistakes: rejection-sampled self-training). ``train``: ``setdlm train``'s recipe from
+the shipped weights (``init_from``: architecture and tokenizer included) on that file, the shipped model's own
+settings (family, D, M, ``ar_weight``, L=192, batch 32, bf16) at a lower constant learning rate (``--schedule
+cooldown``: that rate cosine to 0). ``compare``: on the validation split (never trained on), the shipped and the
+fine-tuned model's accuracy and, for a SetDLM, tokens per forward of the speculative decode at each ``--windows``,
+into ``OUT/compare.json``.
 """
 
 from __future__ import annotations
