@@ -26,11 +26,11 @@ from setdlm.decoding import generate
 from setdlm.evaluation.passes import prompt_ids
 
 
-def split(name: str, knobs: dict, module: str, prompts_of, batch: int) -> dict:
+def split(name: str, knobs: dict, module: str, problems, batch: int) -> dict:
     """One mode's pass over the problems, batch by batch: total and step CPU seconds, the per-step fit."""
     decoder = importlib.import_module(module)
     model = setdlm.load(name)
-    prompts = prompts_of(model)
+    prompts = [prompt_ids(model, e) for e in problems]
     budget = model.family.length - max(map(len, prompts))
     steps: list[tuple[int, float]] = []  # (rows, CPU seconds) of every step
     original = decoder.step
@@ -72,7 +72,6 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     problems = reasoning_split("test", args.n, level="medium", seed=0)
-    prompts_of = lambda model: [prompt_ids(model, e) for e in problems]  # noqa: E731
     modes = [("AR", "arith-ar-long", {}, "setdlm.decoding.ar")]
     modes += [(f"next_token w={w}", "arith-setdlm-smax8-ar", {"speculate": "next_token", "window": w},
                "setdlm.decoding.speculative_next_token") for w in args.windows]
@@ -82,7 +81,7 @@ def main(argv=None) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     ar = None
     for label, name, knobs, module in modes:
-        r = split(name, knobs, module, prompts_of, args.batch)
+        r = split(name, knobs, module, problems, args.batch)
         ar = ar or r
         print(f"| {label} | {r['tokens_per_cpu_s']:.0f} | {r['tokens_per_cpu_s'] / ar['tokens_per_cpu_s']:.2f}x | "
               f"{r['steps_cpu_s']:.2f} s | {r['rest_cpu_s']:.2f} s | {r['rest_cpu_s'] / r['cpu_s']:.0%} | "

@@ -45,6 +45,11 @@ SHIP_AS = "arith-setdlm-smax8-ar"
 SHIP_AR_AS = "arith-ar-long"  # the AR control of the same training, the baseline of the comparison
 
 
+def step_of(checkpoint: Path) -> int:
+    """The training step of a checkpoint folder ``.../step-00001000``."""
+    return int(checkpoint.name.split("-")[1])
+
+
 def finetune(out: Path, init: str | None, steps: int, ar_weight: float, ar_control: bool, schedule: str = "constant",
              seed: int = 2) -> Path:
     """``schedule``: "constant" (1e-3 after 20 warm-up steps, the shipped recipe) or "cooldown" (1e-3 cosine to 0:
@@ -65,7 +70,7 @@ def select(runs: list[Path], n: int, windows: list[int], batch_size: int, every:
     for run in runs:
         rows = {}
         for ck in sorted((run / "run" / "checkpoints").glob("step-*")):
-            if int(ck.name.split("-")[1]) % every:
+            if step_of(ck) % every:
                 continue
             model = setdlm.load(str(ck))
             head = model.family.family == "setdlm" and model.family.ar_weight > 0
@@ -103,14 +108,14 @@ def ship(checkpoint: Path, report: dict) -> Path:
     run = checkpoint.parent.parent.parent  # OUT of the train stage: OUT/run/checkpoints/step-N
     row = report["runs"][str(run)]["checkpoints"][checkpoint.name]
     chain = lineage(checkpoint)
-    steps = sum(int(ck.name.split("-")[1]) for ck, _ in chain)
+    steps = sum(step_of(ck) for ck, _ in chain)
     model = setdlm.load(str(checkpoint))
     model.backbone.to(torch.bfloat16)
     ar = model.family.family == "ar"
     training = dict(chain[-1][1], out=str(run / "run"))
     parts, commands = [], []
     for i, (ck, t) in enumerate(chain):
-        n, cooldown = int(ck.name.split("-")[1]), t["lr_schedule"] == "cosine"
+        n, cooldown = step_of(ck), t["lr_schedule"] == "cosine"
         of = f"the first {n} of {t['steps']}" if n < t["steps"] else f"{n}"
         parts.append(f"{of} steps at {t['lr']:g} " + ("cosine to 0" if cooldown else "constant"))
         out = ck.parent.parent.parent

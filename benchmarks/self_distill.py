@@ -39,12 +39,18 @@ from setdlm.training import TrainConfig, knobs_for, train
 SHIPPED = "arith-setdlm-smax8"
 
 
+def lossless(model, window: int) -> dict:
+    """The decode settings of ``model``'s lossless fast decode at ``window``: AR's own decode, a SetDLM's
+    self-speculative one (its ``window=1`` output), verified by its next-token head if it has one (its AR output)."""
+    if model.family.family != "setdlm":
+        return {}
+    return {"speculate": "next_token" if model.family.ar_weight > 0 else True, "window": window}
+
+
 def make_data(out: Path, shipped: str, n: int, batch_size: int, correct_only: bool) -> Path:
     model = setdlm.load(shipped)
     problems = reasoning_split("train", n, level="medium", seed=0)  # the corpus reasoning-medium's first n
-    fast = {"speculate": True, "window": 4} if model.family.family == "setdlm" else {}  # = its window-1 output
-    if getattr(model.family, "ar_weight", 0) > 0:  # a model with a next-token head: its head's (AR) output
-        fast = {"speculate": "next_token", "window": 6}
+    fast = lossless(model, 6 if model.family.ar_weight > 0 else 4)
     result = reasoning(model, problems, DecodeSettings(**fast), batch_size=batch_size)
     kept = [(e, p) for e, p in zip(problems, result.predictions) if not correct_only or answer_matches(p, e.answer)]
     path = out / "data.jsonl"
@@ -58,9 +64,7 @@ def make_data(out: Path, shipped: str, n: int, batch_size: int, correct_only: bo
 def finetune(out: Path, shipped: str, steps: int, lr: float, schedule: str = "constant") -> Path:
     """``schedule``: "constant" at ``lr``, or "cooldown" (``lr`` cosine to 0)."""
     fam = setdlm.load(shipped).family
-    knobs = knobs_for(fam.family, D=fam.D, M=fam.M, block_size=fam.block_size)
-    if fam.family == "setdlm" and fam.ar_weight > 0:
-        knobs["ar_weight"] = fam.ar_weight  # keep training the next-token head
+    knobs = knobs_for(fam.family, D=fam.D, M=fam.M, block_size=fam.block_size, ar_weight=fam.ar_weight)
     sched = dict(lr_schedule="cosine", min_lr_ratio=0.0) if schedule == "cooldown" else dict(lr_schedule="constant")
     cfg = TrainConfig(init_from=shipped, data=str(out / "data.jsonl"), family=fam.family, **knobs, length=fam.length,
                       steps=steps, batch_size=32, lr=lr, warmup=20, **sched, bf16=True, seed=1,
@@ -74,10 +78,8 @@ def compare(out: Path, shipped: str, checkpoint: str, n: int, windows: list[int]
     for name in (shipped, checkpoint):
         model = setdlm.load(name)
         rows = {}
-        head = getattr(model.family, "ar_weight", 0) > 0
         for w in (windows if model.family.family == "setdlm" else [1]):
-            fast = {"speculate": "next_token" if head else True, "window": w} if model.family.family == "setdlm" else {}
-            r = reasoning(model, problems, DecodeSettings(**fast), batch_size=batch_size, clock="cpu", progress=False)
+            r = reasoning(model, problems, DecodeSettings(**lossless(model, w)), batch_size=batch_size, clock="cpu", progress=False)
             rows[w] = {"accuracy": r.accuracy, "tokens_per_forward": r.run.tokens_per_step}
             print(f"{name}: window {w}: accuracy {100 * r.accuracy:.1f}%, "
                   f"{r.run.tokens_per_step:.2f} tokens per forward")
