@@ -103,3 +103,32 @@ def test_a_forward_without_logits_caches_what_a_full_one_caches(dtype):
     nxt = torch.randint(0, 31, (B, 1))  # and the next step reads it alike
     step_mask = torch.ones(B, 1, 1, T + 1, dtype=torch.bool)
     assert torch.equal(m(nxt, torch.full((B, 1), T), step_mask, full), m(nxt, torch.full((B, 1), T), step_mask, short))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cache_write_puts_each_new_key_at_its_rows_offset(dtype):
+    """``KVCache.update`` writes a step's keys and values (B, H, T, hd) at each row's own offset, leaving every
+    other entry as it was: the flat row copy (a contiguous cache) and the scatter it replaces (any other layout)
+    write the same bits, and both equal the entries placed one by one."""
+    from setdlm.model import CacheStep, KVCache
+
+    g = torch.Generator().manual_seed(0)
+    B, H, T, hd, cap = 3, 2, 4, 8, 12
+    start = torch.tensor([0, 5, 2])
+    step = CacheStep(None, start, start[:, None] + torch.arange(T), width=int(start.max()) + T, T=T)
+    k, v = (torch.randn(B, H, T, hd, generator=g).to(dtype) for _ in range(2))
+    old = torch.randn(B, H, cap, hd, generator=g).to(dtype)
+    want = old.clone()
+    for b in range(B):
+        want[b, :, start[b]:start[b] + T] = k[b]
+    flat = KVCache(1, B, H, hd, dtype=dtype, capacity=cap)
+    flat.k[0].copy_(old)
+    strided = KVCache(1, B, H, hd, dtype=dtype, capacity=cap)
+    strided.k = [old.transpose(0, 1).contiguous().transpose(0, 1)]  # same values, not contiguous: the scatter path
+    strided.v = [strided.v[0].transpose(0, 1).contiguous().transpose(0, 1)]
+    assert not strided.k[0].is_contiguous()
+    for cache in (flat, strided):
+        ck, cv = cache.update(0, k, v, step)
+        assert torch.equal(cache.k[0], want)
+        assert ck.shape == (B, H, step.width, hd) and torch.equal(ck, want[:, :, : step.width])
+        assert torch.equal(cv[1, :, 5:9], v[1]) and torch.equal(cv[2, :, 2:6], v[2])

@@ -179,10 +179,18 @@ class KVCache:
         """Write this step's new keys/values (B, H, T, hd) at each row's offset; return the layer's keys and
         values over the step's buffer width (B, H, W, hd), in the dtype of ``k``."""
         B, H, T, hd = k.shape
-        idx = step.write_idx[:, None, :, None].expand(B, H, T, hd)
         ck, cv = self.k[layer], self.v[layer]
-        ck.scatter_(2, idx, k.to(ck.dtype))
-        cv.scatter_(2, idx, v.to(cv.dtype))
+        if ck.is_contiguous() and cv.is_contiguous():
+            # one row copy per (row, head, new token) into the flat (B·H·capacity, hd) buffer: the same writes
+            # as a scatter along dim 2, several times faster on the CPU (a scatter reads an index per element,
+            # and is not vectorized for bfloat16)
+            flat = step.flat_write_idx(H, self.capacity)  # (B·H·T,)
+            ck.view(-1, hd).index_copy_(0, flat, k.to(ck.dtype).reshape(B * H * T, hd))
+            cv.view(-1, hd).index_copy_(0, flat, v.to(cv.dtype).reshape(B * H * T, hd))
+        else:
+            idx = step.write_idx[:, None, :, None].expand(B, H, T, hd)
+            ck.scatter_(2, idx, k.to(ck.dtype))
+            cv.scatter_(2, idx, v.to(cv.dtype))
         return ck[:, :, : step.width].to(k.dtype), cv[:, :, : step.width].to(v.dtype)
 
     def valid(self) -> Tensor:
@@ -391,6 +399,16 @@ class CacheStep:
     write_idx: Tensor | None = None  # (B, T) buffer column of each new token
     width: int = 0  # W: buffer columns the step attends over
     T: int = 0
+    _flat: Tensor | None = None  # flat_write_idx, made by the first layer, reused by the others
+
+    def flat_write_idx(self, n_heads: int, capacity: int) -> Tensor:
+        """(B·H·T,) long: the row of each new key/value in a cache layer viewed as (B·H·capacity, hd), in
+        (row, head, token) order (:meth:`KVCache.update`)."""
+        if self._flat is None or self._flat.numel() != self.write_idx.numel() * n_heads:
+            B = self.write_idx.shape[0]
+            base = torch.arange(B * n_heads, device=self.write_idx.device).view(B, n_heads, 1) * capacity
+            self._flat = (base + self.write_idx[:, None, :]).reshape(-1)  # (B, H, T) -> (B·H·T,)
+        return self._flat
 
 
 def begin_step(cache: KVCache | None, position_ids: Tensor, attn_mask: Tensor | None) -> CacheStep:
