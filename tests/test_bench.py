@@ -5,6 +5,7 @@ bad arguments are one-line errors (exit 2). Also the built-in reasoning sources 
 import json
 
 import pytest
+import torch
 
 import setdlm
 import setdlm.cli
@@ -17,6 +18,7 @@ from setdlm.data import read_source, shakespeare_works
 from setdlm.data.sources import infill_from_source
 from setdlm.data.tasks import infill_examples, reasoning_split, split_of
 from setdlm.decoding import DecodeSettings
+from setdlm.errors import UserError
 
 from support import assert_one_line_error, png_size, run, task_tokenizer, tiny
 
@@ -260,6 +262,27 @@ def test_eval_reasoning_reads_gsm8k_jsonl(ckpts, tmp_path, capsys):
     got = json.loads(stdout)
     assert got["n"] == 3 and got["data"] == str(data) and got["accuracy"] == ref.accuracy
     assert got["generated_tokens"] == ref.run.generated_tokens
+
+
+def test_eval_in_bfloat16_decodes_with_bfloat16_weights(ckpts, tmp_path, capsys):
+    """``--dtype bfloat16`` casts the weights before decoding: the accuracy and tokens are those of the library
+    on the model loaded with ``dtype="bfloat16"``, and the result names the precision."""
+    data = tmp_path / "probs.jsonl"
+    examples = reasoning_split("validation", 3, level="easy", seed=5)
+    data.write_text("".join(json.dumps(e.to_dict()) + "\n" for e in examples))
+    code, stdout, err = run(["eval", ckpts["ar"], "--task", "reasoning", "--data", str(data), "--dtype", "bfloat16"],
+                            capsys)
+    assert code == 0, err
+    model = setdlm.load(ckpts["ar"], dtype="bfloat16")
+    assert next(model.backbone.parameters()).dtype == torch.bfloat16
+    ref = reasoning(model, examples, progress=False)
+    got = json.loads(stdout)
+    assert got["dtype"] == "bfloat16" and got["accuracy"] == ref.accuracy
+    assert got["generated_tokens"] == ref.run.generated_tokens
+    assert json.loads(run(["eval", ckpts["ar"], "--task", "reasoning", "--data", str(data)], capsys)[1])["dtype"] == \
+        "float32"
+    with pytest.raises(UserError, match="dtype must be one of float32, bfloat16, float16, float64.*'bf16'"):
+        setdlm.load(ckpts["ar"], dtype="bf16")
 
 
 def test_eval_infill_matches_the_library(ckpts, tmp_path, capsys):

@@ -44,6 +44,12 @@ class Model:
         :func:`setdlm.formats.checkpoint.save`. ``setdlm.load(path)`` reads it back."""
         return save(path, self, **kwargs)
 
+    @property
+    def dtype(self) -> str:
+        """The precision the backbone computes in, e.g. ``"bfloat16"`` (its first parameter's dtype;
+        ``setdlm.load(..., dtype=)`` casts it)."""
+        return str(next(self.backbone.parameters()).dtype).removeprefix("torch.")
+
     def eval(self) -> "Model":
         self.backbone.eval()
         return self

@@ -238,11 +238,12 @@ def test_a_sweep_adds_the_next_token_decode_of_a_model_with_the_head():
     assert "| 3 next-token |" in reports.markdown_table([point])
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_the_shipped_model_gives_its_ar_decode_in_fewer_forwards(dtype):
     """``arith-setdlm-smax8-ar``: the AR decode of its weights, token for token, in under two thirds of the forwards
-    (its window drafts word-problem solutions well). float32: the same tokens on these prompts (a near-tie could flip
-    one, as for ``speculate=True``)."""
+    (its window drafts word-problem solutions well). float32 and bfloat16 (the batch-32 precision on CPUs with
+    AVX512-BF16, docs/decoding.md "Precision"): the same tokens on these prompts (a near-tie could flip one, as for
+    ``speculate=True``)."""
     import setdlm
 
     model = setdlm.load("arith-setdlm-smax8-ar")
@@ -286,7 +287,7 @@ def test_bench_sweeps_the_next_token_decode_of_the_shipped_model(tmp_path, capsy
 
 @pytest.mark.parametrize("level", ["default", "avx2"])
 def test_the_contracts_hold_at_other_cpu_kernel_levels(level):
-    """The shipped model's float32 next-token decode equals its AR decode, and every verifier and cache equals its
+    """The shipped model's float32 and bfloat16 next-token decodes equal its AR decode, and every verifier and cache equals its
     from-scratch forward, with ATen's vector kernels (and oneDNN) forced to another level, as on an AVX2-only
     machine: the tests above rerun in a subprocess (float32 rounding follows the kernels)."""
     import os

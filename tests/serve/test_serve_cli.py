@@ -47,17 +47,18 @@ def test_setdlm_serve_answers_curl_like_requests():
     port = free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.abspath("src"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, "-m", "setdlm", "serve", "shakespeare-setdlm-smax8", "--port", str(port),
-                             "--max-batch", "4"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             "--max-batch", "4", "--dtype", "bfloat16"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out = Output(proc.stdout)
     try:
         url = f"http://127.0.0.1:{port}"
         assert out.ready.wait(300) and not out.ended.is_set(), out.text()[-2000:]  # it listens (a loaded machine: minutes)
         health = json.loads(urllib.request.urlopen(url + "/health", timeout=60).read())
         assert health["model"] == "shakespeare-setdlm-smax8" and health["max_batch"] == 4
+        assert health["dtype"] == "bfloat16"  # --dtype: the weights cast before serving
         body = json.dumps({"prompt": "ROMEO:", "max_tokens": 16, "threshold": 0.5}).encode()
         req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
         out = json.loads(urllib.request.urlopen(req, timeout=60).read())
-        want = load("shakespeare-setdlm-smax8").generate("ROMEO:", max_new_tokens=16, threshold=0.5)
+        want = load("shakespeare-setdlm-smax8", dtype="bfloat16").generate("ROMEO:", max_new_tokens=16, threshold=0.5)
         assert out["choices"][0]["text"] == want.texts[0]
         page = urllib.request.urlopen(url + "/", timeout=10).read().decode()
         assert "<script>" in page and "http" not in page.replace("http-equiv", "")  # nothing fetched from elsewhere

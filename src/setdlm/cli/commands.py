@@ -46,8 +46,8 @@ from ..serve import ServeOptions, serve
 from ..training import interrupted_note
 from .command import Parser, run
 from .demo import run_demo
-from .flags import (SETTINGS, add_model_flags, add_settings_flags, add_task_flags, applies_to, decode_settings,
-                    list_of, positive_int, task_spec)
+from .flags import (SETTINGS, add_dtype_flag, add_model_flags, add_settings_flags, add_task_flags, applies_to,
+                    decode_settings, list_of, positive_int, task_spec)
 from .options import GenerateOptions, InfillOptions, ModelChoice, generate_rows, infill_rows
 from .train import add_train_commands
 from ..evaluation import evaluate_checkpoint
@@ -97,7 +97,7 @@ def _eval(args) -> int:
     if args.output is not None:
         check_file(args.output)
     result = evaluate_checkpoint(args.checkpoint, spec, settings, clock=args.clock, batch_size=args.batch_size,
-                                 bf16=args.bf16, ema=args.ema, device=args.device, quantize=args.quantize,
+                                 bf16=args.bf16, ema=args.ema, device=args.device, dtype=args.dtype, quantize=args.quantize,
                                  predictions=args.predictions)
     line = json.dumps(result)
     if args.output:
@@ -130,7 +130,8 @@ def _bench(args) -> int:
     run = bench_checkpoints(args.checkpoints, spec, args.out, settings, title=args.title,
                             thresholds=args.thresholds, windows=args.windows, batch_sizes=args.batch_sizes,
                             block_sizes=args.block_sizes, warmup=args.warmup, sweep_speculate=args.sweep_speculate,
-                            clock=args.clock, ema=args.ema, device=args.device, quantize=args.quantize)
+                            clock=args.clock, ema=args.ema, device=args.device, dtype=args.dtype,
+                            quantize=args.quantize)
     print(run.table, end="")
     print(f"wrote {', '.join(map(str, run.files))}", file=sys.stderr)
     return 0
@@ -180,7 +181,7 @@ def _add_decoding_flags(p, exclude: tuple[str, ...] = (), notes: dict | None = N
 
 
 def _model_choice(args):
-    return ModelChoice(args.checkpoint, ema=args.ema, device=args.device, quantize=args.quantize)
+    return ModelChoice(args.checkpoint, ema=args.ema, device=args.device, quantize=args.quantize, dtype=args.dtype)
 
 
 def _report(out, rows: list[dict], output: str | None, shown: list[str] | None = None) -> int:
@@ -283,7 +284,8 @@ def _serve(args) -> int:
     options = ServeOptions(host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
                            timeout=args.timeout, max_body_mb=args.max_body_mb, allow_hosts=tuple(args.allow_hosts),
                            grace=args.grace)  # checked here, once: a bad value is one line naming its flag
-    serve(args.model or pretrained.DEFAULT, options, device=args.device, name=args.name, quantize=args.quantize)
+    serve(args.model or pretrained.DEFAULT, options, device=args.device, name=args.name, quantize=args.quantize,
+          dtype=args.dtype)
     return 0
 
 
@@ -306,6 +308,7 @@ def _add_serve(sub) -> None:
                    "to finish before the server exits (default 30)")
     p.add_argument("--name", default=None, help="model id in the API (default: the folder name)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    add_dtype_flag(p, "serve")
     p.add_argument("--quantize", choices=QUANTIZATIONS, default=None, help="serve int8 or int4 weights on the CPU, "
                    "or a GGUF file's own (gguf) (docs/quantization.md; default: the stored precision)")
     p.set_defaults(func=_serve)

@@ -17,6 +17,7 @@ from ..errors import UserError
 from ..evaluation import TaskSpec
 from ..evaluation.passes import CLOCKS
 from ..evaluation.registry import REGISTRY, decoding, generating, using
+from ..formats.loading import DTYPES
 from ..formats.quantize import QUANTIZATIONS
 from .options import constraint_from_flags
 
@@ -45,10 +46,18 @@ def list_of(kind, what: str):
     return parse
 
 
+def add_dtype_flag(p, what: str = "decode with") -> None:
+    """``--dtype``: the precision the weights are cast to (:func:`setdlm.load`'s ``dtype``)."""
+    p.add_argument("--dtype", choices=tuple(DTYPES), default=None, help=f"{what} weights in this precision "
+                   "(default: float32 for weights stored in half precision, else as stored; bfloat16 pays on CPUs "
+                   "with AVX512-BF16 at batch 32, docs/decoding.md \"Precision\")")
+
+
 def add_model_flags(p, what: str = "decode with") -> None:
-    """The flags that pick how a model is loaded: ``--ema``, ``--device``, ``--quantize``."""
+    """The flags that pick how a model is loaded: ``--ema``, ``--device``, ``--dtype``, ``--quantize``."""
     p.add_argument("--ema", action="store_true", help=f"{what} the EMA weights")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    add_dtype_flag(p, what)
     p.add_argument("--quantize", choices=QUANTIZATIONS, default=None, help="decode with int8 or int4 weights on "
                    "the CPU, or a GGUF file's own (gguf) (docs/quantization.md; default: the stored precision)")
 

@@ -27,16 +27,17 @@ from ..outputs import check_file
 @dataclass(frozen=True)
 class ModelChoice:
     """Which model decodes: a checkpoint folder, run folder or shipped name (None: the shipped
-    ``shakespeare-setdlm-smax8``), its EMA weights or not, the device and an optional CPU quantization."""
+    ``shakespeare-setdlm-smax8``), its EMA weights or not, the device, the precision and an optional CPU quantization."""
 
     checkpoint: str | None = None
     ema: bool = False
     device: str = "cpu"
     quantize: str | None = None
+    dtype: str | None = None
 
     def load(self):
         return load(self.checkpoint or str(pretrained.path(pretrained.DEFAULT)), ema=self.ema, device=self.device,
-                    quantize=self.quantize)
+                    dtype=self.dtype, quantize=self.quantize)
 
 
 def constraint_from_flags(regex: str | None = None, json_schema: str | None = None,

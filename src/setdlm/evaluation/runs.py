@@ -48,7 +48,8 @@ def decode_record(settings: DecodeSettings, **task) -> dict:
 def evaluate_checkpoint(checkpoint: str | Path, task: TaskSpec | str = "likelihood",
                         settings: DecodeSettings | None = None, *, clock: str | None = None,
                         batch_size: int | None = None, bf16: bool = False, ema: bool = False, device: str = "cpu",
-                        predictions: str | Path | None = None, quantize: str | None = None, **keywords) -> dict:
+                        predictions: str | Path | None = None, quantize: str | None = None, dtype: str | None = None,
+                        **keywords) -> dict:
     """Evaluate a checkpoint (folder, run folder or shipped name) on ``task`` and return the JSON-ready result
     that ``setdlm eval`` prints.
 
@@ -68,7 +69,7 @@ def evaluate_checkpoint(checkpoint: str | Path, task: TaskSpec | str = "likeliho
     _check_options(spec, clock=clock, batch_size=batch_size, bf16=bf16, predictions=predictions)
     if predictions is not None:
         check_file(predictions, "predictions")
-    model = load(checkpoint, ema=ema, device=device, quantize=quantize)
+    model = load(checkpoint, ema=ema, device=device, dtype=dtype, quantize=quantize)
     entry = spec.entry
     if not entry.decodes:
         return entry.measure(model, checkpoint, spec, batch_size=batch_size, bf16=bf16)
@@ -80,8 +81,8 @@ def evaluate_checkpoint(checkpoint: str | Path, task: TaskSpec | str = "likeliho
     if predictions is not None:
         write_predictions(predictions, examples, result, spec.task)
     decode = decode_record(settings, clock=clock, seed=spec.seed, **task_args)
-    return {"task": spec.task, "family": model.family.family, "data": spec.source, "split": spec.split or "test",
-            "skipped_too_long": skipped, "decode": decode, **result.to_dict()}
+    return {"task": spec.task, "family": model.family.family, "dtype": model.dtype, "data": spec.source,
+            "split": spec.split or "test", "skipped_too_long": skipped, "decode": decode, **result.to_dict()}
 
 
 def labels(paths: Sequence[str | Path]) -> list[str]:
@@ -108,7 +109,8 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: TaskSpec | str, o
                       thresholds: Sequence[float | None] | None = None, windows: Sequence[int | None] | None = None,
                       batch_sizes: Sequence[int] | None = None, block_sizes: Sequence[int | None] | None = None,
                       warmup: int | None = None, clock: str | None = None, ema: bool = False, device: str = "cpu",
-                      sweep_speculate: bool = False, quantize: str | None = None, **keywords) -> BenchRun:
+                      sweep_speculate: bool = False, quantize: str | None = None, dtype: str | None = None,
+                      **keywords) -> BenchRun:
     """Benchmark checkpoints on ``task`` (a :class:`TaskSpec`, or a task name and its fields as keywords)
     and write ``out``/bench.md, bench.json and bench.png (what ``setdlm bench`` runs).
     A decoding task: :func:`setdlm.evaluation.sweeps.sweep` over ``thresholds`` (default
@@ -134,9 +136,10 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: TaskSpec | str, o
                            50 if warmup is None else warmup, block_sizes or [None])
         sweeps.check_unswept(settings)
     names = labels(checkpoints)
-    models = [load(c, ema=ema, device=device, quantize=quantize) for c in checkpoints]
+    models = [load(c, ema=ema, device=device, dtype=dtype, quantize=quantize) for c in checkpoints]
     meta = {"task": spec.task, "checkpoints": dict(zip(names, map(str, checkpoints))),
-            "families": {lab: m.family.to_dict() for lab, m in zip(names, models)}}
+            "families": {lab: m.family.to_dict() for lab, m in zip(names, models)},
+            "dtypes": {lab: m.dtype for lab, m in zip(names, models)}}
     entry = spec.entry
     if not entry.decodes:
         points = [sweeps.measured_point(lab, m, spec.task, entry.measure(m, c, spec, batch_size=None, bf16=False))

@@ -32,6 +32,20 @@ from .hf import load_pretrained, setdlm_tokenizer
 from .quantize import check_quantize, quantize as quantize_backbone
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def check_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """``dtype`` as a torch dtype (a name of :data:`DTYPES` or a floating torch dtype; None stays None), else a
+    UserError naming the choices."""
+    if dtype is None or dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
+        return DTYPES[dtype.removeprefix("torch.")]
+    raise UserError(f"dtype must be one of {', '.join(DTYPES)} (or None: float32 for weights stored in half "
+                    f"precision, else as stored), got {dtype!r}", fields=("dtype",))
+
+
 def locate(path: str | Path, *, revision: str | None = None, ema: bool = False) -> Path:
     """The local folder ``path`` names (steps 1-4 of this module's order): a shipped model, a converted GGUF
     file, a Hub repo in the HF cache (the files loading needs; ``ema``: the EMA weights too), or a local
@@ -52,7 +66,7 @@ def locate(path: str | Path, *, revision: str | None = None, ema: bool = False) 
 
 
 def load(path: str | Path, *, ema: bool = False, family: str | None = None, device=None,
-         dtype: torch.dtype | None = None, revision: str | None = None, quantize: str | None = None,
+         dtype: str | torch.dtype | None = None, revision: str | None = None, quantize: str | None = None,
          **reference) -> Model:
     """A ready :class:`~setdlm.lm.Model` (backbone, family, tokenizer) in eval mode.
 
@@ -63,12 +77,14 @@ def load(path: str | Path, *, ema: bool = False, family: str | None = None, devi
     cached). A folder or Hub id in the paper authors' layout is detected and converted on the fly
     (:func:`setdlm.formats.convert.load_reference_model`; ``reference`` keywords such as ``tokenizer=``, ``D=``,
     ``base=`` go there). ``ema=True`` loads the EMA weights. ``family``: the family you expect (an error
-    otherwise). ``dtype``: cast the weights (weights stored in bf16/fp16 load as float32 unless given).
+    otherwise). ``dtype``: cast the weights, a torch dtype or its name
+    (``"bfloat16"``; weights stored in bf16/fp16 load as float32 unless given; docs/decoding.md "Precision").
     ``revision``: a Hub branch, tag or commit. ``quantize``: ``"int8"`` or ``"int4"`` replaces every linear
     layer by a quantized CPU kernel for decoding (:mod:`setdlm.formats.quantize`, docs/quantization.md); ``"gguf"``
     (a GGUF file only) keeps the file's own Q8_0 / Q4_0 / Q4_1 weights (:mod:`setdlm.formats.gguf_quant`).
     """
     check_quantize(quantize)
+    dtype = check_dtype(dtype)
     source = gguf.source_file(path) if quantize == "gguf" else None  # before loading: not a GGUF file, say so
     model = _load(path, ema=ema, family=family, device=device, dtype=dtype, revision=revision, **reference)
     if quantize == "gguf":

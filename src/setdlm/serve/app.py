@@ -52,7 +52,7 @@ def create_app(model, name: str, options: ServeOptions = ServeOptions()):
         return HTMLResponse(page)
 
     async def health(request: Request):
-        return JSONResponse({"status": "ok", "model": name, "family": model.family.family,
+        return JSONResponse({"status": "ok", "model": name, "family": model.family.family, "dtype": model.dtype,
                              "context_length": batcher.width, **batcher.stats(), "compiling": waiting[0]})
 
     async def models(request: Request):
@@ -208,7 +208,7 @@ def _sse(body: dict) -> str:
 
 
 def serve(model_path: str, options: ServeOptions = ServeOptions(), *, device: str = "cpu", name: str | None = None,
-          log_level: str = "info", quantize: str | None = None) -> None:
+          log_level: str = "info", quantize: str | None = None, dtype: str | None = None) -> None:
     """Load a model (anything ``setdlm.load`` accepts, or a shipped model's name) and serve it with ``options``
     until interrupted. On loopback only the ``Host`` names of :data:`~setdlm.serve.guard.LOOPBACK_HOSTS` and
     ``options.allow_hosts`` are answered; bound elsewhere, any (with a warning). SIGTERM or Ctrl-C: no new
@@ -221,7 +221,7 @@ def serve(model_path: str, options: ServeOptions = ServeOptions(), *, device: st
     if options.allowed_hosts is None:
         log.warning("listening on %s: every machine that reaches it can use this server (no authentication); "
                     "bind 127.0.0.1 unless that is what you want", options.host)
-    model = load(model_path, device=device, quantize=quantize)
+    model = load(model_path, device=device, dtype=dtype, quantize=quantize)
     app = create_app(model, name or _model_name(model_path), options)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=log_level,
                             timeout_graceful_shutdown=options.grace)
