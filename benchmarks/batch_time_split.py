@@ -6,9 +6,9 @@ batch's occupancy (row-steps over ``batch`` × steps). benchmarks/RESULTS.md, "W
 
     PYTHONPATH=src python benchmarks/batch_time_split.py --n 256 --batch 32
 
-Modes: ``arith-ar-long`` (AR) and ``arith-setdlm-smax8-ar`` with ``speculate="next_token"`` at ``--windows``; every
-mode decodes the same problems (the first ``--n`` of the ``medium`` test split, seed 0), one after the other,
-after a warm-up batch.
+Modes: ``arith-ar-long`` (AR) and ``arith-setdlm-smax8-ar`` with ``speculate="next_token"`` at ``--windows``, each in
+every precision of ``--dtypes`` (default float32); every mode decodes the same problems (the first ``--n`` of the
+``medium`` test split, seed 0), one after the other, after a warm-up batch.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from setdlm.decoding import generate
 from setdlm.evaluation.passes import prompt_ids
 
 
-def split(name: str, knobs: dict, module: str, problems, batch: int) -> dict:
+def split(name: str, knobs: dict, module: str, problems, batch: int, dtype: str = "float32") -> dict:
     """One mode's pass over the problems, batch by batch: total and step CPU seconds, the per-step fit."""
     decoder = importlib.import_module(module)
-    model = setdlm.load(name)
+    model = setdlm.load(name, dtype=dtype)
     prompts = [prompt_ids(model, e) for e in problems]
     budget = model.family.length - max(map(len, prompts))
     steps: list[tuple[int, float]] = []  # (rows, CPU seconds) of every step
@@ -69,19 +69,22 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--windows", type=int, nargs="+", default=[5, 6])
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtypes", nargs="+", default=["float32"], help="precisions each mode runs in")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     problems = reasoning_split("test", args.n, level="medium", seed=0)
     modes = [("AR", "arith-ar-long", {}, "setdlm.decoding.ar")]
     modes += [(f"next_token w={w}", "arith-setdlm-smax8-ar", {"speculate": "next_token", "window": w},
                "setdlm.decoding.speculative_next_token") for w in args.windows]
+    modes = [(label if dt == "float32" else f"{label} {dt}", name, knobs, module, dt)
+             for dt in args.dtypes for label, name, knobs, module in modes]
     print(f"{args.n} problems in batches of {args.batch}, {args.threads} threads, CPU seconds of this process")
     print("| mode | tokens/CPU-s | × AR | steps | rest (prefill, setup, finished rows) | rest share | "
           "forwards | tokens/row-step | occupancy | step ms = a + b·rows |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     ar = None
-    for label, name, knobs, module in modes:
-        r = split(name, knobs, module, problems, args.batch)
+    for label, name, knobs, module, dtype in modes:
+        r = split(name, knobs, module, problems, args.batch, dtype)
         ar = ar or r
         print(f"| {label} | {r['tokens_per_cpu_s']:.0f} | {r['tokens_per_cpu_s'] / ar['tokens_per_cpu_s']:.2f}x | "
               f"{r['steps_cpu_s']:.2f} s | {r['rest_cpu_s']:.2f} s | {r['rest_cpu_s'] / r['cpu_s']:.0%} | "

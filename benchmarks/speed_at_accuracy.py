@@ -14,8 +14,10 @@ w=4 τ off and τ 0.9/0.95/0.99 (near-lossless: a stated accuracy cost), and the
 Each batch size is one run in which every mode decodes one call in turn, the order rotated each round
 (:func:`setdlm.evaluation.passes.interleave`), at ``--threads`` torch threads; speed is generated tokens per second of
 this process's CPU time over the whole pass (``--clock cpu``, steady on a shared machine; ``wall`` also
-offered), prompts' prefill included. Each mode's ratios are against AR at its own best at the same batch size
-(the shipped AR, or with ``--distilled-ar`` the AR fine-tuned by the same recipe if it is more accurate). A traced
+offered), prompts' prefill included. ``--dtypes float32 bfloat16``: every mode in each precision (the weights cast
+at load; labels of a precision other than float32 end in its tag, e.g. `` bf16``). Each mode's ratios are against
+AR at its own best at the same batch size, on each axis: the highest accuracy and the highest speed of any AR row
+(the shipped AR, with ``--distilled-ar`` the AR fine-tuned by the same recipe, in every precision run). A traced
 pass over the first 20 problems at batch 1 counts the positions each forward feeds per row.
 
 Writes ``OUT/frontier.json`` (every number), ``OUT/frontier.md`` (the table) and ``OUT/frontier.png``.
@@ -41,6 +43,7 @@ DISTILLED = "SetDLM S<=8 distilled"  # --distilled CHECKPOINT: arith-setdlm-smax
 DISTILLED_AR = "AR fine-tuned"  # --distilled-ar CHECKPOINT: arith-ar fine-tuned by the same recipe as the SetDLM
 AR_HEAD = "SetDLM+AR"  # --ar-head CHECKPOINT: a SetDLM trained with a next-token head (ar_weight > 0)
 NAMES = dict(MODELS)  # model key -> what setdlm.load reads (MODELS, and the distilled checkpoint when given)
+TAGS = {"float32": "", "bfloat16": " bf16", "float16": " fp16"}  # label suffix of each precision
 
 
 def modes(windows: list[int], distilled: bool = False, distilled_ar: bool = False, ar_head: bool = False,
@@ -64,6 +67,22 @@ def modes(windows: list[int], distilled: bool = False, distilled_ar: bool = Fals
         out += [(f"SetDLM+AR speculate=next_token w={w}", AR_HEAD, {"speculate": "next_token", "window": w}, None)
                 for w in [1, *windows]]
     return [m for m in out if m[0] == "AR" or not only or any(o in m[0] for o in only)]
+
+
+def in_precisions(plan: list[tuple[str, str, dict, str | None]], dtypes: list[str]) -> list[tuple]:
+    """Every mode of ``plan`` in each of ``dtypes``: the label tagged (:data:`TAGS`), the model key
+    ``KEY@DTYPE`` (float32: the key as it is)."""
+    return [(label + TAGS[dt], key if dt == "float32" else f"{key}@{dt}", settings, layout)
+            for dt in dtypes for label, key, settings, layout in plan]
+
+
+def load_models(plan) -> dict:
+    """The model of every key the plan decodes with (``KEY@DTYPE``: cast to that precision)."""
+    out = {}
+    for key in dict.fromkeys(m[1] for m in plan):
+        base, _, dtype = key.partition("@")
+        out[key] = setdlm.load(NAMES[base], dtype=dtype or None)
+    return out
 
 
 def with_layout(steps, layout: str | None):
@@ -91,9 +110,8 @@ def positions_per_forward(model, examples, settings: dict, layout: str | None) -
     return fed / forwards
 
 
-def run_batch(models: dict, examples, batch: int, windows: list[int], clock: str, only=None) -> list[dict]:
-    """Every mode at one batch size, side by side; one dict per mode."""
-    plan = modes(windows, DISTILLED in models, DISTILLED_AR in models, AR_HEAD in models, only)
+def run_batch(models: dict, examples, batch: int, plan: list[tuple], clock: str) -> list[dict]:
+    """Every mode of ``plan`` at one batch size, side by side; one dict per mode."""
     passes = [with_layout(reasoning_steps(models[key], examples, batch_size=batch, clock=clock,
                                                    progress=False, **settings), layout)
               for _, key, settings, layout in plan]
@@ -102,23 +120,28 @@ def run_batch(models: dict, examples, batch: int, windows: list[int], clock: str
     print(f"batch {batch}: {len(plan)} modes side by side in {time.perf_counter() - started:.0f} s", flush=True)
     rows = []
     for (label, key, settings, layout), r in zip(plan, results):
-        rows.append({"mode": label, "model": NAMES[key], "settings": settings, "layout": layout, "batch": batch,
+        rows.append({"mode": label, "model": NAMES[key.partition("@")[0]], "dtype": models[key].dtype,
+                     "settings": settings, "layout": layout, "batch": batch,
                      "accuracy": r.accuracy, "tokens": r.run.generated_tokens, "seconds": r.run.seconds,
                      "tokens_per_second": r.run.generated_tokens / r.run.seconds, "nfe": r.run.nfe,
                      "tokens_per_forward": r.run.tokens_per_step, "ms_per_forward": 1e3 * r.run.seconds / r.run.nfe})
     ar = baseline(rows)
     for x in rows:
         x["baseline"] = ar["mode"]
+        x["baseline_accuracy"], x["baseline_tokens_per_second"] = ar["accuracy"], ar["tokens_per_second"]
         x["x_ar_accuracy"] = x["accuracy"] / ar["accuracy"]
         x["x_ar_speed"] = x["tokens_per_second"] / ar["tokens_per_second"]
     return rows
 
 
 def baseline(rows: list[dict]) -> dict:
-    """AR at its own best: the AR row (shipped, or fine-tuned by the same recipe) of the highest accuracy (then
-    speed), against which every ratio is taken."""
+    """AR at its own best, on each axis, against which every ratio is taken: the highest accuracy of any AR row
+    (shipped, or fine-tuned by the same recipe; any precision) and the highest speed of any AR row."""
     ars = [x for x in rows if x["mode"].split()[0] == "AR"]
-    return max(ars, key=lambda x: (x["accuracy"], x["tokens_per_second"]))
+    best = max(ars, key=lambda x: (x["accuracy"], x["tokens_per_second"]))
+    fast = max(ars, key=lambda x: x["tokens_per_second"])
+    mode = best["mode"] if fast is best else f"{best['mode']} (accuracy), {fast['mode']} (speed)"
+    return {"mode": mode, "accuracy": best["accuracy"], "tokens_per_second": fast["tokens_per_second"]}
 
 
 def table(rows: list[dict]) -> str:
@@ -144,7 +167,9 @@ def plot(rows: list[dict], path: Path) -> None:
             marker = {"AR": "s", "BD3LM": "^", "SetDLM": "o", "SetDLM+AR": "D"}[family]
             color = "C3" if "speculate" in x["mode"] else {"AR": "k", "BD3LM": "C0", "SetDLM": "C2"}[family]
             color = "C4" if family == "SetDLM+AR" else color
-            ax.scatter(x["tokens_per_second"], 100 * x["accuracy"], marker=marker, color=color)
+            full = x.get("dtype", "float32") == "float32"  # other precisions: hollow markers
+            ax.scatter(x["tokens_per_second"], 100 * x["accuracy"], marker=marker, color=color,
+                       facecolors=color if full else "none")
             label = x["mode"].replace("SetDLM+AR speculate=next_token ", "next-token ")
             ax.annotate(label.replace("SetDLM ", "").replace("speculate ", "spec "), (x["tokens_per_second"],
                         100 * x["accuracy"]), fontsize=6, xytext=(3, 2), textcoords="offset points")
@@ -153,7 +178,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.axvline(ar["tokens_per_second"] * (2 if b == 1 else 1.5), color="grey", lw=0.6, ls=":")
         ax.set_xlabel("generated tokens per CPU-second")
         ax.set_ylabel("exact-match accuracy (%)")
-        ax.set_title(f"batch {b} (dashed: 0.97x AR accuracy; dotted: the speed goal)", fontsize=9)
+        ax.set_title(f"batch {b} (dashed: 0.97x AR accuracy; dotted: the speed goal; hollow: bf16)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -174,6 +199,8 @@ def main() -> None:
                     "--ar-weight 1): its AR decode and speculate='next_token' at each window")
     ap.add_argument("--only", nargs="+", default=None, help="keep the modes whose label contains one of these "
                     "(AR is always kept)")
+    ap.add_argument("--dtypes", nargs="+", choices=tuple(TAGS), default=["float32"],
+                    help="precisions every mode runs in (default float32)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.distilled:
@@ -185,18 +212,20 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plan = modes(args.windows, bool(args.distilled), bool(args.distilled_ar), bool(args.ar_head), args.only)
-    models = {key: setdlm.load(name) for key, name in NAMES.items() if any(m[1] == key for m in plan)}
+    plan = in_precisions(modes(args.windows, bool(args.distilled), bool(args.distilled_ar), bool(args.ar_head),
+                               args.only), args.dtypes)
+    models = load_models(plan)
     examples = reasoning_split("test", args.n, level="medium", seed=args.seed)
     positions = {label: positions_per_forward(models[key], examples[:20], settings, layout)
                  for label, key, settings, layout in plan}
     rows = []
     for b in args.batch_sizes:
-        rows += run_batch(models, examples, b, args.windows, args.clock, args.only)
+        rows += run_batch(models, examples, b, plan, args.clock)
     for x in rows:
         x["positions_per_forward"] = positions[x["mode"]]
     speculative.HORIZONS = "auto"
     meta = {"distilled": args.distilled, "distilled_ar": args.distilled_ar, "ar_head": args.ar_head, "only": args.only,
+            "dtypes": args.dtypes,
             "n": args.n, "seed": args.seed, "threads": args.threads, "clock": args.clock, "torch": torch.__version__,
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     (out / "frontier.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

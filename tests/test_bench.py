@@ -87,6 +87,29 @@ def test_bench_two_checkpoints_writes_table_json_and_png(ckpts, tmp_path, capsys
     assert [p.setting for p in reports.read_json(tmp_path / "older.json")] == [p.setting for p in again]
 
 
+def test_bench_runs_each_checkpoint_in_each_precision_side_by_side(ckpts, tmp_path, capsys):
+    """``bench --dtype float32,bfloat16``: every checkpoint in each precision is a curve of its own (``NAME
+    bfloat16``), timed in the same sweep; bench.json names each curve's precision and checkpoint, and each point
+    answers as the library does on the model loaded in that precision."""
+    out = tmp_path / "b"
+    code, stdout, err = run(["bench", ckpts["ar"], ckpts["setdlm"], "--task", "reasoning", "--level", "easy", "--n", "4",
+                             "--warmup", "1", "--thresholds", "off", "--max-new-tokens", "8", "--dtype",
+                             "float32,bfloat16", "--out", str(out)], capsys)
+    assert code == 0, err
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["dtypes"] == {"ar-run float32": "float32", "setdlm-rand float32": "float32",
+                             "ar-run bfloat16": "bfloat16", "setdlm-rand bfloat16": "bfloat16"}
+    assert doc["checkpoints"]["ar-run bfloat16"] == ckpts["ar"] == doc["checkpoints"]["ar-run float32"]
+    assert [p["model"] for p in doc["points"]] == list(doc["dtypes"])
+    examples, _ = evaluation.task_examples(TaskSpec("reasoning", level="easy", n=4), [setdlm.load(ckpts["ar"])])
+    for p in doc["points"]:
+        name, dtype = p["model"].rsplit(" ", 1)
+        model = setdlm.load(ckpts["ar" if name == "ar-run" else "setdlm"], dtype=dtype)
+        want = reasoning(model, examples, max_new_tokens=8, progress=False)
+        assert p["result"]["correct"] == want.to_dict()["correct"] and p["nfe"] == want.to_dict()["nfe_per_example"]
+    assert "| ar-run bfloat16 | ar |" in stdout
+
+
 def test_bench_points_match_the_library(ckpts):
     """One sweep point = reasoning at that setting (the deterministic numbers)."""
     models = [("setdlm", setdlm.load(ckpts["setdlm"]))]
@@ -433,7 +456,8 @@ def test_aup_scores_group_curves_and_share_y_max():
 
 def test_points_are_set_against_the_ar_model_at_the_same_batch_size():
     """The sweep's table gives each decoding point's accuracy and tokens/s as multiples of the AR point of its
-    batch size (timed side by side); a batch size without an AR point gets none."""
+    batch size (timed side by side); a batch size without an AR point gets none. With several AR points (models
+    or precisions) each axis takes AR at its best: the highest accuracy, the highest tokens/s."""
     def pt(family, batch, q, v, window=None, spec=False):
         return sweeps.BenchPoint(family, family, "reasoning", sweeps.Setting(None, window, batch, None, speculate=spec),
                                 q, v, None, 10.0, 1.0, {})
@@ -447,3 +471,6 @@ def test_points_are_set_against_the_ar_model_at_the_same_batch_size():
     assert "× AR quality | × AR tok/s |" in table
     assert "| 0.98x | 2.50x |" in table and "| 0.50x | 0.50x |" in table and "| – | – |" in table
     assert "× AR" not in reports.markdown_table(points[1:3])  # no AR point: no such columns
+    two = [pt("ar", 1, 0.90, 100.0), pt("ar", 1, 0.95, 80.0), pt("ar", 1, 0.85, 120.0), pt("setdlm", 1, 0.95, 240.0)]
+    assert sweeps.against_ar(two)[3] == pytest.approx((1.0, 2.0))  # against 95% and 120 tok/s
+    assert sweeps.against_ar(two)[0] == pytest.approx((0.90 / 0.95, 100.0 / 120.0))

@@ -157,7 +157,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--warmup", type=int, default=None, help="examples timed but not counted in tokens/s "
                    "(default 50, the paper's, at most a quarter of the examples)")
     p.add_argument("--seed", type=int, default=None, help="seed of the example draw and of sampling (default 0)")
-    add_model_flags(p, "use")
+    add_model_flags(p, "use", several_dtypes=True)
     p.set_defaults(func=_bench)
 
 

@@ -46,18 +46,33 @@ def list_of(kind, what: str):
     return parse
 
 
-def add_dtype_flag(p, what: str = "decode with") -> None:
-    """``--dtype``: the precision the weights are cast to (:func:`setdlm.load`'s ``dtype``)."""
-    p.add_argument("--dtype", choices=tuple(DTYPES), default=None, help=f"{what} weights in this precision "
-                   "(default: float32 for weights stored in half precision, else as stored; bfloat16 pays on CPUs "
-                   "with AVX512-BF16 at batch 32, docs/decoding.md \"Precision\")")
+def add_dtype_flag(p, what: str = "decode with", several: bool = False) -> None:
+    """``--dtype``: the precision the weights are cast to (:func:`setdlm.load`'s ``dtype``); ``several``: a
+    comma-separated list of them (``bench``: every checkpoint in each, side by side)."""
+    note = ("default: float32 for weights stored in half precision, else as stored; bfloat16 pays on CPUs with "
+            "AVX512-BF16 at batch 32, docs/decoding.md \"Precision\"")
+    if several:
+        p.add_argument("--dtype", type=dtypes_list, default=None, help=f"{what} weights in these precisions, "
+                       f"comma-separated ({', '.join(DTYPES)}): each checkpoint in each, side by side ({note})")
+    else:
+        p.add_argument("--dtype", choices=tuple(DTYPES), default=None, help=f"{what} weights in this precision "
+                       f"({note})")
 
 
-def add_model_flags(p, what: str = "decode with") -> None:
+def dtypes_list(s: str) -> list[str]:
+    """argparse type of ``bench --dtype``: comma-separated names of :data:`~setdlm.formats.loading.DTYPES`."""
+    out = [item.strip() for item in s.split(",")]
+    bad = [d for d in out if d not in DTYPES]
+    if bad or len(set(out)) < len(out):
+        raise argparse.ArgumentTypeError(f"{s!r}: give distinct precisions among {', '.join(DTYPES)}")
+    return out
+
+
+def add_model_flags(p, what: str = "decode with", several_dtypes: bool = False) -> None:
     """The flags that pick how a model is loaded: ``--ema``, ``--device``, ``--dtype``, ``--quantize``."""
     p.add_argument("--ema", action="store_true", help=f"{what} the EMA weights")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
-    add_dtype_flag(p, what)
+    add_dtype_flag(p, what, several_dtypes)
     p.add_argument("--quantize", choices=QUANTIZATIONS, default=None, help="decode with int8 or int4 weights on "
                    "the CPU, or a GGUF file's own (gguf) (docs/quantization.md; default: the stored precision)")
 

@@ -13,9 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+import torch
+
 from ..decoding.settings import DecodeSettings
 from ..errors import UserError
-from ..formats.loading import load
+from ..formats.loading import check_dtype, load
 from ..outputs import check_file, check_folder, write_text
 from . import reports, sweeps
 from .examples import task_examples, write_predictions
@@ -109,8 +111,8 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: TaskSpec | str, o
                       thresholds: Sequence[float | None] | None = None, windows: Sequence[int | None] | None = None,
                       batch_sizes: Sequence[int] | None = None, block_sizes: Sequence[int | None] | None = None,
                       warmup: int | None = None, clock: str | None = None, ema: bool = False, device: str = "cpu",
-                      sweep_speculate: bool = False, quantize: str | None = None, dtype: str | None = None,
-                      **keywords) -> BenchRun:
+                      sweep_speculate: bool = False, quantize: str | None = None,
+                      dtype: str | Sequence[str] | None = None, **keywords) -> BenchRun:
     """Benchmark checkpoints on ``task`` (a :class:`TaskSpec`, or a task name and its fields as keywords)
     and write ``out``/bench.md, bench.json and bench.png (what ``setdlm bench`` runs).
     A decoding task: :func:`setdlm.evaluation.sweeps.sweep` over ``thresholds`` (default
@@ -119,7 +121,9 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: TaskSpec | str, o
     decode, the first ``warmup`` examples untimed (default 50, at most a quarter of the examples), the other
     decoding settings fixed (``settings``, a :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields
     as keywords); a task that does not decode (likelihood): its measure per checkpoint (on ``data`` or each
-    run's held-out rows). Every setting is checked before any model is loaded."""
+    run's held-out rows). ``dtype``: the precision of the weights (:func:`setdlm.load`), or several: each
+    checkpoint in each, side by side, labelled ``NAME bfloat16`` (docs/decoding.md "Precision"). Every setting is
+    checked before any model is loaded."""
 
     spec, knobs = TaskSpec.of(task, keywords)
     settings = DecodeSettings.of(settings, knobs, "bench_checkpoints")
@@ -135,8 +139,13 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: TaskSpec | str, o
         sweeps.check_sweep(thresholds or sweeps.THRESHOLDS, windows or [None], batch_sizes or [1],
                            50 if warmup is None else warmup, block_sizes or [None])
         sweeps.check_unswept(settings)
-    names = labels(checkpoints)
-    models = [load(c, ema=ema, device=device, dtype=dtype, quantize=quantize) for c in checkpoints]
+    dtypes = [check_dtype(d) for d in ([dtype] if dtype is None or isinstance(dtype, (str, torch.dtype)) else dtype)]
+    names, per = labels(checkpoints), len(checkpoints)
+    if len(dtypes) > 1:  # each checkpoint in each precision, side by side, a curve each: "NAME bfloat16"
+        names = [f"{n} {str(d).removeprefix('torch.')}" for d in dtypes for n in names]
+        checkpoints = [c for _ in dtypes for c in checkpoints]
+    models = [load(c, ema=ema, device=device, dtype=dtypes[i // per], quantize=quantize)
+              for i, c in enumerate(checkpoints)]
     meta = {"task": spec.task, "checkpoints": dict(zip(names, map(str, checkpoints))),
             "families": {lab: m.family.to_dict() for lab, m in zip(names, models)},
             "dtypes": {lab: m.dtype for lab, m in zip(names, models)}}

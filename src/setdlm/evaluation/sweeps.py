@@ -214,17 +214,19 @@ def pareto_front(points: Sequence[BenchPoint]) -> list[BenchPoint]:
 
 def against_ar(points: Sequence[BenchPoint]) -> dict[int, tuple[float, float]]:
     """For each decoding point (by index) of a sweep that holds an autoregressive model: its quality and its
-    tokens/s as multiples of the AR point's at the same batch size (the first AR point of that batch size,
+    tokens/s as multiples of AR at its own best at the same batch size, on each axis: the highest quality and
+    the highest tokens/s of the AR points of that batch size (several AR models, or one in several precisions,
     timed side by side in the same sweep); {} when the sweep has no AR point."""
-    ar: dict[int, BenchPoint] = {}
+    ar: dict[int, tuple[float, float]] = {}  # batch size -> (best quality, best tokens/s)
     for p in points:
-        if FAMILY_REGISTRY[p.family].left_to_right and p.tokens_per_second:  # the autoregressive model
-            ar.setdefault(p.setting.batch_size, p)
+        if FAMILY_REGISTRY[p.family].left_to_right and p.tokens_per_second:  # an autoregressive model
+            q, v = ar.get(p.setting.batch_size, (p.quality, p.tokens_per_second))
+            ar[p.setting.batch_size] = (max(q, p.quality), max(v, p.tokens_per_second))
     out = {}
     for i, p in enumerate(points):
-        ref = ar.get(p.setting.batch_size)
-        if ref is not None and p.tokens_per_second is not None and ref.quality:
-            out[i] = (p.quality / ref.quality, p.tokens_per_second / ref.tokens_per_second)
+        q, v = ar.get(p.setting.batch_size, (0.0, 0.0))
+        if q and p.tokens_per_second is not None:
+            out[i] = (p.quality / q, p.tokens_per_second / v)
     return out
 
 
