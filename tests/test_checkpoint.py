@@ -197,3 +197,21 @@ def test_run_folder_follows_latest(tmp_path):
     write_text_atomic(tmp_path / "run" / "latest", "checkpoints/step-00000009\n")
     with pytest.raises(ValueError, match=r"latest: points to 'checkpoints/step-00000009'"):
         setdlm.load(tmp_path / "run")
+
+
+def test_half_precision_weights_on_a_cpu_that_emulates_them_warn(monkeypatch):
+    """``dtype="bfloat16"`` on a CPU without AVX512-BF16 or AMX loads, with a warning that it is slower than float32
+    there; on one with them (or in float32) nothing is said."""
+    import warnings
+
+    import setdlm.formats.loading as loading
+
+    monkeypatch.setattr(loading, "native_bf16", lambda device: False)
+    with pytest.warns(UserWarning, match="dtype=bfloat16 on a CPU without AVX512-BF16 or AMX"):
+        model = loading.load("arith-ar", dtype="bfloat16")
+    assert model.dtype == "bfloat16"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loading.load("arith-ar")
+        monkeypatch.setattr(loading, "native_bf16", lambda device: True)
+        assert loading.load("arith-ar", dtype=torch.bfloat16).dtype == "bfloat16"

@@ -18,6 +18,7 @@ layout (their ``backbone_config`` / ``noise_config``), else the checkpoint reade
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -25,7 +26,7 @@ import torch
 from ..data import Tokenizer
 from ..errors import UserError
 from ..lm import Model
-from ..resources import resolve_device
+from ..resources import native_bf16, resolve_device
 from . import checkpoint, convert, gguf, hub, pretrained
 from .gguf_quant import keep_file_quantization
 from .hf import load_pretrained, setdlm_tokenizer
@@ -87,6 +88,11 @@ def load(path: str | Path, *, ema: bool = False, family: str | None = None, devi
     dtype = check_dtype(dtype)
     source = gguf.source_file(path) if quantize == "gguf" else None  # before loading: not a GGUF file, say so
     model = _load(path, ema=ema, family=family, device=device, dtype=dtype, revision=revision, **reference)
+    where = next(model.backbone.parameters()).device
+    if dtype in (torch.bfloat16, torch.float16) and where.type == "cpu" and not native_bf16(where):
+        warnings.warn(f"dtype={str(dtype).removeprefix('torch.')} on a CPU without AVX512-BF16 or AMX: PyTorch "
+                      "emulates half-precision matmuls there, slower than float32 (docs/decoding.md \"Precision\")",
+                      stacklevel=2)
     if quantize == "gguf":
         keep_file_quantization(model.backbone, source)
     elif quantize is not None:
