@@ -92,9 +92,9 @@ def test_bench_runs_each_checkpoint_in_each_precision_side_by_side(ckpts, tmp_pa
     bfloat16``), timed in the same sweep; bench.json names each curve's precision and checkpoint, and each point
     answers as the library does on the model loaded in that precision."""
     out = tmp_path / "b"
-    code, stdout, err = run(["bench", ckpts["ar"], ckpts["setdlm"], "--task", "reasoning", "--level", "easy", "--n", "4",
-                             "--warmup", "1", "--thresholds", "off", "--max-new-tokens", "8", "--dtype",
-                             "float32,bfloat16", "--out", str(out)], capsys)
+    code, stdout, err = run(["bench", ckpts["ar"], ckpts["setdlm"], "--task", "reasoning", "--level", "easy",
+                             "--n", "4", "--warmup", "1", "--thresholds", "off", "--max-new-tokens", "8",
+                             "--dtype", "float32,bfloat16", "--out", str(out)], capsys)
     assert code == 0, err
     doc = json.loads((out / "bench.json").read_text())
     assert doc["dtypes"] == {"ar-run float32": "float32", "setdlm-rand float32": "float32",

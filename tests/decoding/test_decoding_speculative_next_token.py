@@ -287,9 +287,9 @@ def test_bench_sweeps_the_next_token_decode_of_the_shipped_model(tmp_path, capsy
 
 @pytest.mark.parametrize("level", ["default", "avx2"])
 def test_the_contracts_hold_at_other_cpu_kernel_levels(level):
-    """The shipped model's float32 and bfloat16 next-token decodes equal its AR decode, and every verifier and cache equals its
-    from-scratch forward, with ATen's vector kernels (and oneDNN) forced to another level, as on an AVX2-only
-    machine: the tests above rerun in a subprocess (float32 rounding follows the kernels)."""
+    """The shipped model's float32 and bfloat16 next-token decodes equal its AR decode, and every verifier and cache
+    equals its from-scratch forward, with ATen's vector kernels (and oneDNN) forced to another level, as on an
+    AVX2-only machine: the tests above rerun in a subprocess (rounding follows the kernels)."""
     import os
     import subprocess
     import sys

@@ -47,7 +47,8 @@ def test_setdlm_serve_answers_curl_like_requests():
     port = free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.abspath("src"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, "-m", "setdlm", "serve", "shakespeare-setdlm-smax8", "--port", str(port),
-                             "--max-batch", "4", "--dtype", "bfloat16"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             "--max-batch", "4", "--dtype", "bfloat16"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
     out = Output(proc.stdout)
     try:
         url = f"http://127.0.0.1:{port}"

@@ -97,8 +97,8 @@ def _eval(args) -> int:
     if args.output is not None:
         check_file(args.output)
     result = evaluate_checkpoint(args.checkpoint, spec, settings, clock=args.clock, batch_size=args.batch_size,
-                                 bf16=args.bf16, ema=args.ema, device=args.device, dtype=args.dtype, quantize=args.quantize,
-                                 predictions=args.predictions)
+                                 bf16=args.bf16, ema=args.ema, device=args.device, dtype=args.dtype,
+                                 quantize=args.quantize, predictions=args.predictions)
     line = json.dumps(result)
     if args.output:
         write_text(args.output, line + "\n")

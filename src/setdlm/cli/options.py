@@ -27,7 +27,8 @@ from ..outputs import check_file
 @dataclass(frozen=True)
 class ModelChoice:
     """Which model decodes: a checkpoint folder, run folder or shipped name (None: the shipped
-    ``shakespeare-setdlm-smax8``), its EMA weights or not, the device, the precision and an optional CPU quantization."""
+    ``shakespeare-setdlm-smax8``), its EMA weights or not, the device, the precision and an optional CPU
+    quantization."""
 
     checkpoint: str | None = None
     ema: bool = False

@@ -139,7 +139,8 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: TaskSpec | str, o
         sweeps.check_sweep(thresholds or sweeps.THRESHOLDS, windows or [None], batch_sizes or [1],
                            50 if warmup is None else warmup, block_sizes or [None])
         sweeps.check_unswept(settings)
-    dtypes = [check_dtype(d) for d in ([dtype] if dtype is None or isinstance(dtype, (str, torch.dtype)) else dtype)]
+    single = dtype is None or isinstance(dtype, (str, torch.dtype))
+    dtypes = [check_dtype(d) for d in ([dtype] if single else dtype)] or [None]  # [] as None: as stored
     names, per = labels(checkpoints), len(checkpoints)
     if len(dtypes) > 1:  # each checkpoint in each precision, side by side, a curve each: "NAME bfloat16"
         names = [f"{n} {str(d).removeprefix('torch.')}" for d in dtypes for n in names]

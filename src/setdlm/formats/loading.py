@@ -89,10 +89,9 @@ def load(path: str | Path, *, ema: bool = False, family: str | None = None, devi
     source = gguf.source_file(path) if quantize == "gguf" else None  # before loading: not a GGUF file, say so
     model = _load(path, ema=ema, family=family, device=device, dtype=dtype, revision=revision, **reference)
     where = next(model.backbone.parameters()).device
-    if dtype in (torch.bfloat16, torch.float16) and where.type == "cpu" and not native_bf16(where):
-        warnings.warn(f"dtype={str(dtype).removeprefix('torch.')} on a CPU without AVX512-BF16 or AMX: PyTorch "
-                      "emulates half-precision matmuls there, slower than float32 (docs/decoding.md \"Precision\")",
-                      stacklevel=2)
+    if dtype == torch.bfloat16 and where.type == "cpu" and not native_bf16(where):
+        warnings.warn("dtype=bfloat16 on a CPU without AVX512-BF16 or AMX: PyTorch emulates bfloat16 matmuls there, "
+                      "slower than float32 (docs/decoding.md \"Precision\")", stacklevel=2)
     if quantize == "gguf":
         keep_file_quantization(model.backbone, source)
     elif quantize is not None:
