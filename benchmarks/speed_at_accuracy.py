@@ -162,7 +162,7 @@ def plot(rows: list[dict], path: Path) -> None:
     batches = sorted({x["batch"] for x in rows})
     for i, b in enumerate(batches):
         ax = fig.add_subplot(1, len(batches), i + 1)
-        for x in (x for x in rows if x["batch"] == b):
+        for j, x in enumerate(x for x in rows if x["batch"] == b):
             family = x["mode"].split()[0]
             marker = {"AR": "s", "BD3LM": "^", "SetDLM": "o", "SetDLM+AR": "D"}[family]
             color = "C3" if "speculate" in x["mode"] else {"AR": "k", "BD3LM": "C0", "SetDLM": "C2"}[family]
@@ -172,7 +172,8 @@ def plot(rows: list[dict], path: Path) -> None:
                        facecolors=color if full else "none")
             label = x["mode"].replace("SetDLM+AR speculate=next_token ", "next-token ")
             ax.annotate(label.replace("SetDLM ", "").replace("speculate ", "spec "), (x["tokens_per_second"],
-                        100 * x["accuracy"]), fontsize=6, xytext=(3, 2), textcoords="offset points")
+                        100 * x["accuracy"]), fontsize=6, xytext=(3, 2 - 8 * (j % 4)), textcoords="offset points")
+            # labels of neighbouring modes staggered downwards: points of one accuracy sit side by side
         ar = baseline([x for x in rows if x["batch"] == b])
         ax.axhline(97 * ar["accuracy"], color="grey", lw=0.6, ls="--")
         ax.axvline(ar["tokens_per_second"] * (2 if b == 1 else 1.5), color="grey", lw=0.6, ls=":")
