@@ -17,8 +17,10 @@ this process's CPU time over the whole pass (``--clock cpu``, steady on a shared
 offered), prompts' prefill included. ``--dtypes float32 bfloat16``: every mode in each precision (the weights cast
 at load; labels of a precision other than float32 end in its tag, e.g. `` bf16``). Each mode's ratios are against
 AR at its own best at the same batch size, on each axis: the highest accuracy and the highest speed of any AR row
-(the shipped AR, with ``--distilled-ar`` the AR fine-tuned by the same recipe, in every precision run). A traced
-pass over the first 20 problems at batch 1 counts the positions each forward feeds per row.
+(the shipped AR, with ``--distilled-ar`` the AR fine-tuned by the same recipe, in every precision run). ``--mixed-ar``
+adds an AR that no library offers as a mode, to bound what AR could still gain: its prompts' prefill in bfloat16
+(a bfloat16 copy of the weights writing the float32 cache), its steps in float32. A traced pass over the first 20
+problems at batch 1 counts the positions each forward feeds per row.
 
 Writes ``OUT/frontier.json`` (every number), ``OUT/frontier.md`` (the table) and ``OUT/frontier.png``.
 """
@@ -44,10 +46,11 @@ DISTILLED_AR = "AR fine-tuned"  # --distilled-ar CHECKPOINT: arith-ar fine-tuned
 AR_HEAD = "SetDLM+AR"  # --ar-head CHECKPOINT: a SetDLM trained with a next-token head (ar_weight > 0)
 NAMES = dict(MODELS)  # model key -> what setdlm.load reads (MODELS, and the distilled checkpoint when given)
 TAGS = {"float32": "", "bfloat16": " bf16", "float16": " fp16"}  # label suffix of each precision
+MIXED = ", bf16 prefill"  # label suffix of --mixed-ar's mode: the prefill in bfloat16, the steps in float32
 
 
 def modes(windows: list[int], distilled: bool = False, distilled_ar: bool = False, ar_head: bool = False,
-          only: list[str] | None = None) -> list[tuple[str, str, dict, str | None]]:
+          only: list[str] | None = None, mixed_ar: bool = False) -> list[tuple[str, str, dict, str | None]]:
     """(label, model key, decode settings, speculative layout) of every mode on the frontier; ``distilled``: also
     the self-distilled SetDLM's lossless speculative decode (benchmarks/self_distill.py) at each window;
     ``distilled_ar``: the AR model fine-tuned by the same recipe; ``ar_head``: the SetDLM trained with a
@@ -66,23 +69,49 @@ def modes(windows: list[int], distilled: bool = False, distilled_ar: bool = Fals
     if ar_head:
         out += [(f"SetDLM+AR speculate=next_token w={w}", AR_HEAD, {"speculate": "next_token", "window": w}, None)
                 for w in [1, *windows]]
-    return [m for m in out if m[0] == "AR" or not only or any(o in m[0] for o in only)]
+    if mixed_ar:  # the most accurate AR with its prefill in bfloat16 (with_prefill_in)
+        out.insert(1 + distilled_ar, (("AR fine-tuned" if distilled_ar else "AR") + MIXED,
+                                      DISTILLED_AR if distilled_ar else "AR", {}, None))
+    return [m for m in out if m[0] == "AR" or MIXED in m[0] or not only or any(o in m[0] for o in only)]
 
 
 def in_precisions(plan: list[tuple[str, str, dict, str | None]], dtypes: list[str]) -> list[tuple]:
     """Every mode of ``plan`` in each of ``dtypes``: the label tagged (:data:`TAGS`), the model key
     ``KEY@DTYPE`` (float32: the key as it is)."""
     return [(label + TAGS[dt], key if dt == "float32" else f"{key}@{dt}", settings, layout)
-            for dt in dtypes for label, key, settings, layout in plan]
+            for dt in dtypes for label, key, settings, layout in plan if dt == "float32" or MIXED not in label]
 
 
 def load_models(plan) -> dict:
-    """The model of every key the plan decodes with (``KEY@DTYPE``: cast to that precision)."""
+    """The model of every key the plan decodes with (``KEY@DTYPE``: cast to that precision; ``KEY@prefill``: the
+    bfloat16 backbone --mixed-ar's mode prefills with)."""
+    keys = [m[1] for m in plan] + [f"{m[1]}@prefill" for m in plan if MIXED in m[0]]
     out = {}
-    for key in dict.fromkeys(m[1] for m in plan):
+    for key in dict.fromkeys(keys):
         base, _, dtype = key.partition("@")
-        out[key] = setdlm.load(NAMES[base], dtype=dtype or None)
+        out[key] = setdlm.load(NAMES[base], dtype="bfloat16" if dtype == "prefill" else dtype or None)
     return out
+
+
+def with_prefill_in(steps, backbone):
+    """A pass whose AR decoder caches the prompts with ``backbone`` (another precision of the same weights)
+    during each of its calls: the cache stays in the decoding model's dtype, only the prefill's forward changes."""
+    from setdlm.decoding import ar
+
+    original = ar.prefill_positions
+
+    def prefill(_, st, take, block_size=None):
+        original(backbone, st, take, block_size)
+
+    while True:
+        ar.prefill_positions = prefill
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        finally:
+            ar.prefill_positions = original
+        yield
 
 
 def with_layout(steps, layout: str | None):
@@ -115,6 +144,8 @@ def run_batch(models: dict, examples, batch: int, plan: list[tuple], clock: str)
     passes = [with_layout(reasoning_steps(models[key], examples, batch_size=batch, clock=clock,
                                                    progress=False, **settings), layout)
               for _, key, settings, layout in plan]
+    passes = [with_prefill_in(p, models[f"{key}@prefill"].backbone) if MIXED in label else p
+              for p, (label, key, _, _) in zip(passes, plan)]
     started = time.perf_counter()
     results = interleave(passes)
     print(f"batch {batch}: {len(plan)} modes side by side in {time.perf_counter() - started:.0f} s", flush=True)
@@ -202,6 +233,8 @@ def main() -> None:
                     "(AR is always kept)")
     ap.add_argument("--dtypes", nargs="+", choices=tuple(TAGS), default=["float32"],
                     help="precisions every mode runs in (default float32)")
+    ap.add_argument("--mixed-ar", action="store_true", help="add the most accurate AR with its prefill in bfloat16 "
+                    "and its steps in float32 (a bound, not a mode of the library)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.distilled:
@@ -214,7 +247,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plan = in_precisions(modes(args.windows, bool(args.distilled), bool(args.distilled_ar), bool(args.ar_head),
-                               args.only), args.dtypes)
+                               args.only, args.mixed_ar), args.dtypes)
     models = load_models(plan)
     examples = reasoning_split("test", args.n, level="medium", seed=args.seed)
     positions = {label: positions_per_forward(models[key], examples[:20], settings, layout)
@@ -226,7 +259,7 @@ def main() -> None:
         x["positions_per_forward"] = positions[x["mode"]]
     speculative.HORIZONS = "auto"
     meta = {"distilled": args.distilled, "distilled_ar": args.distilled_ar, "ar_head": args.ar_head, "only": args.only,
-            "dtypes": args.dtypes,
+            "dtypes": args.dtypes, "mixed_ar": args.mixed_ar,
             "n": args.n, "seed": args.seed, "threads": args.threads, "clock": args.clock, "torch": torch.__version__,
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     (out / "frontier.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
