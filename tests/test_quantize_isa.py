@@ -12,6 +12,7 @@ seen on an Intel AVX-512/AMX machine.
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,13 +67,20 @@ def test_int8_contract_at_every_cpu_level(level):
     skip_unless_runnable(level, args)
     done = run_contract(env, [*args, "int8"])
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "int8: hidden states batched vs alone 0\n" in done.stdout
     assert "int8: batched vs alone 0\n" in done.stdout  # not merely within tolerance: the same float32 numbers
     assert "int8: cached == recomputed" in done.stdout
 
 
 def test_int4_and_gguf_batched_equal_alone_at_the_avx2_level():
-    """The weight-only kernels keep activations in float32; one forced level besides the machine's own."""
+    """The weight-only kernels keep activations in float32; one forced level besides the machine's own. Every
+    quantized layer and the float parts between them give a row the same bits batched and alone; the output head
+    these keep in float32 is a BLAS product whose last bits may follow the row count (Intel's MKL kernels on an
+    AVX-512 Xeon: 3.6e-5 on SmolLM2's logits, where the AMD EPYC gave 0), so the logits are held to 1e-4."""
     env, args = LEVELS["avx2-everywhere"]
     done = run_contract(env, ["--batch-only", "int4", "gguf"])
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert "int4: batched vs alone 0\n" in done.stdout and "gguf: batched vs alone 0\n" in done.stdout
+    for quantize in ("int4", "gguf"):
+        assert f"{quantize}: hidden states batched vs alone 0\n" in done.stdout
+        diff = float(re.search(rf"^{quantize}: batched vs alone (\S+)$", done.stdout, re.M).group(1))
+        assert diff <= 1e-4

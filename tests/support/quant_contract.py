@@ -1,7 +1,8 @@
 """The quantized exactness contract on SmolLM2-135M, run as a script so that a test can run it under forced
 CPU levels (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ``FBGEMM_ENABLE_INSTRUCTIONS``, a quantized
-engine): for each ``quantize=`` named on the command line, each row of a padded ragged batch gets the logits
-it gets alone, and SetDLM's cached steps equal the from-scratch forward (tests/test_quantize_isa.py).
+engine): for each ``quantize=`` named on the command line, each row of a padded ragged batch gets the hidden
+states it gets alone bit for bit and logits within TOL (exactly the same where the head is quantized: the test
+asserts that), and SetDLM's cached steps equal the from-scratch forward (tests/test_quantize_isa.py).
 
     python tests/support/quant_contract.py [--engine qnnpack] [--batch-only] int8 int4 gguf
 
@@ -18,6 +19,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])  # tests/ (the support pa
 from setdlm import FamilyConfig, Model, load  # noqa: E402
 from setdlm.chat import chat_prompt  # noqa: E402
 from setdlm.decoding import generate  # noqa: E402
+from setdlm.formats.quantize import output_head  # noqa: E402
 from setdlm.masks import causal_mask  # noqa: E402
 
 from support import assert_setdlm_steps_exact, recorded  # noqa: E402
@@ -31,17 +33,23 @@ def prompts_of(tok) -> list[list[int]]:
             tok.encode("def fibonacci(n):")]
 
 
-def batch_vs_alone(q, prompts) -> float:
-    """Largest |logit| difference between a row of the padded batch and the same row alone."""
+def batch_vs_alone(q, prompts) -> tuple[float, float]:
+    """Largest difference between a row of the padded batch and the same row alone: of the hidden states the
+    output head reads (every quantized layer and the float parts between them), and of the logits."""
+    seen = []  # the head's input of each forward
+    hook = output_head(q.backbone).register_forward_hook(lambda m, inp, out: seen.append(inp[0]))
     width = max(map(len, prompts))
     ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
     real = torch.tensor([[True] * len(p) + [False] * (width - len(p)) for p in prompts])
     batch = q.backbone(ids, None, causal_mask(real))  # (3, width, V)
-    worst = 0.0
+    hidden = seen[-1].reshape(len(prompts), width, -1)  # (3, width, d)
+    worst_hidden = worst = 0.0
     for r, p in enumerate(prompts):
         alone = q.backbone(torch.tensor([p]), None, causal_mask(torch.ones(1, len(p), dtype=torch.bool)))[0]
+        worst_hidden = max(worst_hidden, (hidden[r, : len(p)] - seen[-1].reshape(len(p), -1)).abs().max().item())
         worst = max(worst, (batch[r, : len(p)] - alone).abs().max().item())
-    return worst
+    hook.remove()
+    return worst_hidden, worst
 
 
 def cache_exact(q, prompts) -> None:
@@ -68,10 +76,12 @@ def main() -> int:
         q = load(NAME, quantize=quantize)
         prompts = prompts_of(q.tokenizer)
         with torch.no_grad():
-            diff = batch_vs_alone(q, prompts)
+            hidden, diff = batch_vs_alone(q, prompts)
+            print(f"{quantize}: hidden states batched vs alone {hidden:.3g}", flush=True)
             print(f"{quantize}: batched vs alone {diff:.3g}", flush=True)
-            if diff > TOL:
-                print(f"FAIL {quantize}: a row's logits depend on its batch by {diff:.3g} (> {TOL})")
+            if hidden > 0 or diff > TOL:
+                print(f"FAIL {quantize}: a row's hidden states depend on its batch by {hidden:.3g} (> 0) or its "
+                      f"logits by {diff:.3g} (> {TOL})")
                 return 1
             if args.batch_only:
                 continue
