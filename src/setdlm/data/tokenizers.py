@@ -15,6 +15,13 @@ A MASK token (``<|mask|>``) is added when the tokenizer has none. ``encode`` nev
 turns text into special tokens (a literal ``<|mask|>`` in a document stays text); the datasets add
 BOS/EOS explicitly. ``save(folder)`` writes ``tokenizer.json`` and ``tokenizer_config.json``, which both
 ``load_tokenizer`` and ``transformers.AutoTokenizer`` read back.
+
+A tokenizer that starts a string prompt with BOS (``prompt == "bos"``: setdlm's own) and has no
+post-processor gets one that puts BOS in front (``<|bos|> $A``), so that a Hugging Face tokenizer read from
+the same files (``AutoTokenizer.from_pretrained(folder)(text).input_ids``, lm-eval's ``huggingface`` backend
+with ``add_bos_token=True``) gives the ids setdlm decodes a string prompt from: ``[BOS] + encode(text)``
+(:func:`setdlm.data.prompt.encode_prompt`; its ``prompt_end`` newline is setdlm's alone). ``encode`` never
+applies it.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Iterable
 
 import numpy as np
 
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors, trainers
 from tokenizers import Tokenizer as _HFTokenizer
 
 from ..errors import UserError
@@ -64,6 +71,8 @@ class Tokenizer:
             backend.add_special_tokens([AddedToken(name, special=True, normalized=False)])
             self.tokens["mask"] = name
         backend.encode_special_tokens = True  # text never becomes a special token
+        if self.prompt == "bos" and bos is not None and backend.post_processor is None:
+            backend.post_processor = bos_processor(bos, backend.token_to_id(bos))
         self._chars = _char_table(backend, self.special_ids) if kind == "char" else None
         self._with_specials: _HFTokenizer | None = None
 
@@ -170,6 +179,12 @@ class Tokenizer:
         d = json.loads(s)
         return cls(_HFTokenizer.from_str(d["backend"]), kind=d["kind"], chat_template=d.get("chat_template"),
                    prompt=d.get("prompt"), prompt_end=d.get("prompt_end"), **d["tokens"])
+
+
+def bos_processor(bos: str, bos_id: int) -> processors.TemplateProcessing:
+    """The post-processor of a tokenizer whose prompts start with BOS: ``[BOS] + ids`` (a pair: ``[BOS] + a +
+    b``), what ``transformers`` applies with ``add_special_tokens=True`` (setdlm's string path, docs/pretrained.md)."""
+    return processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B:1", special_tokens=[(bos, bos_id)])
 
 
 def _char_table(backend: _HFTokenizer, special: set[int]) -> tuple[np.ndarray, np.ndarray]:
