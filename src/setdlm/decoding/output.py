@@ -31,6 +31,9 @@ class StepTrace:
     # committed positions whose token a constraint chose because the model's first choice was not allowed
     # (docs/decoding.md "Constrained decoding"); ascending
     constrained_positions: list[int] = field(default_factory=list)
+    # with DecodeConfig.top_logprobs = k: per query (as query_positions), its k most probable tokens as (token,
+    # log-probability) under the distribution its candidate was drawn from, most probable first
+    top: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass

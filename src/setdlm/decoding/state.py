@@ -23,7 +23,7 @@ from torch import Tensor
 from ..masks import decode_block_mask, with_cache
 from .output import StepTrace
 from .constrained import allowed_tokens, keep_jointly
-from .sampling import Sampling, commit_rule, propose
+from .sampling import Sampling, commit_rule, process_logits, propose
 
 
 @dataclass
@@ -42,6 +42,7 @@ class DecodeConfig:
     stop: tuple[str, ...] = ()
     tokenizer: object | None = None
     trace: bool = False
+    top_logprobs: int = 0  # with ``trace``: each query's k most probable tokens (StepTrace.top; the server's logprobs)
 
 
 @dataclass
@@ -185,7 +186,23 @@ class DecodeState:
         if allowed is not None and self.traces is not None:
             free = logits.index_fill(-1, torch.tensor([s.mask_token_id], device=logits.device), float("-inf"))
             bound = ~allowed.gather(-1, free.argmax(-1, keepdim=True))[..., 0]
-        return self.write(tok, conf, commit, qpos, qvalid, slot_pos, slot_valid, bound)
+        top = None  # (values, indices) (B, Q, k): the k most probable tokens of each query's distribution
+        if self.cfg.top_logprobs and self.traces is not None:
+            top = process_logits(logits, s, self.seen, gen_len, allowed).topk(self.cfg.top_logprobs, dim=-1)
+        write = self.write(tok, conf, commit, qpos, qvalid, slot_pos, slot_valid, bound)
+        if top is not None:
+            self._trace_top(top, qpos, qvalid)
+        return write
+
+    def _trace_top(self, top, qpos: Tensor, qvalid: Tensor) -> None:
+        """Each query's k most probable tokens and their log-probabilities under the distribution its token was
+        proposed from (``top``: values, indices (B, Q, k)), into the step's trace in query-position order."""
+        values, indices = top
+        for b in range(self.batch):
+            v = qvalid[b]
+            order = torch.argsort(qpos[b][v])
+            self.traces[b][-1].top = [list(zip(i, lp)) for i, lp in zip(indices[b][v][order].tolist(),
+                                                                         values[b][v][order].double().tolist())]
 
     def write(self, tok: Tensor, conf: Tensor, commit: Tensor, qpos: Tensor, qvalid: Tensor, slot_pos: Tensor,
               slot_valid: Tensor, bound: Tensor | None = None) -> Tensor:
