@@ -23,12 +23,22 @@ class UserError(ValueError):
         self.fields = tuple(fields)
 
 
+class InputWarning(UserWarning):
+    """A setting that works but will likely not do what the caller expects (decoding past the context, a
+    window wider than the model was trained for); ``fields`` as :class:`UserError`'s: the command line prints
+    it as one ``warning:`` line with the names as flags."""
+
+    def __init__(self, message: str, *, fields: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.fields = tuple(fields)
+
+
 # the library's words for "not set", as the command line says them
 _UNSET = {"(leave it None)": "(leave the flag out)", " (or None)": " (or leave the flag out)",
           " or be None (off)": " or be left out (off)"}
 
 
-def as_flags(error: UserError, value_flags: dict[str, tuple[str, ...]] | None = None) -> str:
+def as_flags(error: UserError | InputWarning, value_flags: dict[str, tuple[str, ...]] | None = None) -> str:
     """The message of ``error`` with each name of ``error.fields`` written as its command-line flag
     (``max_new_tokens`` -> ``--max-new-tokens``, ``quantize='gguf'`` -> ``--quantize gguf``) and the
     library's "None" as leaving the flag out; names inside other words, paths or quotes are left alone.

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Callable
 
-from ..errors import UserError, as_flags
+from ..errors import InputWarning, UserError, as_flags
 from .flags import VALUE_FLAGS
 
 
@@ -29,11 +30,22 @@ def _one_line(command: str, message: str) -> int:
     return 2
 
 
+def _warning_line(command: str):
+    """A ``warnings.showwarning`` that prints ``setdlm COMMAND: warning: MESSAGE``, one line (no source line)."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = as_flags(message, VALUE_FLAGS) if isinstance(message, InputWarning) else str(message)
+        print(f"setdlm {command}: warning: {text.splitlines()[0]}", file=file or sys.stderr)
+    return show
+
+
 def run(command: str, call: Callable[[], int], interrupted: Callable[[KeyboardInterrupt], str]) -> int:
     """``call()``'s exit code, or 2 after a one-line error, or 130 after Ctrl-C with ``interrupted(e)``'s note;
-    an exception that is not bad input propagates (its traceback shows)."""
+    an exception that is not bad input propagates (its traceback shows). The library's warnings print as
+    one line each, ``setdlm COMMAND: warning: ...``."""
     try:
-        return call()
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning_line(command)
+            return call()
     except UserError as e:  # bad user input: one line, exit 2
         return _one_line(command, as_flags(e, VALUE_FLAGS))
     except OSError as e:  # the machine refused (a file that cannot be read or written): one line, exit 2

@@ -34,7 +34,7 @@ from .. import __version__
 from ..data.inputs import read_infill_rows, read_prompts
 from ..decoding.api import DecodingInterrupted
 from ..decoding.output import order_text
-from ..decoding.settings import GENERATE_ONLY, default_max_new_tokens
+from ..decoding.settings import GENERATE_ONLY, MAX_NEW_TOKENS
 from ..errors import UserError
 from ..evaluation.sweeps import SWEPT
 from ..formats import pretrained
@@ -218,8 +218,8 @@ def _generate(args) -> int:
 
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help=summary(_generate))
-    _add_decoding_flags(p, notes={"max_new_tokens": f"default {default_max_new_tokens('cli')}, with --speculate at "
-                                                    "most what the prompt leaves of the context: "})
+    _add_decoding_flags(p, notes={"max_new_tokens": f"default min({MAX_NEW_TOKENS}, what the prompt leaves of the "
+                                                    "context): "})
     p.add_argument("--prompt", action="append", help="a prompt (repeatable; \"\" for unconditional)")
     p.add_argument("--input", default=None, help="prompts, one per line (or .jsonl with 'prompt'); - for stdin")
     p.add_argument("--show-order", action="store_true", help="print each token coloured by the step that decided "
@@ -326,7 +326,8 @@ def _add_demo(sub) -> None:
                    "(default: the shipped models)")
     p.add_argument("--out", default="demo", help="folder for the plot (default: demo)")
     p.add_argument("--n", type=int, default=24, help="problems in the live table (default 24)")
-    p.add_argument("--max-new-tokens", type=int, default=default_max_new_tokens("demo"), help="length of the Shakespeare continuation")
+    p.add_argument("--max-new-tokens", type=positive_int, default=None, help="length of the Shakespeare "
+                   f"continuation (default min({MAX_NEW_TOKENS}, what the prompt leaves of the context))")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_demo)
 

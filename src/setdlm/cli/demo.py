@@ -17,7 +17,6 @@ from pathlib import Path
 
 from ..data.tasks import extract_answer
 from ..decoding import DecodeSettings
-from ..decoding.settings import default_max_new_tokens
 from ..errors import UserError
 from ..evaluation import TaskSpec, reports, sweeps, task_examples
 from ..evaluation.infill import infill
@@ -51,11 +50,10 @@ def _rule(title: str) -> None:
 def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int = 24,
              max_new_tokens: int | None = None, progress: bool = True) -> dict:
     """Run the four parts; returns the numbers it printed (the live table as bench points). ``max_new_tokens``:
-    the Shakespeare continuation's length (None: the demo's default, docs/decoding.md)."""
+    the Shakespeare continuation's length (None: min(256, the room), the rule of docs/decoding.md)."""
     if not (isinstance(n, int) and n >= 3):
         raise UserError(f"the demo needs at least 3 problems for its table, got n={n}")
-    max_new_tokens = default_max_new_tokens("demo") if max_new_tokens is None else max_new_tokens
-    if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
+    if max_new_tokens is not None and not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
         raise UserError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     check_folder(out)
     get = _loader(models)

@@ -179,7 +179,7 @@ def add_task_flags(p, *, settings: tuple[str, ...], task_default: str | None) ->
                    "decoding by wall clock (default, the paper's) or by CPU time (steady on a shared CPU)")
     generate_notes = "/".join(generating()) + ": "
     notes = {name: (generate_notes if name in GENERATE_ONLY else "/".join(decoding()) + ": ") for name in settings}
-    notes["max_new_tokens"] = generate_notes[:-2] + " (default: what the longest prompt leaves of L): "
+    notes["max_new_tokens"] = generate_notes[:-2] + " (default: min(256, what the longest prompt leaves of L)): "
     notes["cache_order"] = generate_notes[:-2] + " (the paper's GSM8K runs: reveal): "
     add_settings_flags(p, settings, notes=notes)
     p.set_defaults(**{name: None for name in SETTINGS if name not in settings})

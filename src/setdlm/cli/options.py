@@ -10,14 +10,14 @@ names as its flags.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ..chat import chat_prompt
 from ..data.inputs import read_text
-from ..data.prompt import check_text, encode_prompts
+from ..data.prompt import check_text
 from ..decoding import constraint, generate, infill
 from ..decoding.output import trace_rows
-from ..decoding.settings import DecodeSettings, default_max_new_tokens
+from ..decoding.settings import DecodeSettings
 from ..errors import UserError
 from ..formats import pretrained
 from ..formats.loading import load
@@ -121,13 +121,8 @@ def generate_rows(opts: GenerateOptions):
         for i, p in enumerate(prompts):
             check_text(p, f"prompt {i}")
         prompts = [chat_prompt(model.tokenizer, p) for p in prompts]
-    settings = opts.settings
-    if settings.max_new_tokens is None:  # the command's default; speculation's rows must fit the context
-        n = default_max_new_tokens("cli")
-        if settings.speculate:
-            n = min(n, model.family.length - max(map(len, encode_prompts(model, prompts, add_bos=True))))
-        settings = replace(settings, max_new_tokens=max(n, 1))
-    out = generate(model, prompts, settings, seed=opts.seed, trace=opts.traced, progress=True)
+    # max_new_tokens unset: the one rule, min(256, each prompt's room), which speculation's rows fit too
+    out = generate(model, prompts, opts.settings, seed=opts.seed, trace=opts.traced, progress=True)
     rows = [{"prompt": p, "text": t, "tokens": [int(x) for x in ids]}
             for p, t, ids in zip(opts.prompts, out.texts, out.tokens)]
     if opts.traced:

@@ -20,6 +20,7 @@ Every input is checked before any decoding: prompts must be strings or token-id 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data.prompt import check_prompt_fits, encode_prompts, is_token_id, vocab_size
-from ..errors import UserError
+from ..errors import InputWarning, UserError
 from ..resources import check_fits
 from ..seeds import check_seed
 from . import ar, bd3lm, mdlm, setdlm, speculative, speculative_next_token
@@ -42,7 +43,8 @@ DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}  # by the 
 def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: int | Sequence[int] | None = None,
              batch_size: int | None = None, reveal_times=None, progress: bool = False, trace: bool = False,
              **knobs) -> GenerationOutput:
-    """Continue each prompt by up to ``max_new_tokens`` tokens (default 64).
+    """Continue each prompt by up to ``max_new_tokens`` tokens (default: min(256, what the prompt leaves of the
+    context L), per row).
 
     ``prompts``: token-id lists or strings (strings need ``model.tokenizer``); one prompt alone is accepted
     too. A string prompt is encoded by :func:`setdlm.data.prompt.encode_prompt`: ``[BOS] + encode(text)``
@@ -69,20 +71,38 @@ def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: in
     ``trace`` belong to the call.
     """
     settings = DecodeSettings.of(settings, knobs, "generate")
-    max_new_tokens = settings.max_new_tokens or default_max_new_tokens("generate")
     ids = encode_prompts(model, prompts, "prompt", add_bos=True)
+    budgets = _budgets(model, ids, settings.max_new_tokens, warn=not settings.speculate)
     # a lower bound of the canvas's memory (the token lists, the canvas and its masks: >= 34 bytes a position)
-    check_fits(f"decoding {len(ids)} row{'s' if len(ids) != 1 else ''} of up to {max_new_tokens:,} new tokens",
-               34 * sum(len(p) + max_new_tokens for p in ids), device_of(model.backbone), "lower max_new_tokens",
-               fields=("max_new_tokens",))
+    check_fits(f"decoding {len(ids)} row{'s' if len(ids) != 1 else ''} of up to {max(budgets, default=0):,} new "
+               "tokens", 34 * sum(len(p) + n for p, n in zip(ids, budgets)), device_of(model.backbone),
+               "lower max_new_tokens", fields=("max_new_tokens",))
     mask_id = model.family.mask_token_id
     for i, p in enumerate(ids):
         if mask_id in p:
             raise UserError(f"prompt {i} contains the MASK id {mask_id}; use fill() for masked inputs")
-    sequences = [p + [mask_id] * max_new_tokens for p in ids]
-    targets = [[False] * len(p) + [True] * max_new_tokens for p in ids]
+    sequences = [p + [mask_id] * n for p, n in zip(ids, budgets)]
+    targets = [[False] * len(p) + [True] * n for p, n in zip(ids, budgets)]
     return _run(model, sequences, targets, settings, mode="generate", seed=seed, batch_size=batch_size,
                 reveal_times=reveal_times, progress=progress, trace=trace)
+
+
+def _budgets(model, ids: list[list[int]], max_new_tokens: int | None, warn: bool) -> list[int]:
+    """Each row's budget: ``max_new_tokens``, or unset, the one rule (min(256, the row's room),
+    :func:`~setdlm.decoding.settings.default_max_new_tokens`: a row's default never depends on its batch).
+    A budget given past a row's room is decoded (the sliding decoders evict the earliest tokens) with a
+    warning, where the server refuses it."""
+    L = model.family.length
+    if max_new_tokens is None:
+        return [default_max_new_tokens("generate", room=L - len(p)) for p in ids]
+    over = [i for i, p in enumerate(ids) if 0 < L - len(p) < max_new_tokens] if warn else []
+    if over:
+        i = over[0]
+        warnings.warn(InputWarning(
+            f"max_new_tokens={max_new_tokens} runs past the context length L={L}: prompt {i} leaves room for "
+            f"{L - len(ids[i])} tokens, and past that the decoder slides (the earliest tokens leave the context; "
+            "docs/decoding.md, \"Prompt length\")", fields=("max_new_tokens",)), stacklevel=3)
+    return [max_new_tokens] * len(ids)
 
 
 def infill(model, prefixes, suffixes, lengths: int | Sequence[int], **kwargs) -> GenerationOutput:
@@ -175,7 +195,7 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
     bs = batch_size or B
     results, forwards, st = {}, 0, None
     bar = tqdm(total=sum(n_targets), disable=None if progress else True, desc=f"{fam.family} decoding",
-               unit="tok")  # shown on a terminal only
+               unit="tok", leave=False)  # shown on a terminal only, and gone once done
     was_training = backbone.training
     backbone.eval()
     t0 = time.perf_counter()
@@ -187,7 +207,7 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
                 st = DecodeState([sequences[i] for i in rows], [targets[i] for i in rows], cfg, index=rows,
                                  generators=gens, device=device,
                                  constraints=None if constraints is None else [constraints[i] for i in rows])
-                _decode_chunk(backbone, st, fam, times, bar if progress else None, n_targets)
+                _decode_chunk(backbone, st, fam, times, None if bar.disable else bar, n_targets)
                 results.update(st.results)
                 forwards += st.forwards
     except KeyboardInterrupt:  # Ctrl-C: keep the rows that had finished

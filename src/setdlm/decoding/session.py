@@ -266,8 +266,7 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
     such as ``stop`` are a ValueError). Touches no session state."""
     settings = DecodeSettings.of(settings, knobs, "prepare")
     mode = "generate" if suffix is None else "fill"
-    max_new_tokens = settings.max_new_tokens or default_max_new_tokens("generate")
-    cache_order = settings.cache_order or "position"
+    cache_order, given = settings.cache_order or "position", settings.max_new_tokens
     if mode == "fill":
         settings = replace(settings, max_new_tokens=None)
     settings.check_for(model.family.family, mode)
@@ -279,6 +278,7 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
         raise UserError(f"the {'prompt' if fam.mask_token_id in ids else 'suffix'} contains the MASK id "
                          f"{fam.mask_token_id}")
     check_prompt_fits(len(ids) + len(suf), width, "prompt + suffix" if suf else "prompt")
+    max_new_tokens = given or default_max_new_tokens("generate", room=width - len(ids) - len(suf))
     if len(ids) + max_new_tokens + len(suf) > width:
         raise UserError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens})"
                          f"{f' + suffix ({len(suf)} tokens)' if suf else ''} exceed the context length {width}")

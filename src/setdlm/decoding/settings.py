@@ -22,8 +22,8 @@ setting                families            meaning
 ``top_p``, ``top_k``   all                 nucleus (1.0 = off), top-k (0 = off)
 ``repetition_penalty`` all                 HF's multiplicative rule (1.0 = off)
 ``length_penalty``     all                 ``(start, factor)``: EOS boost (docs/method.md §5.3)
-``max_new_tokens``     all (generate)      new tokens per row (None: the entry point's default,
-                                           :func:`default_max_new_tokens`: 64 for ``generate``);
+``max_new_tokens``     all (generate)      new tokens per row (None: :func:`default_max_new_tokens`,
+                                           min(256, what the prompt leaves of the context));
                                            ``fill``/``infill`` decode the gaps they are given instead
 ``eos_token_id``       all                 default the tokenizer's; generate stops at it, fill uses it only
                                            for the length penalty
@@ -54,39 +54,36 @@ SETTING_FAMILIES = {name: using("decode_settings", name) for name in ("window", 
 # fill and infill decode the gaps they are given: no budget, EOS stop or cache order
 GENERATE_ONLY = ("max_new_tokens", "ignore_eos", "stop", "cache_order")
 
-# entry point -> (its max_new_tokens when none is given, what that is in words); None: the room the prompt
-# leaves of the context. docs/decoding.md's "Defaults of max_new_tokens" table is this one (a test checks it).
+# The one rule for max_new_tokens when none is given (docs/decoding.md, "Prompt length and max_new_tokens"):
+# at most MAX_NEW_TOKENS new tokens, and never more than the room the prompt leaves of the context (L - prompt
+# tokens), so a default decode never slides past the context and a model with a long context (SmolLM2: 8,192)
+# is not asked for thousands of tokens. 256 is lm-evaluation-harness's default budget; vLLM's server caps at
+# the room likewise. Entry point -> where it applies, in words (docs/decoding.md's table is this; a test checks it).
+MAX_NEW_TOKENS = 256
 MAX_NEW_TOKENS_DEFAULTS = {
-    "generate": (64, "`generate`, `Model.generate`, `Session.add` / `prepare`"),
-    "cli": (128, "`setdlm generate` (`--max-new-tokens`; with `--speculate` at most the room)"),
-    "server": (64, "the server (`max_tokens`; the room: what prompt and suffix leave)"),
-    "evaluate": (None, "`evaluation.reasoning` / `parallel`, `setdlm eval` (the room: what the longest prompt leaves)"),
-    "harness": (256, "the lm-eval adapter (`setdlm.evaluation.harness`), when a task sets no `max_gen_toks`"),
-    "demo": (48, "`setdlm demo` (`--max-new-tokens`)"),
+    "generate": "`generate`, `Model.generate` (per row: each row's own room), `Session.add` / `prepare`",
+    "cli": "`setdlm generate`, `setdlm run`, `setdlm chat` (`--max-new-tokens`; per prompt)",
+    "server": "the server (`max_tokens`; the room: what prompt and suffix leave)",
+    "evaluate": "`evaluation.reasoning` / `parallel`, `setdlm eval` (the room: what the longest prompt leaves)",
+    "harness": "the lm-eval adapter (`setdlm.evaluation.harness`), when a task sets no `max_gen_toks`",
+    "demo": "`setdlm demo` (`--max-new-tokens`: the Shakespeare continuation)",
 }
-_CAPPED = ("server",)  # entry points whose default is at most the room
 
 
-def default_max_new_tokens(entry_point: str, room: int | None = None) -> int:
+def default_max_new_tokens(entry_point: str, room: int) -> int:
     """``max_new_tokens`` of ``entry_point`` (a key of :data:`MAX_NEW_TOKENS_DEFAULTS`) when the caller gives
-    none; ``room`` (what the prompt leaves of the context) is needed where the default depends on it."""
+    none: ``min(MAX_NEW_TOKENS, room)``, ``room`` being what the prompt leaves of the context (at least 1)."""
     if entry_point not in MAX_NEW_TOKENS_DEFAULTS:
         raise KeyError(f"unknown entry point {entry_point!r}; choose one of {', '.join(MAX_NEW_TOKENS_DEFAULTS)}")
-    n = MAX_NEW_TOKENS_DEFAULTS[entry_point][0]
-    if n is not None and entry_point not in _CAPPED:
-        return n
-    if room is None:
-        raise TypeError(f"the default max_new_tokens of {entry_point!r} depends on the room the prompt leaves; "
-                         "pass room")
-    return room if n is None else min(n, room)
+    if isinstance(room, bool) or not isinstance(room, int):
+        raise TypeError(f"room must be an int (what the prompt leaves of the context), got {room!r}")
+    return max(1, min(MAX_NEW_TOKENS, room))
 
 
 def max_new_tokens_table() -> str:
     """The Markdown table of :data:`MAX_NEW_TOKENS_DEFAULTS` (docs/decoding.md)."""
     rows = ["| entry point | default `max_new_tokens` |", "|---|---|"]
-    for name, (n, where) in MAX_NEW_TOKENS_DEFAULTS.items():
-        value = "the room" if n is None else f"min({n}, the room)" if name in _CAPPED else str(n)
-        rows.append(f"| {where} | {value} |")
+    rows += [f"| {where} | min({MAX_NEW_TOKENS}, the room) |" for where in MAX_NEW_TOKENS_DEFAULTS.values()]
     return "\n".join(rows)
 
 

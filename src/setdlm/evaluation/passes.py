@@ -98,8 +98,8 @@ def check_examples(examples: Sequence, kind: type) -> list:
 
 
 def _budget(model: Model, prompts: list[list[int]], max_new_tokens: int | None) -> int:
-    """``max_new_tokens``, by default what the longest prompt leaves of the context (the same for every row,
-    so that no row's result depends on the others)."""
+    """``max_new_tokens``, by default min(256, what the longest prompt leaves of the context) (the same for
+    every row, so that no row's result depends on the others)."""
     L = model.family.length
     i = max(range(len(prompts)), key=lambda j: len(prompts[j]))
     check_prompt_fits(len(prompts[i]), L, f"prompt {i}")
@@ -188,14 +188,15 @@ def _check_clock(model: Model, clock: str) -> None:
 
 def generate_steps(model: Model, prompts: list[list[int]], settings: DecodeSettings, *, seed: int | None, **opts):
     """Decode ``prompts`` with ``settings``; every row's budget is ``settings.max_new_tokens`` or, when that is
-    None, what the longest prompt leaves of the context (:func:`_budget`)."""
+    None, min(256, what the longest prompt leaves of the context) (:func:`_budget`); with ``progress`` each
+    call shows its tokens on a terminal, so a long call is not silent."""
 
     settings.check_for(model.family.family)
     _check_clock(model, opts["clock"])
     budget = _budget(model, prompts, settings.max_new_tokens)
     settings = replace(settings, max_new_tokens=budget)
     outs, run = yield from decode_steps(len(prompts), lambda lo, hi: decoding.generate(
-        model, prompts[lo:hi], settings, seed=seed), **opts)
+        model, prompts[lo:hi], settings, seed=seed, progress=opts["progress"]), **opts)  # a call's tokens: a bar
     return outs, run, budget
 
 
@@ -277,7 +278,7 @@ def throughput(model: Model, items: Sequence, settings: DecodeSettings | None = 
     ``items``: reasoning problems or parallel-suite examples (decoded as :mod:`~setdlm.evaluation.reasoning` does), infilling
     examples (as :mod:`~setdlm.evaluation.infill`), or prompts: strings (encoded as ``[BOS] + text``) or token-id lists (as given).
     ``settings`` (or its fields as keywords) go to the decoder (``ignore_eos=True`` makes every row generate
-    ``max_new_tokens``; default what the longest prompt leaves of the context). ``clock="cpu"`` times by CPU
+    ``max_new_tokens``; default min(256, what the longest prompt leaves of the context)). ``clock="cpu"`` times by CPU
     time instead of wall time (see :func:`setdlm.evaluation.reasoning.reasoning`).
     """
     return drain(throughput_steps(model, items, settings, warmup=warmup, batch_size=batch_size, eos=eos,

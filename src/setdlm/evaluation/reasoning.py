@@ -46,7 +46,7 @@ def reasoning(model: Model, examples: Sequence[ReasoningExample], settings: Deco
     Each prompt is ``[BOS] question "\\n"``, decoded by :func:`setdlm.decoding.generate` with ``settings`` (a
     :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields as keywords: ``window``,
     ``threshold``, ``block_size``, ``temperature``, ``cache_order``, ``stop``, ...) and ``seed``. Every row
-    gets ``max_new_tokens`` (default: what the longest prompt leaves of the context L). A completion is cut
+    gets ``max_new_tokens`` (default: min(256, what the longest prompt leaves of the context L)). A completion is cut
     at its first EOS and is correct when the integer after its first ``####`` equals the answer. Speed
     statistics (``result.run.speed``) skip the first ``warmup`` calls; accuracy counts every example.
     ``clock``: time calls by wall clock (``"wall"``, the paper's) or by this process's CPU time (``"cpu"``:

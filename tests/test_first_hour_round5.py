@@ -1,0 +1,65 @@
+"""The first hour, round 5 (issue #46): each trap a new user met is gone or one clear line at the moment it
+matters. One section per trap, worst first; each test fails on the code before it (41ee4c6)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import setdlm
+from setdlm.data.tasks import reasoning_split
+from setdlm.evaluation.reasoning import reasoning
+from setdlm.lm import Model
+
+from support import make_model, run, save_tiny
+
+# ---------------------------------------------------------------------------------------------------------
+# 1. one max_new_tokens rule, min(256, the room): eval on a long context is bounded and shows progress
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _long_context(tmp_path) -> str:
+    """A tiny word-problem-capable AR model whose context is 2,048 tokens (the room: 2,000+)."""
+    arith = setdlm.load("arith-ar")
+    backbone = make_model(vocab=arith.tokenizer.vocab_size, hidden=16, heads=2, layers=1)
+    model = Model(backbone, type(arith.family)("ar", 2048, arith.family.mask_token_id), arith.tokenizer)
+    model.save(tmp_path / "long")
+    return str(tmp_path / "long")
+
+
+def test_eval_on_a_long_context_decodes_at_most_256(tmp_path, capsys):
+    """`setdlm eval smollm2-135m --task reasoning --n 2` decoded the room (8,000+ tokens a row): now 256."""
+    code, out, err = run(["eval", _long_context(tmp_path), "--task", "reasoning", "--n", "2", "--batch-size", "1",
+                          "--ignore-eos"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["max_new_tokens"] == 256 and result["generated_tokens"] == 2 * 256
+
+
+def test_eval_shows_the_tokens_of_a_call_on_a_terminal(tmp_path, monkeypatch):
+    """The examples bar moved once per call (a call of 32 rows of 8,000 tokens: silent for minutes); each
+    call now shows its tokens, on a terminal only."""
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    err = Terminal()
+    monkeypatch.setattr("sys.stderr", err)
+    model = setdlm.load(_long_context(tmp_path))
+    examples = reasoning_split("test", 1, level="easy")
+    reasoning(model, examples, max_new_tokens=40, ignore_eos=True, batch_size=1)
+    text = err.getvalue()
+    assert "ar decoding:" in text and "/40 [" in text and "tok/s" in text  # the call's bar, in tokens
+
+
+def test_cli_warns_in_one_line_when_generate_runs_past_the_context(tmp_path, capsys):
+    code, _, err = run(["generate", save_tiny(tmp_path / "m"), "--prompt", "ab", "--max-new-tokens", "20",
+                        "--ignore-eos"], capsys)
+    assert code == 0, err
+    lines = [l for l in err.splitlines() if "warning" in l]
+    assert lines == ["setdlm generate: warning: --max-new-tokens 20 runs past the context length L=16: prompt 0 "
+                     "leaves room for 13 tokens, and past that the decoder slides (the earliest tokens leave the "
+                     "context; docs/decoding.md, \"Prompt length\")"]
