@@ -138,11 +138,11 @@ def test_concurrent_requests_each_get_their_own_result(server):
     ({"prompt": "hi", "temperature": -1}, 400, "temperature", "[0, 2]"),
     ({"prompt": "hi", "stream": "yes"}, 400, "stream", "bool"),
     ({"prompt": "hi", "stop": [""]}, 400, "stop", "non-empty"),
-    ({"prompt": "hi", "n": 2}, 400, "n", "not supported"),
+    ({"prompt": "hi", "n": 2}, 400, "n", "identical choices"),
     ({"prompt": "hi", "cache_order": "random"}, 400, "cache_order", "position"),
     ({"prompt": "HI"}, 400, "prompt", "cannot be encoded"),
     ({"prompt": [1, 2, 999]}, 400, "prompt", "vocabulary"),
-    ({"prompt": ["a", "b"]}, 400, "prompt", "one per request"),
+    ({"prompt": ["a", ""]}, 400, "prompt", "prompt[1] must not be empty"),
 ])
 def test_bad_requests_get_a_clear_4xx_and_the_server_keeps_serving(server, body, status, param, words):
     url, model, _ = server

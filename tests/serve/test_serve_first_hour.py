@@ -1,6 +1,6 @@
 """The server as a new user meets it (docs/serve.md): the page sends only the settings the served family
 takes, a 400 names the field at fault, a constrained answer that fills its budget is "stop", logprobs are
-refused rather than silently null, the start is logged with the page's URL, and a shutdown that cuts a
+answered or refused, never silently null, the start is logged with the page's URL, and a shutdown that cuts a
 stream ends it with an error event. Each test fails on the code before it."""
 
 import http.client
@@ -83,13 +83,16 @@ def test_a_constrained_answer_that_fills_its_budget_is_stop():
         assert status == 200 and body["choices"][0]["finish_reason"] == "length", body
 
 
-def test_logprobs_are_refused_not_silently_null(ar):
+def test_logprobs_are_answered_or_refused_never_silently_null(ar):
     with running(ar, "ar") as (url, _):
-        for body, param in (({"logprobs": 2}, "logprobs"), ({"top_logprobs": 3, "logprobs": False}, "top_logprobs")):
+        for body, param in (({"logprobs": 21}, "logprobs"), ({"top_logprobs": 3}, "top_logprobs"),
+                            ({"logprobs": True}, "logprobs")):
             status, got = post(url, {"prompt": "ROMEO:", "max_tokens": 4, **body})
             assert status == 400 and got["error"]["param"] == param, got
         status, got = post(url, {"prompt": "ROMEO:", "max_tokens": 4, "logprobs": None, "n": 1})
-        assert status == 200, got
+        assert status == 200 and got["choices"][0]["logprobs"] is None, got
+        status, got = post(url, {"prompt": "ROMEO:", "max_tokens": 4, "logprobs": 2})
+        assert status == 200 and 1 <= len(got["choices"][0]["logprobs"]["token_logprobs"]) <= 4, got
 
 
 def test_the_start_is_logged_with_the_model_and_the_page_url():

@@ -31,5 +31,5 @@ from .recording import (Call, Counting, Failing, Gated, Recorder, Scripted, Slow
                         gated, recorded, scripted)
 from .references import (active_rows, assert_bd3lm_steps_exact, assert_cache_clean, assert_setdlm_steps_exact,
                          left_to_right_setdlm, session_results, setdlm_training_logits, step_logits)
-from .serving import Output, free_port, running
+from .serving import Output, free_port, openai_client, post_json, running
 from .tokenizers import BOS, EOS, MASK, PAD, PROMPTS, V, CharTokenizer, task_tokenizer, tiny_tokenizer

@@ -85,3 +85,25 @@ class Output:
     def text(self) -> str:
         """Everything read so far (after the process exited and ``ended`` is set: all of it)."""
         return "".join(self.lines)
+
+
+def post_json(url: str, body, path: str = "/v1/completions", headers: dict | None = None):
+    """POST ``body`` (a dict, or raw bytes) to ``url + path``: ``(status, parsed JSON answer)``, errors included."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def openai_client(url: str, api_key: str = "unused"):
+    """The official openai client on the server at ``url`` (no retries: a failure shows at once)."""
+    import openai
+
+    return openai.OpenAI(base_url=url + "/v1", api_key=api_key, max_retries=0, timeout=60)

@@ -1,32 +1,30 @@
 """The ASGI app: OpenAI-compatible endpoints over one model's decoding loop, and the decode-order page
 (docs/serve.md). Starlette and uvicorn come with the optional extra ``setdlm[serve]``.
 
-Routes: ``GET /`` (the page), ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``,
-``POST /v1/chat/completions``. Errors answer in OpenAI's shape (:class:`~setdlm.serve.schemas.APIError`).
+Routes: ``GET /`` (the page), ``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``,
+``POST /v1/completions``, ``POST /v1/chat/completions`` (:mod:`setdlm.serve.completions`), ``POST /tokenize``
+and ``POST /detokenize`` (vLLM's, :mod:`setdlm.serve.tokens`). Errors answer in OpenAI's shape
+(:class:`~setdlm.serve.schemas.APIError`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
-from ..decoding import constraint
-from ..decoding.output import step_record
-from ..decoding.session import prepare
 from ..decoding.settings import family_settings
 from ..errors import UserError
 from ..formats.loading import load
-from .batching import Batcher, Job, QueueFull
+from . import tokens
+from .batching import Batcher
+from .completions import Completions
 from .guard import Guard, log, read_json_body
 from .options import ServeOptions
-from .responses import TextStream, chunk, completion, finish_reason, new_id, summary, usage
-from .schemas import APIError, param_of, parse_request
+from .schemas import APIError, parse_request
 
 
 def create_app(model, name: str, options: ServeOptions = ServeOptions()):
@@ -35,40 +33,44 @@ def create_app(model, name: str, options: ServeOptions = ServeOptions()):
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.requests import Request
-    from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+    from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
 
     batcher = Batcher(model, options)
-    timeout, max_queue = options.timeout, options.max_queue
     created = int(time.time())
     page = resources.files("setdlm.serve").joinpath("static/index.html").read_text(encoding="utf-8")
     takes = family_settings(model.family)  # the page sends only these of its family-specific settings
 
-    compilers = max(1, constraint.BOUNDS.workers)
-    compiling = ThreadPoolExecutor(max_workers=compilers, thread_name_prefix="compile")
-    waiting = [0]  # requests with a constraint in or queued for ``compiling``
+    handler = Completions(model, name, batcher, options)
 
     async def index(request: Request):
         return HTMLResponse(page)
 
     async def health(request: Request):
         return JSONResponse({"status": "ok", "model": name, "family": model.family.family, "dtype": model.dtype,
-                             "context_length": batcher.width, **batcher.stats(), "compiling": waiting[0]})
+                             "context_length": batcher.width, **batcher.stats(), "compiling": handler.waiting})
+
+    def card() -> dict:
+        return {"id": name, "object": "model", "created": created, "owned_by": "setdlm", "family": model.family.family,
+                "context_length": batcher.width, "max_model_len": batcher.width, "settings": takes}
 
     async def models(request: Request):
-        return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "setdlm",
-             "family": model.family.family, "context_length": batcher.width, "settings": takes}]})
+        return JSONResponse({"object": "list", "data": [card()]})
 
-    def prepared(req, deadline: float):
-        """The request's prepared row (with a constraint: compiled within what ``deadline`` leaves, the time
-        queued for a compiler counted)."""
-        try:
-            with constraint.time_limit(deadline - time.monotonic()):
-                return prepare(model, req.prompt_ids, req.settings, width=batcher.width, seed=req.seed,
-                               suffix=req.suffix)
-        except (ValueError, TypeError) as e:
-            raise APIError(400, str(e).splitlines()[0], param_of(e)) from None
+    async def one_model(request: Request):
+        if request.path_params["model"] != name:
+            raise APIError(404, f"model {request.path_params['model'][:80]!r} not found; this server serves "
+                                f"{name!r}", "model", code="model_not_found")
+        return JSONResponse(card())
+
+    def tokenizer_route(fn):
+        """``POST`` ``fn(model, name, body, width)`` in a worker thread (vLLM's ``/tokenize``, ``/detokenize``)."""
+        async def route(request: Request):
+            raw = await read_json_body(request, options.max_body)
+            if raw is None:
+                return Response(status_code=400)
+            return JSONResponse(await asyncio.to_thread(fn, model, name, raw, batcher.width))
+        return route
 
     async def complete(request: Request, chat: bool):
         raw = await read_json_body(request, options.max_body)
@@ -77,94 +79,7 @@ def create_app(model, name: str, options: ServeOptions = ServeOptions()):
         arrived = time.monotonic()
         req = await asyncio.to_thread(parse_request, raw, chat=chat, model=model, model_name=name,
                                       width=batcher.width)  # tokenizing a long prompt blocks no one
-        if req.settings.constraint is None:
-            row = await asyncio.to_thread(prepared, req, arrived + timeout)
-        else:  # compiling a constraint (seconds, bounded) holds its own pool, never the one parsing requests
-            if waiting[0] >= max_queue + compilers:
-                raise APIError(429, f"{waiting[0]} constrained requests are compiling or waiting to; retry shortly",
-                               type="rate_limit_error", headers={"Retry-After": "1"})
-            waiting[0] += 1
-            try:
-                row = await asyncio.get_running_loop().run_in_executor(
-                    compiling, prepared, req, arrived + min(timeout, constraint.BOUNDS.seconds))
-            finally:
-                waiting[0] -= 1
-        loop = asyncio.get_running_loop()
-        job = Job(row, loop, asyncio.Queue(), deadline=time.monotonic() + timeout, stream=req.stream)
-        try:
-            batcher.submit(job)
-        except QueueFull as e:
-            raise APIError(429, f"{e}; retry shortly", type="rate_limit_error", headers={"Retry-After": "1"}) from None
-        rid = new_id(chat)
-        watch = asyncio.create_task(_watch_disconnect(request, job))
-        if req.stream:
-            return StreamingResponse(_stream(job, req, rid, watch), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        try:
-            ev = await _until_done(job)
-        finally:
-            watch.cancel()
-            if not job.finished:
-                batcher.cancel(job)
-        return JSONResponse(completion(chat, rid, name, ev.done, req.prompt_tokens, _seconds(job), row.seed,
-                                       req.echo, constrained=req.settings.constraint is not None))
-
-    async def _watch_disconnect(request: Request, job: Job):
-        """Wait for the ASGI disconnect message (the body is read, so ``receive`` has nothing else to say):
-        a client that goes away, streaming or not, cancels its job, whose row leaves before the next step."""
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        if not job.finished:
-            batcher.cancel(job)
-            job.queue.put_nowait(("gone", None))
-
-    async def _until_done(job: Job):
-        """Wait for the job's last event."""
-        while True:
-            kind, item = await job.queue.get()
-            if kind == "gone":
-                raise APIError(499, "the client closed the request")
-            if kind == "error":
-                job.finished = True
-                raise APIError(item[0], item[1], type="server_error")  # the batcher's errors: 500, 504
-            if kind == "step" and item.done is not None:
-                job.finished = True
-                return item
-
-    async def _stream(job: Job, req, rid: str, watch: asyncio.Task):
-        text = TextStream(model.tokenizer, job.row)
-        try:
-            if req.chat:
-                yield _sse(chunk(True, rid, name, "", role=True))
-            elif req.echo:
-                yield _sse(chunk(False, rid, name, req.echo))
-            while True:
-                kind, item = await job.queue.get()
-                if kind == "gone":
-                    return
-                if kind == "error":
-                    job.finished = True
-                    yield _sse(APIError(item[0], item[1], type="server_error").body())
-                    break
-                step = step_record(item.trace, item.step, job.row.prompt_length, model.tokenizer)
-                delta = text.update(item.trace)
-                done = item.done
-                if done is None:
-                    yield _sse(chunk(req.chat, rid, name, delta, step=step))
-                    continue
-                job.finished = True
-                delta += text.finish(done.text)
-                finish = finish_reason(done, req.settings.constraint is not None)
-                last = chunk(req.chat, rid, name, delta, finish=finish,
-                             step=step | summary(done, _seconds(job), job.row.seed))
-                last["usage"] = usage(req.prompt_tokens, done)
-                yield _sse(last)
-                break
-            yield "data: [DONE]\n\n"
-        finally:  # also when the client disconnects mid-stream (the generator is closed)
-            watch.cancel()
-            if not job.finished:
-                batcher.cancel(job)
+        return await handler.answer(request, req, arrived)
 
     async def completions(request: Request):
         return await complete(request, chat=False)
@@ -187,24 +102,18 @@ def create_app(model, name: str, options: ServeOptions = ServeOptions()):
             yield
         finally:
             batcher.stop()
-            compiling.shutdown(wait=False, cancel_futures=True)
+            handler.compiling.shutdown(wait=False, cancel_futures=True)
 
     routes = [Route("/", index), Route("/health", health), Route("/v1/models", models),
+              Route("/v1/models/{model:path}", one_model),
               Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+              Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+              Route("/tokenize", tokenizer_route(tokens.tokenize), methods=["POST"]),
+              Route("/detokenize", tokenizer_route(tokens.detokenize), methods=["POST"])]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, allowed=options.allowed_hosts)],
                     exception_handlers={APIError: api_error, 404: not_found, 405: not_found})
     app.state.batcher, app.state.name, app.state.family = batcher, name, model.family.family
     return app
-
-
-def _seconds(job: Job) -> float:
-    """Seconds since the job joined the batch (its events come only after that)."""
-    return time.monotonic() - job.admitted
-
-
-def _sse(body: dict) -> str:
-    return f"data: {json.dumps(body)}\n\n"
 
 
 def serve(model_path: str, options: ServeOptions = ServeOptions(), *, device: str = "cpu", name: str | None = None,

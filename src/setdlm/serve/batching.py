@@ -15,7 +15,7 @@ import asyncio
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..decoding.session import Row, RowStep, Session
 from .options import ServeOptions
@@ -27,22 +27,25 @@ class QueueFull(Exception):
 
 @dataclass(eq=False)  # jobs are compared by identity (the queue finds and removes them)
 class Job:
-    """One request in flight. Items put on ``queue``: ``("step", RowStep)`` (every step when ``stream``, else
-    only the last), ``("error", (status, message))``."""
+    """One choice of a request in flight (a request's choices share one ``queue``). Items put on it:
+    ``("step", RowStep, job)`` (every step when ``stream``, else only the last), ``("error", (status, message),
+    job)``. ``traces``: the row's steps so far (its logprobs are read from them)."""
 
     row: Row
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     deadline: float  # time.monotonic() after which the request is dropped
     stream: bool = False  # the client reads every step (SSE), not only the finished row
+    choice: int = 0  # the choice's index in the answer
     admitted: float | None = None  # when it joined the batch (its prefill started)
     id: int | None = None  # the session's row id
     cancelled: bool = False
     finished: bool = False  # its last event (done or error) was read
+    traces: list = field(default_factory=list)  # the row's StepTrace of every step so far
 
     def put(self, kind: str, item) -> None:
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, item))
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, item, self))
         except RuntimeError:  # the client's event loop is gone
             pass
 
@@ -58,6 +61,7 @@ class Batcher:
         self._waiting: deque[Job] = deque()
         self._cancelled: list[Job] = []
         self._jobs: dict[int, Job] = {}  # session row id → job
+        self._calls: list = []  # (fn, loop, future) to run between two steps (:meth:`call`)
         self._stop = False
         self._thread: threading.Thread | None = None
         self.row_steps = 0  # rows advanced, summed over steps: row_steps / session.forwards = mean batch
@@ -80,13 +84,39 @@ class Batcher:
             self._thread.join(timeout=10)
 
     def submit(self, job: Job) -> None:
+        self.submit_all([job])
+
+    def submit_all(self, jobs: list[Job]) -> None:
+        """Queue the choices of one request, all or none (:class:`QueueFull`)."""
         with self._cv:
             free = max(self.max_batch - len(self._jobs), 0)  # rows the loop will fill at its next turn
-            if len(self._waiting) >= self.max_queue + free:
+            if len(self._waiting) + len(jobs) > self.max_queue + free:
                 raise QueueFull(f"the batch is full and {self.max_queue} requests wait already" if self.max_queue
                                 else "the batch is full (and --max-queue 0: no request waits)")
-            self._waiting.append(job)
+            self._waiting.extend(jobs)
             self._cv.notify_all()
+
+    def call(self, fn, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+        """Run ``fn()`` in the decoding thread between two steps (a forward that must not overlap the session's,
+        such as scoring a prompt); its result, or its exception, resolves the returned future on ``loop``."""
+        future = loop.create_future()
+        with self._cv:
+            self._calls.append((fn, loop, future))
+            self._cv.notify_all()
+        return future
+
+    def _run_calls(self) -> None:
+        with self._cv:
+            calls, self._calls = self._calls, []
+        for fn, loop, future in calls:
+            try:
+                result, error = fn(), None
+            except Exception as e:  # handed to the request that asked
+                result, error = None, e
+            try:
+                loop.call_soon_threadsafe(_resolve, future, result, error)
+            except RuntimeError:  # the client's event loop is gone
+                pass
 
     def cancel(self, job: Job) -> None:
         """Free the job's row (or its place in the queue) before the next step; a second call does nothing."""
@@ -129,10 +159,12 @@ class Batcher:
         while True:
             with self._cv:
                 self._cv.notify_all()  # the last turn is over: wake the callers of wait
-                while not (self._stop or self._waiting or self._cancelled or self._jobs):
+                while not (self._stop or self._waiting or self._cancelled or self._jobs or self._calls):
                     self._cv.wait()
                 if self._stop:
                     break
+            self._run_calls()
+            with self._cv:
                 cancelled, self._cancelled = self._cancelled, []
                 now = time.monotonic()
                 for job in [j for j in self._waiting if now > j.deadline]:
@@ -168,6 +200,8 @@ class Batcher:
                 job = self._jobs.get(ev.row)
                 if job is None:
                     continue
+                if ev.trace is not None:
+                    job.traces.append(ev.trace)
                 if ev.error is not None:  # this row's decode failed; it left the session, the others go on
                     del self._jobs[ev.row]
                     job.put("error", (500, ev.error))
@@ -176,3 +210,12 @@ class Batcher:
                     job.put("step", ev)
                 if ev.done is not None:
                     del self._jobs[ev.row]
+
+
+def _resolve(future: asyncio.Future, result, error: Exception | None) -> None:
+    if future.done():  # the request went away
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

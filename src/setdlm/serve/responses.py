@@ -75,47 +75,55 @@ class TextStream:
         return delta
 
 
-def usage(prompt_tokens: int, done: RowDone) -> dict:
-    n = len(done.tokens)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
-def summary(done: RowDone, seconds: float, seed: int | None) -> dict:
-    """setdlm's figures of a finished request: forwards, tokens per step, decode seconds, the seed."""
+def summary(done: RowDone | None, seconds: float, seed: int | None) -> dict:
+    """setdlm's figures of a finished choice: forwards, tokens per step, decode seconds, the seed (``done``
+    None: a choice that decoded nothing, the prompt echoed alone)."""
+    if done is None:
+        return {"nfe": 0, "tokens_per_step": 0.0, "decode_seconds": round(seconds, 4), "seed": seed}
     return {"nfe": done.nfe, "tokens_per_step": round(done.committed / max(done.nfe, 1), 4),
             "decode_seconds": round(seconds, 4), "seed": seed}
+
+
+def extension(summaries: list[dict]) -> dict:
+    """The answer's ``setdlm`` field: the first choice's figures, and with several choices each one's
+    (``choices``, in index order)."""
+    return summaries[0] | ({"choices": summaries} if len(summaries) > 1 else {})
 
 
 def new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def completion(chat: bool, rid: str, model: str, done: RowDone, prompt_tokens: int, seconds: float,
-               seed: int | None, echo: str | None = None, constrained: bool = False) -> dict:
-    """The non-streaming body (``echo``: the prompt's text, put before the answer's; ``constrained``: the
-    request had a constraint, :func:`finish_reason`)."""
-    text, finish = (echo or "") + (done.text or ""), finish_reason(done, constrained)
+def choice(chat: bool, index: int, text: str, finish: str | None, logprobs: dict | None = None) -> dict:
+    """One choice of a non-streamed answer."""
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
-                  "logprobs": None}
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        return {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+                "logprobs": logprobs}
+    return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
+
+
+def completion(chat: bool, rid: str, model: str, choices: list[dict], counts: dict, setdlm: dict) -> dict:
+    """The non-streaming body: the ``choices`` (:func:`choice`), ``usage`` ``counts`` and setdlm's figures."""
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [choice], "usage": usage(prompt_tokens, done),
-            "setdlm": summary(done, seconds, seed)}
+            "model": model, "choices": choices, "usage": counts, "setdlm": setdlm}
 
 
 def chunk(chat: bool, rid: str, model: str, text: str, *, finish: str | None = None, step: dict | None = None,
-          role: bool = False) -> dict:
-    """One streamed chunk: the newly final ``text`` and the step's committed set."""
+          role: bool = False, index: int = 0, logprobs: dict | None = None) -> dict:
+    """One streamed chunk of choice ``index``: the newly final ``text`` (and its tokens' ``logprobs``) and the
+    step's committed set."""
     if chat:
         delta = {"role": "assistant", "content": text} if role else {"content": text}
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
     else:
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        choice = {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
     body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice]}
     if step is not None:
         body["setdlm"] = step
     return body
-

@@ -2,9 +2,9 @@
 
 Every problem becomes an :class:`APIError` carrying the OpenAI error shape
 ``{"error": {"message", "type", "param", "code"}}`` and its HTTP status: 400 naming the field, 404 for an
-unknown model, 429 when the queue is full. Fields the server does not use (``user``, ``logprobs`` ...) are
-ignored, as OpenAI-compatible servers do; ``response_format`` (with setdlm's ``regex`` and ``choice``)
-constrains the answer (``serve/structured.py``) and ``suffix`` infills. A body that is not
+unknown model, 429 when the queue is full. ``response_format`` (with setdlm's ``regex`` and ``choice``)
+constrains the answer (``serve/structured.py``), ``suffix`` infills, ``logprobs`` / ``top_logprobs`` ask for
+log-probabilities (``serve/logprobs.py``), ``n`` and a list of prompts ask for several choices. A body that is not
 UTF-8 JSON, holds a lone surrogate, an integer of more than 4300 digits or objects nested deeper than
 ``MAX_DEPTH`` is a 400.
 """
@@ -37,27 +37,41 @@ class APIError(Exception):
 
 @dataclass
 class CompletionRequest:
-    """A validated request: prompt token ids, streaming, the decoding settings (the request's ``max_tokens``
-    is their ``max_new_tokens``) and the row's seed, for :func:`setdlm.decoding.session.prepare`."""
+    """A validated request: the prompts' token ids (one, or a completions request's list), streaming, the
+    decoding settings (the request's ``max_tokens`` is their ``max_new_tokens``; 0, with ``echo``: no decoding)
+    and the seed, for :func:`setdlm.decoding.session.prepare`; ``n`` choices per prompt."""
 
     chat: bool
-    prompt_ids: list[int]
+    prompts: list[list[int]]
     stream: bool
     settings: DecodeSettings = field(default_factory=DecodeSettings)
     seed: int | None = None
-    echo: str | None = None  # the prompt's text, sent before the answer (completions' ``echo``)
+    echo: list[str] | None = None  # each prompt's text, sent before its answers (completions' ``echo``)
     suffix: list[int] | None = None  # infilling: the suffix's token ids; the answer is the middle
+    n: int = 1  # choices per prompt
+    logprobs: int | None = None  # the alternatives per token (0: the chosen token's only); None: no logprobs
+    max_tokens: int = 1  # 0: echo the prompt without decoding
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The first prompt's ids."""
+        return self.prompts[0]
 
     @property
     def prompt_tokens(self) -> int:
-        """Tokens of context the request sent (prompt and suffix), as ``usage`` counts them."""
-        return len(self.prompt_ids) + len(self.suffix or ())
+        """Tokens of context the request sent (every prompt and suffix), as ``usage`` counts them."""
+        return sum(len(p) + len(self.suffix or ()) for p in self.prompts)
+
+    def choices(self) -> list[tuple[int, int]]:
+        """``(prompt index, sample index)`` of each choice, in OpenAI's order: ``index = prompt * n + sample``."""
+        return [(p, j) for p in range(len(self.prompts)) for j in range(self.n)]
 
 
 
 
-def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int) -> CompletionRequest:
-    """Parse a ``/v1/completions`` (``chat=False``) or ``/v1/chat/completions`` body; raise APIError."""
+def read_body(raw: bytes, model_name: str) -> dict:
+    """A request body as a JSON object, every value checked (:func:`_check_values`), its ``model`` (if given)
+    the one served; raise APIError."""
     try:
         body = json.loads(raw)
     except UnicodeDecodeError as e:
@@ -75,44 +89,109 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
             raise APIError(400, f"model must be a string, got {_short(name)}", "model")
         raise APIError(404, f"model {_short(name)} not found; this server serves {model_name!r}", "model",
                        code="model_not_found")
-    ids = _messages_ids(body, model) if chat else _prompt_ids(body, model)
+    return body
+
+
+def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int) -> CompletionRequest:
+    """Parse a ``/v1/completions`` (``chat=False``) or ``/v1/chat/completions`` body; raise APIError."""
+    body = read_body(raw, model_name)
+    prompts = [_messages_ids(body, model)] if chat else _prompts(body, model)
     suffix = None if chat else _suffix_ids(body, model)
-    fixed = len(ids) + len(suffix or ())  # prompt and suffix tokens
+    echo = None if chat else _echo(body, model, prompts)
+    max_tokens = _max_tokens(body, chat, width, max(len(p) for p in prompts) + len(suffix or ()), echo is not None)
+    stream = _get(body, "stream", bool, False)
+    opts = body.get("stream_options")  # the last chunk always carries usage, as include_usage asks
+    if opts is not None and not isinstance(opts, dict):
+        raise APIError(400, f"stream_options must be an object, got {_short(opts)}", "stream_options")
+    seed = body.get("seed")
+    if seed is not None and not (_is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
+        raise APIError(400, f"seed must be an integer in [-2**63, 2**64 - 1], got {_short(seed)}", "seed")
+    settings = _settings(body, max(max_tokens, 1), width)
+    logprobs = _logprobs(body, chat, settings)
+    if echo is not None and logprobs is not None and not model.family.spec.ordered:
+        raise APIError(400, "echo with logprobs (the prompt's log-probabilities) is defined for models that predict "
+                            f"every token in one order (AR, SetDLM), not for the {model.family.family} family", "echo")
+    return CompletionRequest(chat, prompts, stream, settings, seed, echo, suffix, _n(body, settings), logprobs,
+                             max_tokens)
+
+
+def _max_tokens(body: dict, chat: bool, width: int, fixed: int, echo: bool) -> int:
+    """The answer's budget: ``max_tokens`` (chat: ``max_completion_tokens`` first), by default what the context
+    leaves; 0 only with ``echo`` (the prompt alone, e.g. its logprobs). ``fixed``: the longest prompt + suffix."""
     try:  # the one prompt-length rule (setdlm.data.prompt), worded as Python and the CLI word it
-        check_prompt_fits(fixed, width, "prompt + suffix" if suffix else "prompt")
+        check_prompt_fits(fixed, width, "prompt + suffix" if body.get("suffix") else "prompt")
     except ValueError as e:
         raise APIError(400, str(e), "messages" if chat else "prompt") from None
     key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(key)
     if max_tokens is None:
-        max_tokens = default_max_new_tokens("server", room=width - fixed)
-    elif not _is_int(max_tokens) or max_tokens < 1:
-        raise APIError(400, f"{key} must be a positive integer, got {_short(max_tokens)}", key)
-    elif fixed + max_tokens > width:
-        raise APIError(400, f"{key}={max_tokens} is too large: the prompt{' and suffix have' if suffix else ' has'} "
+        return default_max_new_tokens("server", room=width - fixed)
+    if not _is_int(max_tokens) or max_tokens < (0 if echo else 1):
+        raise APIError(400, f"{key} must be a positive integer{' (or 0 with echo)' if not chat else ''}, got "
+                            f"{_short(max_tokens)}", key)
+    if fixed + max_tokens > width:
+        raise APIError(400, f"{key}={max_tokens} is too large: the prompt{' and suffix have' if body.get('suffix') else ' has'} "
                             f"{fixed} tokens and the context length is {width}, so at most {width - fixed} new tokens "
                             "fit", key)
-    stream = _get(body, "stream", bool, False)
-    opts = body.get("stream_options")  # the last chunk always carries usage, as include_usage asks
-    if opts is not None and not isinstance(opts, dict):
-        raise APIError(400, f"stream_options must be an object, got {_short(opts)}", "stream_options")
-    n = body.get("n", 1)
-    if n is not None and n != 1:
-        raise APIError(400, f"n={_short(n)} is not supported: one choice per request (send several requests; "
-                            "they are batched)", "n")
-    for key in ("logprobs", "top_logprobs"):  # asked for (false and null are "no")
-        if body.get(key) not in (None, False):
-            raise APIError(400, f"{key} is not supported: each token's probability when it was committed is in "
-                                "the stream's setdlm events (stream: true, 'confidences')", key)
-    seed = body.get("seed")
-    if seed is not None and not (_is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
-        raise APIError(400, f"seed must be an integer in [-2**63, 2**64 - 1], got {_short(seed)}", "seed")
-    echo = None
-    if not chat and _get(body, "echo", bool, False):
-        if model.tokenizer is None:
-            raise APIError(400, "echo needs the model's tokenizer to turn the prompt into text", "echo")
-        echo = body["prompt"] if isinstance(body["prompt"], str) else model.tokenizer.decode(body["prompt"])
-    return CompletionRequest(chat, ids, stream, _settings(body, max_tokens, width), seed, echo, suffix)
+    return max_tokens
+
+
+MAX_N = 16  # choices per request (n times the prompts of a list)
+MAX_LOGPROBS = 20  # alternatives per token
+
+
+def _n(body: dict, settings: DecodeSettings) -> int:
+    """``n``: independent samples per prompt (each its own seed stream). Greedy decoding gives ``n`` identical
+    choices, so ``n > 1`` with temperature 0 is refused unless ``greedy_copies`` asks for the copies."""
+    n = body.get("n")
+    if n is None:
+        return 1
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise APIError(400, f"n must be an integer in [1, {MAX_N}], got {_short(n)}", "n")
+    copies = _get(body, "greedy_copies", bool, False)
+    if n > 1 and settings.temperature == 0 and not copies:
+        raise APIError(400, f"n={n} with greedy decoding (temperature 0) gives {n} identical choices: set a "
+                            "temperature > 0 to sample, or greedy_copies: true for the copies", "n")
+    return n
+
+
+def _logprobs(body: dict, chat: bool, settings: DecodeSettings) -> int | None:
+    """The alternatives per token the answer's logprobs list (0: only the chosen token's), None without
+    logprobs. Completions: ``logprobs`` is that number; chat: ``logprobs: true`` and ``top_logprobs``."""
+    lp, top = body.get("logprobs"), body.get("top_logprobs")
+    if chat:
+        if lp is not None and not isinstance(lp, bool):
+            raise APIError(400, f"logprobs must be a boolean for chat completions, got {_short(lp)}", "logprobs")
+        if top is not None and not lp:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        k = (top or 0) if lp else None
+        param = "top_logprobs"
+    else:
+        if top is not None:
+            raise APIError(400, "top_logprobs is a chat completions field; completions take logprobs: N (the "
+                                "alternatives per token)", "top_logprobs")
+        if lp is False:
+            lp = None
+        k, param = lp, "logprobs"
+    if k is None:
+        return None
+    if not _is_int(k) or not 0 <= k <= MAX_LOGPROBS:
+        raise APIError(400, f"{param} must be an integer in [0, {MAX_LOGPROBS}], got {_short(k)}", param)
+    if k and settings.speculate:
+        raise APIError(400, f"{param} > 0 with speculate is not supported: a speculative step records only the "
+                            "committed token's probability (logprobs without alternatives are)", param)
+    return k
+
+
+def _echo(body: dict, model, prompts: list[list[int]]) -> list[str] | None:
+    """Completions' ``echo``: each prompt's text, put before its answers (None without echo)."""
+    if not _get(body, "echo", bool, False):
+        return None
+    if model.tokenizer is None:
+        raise APIError(400, "echo needs the model's tokenizer to turn the prompt into text", "echo")
+    given = body["prompt"] if isinstance(body["prompt"], list) and body["prompt"] and \
+        isinstance(body["prompt"][0], (str, list)) else [body["prompt"]]
+    return [g if isinstance(g, str) else model.tokenizer.decode(ids) for g, ids in zip(given, prompts)]
 
 
 MAX_DEPTH = 32  # nesting levels of a request body
@@ -143,6 +222,7 @@ def _surrogate(text: str) -> int:
 
 
 TEMPERATURE_FLOOR = 1e-3
+MAX_STOP = 16  # stop strings per request (lm-eval's until lists plus EOS reach 5)
 
 
 def _settings(body: dict, max_tokens: int, width: int) -> DecodeSettings:
@@ -177,9 +257,9 @@ def _settings(body: dict, max_tokens: int, width: int) -> DecodeSettings:
     stop = body.get("stop")
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
-        if not (isinstance(stops, list) and 1 <= len(stops) <= 4 and all(isinstance(x, str) and x for x in stops)):
-            raise APIError(400, f"stop must be a non-empty string or a list of 1 to 4 of them, got {_short(stop)}",
-                           "stop")
+        if not (isinstance(stops, list) and 1 <= len(stops) <= MAX_STOP and all(isinstance(x, str) and x for x in stops)):
+            raise APIError(400, f"stop must be a non-empty string or a list of 1 to {MAX_STOP} of them, got "
+                                f"{_short(stop)}", "stop")
         s["stop"] = stops
     if _get(body, "ignore_eos", bool, False):
         s["ignore_eos"] = True
@@ -211,27 +291,33 @@ def param_of(error: Exception, default: str | None = None) -> str | None:
     return _PARAMS.get(fields[0], fields[0]) if fields else default
 
 
-def _prompt_ids(body: dict, model) -> list[int]:
+def _prompts(body: dict, model) -> list[list[int]]:
+    """The prompts of a completions request as token ids: one prompt (a string or token ids), or OpenAI's
+    list of them (strings or token-id lists), at most :data:`MAX_N`."""
     if "prompt" not in body:
         raise APIError(400, "prompt is required", "prompt")
     prompt = body["prompt"]
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) > 1:
-            raise APIError(400, f"prompt holds {len(prompt)} prompts; send one per request (concurrent requests "
-                                "are batched)", "prompt")
-        prompt = prompt[0]  # OpenAI's batch form with one prompt
+        if len(prompt) > MAX_N:
+            raise APIError(400, f"prompt holds {len(prompt)} prompts; at most {MAX_N} per request", "prompt")
+        return [_prompt_ids(p, model, f"prompt[{i}]") for i, p in enumerate(prompt)]
+    return [_prompt_ids(prompt, model, "prompt")]
+
+
+def _prompt_ids(prompt, model, where: str) -> list[int]:
+    """One prompt (a string or token ids, taken as they come) as token ids; an error names ``where``."""
     if isinstance(prompt, str):
         if not prompt:
-            raise APIError(400, "prompt must not be empty", "prompt")
+            raise APIError(400, f"{where} must not be empty", "prompt")
     elif isinstance(prompt, list):
         vocab = getattr(model.tokenizer, "vocab_size", None) or float("inf")
         if not prompt or not all(_is_int(t) and 0 <= t < vocab for t in prompt):
-            raise APIError(400, "prompt must be a non-empty string or a non-empty list of token ids below the "
+            raise APIError(400, f"{where} must be a non-empty string or a non-empty list of token ids below the "
                                 f"vocabulary size {vocab}", "prompt")
         if model.family.mask_token_id in prompt:
-            raise APIError(400, f"prompt contains the MASK id {model.family.mask_token_id}", "prompt")
+            raise APIError(400, f"{where} contains the MASK id {model.family.mask_token_id}", "prompt")
     else:
-        raise APIError(400, f"prompt must be a string or a list of token ids, got {type(prompt).__name__}", "prompt")
+        raise APIError(400, f"{where} must be a string or a list of token ids, got {type(prompt).__name__}", "prompt")
     if isinstance(prompt, str) and model.tokenizer is None:
         raise APIError(400, "this model has no tokenizer: send the prompt as token ids", "prompt")
     return _encode(model, prompt, "prompt")
