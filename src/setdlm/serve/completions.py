@@ -19,7 +19,7 @@ from ..decoding.output import step_record
 from ..decoding.session import prepare
 from ..seeds import derive_seed
 from .batching import Batcher, Job, QueueFull
-from .logprobs import Committed, TokenLogprob, answer_tokens, chat_logprobs, completion_logprobs, prompt_logprobs
+from .logprobs import Committed, TokenLogprob, chat_logprobs, completion_logprobs, prompt_logprobs
 from .options import ServeOptions
 from .responses import TextStream, choice, chunk, completion, extension, finish_reason, new_id, summary, usage
 from .schemas import APIError, CompletionRequest, param_of
@@ -138,17 +138,14 @@ class Completions:
         counts = usage(req.prompt_tokens, sum(len(d.tokens) for d in done))
         return completion(req.chat, rid, self.name, choices, counts, extension(summaries))
 
-    def _generated(self, job: Job, done) -> list[TokenLogprob]:
-        """The logprobs of a finished choice's tokens (an ending EOS left out)."""
+    @staticmethod
+    def _generated(job: Job, done) -> list[TokenLogprob]:
+        """The logprobs of a finished choice's tokens (an ending EOS included: lm-eval reads the last entry as
+        the generated token's)."""
         committed = Committed(job.row.prompt_length, job.row.config.top_logprobs)
         for trace in job.traces:
             committed.add(trace)
-        return committed.tokens(0, answer_tokens(done.tokens, self._eos(job)))
-
-    @staticmethod
-    def _eos(job: Job) -> tuple[int, ...]:
-        cfg = job.row.config
-        return cfg.sampling.eos_token_ids if cfg.stop_on_eos else ()
+        return committed.tokens(0, len(done.tokens))
 
     @staticmethod
     def _summary(job: Job, done, entries: list[TokenLogprob] | None) -> dict:
@@ -244,7 +241,7 @@ class _ChoiceStream:
             self.committed.add(ev.trace)
         if ev.done is not None:
             delta += self.text.finish(ev.done.text)
-            resolved = answer_tokens(ev.done.tokens, owner._eos(job))
+            resolved = len(ev.done.tokens)
             finish = finish_reason(ev.done, self.req.settings.constraint is not None)
             step |= owner._summary(job, ev.done, None)
         lp = None

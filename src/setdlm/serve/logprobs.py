@@ -100,11 +100,6 @@ class Committed:
         return [self.at[self.start + j] for j in range(first, last)]
 
 
-def answer_tokens(tokens: list[int], eos_ids) -> int:
-    """How many of a finished row's tokens its logprobs list: all but an ending EOS."""
-    return len(tokens) - (1 if tokens and tokens[-1] in set(eos_ids) else 0)
-
-
 def token_text(tokenizer, t: int) -> str:
     """One token as text, a special token by its name."""
     try:
