@@ -4,15 +4,20 @@ matters. One section per trap, worst first; each test fails on the code before i
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
 import setdlm
 from setdlm.data.tasks import reasoning_split
 from setdlm.evaluation.reasoning import reasoning
+from setdlm.cli import command
 from setdlm.lm import Model
 
-from support import make_model, run, save_tiny
+from support import assert_one_line_error, make_model, run, save_tiny
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
 
 # ---------------------------------------------------------------------------------------------------------
 # 1. one max_new_tokens rule, min(256, the room): eval on a long context is bounded and shows progress
@@ -63,3 +68,44 @@ def test_cli_warns_in_one_line_when_generate_runs_past_the_context(tmp_path, cap
     assert lines == ["setdlm generate: warning: --max-new-tokens 20 runs past the context length L=16: prompt 0 "
                      "leaves room for 13 tokens, and past that the decoder slides (the earliest tokens leave the "
                      "context; docs/decoding.md, \"Prompt length\")"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 5. a missing optional extra is one line naming its pip install, as serve's; the README names the extras
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_constraint_without_outlines_core_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "outlines_core", None)  # what an environment without it imports: ImportError
+    code, out, err = run(["generate", save_tiny(tmp_path / "m"), "--prompt", "ab", "--regex", "[ab]+"], capsys)
+    assert_one_line_error(code, err, "constrained decoding needs outlines-core: pip install 'setdlm[constrain]'")
+    assert out == ""
+
+
+def test_a_missing_module_that_no_extra_provides_stays_a_bug():
+    def call() -> int:
+        import setdlm_no_such_module  # noqa: F401
+        return 0
+
+    with pytest.raises(ModuleNotFoundError):
+        command.run("models", call, lambda e: "")
+
+
+def test_readme_install_block_names_every_extra():
+    block = README.split("## Install", 1)[1].split("```", 2)[1]
+    for extra in ("constrain", "serve", "gguf", "hf", "eval,plot", "lm-eval"):
+        assert f'pip install -e ".[{extra}]"' in block, extra
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 6. setdlm export of a plain run says it is loadable as it is
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_export_of_a_plain_checkpoint_says_it_is_loadable(tmp_path, capsys):
+    path = save_tiny(tmp_path / "m")
+    code, out, err = run(["export", path], capsys)
+    assert code == 0, err
+    assert out.strip() == path
+    assert err.strip() == (f"{path}: already single-file weights (model.safetensors), which setdlm.load, setdlm "
+                           "generate and setdlm eval read as they are; nothing to export")

@@ -1,7 +1,8 @@
 """How a command of ``setdlm`` (or ``python -m setdlm.training``) ends: the exit codes of docs/errors.md.
 
 Bad input is a :class:`setdlm.errors.UserError` raised by the library before any work (its field names
-printed as flags), and a file the machine refuses is an ``OSError``: either prints one line
+printed as flags), a file the machine refuses is an ``OSError``, and an optional extra that is not installed
+is an ``ImportError`` naming its ``pip install``: each prints one line
 ``setdlm COMMAND: error: ...`` and exits with code 2. Any other exception is a bug: Python prints its
 traceback (exit code 1). Ctrl-C prints one line saying what is left and exits with code 130 (the shell's
 code for SIGINT). Usage errors of the parser (:class:`Parser`) are one line with code 2 as well.
@@ -48,6 +49,10 @@ def run(command: str, call: Callable[[], int], interrupted: Callable[[KeyboardIn
             return call()
     except UserError as e:  # bad user input: one line, exit 2
         return _one_line(command, as_flags(e, VALUE_FLAGS))
+    except ImportError as e:  # an optional extra that is not installed says which: one line, exit 2
+        if "pip install" not in str(e):
+            raise  # a missing module that no extra provides: a bug, with its traceback
+        return _one_line(command, str(e))
     except OSError as e:  # the machine refused (a file that cannot be read or written): one line, exit 2
         where = f"{e.filename}: " if e.filename else ""
         return _one_line(command, f"{where}{e.strerror or e}")

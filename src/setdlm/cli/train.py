@@ -9,8 +9,10 @@ import sys
 
 from ..errors import UserError
 from ..family import FAMILIES
+from ..formats import checkpoint as ckpt
 from ..presets import PRESETS
 from ..training import consolidate
+from ..training.sharded import is_sharded
 from ..training.config import STRATEGIES, TrainConfig, config_fields, field_type
 from ..training.loop import train
 from ..training.run_folder import interrupted_note, resume_config
@@ -54,8 +56,14 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_export(args: argparse.Namespace) -> int:
     """Convert an FSDP run's sharded checkpoints into the single-file weights that setdlm.load reads (one
-    process, no GPU; a run folder exports its latest checkpoint)."""
+    process, no GPU; a run folder exports its latest checkpoint; a plain run's is loadable as it is)."""
     for folder in args.folders:
+        plain = ckpt.resolve(folder)
+        if not is_sharded(plain) and (plain / ckpt.WEIGHTS).is_file():  # a plain (not FSDP) run: nothing to do
+            print(f"{plain}: already single-file weights ({ckpt.WEIGHTS}), which setdlm.load, setdlm generate and "
+                  "setdlm eval read as they are; nothing to export", file=sys.stderr)
+            print(plain)
+            continue
         print(consolidate(folder))
     return 0
 
