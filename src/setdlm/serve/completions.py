@@ -23,6 +23,7 @@ from .logprobs import Committed, TokenLogprob, chat_logprobs, completion_logprob
 from .options import ServeOptions
 from .responses import TextStream, choice, chunk, completion, extension, finish_reason, new_id, summary, usage
 from .schemas import APIError, CompletionRequest, param_of
+from .tools import answer as tool_answer
 
 
 class Completions:
@@ -133,7 +134,11 @@ class Completions:
             if entries is not None:
                 lp = (chat_logprobs(self.model.tokenizer, entries) if req.chat else
                       completion_logprobs(self.model.tokenizer, (echoed[p] if echoed else []) + entries))
-            choices.append(choice(req.chat, job.choice, echo + (d.text or ""), finish_reason(d, constrained), lp))
+            text, finish, calls = echo + (d.text or ""), finish_reason(d, constrained), None
+            if req.tools is not None:  # a call or, with "auto", {"content": text}: valid by construction
+                text, calls = tool_answer(d.text)
+                finish = "tool_calls" if calls else finish
+            choices.append(choice(req.chat, job.choice, text, finish, lp, calls))
             summaries.append(self._summary(job, d, entries))
         counts = usage(req.prompt_tokens, sum(len(d.tokens) for d in done))
         return completion(req.chat, rid, self.name, choices, counts, extension(summaries))

@@ -99,11 +99,12 @@ def new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def choice(chat: bool, index: int, text: str, finish: str | None, logprobs: dict | None = None) -> dict:
-    """One choice of a non-streamed answer."""
+def choice(chat: bool, index: int, text: str | None, finish: str | None, logprobs: dict | None = None,
+           tool_calls: list[dict] | None = None) -> dict:
+    """One choice of a non-streamed answer (chat: ``tool_calls``, the answer's calls; its content is then None)."""
     if chat:
-        return {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
-                "logprobs": logprobs}
+        message = {"role": "assistant", "content": text} | ({"tool_calls": tool_calls} if tool_calls else {})
+        return {"index": index, "message": message, "finish_reason": finish, "logprobs": logprobs}
     return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
 
 

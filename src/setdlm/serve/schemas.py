@@ -20,6 +20,7 @@ from ..data.prompt import check_prompt_fits, encode_prompts
 from ..decoding.settings import DecodeSettings, default_max_new_tokens
 from ..seeds import SEED_RANGE
 from .structured import BadStructure, constraint_of
+from .tools import BadTools, Tools, normalize, parse_tools
 
 
 class APIError(Exception):
@@ -51,6 +52,7 @@ class CompletionRequest:
     n: int = 1  # choices per prompt
     logprobs: int | None = None  # the alternatives per token (0: the chosen token's only); None: no logprobs
     max_tokens: int = 1  # 0: echo the prompt without decoding
+    tools: Tools | None = None  # chat: the answer is a tool call (or, "auto", text) by construction
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -95,7 +97,12 @@ def read_body(raw: bytes, model_name: str) -> dict:
 def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int) -> CompletionRequest:
     """Parse a ``/v1/completions`` (``chat=False``) or ``/v1/chat/completions`` body; raise APIError."""
     body = read_body(raw, model_name)
-    prompts = [_messages_ids(body, model)] if chat else _prompts(body, model)
+    check_fields(body, chat)
+    try:
+        tools = parse_tools(body) if chat else None
+    except BadTools as e:
+        raise APIError(400, str(e), e.param) from None
+    prompts = [_messages_ids(body, model, tools)] if chat else _prompts(body, model)
     suffix = None if chat else _suffix_ids(body, model)
     echo = None if chat else _echo(body, model, prompts)
     max_tokens = _max_tokens(body, chat, width, max(len(p) for p in prompts) + len(suffix or ()), echo is not None)
@@ -106,13 +113,15 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     seed = body.get("seed")
     if seed is not None and not (_is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
         raise APIError(400, f"seed must be an integer in [-2**63, 2**64 - 1], got {_short(seed)}", "seed")
-    settings = _settings(body, max(max_tokens, 1), width)
+    if tools is not None and stream:
+        raise APIError(400, "stream with tools is not supported: a tool call is answered whole", "stream")
+    settings = _settings(body, max(max_tokens, 1), width, tools)
     logprobs = _logprobs(body, chat, settings)
     if echo is not None and logprobs is not None and not model.family.spec.ordered:
         raise APIError(400, "echo with logprobs (the prompt's log-probabilities) is defined for models that predict "
                             f"every token in one order (AR, SetDLM), not for the {model.family.family} family", "echo")
     return CompletionRequest(chat, prompts, stream, settings, seed, echo, suffix, _n(body, settings), logprobs,
-                             max_tokens)
+                             max_tokens, tools)
 
 
 def _max_tokens(body: dict, chat: bool, width: int, fixed: int, echo: bool) -> int:
@@ -196,6 +205,48 @@ def _echo(body: dict, model, prompts: list[list[int]]) -> list[str] | None:
 
 MAX_DEPTH = 32  # nesting levels of a request body
 
+# Every request field the server knows, each honoured or refused (docs/serve.md "Compatibility"; a field not
+# listed is a 400). OpenAI's fields of both endpoints, then each endpoint's, then setdlm's own.
+BOTH = ("model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "logprobs",
+        "response_format", "user", "frequency_penalty", "presence_penalty", "logit_bias")
+COMPLETIONS_ONLY = ("prompt", "echo", "suffix", "best_of")
+CHAT_ONLY = ("messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+             "metadata", "store", "service_tier", "modalities", "audio", "prediction", "reasoning_effort",
+             "web_search_options", "functions", "function_call", "verbosity", "prompt_cache_key", "safety_identifier")
+SETDLM_FIELDS = ("threshold", "window", "block_size", "cache_order", "repetition_penalty", "top_k", "ignore_eos",
+                 "speculate", "regex", "choice", "greedy_copies")
+# field -> (the values it is honoured with, why any other is refused)
+REFUSED_UNLESS = {
+    "best_of": ((None, 1), "best_of is not supported: n returns every sample, none is chosen for you"),
+    "frequency_penalty": ((None, 0), "frequency_penalty is not supported: use repetition_penalty (HF's rule)"),
+    "presence_penalty": ((None, 0), "presence_penalty is not supported: use repetition_penalty (HF's rule)"),
+    "logit_bias": ((None, {}), "logit_bias is not supported"),
+    "store": ((None, False), "store is not supported: this server keeps no answers"),
+    "modalities": ((None, ["text"]), "modalities: this server answers text only"),
+    "audio": ((None,), "audio output is not supported"),
+    "prediction": ((None,), "prediction (predicted outputs) is not supported"),
+    "reasoning_effort": ((None,), "reasoning_effort is not supported"),
+    "verbosity": ((None,), "verbosity is not supported"),
+    "web_search_options": ((None,), "web search is not supported"),
+    "functions": ((None,), "functions (deprecated) is not supported: use tools"),
+    "function_call": ((None,), "function_call (deprecated) is not supported: use tool_choice"),
+}
+
+
+def check_fields(body: dict, chat: bool) -> None:
+    """Every field of ``body`` known to the endpoint and, where the server cannot honour some values (a
+    penalty it does not implement, an output it cannot make), given a value it honours; else a 400 naming it."""
+    known = set(BOTH) | set(SETDLM_FIELDS) | set(CHAT_ONLY if chat else COMPLETIONS_ONLY)
+    for key in body:
+        if key not in known:
+            other = "/v1/completions" if key in COMPLETIONS_ONLY else "/v1/chat/completions" if key in CHAT_ONLY \
+                else None
+            where = f" (a field of {other})" if other else ""
+            raise APIError(400, f"unknown field {_short(key)}{where}: this endpoint does not take it", key)
+        if key in REFUSED_UNLESS and not any(body[key] == ok and type(body[key]) is type(ok) or body[key] is ok
+                                             for ok in REFUSED_UNLESS[key][0]):
+            raise APIError(400, f"{REFUSED_UNLESS[key][1]} (got {_short(body[key])})", key)
+
 
 def _check_values(body: dict) -> None:
     """Every string of the body encodable (no lone surrogate), and no deeper than ``MAX_DEPTH``; an error
@@ -225,7 +276,7 @@ TEMPERATURE_FLOOR = 1e-3
 MAX_STOP = 16  # stop strings per request (lm-eval's until lists plus EOS reach 5)
 
 
-def _settings(body: dict, max_tokens: int, width: int) -> DecodeSettings:
+def _settings(body: dict, max_tokens: int, width: int, tools: Tools | None = None) -> DecodeSettings:
     """The request's :class:`DecodeSettings`: the API's own bounds and JSON types here (a window or block
     wider than the canvas ``width`` is refused: it cannot be decoded), every value's range checked by
     ``DecodeSettings`` itself; an error names the API field."""
@@ -270,7 +321,13 @@ def _settings(body: dict, max_tokens: int, width: int) -> DecodeSettings:
         raise APIError(400, f"speculate must be true, false or \"next_token\", got {_short(spec)}", "speculate")
     try:
         constraint = constraint_of(body)
-    except BadStructure as e:
+        if tools is not None:
+            if constraint is not None:
+                raise BadStructure("tools constrain the answer already: give response_format, regex or choice "
+                                   "without tools", next(k for k in ("response_format", "regex", "choice")
+                                                         if body.get(k) is not None))
+            constraint = tools.constraint()
+    except (BadStructure, BadTools) as e:
         raise APIError(400, str(e), e.param) from None
     if constraint is not None:
         s["constraint"] = constraint
@@ -346,20 +403,24 @@ def _suffix_ids(body: dict, model) -> list[int] | None:
     return ids
 
 
-def _messages_ids(body: dict, model) -> list[int]:
+def _messages_ids(body: dict, model, tools: Tools | None = None) -> list[int]:
+    """The chat's ids (the library's chat path): its messages (text content parts joined, tool calls and
+    results as ``serve/tools.py`` renders them) and ``tools`` through the model's chat template."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise APIError(400, "messages must be a non-empty list of {role, content} objects", "messages")
     for i, m in enumerate(msgs):
-        if not (isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)):
-            raise APIError(400, f"messages[{i}] must be an object with a role in {ROLES} and a string content",
-                           "messages")
+        if not (isinstance(m, dict) and m.get("role") in ROLES):
+            raise APIError(400, f"messages[{i}] must be an object with a role in {ROLES}", "messages")
     template = getattr(model.tokenizer, "chat_template", None)
     if not template:
         raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions with a prompt",
                        "messages")
+    extra = {"tools": list(tools.listed)} if tools is not None else {}
     try:  # the library's chat path (setdlm.chat): template special tokens as their ids, no extra BOS
-        ids = chat_prompt(model.tokenizer, msgs)
+        ids = chat_prompt(model.tokenizer, normalize(msgs, template), **extra)
+    except BadTools as e:
+        raise APIError(400, str(e), e.param) from None
     except ValueError as e:
         raise APIError(400, str(e), "messages") from None
     return _encode(model, ids, "messages")
