@@ -109,3 +109,42 @@ def test_export_of_a_plain_checkpoint_says_it_is_loadable(tmp_path, capsys):
     assert out.strip() == path
     assert err.strip() == (f"{path}: already single-file weights (model.safetensors), which setdlm.load, setdlm "
                            "generate and setdlm eval read as they are; nothing to export")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 7. --speculate is a switch whose value has a flag of its own; one of the two; a window past M warns
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [["--speculate", "next_token", "--prompt", "x"],
+                                  ["shakespeare-setdlm-smax8", "--speculate", "next_token", "--prompt", "x"]])
+def test_speculate_with_a_value_names_its_flag(args, capsys):
+    code, _, err = run(["generate", *args], capsys)
+    assert_one_line_error(code, err, "--speculate is a switch and takes no value; for speculate='next_token' give "
+                                     "--speculate-next-token")
+
+
+def test_speculate_and_its_value_flag_together_are_refused(capsys):
+    code, _, err = run(["generate", "--speculate", "--speculate-next-token", "--prompt", "x"], capsys)
+    assert_one_line_error(code, err, "argument --speculate-next-token: not allowed with argument --speculate")
+
+
+def test_speculate_help_names_the_flag_not_the_value(capsys):
+    code, out, _ = run(["generate", "--help"], capsys)
+    assert code == 0
+    help_ = " ".join(out.split("\n  --speculate ", 1)[1].split("\n  --speculate-next-token", 1)[0].split())
+    assert "give --speculate-next-token" in help_ and "'next_token'" not in help_
+
+
+def test_a_window_past_m_warns_once(capsys):
+    code, _, err = run(["generate", "--window", "500", "--prompt", "ROMEO:", "--max-new-tokens", "2"], capsys)
+    assert code == 0, err
+    assert [l for l in err.splitlines() if "warning" in l] == [
+        "setdlm generate: warning: --window 500 is wider than the 8 positions this model was trained to predict at "
+        "once (D=4, M=8): past M its predictions are untrained and the text degrades; use --window <= 8 (default "
+        "D=4)"]
+    code, _, err = run(["generate", "--window", "8", "--prompt", "ROMEO:", "--max-new-tokens", "2"], capsys)
+    assert code == 0 and "warning" not in err
+    code, _, err = run(["generate", "--window", "12", "--speculate", "--prompt", "ROMEO:", "--max-new-tokens", "2"],
+                       capsys)
+    assert code == 0 and "warning" not in err  # speculation only drafts with the window: lossless

@@ -11,19 +11,45 @@ code for SIGINT). Usage errors of the parser (:class:`Parser`) are one line with
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from collections.abc import Callable
 
 from ..errors import InputWarning, UserError, as_flags
-from .flags import VALUE_FLAGS
+from .flags import VALUE_FLAGS, value_flag
 
 
 class Parser(argparse.ArgumentParser):
-    """Usage errors as one line (``setdlm train: error: ...``), exit code 2."""
+    """Usage errors as one line (``setdlm train: error: ...``), exit code 2; a value given to a switch whose
+    values are flags of their own (``--speculate next_token``) names that flag."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}{_value_hint(message)}\n")
+
+
+def positional_model(name: str | None) -> str | None:
+    """``name``, the model argument, unless it is a value of a switch that argparse took as the model
+    (``setdlm generate --speculate next_token``, no such folder): then a one-line error naming the flag."""
+    hint = _value_hint(f"unrecognized arguments: {name}") if name and not os.path.exists(name) else ""
+    if hint:
+        raise UserError(f"{name!r} is not a model{hint.replace(' (', ': ', 1)[:-1]}")
+    return name
+
+
+def _value_hint(message: str) -> str:
+    """``"; ... give --speculate-next-token"`` when ``message`` is argparse's "unrecognized arguments" and one
+    of them is a value that has its own flag (:data:`~setdlm.cli.flags.VALUE_FLAGS`)."""
+    if not message.startswith("unrecognized arguments:"):
+        return ""
+    words = message.split(":", 1)[1].split()
+    for name, values in VALUE_FLAGS.items():
+        for value in values:
+            if value in words:
+                switch = "--" + name.replace("_", "-")
+                return (f" ({switch} is a switch and takes no value; for {name}={value!r} give "
+                        f"{value_flag(name, value)})")
+    return ""
 
 
 def _one_line(command: str, message: str) -> int:

@@ -44,7 +44,7 @@ from ..outputs import write_text
 from ..schedules import StaggeredSchedule
 from ..serve import ServeOptions, serve
 from ..training import interrupted_note
-from .command import Parser, run
+from .command import Parser, positional_model, run
 from .demo import run_demo
 from .flags import (SETTINGS, add_dtype_flag, add_model_flags, add_settings_flags, add_task_flags, applies_to,
                     decode_settings, list_of, positive_int, task_spec)
@@ -181,7 +181,8 @@ def _add_decoding_flags(p, exclude: tuple[str, ...] = (), notes: dict | None = N
 
 
 def _model_choice(args):
-    return ModelChoice(args.checkpoint, ema=args.ema, device=args.device, quantize=args.quantize, dtype=args.dtype)
+    return ModelChoice(positional_model(args.checkpoint), ema=args.ema, device=args.device, quantize=args.quantize,
+                       dtype=args.dtype)
 
 
 def _report(out, rows: list[dict], output: str | None, shown: list[str] | None = None) -> int:

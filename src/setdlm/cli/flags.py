@@ -88,6 +88,12 @@ SETTINGS = tuple(f.name for f in dataclasses.fields(DecodeSettings) if f.name !=
 VALUE_FLAGS = {f.name: tuple(f.metadata["values"]) for f in dataclasses.fields(DecodeSettings) if "values" in f.metadata}
 
 
+def value_flag(name: str, value: str) -> str:
+    """The flag of a setting's value that has a flag of its own: ``("speculate", "next_token")`` →
+    ``--speculate-next-token``."""
+    return f"--{name.replace('_', '-')}-{value.replace('_', '-')}"
+
+
 def add_settings_flags(p, names, *, defaults: dict | None = None, notes: dict | None = None) -> None:
     """One flag per field of :class:`DecodeSettings` in ``names``, derived from the dataclass (type, help,
     choices) as ``train``'s flags are from ``TrainConfig``; a flag not given is None. ``defaults``: flag
@@ -103,11 +109,12 @@ def add_settings_flags(p, names, *, defaults: dict | None = None, notes: dict | 
         default = (defaults or {}).get(f.name)
         help_ = (notes or {}).get(f.name, "") + meta["help"]
         help_ += f" (default {default})" if default is not None else ""
-        if kinds[0] is bool:
-            p.add_argument(flag, action="store_true", default=None, help=help_)
+        if kinds[0] is bool:  # a switch; a value of its own is a flag of its own, and one of them at most
+            group = p.add_mutually_exclusive_group() if meta.get("values") else p
+            group.add_argument(flag, action="store_true", default=None, help=help_)
             for value, more in meta.get("values", {}).items():  # --speculate-next-token: speculate="next_token"
-                p.add_argument(f"{flag}-{value.replace('_', '-')}", dest=f.name, action="store_const", const=value, default=None,
-                               help=more)
+                group.add_argument(value_flag(f.name, value), dest=f.name, action="store_const", const=value,
+                                   default=None, help=more)
         elif "nargs" in meta:  # length_penalty START FACTOR
             p.add_argument(flag, nargs=meta["nargs"], default=None, metavar=("START", "FACTOR"), help=help_)
         elif typing.get_origin(kinds[-1]) is tuple:  # stop, eos_token_id: repeatable

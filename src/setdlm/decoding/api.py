@@ -34,7 +34,7 @@ from ..seeds import check_seed
 from . import ar, bd3lm, mdlm, setdlm, speculative, speculative_next_token
 from .constrained import row_constraints
 from .output import GenerationOutput
-from .settings import DecodeSettings, applicable, default_max_new_tokens
+from .settings import DecodeSettings, applicable, default_max_new_tokens, warn_wide_window
 from .state import DecodeConfig, DecodeState, stop_index
 
 DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}  # by the registry's Family.decoder
@@ -168,6 +168,7 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
          trace) -> GenerationOutput:
     fam, backbone = model.family, model.backbone
     settings.check_for(fam.family, mode)
+    warn_wide_window(settings, fam)
     n_targets = [sum(t) for t in targets]  # positions to decode per row
     times = _reveal_times(reveal_times, n_targets)
     if settings.speculate and times is not None:

@@ -41,10 +41,11 @@ keeps those that apply, to sweep one setting over every family.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field, fields
 
 from ..family import using
-from ..errors import UserError
+from ..errors import InputWarning, UserError
 from .constraint import Constraint, as_constraint
 from .sampling import Sampling
 
@@ -87,6 +88,18 @@ def max_new_tokens_table() -> str:
     return "\n".join(rows)
 
 
+def warn_wide_window(settings: "DecodeSettings", fam) -> None:
+    """An :class:`~setdlm.errors.InputWarning` when ``settings.window`` is wider than the ``M`` positions the
+    SetDLM ``fam`` was trained to predict at once (its largest set; docs/method.md §7.9): past them its
+    predictions are untrained. Lossless speculation only drafts with the window, so it is left alone."""
+    w, M = settings.window, getattr(fam, "M", None)
+    if w is not None and M is not None and w > M and not settings.speculate:
+        warnings.warn(InputWarning(f"window={w} is wider than the {M} positions this model was trained to predict "
+                                   f"at once (D={fam.D}, M={M}): past M its predictions are untrained and the text "
+                                   f"degrades; use window <= {M} (default D={fam.D})", fields=("window",)),
+                      stacklevel=3)
+
+
 def family_settings(fam) -> list[str]:
     """The family-specific settings that ``fam`` (a :class:`~setdlm.family.FamilyConfig`) takes: those of
     :data:`SETTING_FAMILIES` listing its family, and ``cache_order`` where it caches in reveal order (SetDLM)."""
@@ -111,8 +124,8 @@ class DecodeSettings:
         "help": "setdlm: order of newly cached tokens, position (default) or reveal", "choices": ("position", "reveal")})
     speculate: bool | str | None = field(default=None, metadata={
         "help": "setdlm: lossless self-speculative decoding, the window w drafts and the left-to-right decode "
-                "verifies (the output of --window 1, in fewer forwards); 'next_token': the model's next-token head "
-                "verifies (a model trained with --ar-weight; the output of that AR decode)",
+                "verifies (the output of --window 1, in fewer forwards); a switch: to verify with the model's "
+                "next-token head instead, give --speculate-next-token (not both)",
         "values": {"next_token": "setdlm: speculate='next_token': the window drafts, the model's next-token head verifies (a model "
                          "trained with --ar-weight > 0); the output is that AR decode's, in about 2w positions a "
                          "forward"}})
