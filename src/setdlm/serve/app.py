@@ -46,6 +46,9 @@ def create_app(model, name: str, options: ServeOptions = ServeOptions()):
     async def index(request: Request):
         return HTMLResponse(page)
 
+    async def favicon(request: Request):  # the page names none (its icon is empty); other clients ask anyway
+        return Response(status_code=204)
+
     async def health(request: Request):
         return JSONResponse({"status": "ok", "model": name, "family": model.family.family, "dtype": model.dtype,
                              "context_length": batcher.width, **batcher.stats(), "compiling": handler.waiting})
@@ -104,13 +107,13 @@ def create_app(model, name: str, options: ServeOptions = ServeOptions()):
             batcher.stop()
             handler.compiling.shutdown(wait=False, cancel_futures=True)
 
-    routes = [Route("/", index), Route("/health", health), Route("/v1/models", models),
+    routes = [Route("/", index), Route("/favicon.ico", favicon), Route("/health", health), Route("/v1/models", models),
               Route("/v1/models/{model:path}", one_model),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat_completions, methods=["POST"]),
               Route("/tokenize", tokenizer_route(tokens.tokenize), methods=["POST"]),
               Route("/detokenize", tokenizer_route(tokens.detokenize), methods=["POST"])]
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, allowed=options.allowed_hosts)],
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, allowed=options.allowed_hosts, api_key=options.api_key)],
                     exception_handlers={APIError: api_error, 404: not_found, 405: not_found})
     app.state.batcher, app.state.name, app.state.family = batcher, name, model.family.family
     return app
@@ -127,9 +130,12 @@ def serve(model_path: str, options: ServeOptions = ServeOptions(), *, device: st
     except ImportError:
         raise UserError("serving needs the optional extra: pip install 'setdlm[serve]'") from None
     check_listen(options.host, options.port)  # before the model loads: a busy port is one line, not minutes later
-    if options.allowed_hosts is None:
-        log.warning("listening on %s: every machine that reaches it can use this server (no authentication); "
-                    "bind 127.0.0.1 unless that is what you want", options.host)
+    if options.allowed_hosts is None and options.api_key is None:
+        log.warning("listening on %s: every interface is served and every machine that reaches it can use this "
+                    "server (no authentication); pass --api-key KEY (clients send 'Authorization: Bearer KEY') or "
+                    "bind 127.0.0.1", options.host)
+    elif options.allowed_hosts is None:
+        log.warning("listening on %s: every interface is served; requests to /v1/* need the API key", options.host)
     model = load(model_path, device=device, dtype=dtype, quantize=quantize)
     app = create_app(model, name or _model_name(model_path), options)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=log_level,

@@ -45,8 +45,10 @@ class Completions:
             with constraint.time_limit(deadline - time.monotonic()):
                 row = prepare(self.model, req.prompts[p], req.settings, width=self.batcher.width, seed=seed,
                               suffix=req.suffix)
-        except (ValueError, TypeError) as e:
-            raise APIError(400, str(e).splitlines()[0], param_of(e)) from None
+        except (ValueError, TypeError) as e:  # a constraint no output can meet names the field that asked it
+            about = req.constraint_param if req.settings.constraint is not None and \
+                repr(req.settings.constraint) in str(e) else None
+            raise APIError(400, str(e).splitlines()[0], param_of(e, about)) from None
         if req.logprobs:  # the trace records each query's alternatives
             row = replace(row, config=replace(row.config, top_logprobs=req.logprobs))
         return row

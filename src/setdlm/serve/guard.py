@@ -7,6 +7,7 @@ content type on every POST (so that a web page cannot send a CORS-simple form po
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ipaddress
 import logging
 
@@ -35,11 +36,12 @@ def host_name(header: str) -> str:
 
 
 class Guard:
-    """ASGI middleware: 403 to a request whose ``Host`` is not in ``allowed`` (None: any host); a request
-    cut by the end of the shutdown grace period (its task cancelled) is one log line, not a traceback."""
+    """ASGI middleware: 403 to a request whose ``Host`` is not in ``allowed`` (None: any host), 401 to a request
+    to ``/v1/*`` without ``Authorization: Bearer <api_key>`` when there is a key (vLLM's rule); a request cut by
+    the end of the shutdown grace period (its task cancelled) is one log line, not a traceback."""
 
-    def __init__(self, app, allowed: tuple[str, ...] | None):
-        self.app, self.allowed = app, allowed
+    def __init__(self, app, allowed: tuple[str, ...] | None, api_key: str | None = None):
+        self.app, self.allowed, self.api_key = app, allowed, api_key
 
     async def __call__(self, scope, receive, send):
         started = False
@@ -72,7 +74,21 @@ class Guard:
                                     f"{', '.join(self.allowed)} (setdlm serve --allow-host NAME adds one)", "Host",
                                code="host_not_allowed")
                 return await JSONResponse(err.body(), status_code=403)(scope, receive, send)
+        if scope["type"] == "http" and self.api_key is not None and scope["path"].startswith("/v1/") and \
+                not authorized(dict(scope["headers"]).get(b"authorization", b""), self.api_key):
+            from starlette.responses import JSONResponse
+
+            err = APIError(401, "a valid API key is needed: send the header 'Authorization: Bearer <key>' (setdlm "
+                                "serve --api-key)", type="authentication_error", code="invalid_api_key")
+            return await JSONResponse(err.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})(
+                scope, receive, send)
         await self.app(scope, receive, send)
+
+
+def authorized(header: bytes, key: str) -> bool:
+    """Does the ``Authorization`` header carry ``Bearer <key>``? (compared in constant time)"""
+    scheme, _, token = header.decode("latin-1").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
 async def read_json_body(request, limit: int) -> bytes | None:

@@ -32,6 +32,7 @@ class ServeOptions:
     max_body_mb: float = 4.0  # request body limit in MiB (more gets 413)
     allow_hosts: tuple[str, ...] = ()  # on loopback, Host names answered besides LOOPBACK_HOSTS
     grace: float = 30.0  # on SIGTERM / Ctrl-C, seconds requests in flight get to finish
+    api_key: str | None = None  # requests to /v1/* must send "Authorization: Bearer <api_key>" (vLLM's --api-key)
 
     def __post_init__(self):
         checks = {
@@ -45,6 +46,9 @@ class ServeOptions:
                                                                         for h in self.allow_hosts),
                             "must be a tuple of host names, got {!r}"),
             "grace": (_number(self.grace) and self.grace >= 0, "must be a number of seconds >= 0, got {!r}"),
+            "api_key": (self.api_key is None or (isinstance(self.api_key, str) and self.api_key.strip() == self.api_key
+                                                 and len(self.api_key) >= 8),
+                        "must be a string of at least 8 characters without surrounding spaces, got {!r}"),
         }
         for name, (ok, rule) in checks.items():
             if not ok:

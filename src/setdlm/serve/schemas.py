@@ -53,6 +53,7 @@ class CompletionRequest:
     logprobs: int | None = None  # the alternatives per token (0: the chosen token's only); None: no logprobs
     max_tokens: int = 1  # 0: echo the prompt without decoding
     tools: Tools | None = None  # chat: the answer is a tool call (or, "auto", text) by construction
+    constraint_param: str | None = None  # the field that asked for the constraint (its errors name it)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -120,8 +121,10 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     if echo is not None and logprobs is not None and not model.family.spec.ordered:
         raise APIError(400, "echo with logprobs (the prompt's log-probabilities) is defined for models that predict "
                             f"every token in one order (AR, SetDLM), not for the {model.family.family} family", "echo")
+    asked = "tools" if tools is not None else next((k for k in ("response_format", "regex", "choice")
+                                                    if body.get(k) is not None), None)
     return CompletionRequest(chat, prompts, stream, settings, seed, echo, suffix, _n(body, settings), logprobs,
-                             max_tokens, tools)
+                             max_tokens, tools, asked if settings.constraint is not None else None)
 
 
 def _max_tokens(body: dict, chat: bool, width: int, fixed: int, echo: bool) -> int:
