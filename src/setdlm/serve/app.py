@@ -46,9 +46,6 @@ def create_app(model, name: str, options: ServeOptions = ServeOptions()):
     async def index(request: Request):
         return HTMLResponse(page)
 
-    async def favicon(request: Request):  # the page names none (its icon is empty); other clients ask anyway
-        return Response(status_code=204)
-
     async def health(request: Request):
         return JSONResponse({"status": "ok", "model": name, "family": model.family.family, "dtype": model.dtype,
                              "context_length": batcher.width, **batcher.stats(), "compiling": handler.waiting})
@@ -90,14 +87,6 @@ def create_app(model, name: str, options: ServeOptions = ServeOptions()):
     async def chat_completions(request: Request):
         return await complete(request, chat=True)
 
-    async def api_error(request: Request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-    async def not_found(request: Request, exc):
-        status = getattr(exc, "status_code", 404)
-        return JSONResponse(APIError(status, f"{request.method} {request.url.path}: "
-                                             f"{getattr(exc, 'detail', 'not found')}").body(), status_code=status)
-
     @contextlib.asynccontextmanager
     async def lifespan(app):
         batcher.start()
@@ -107,16 +96,36 @@ def create_app(model, name: str, options: ServeOptions = ServeOptions()):
             batcher.stop()
             handler.compiling.shutdown(wait=False, cancel_futures=True)
 
-    routes = [Route("/", index), Route("/favicon.ico", favicon), Route("/health", health), Route("/v1/models", models),
+    routes = [Route("/", index), Route("/favicon.ico", _favicon), Route("/health", health), Route("/v1/models", models),
               Route("/v1/models/{model:path}", one_model),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat_completions, methods=["POST"]),
               Route("/tokenize", tokenizer_route(tokens.tokenize), methods=["POST"]),
               Route("/detokenize", tokenizer_route(tokens.detokenize), methods=["POST"])]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, allowed=options.allowed_hosts, api_key=options.api_key)],
-                    exception_handlers={APIError: api_error, 404: not_found, 405: not_found})
+                    exception_handlers={APIError: _api_error, 404: _not_found, 405: _not_found})
     app.state.batcher, app.state.name, app.state.family = batcher, name, model.family.family
     return app
+
+
+async def _favicon(request):  # the page names none (its icon is empty); other clients ask anyway
+    from starlette.responses import Response
+
+    return Response(status_code=204)
+
+
+async def _api_error(request, exc: APIError):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def _not_found(request, exc):
+    from starlette.responses import JSONResponse
+
+    status = getattr(exc, "status_code", 404)
+    return JSONResponse(APIError(status, f"{request.method} {request.url.path}: "
+                                         f"{getattr(exc, 'detail', 'not found')}").body(), status_code=status)
 
 
 def serve(model_path: str, options: ServeOptions = ServeOptions(), *, device: str = "cpu", name: str | None = None,
