@@ -58,6 +58,19 @@ def test_required_and_named_tool_choice_give_valid_calls(server):
             assert msg.tool_calls[0].function.name == "add"
 
 
+def test_a_streamed_tool_call_is_the_whole_answers(server):
+    url, _ = server
+    c = openai_client(url)
+    kw = dict(model="tiny", messages=ASK, tools=[WEATHER, ADD], tool_choice="required", max_tokens=60)
+    whole = c.chat.completions.create(**kw).choices[0]
+    chunks = list(c.chat.completions.create(stream=True, **kw))
+    calls = [t for ch in chunks for t in (ch.choices[0].delta.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].index == 0 and chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert (calls[0].function.name, json.loads(calls[0].function.arguments)) == \
+        (whole.message.tool_calls[0].function.name, json.loads(whole.message.tool_calls[0].function.arguments))
+    assert not "".join(ch.choices[0].delta.content or "" for ch in chunks)  # no JSON leaks as text
+
+
 def test_auto_lets_the_model_choose_and_none_ignores_the_tools(server):
     url, model = server
     c = openai_client(url)
@@ -104,7 +117,6 @@ def test_bad_tools_are_a_400_naming_the_field(server):
     cases = [({"tools": [{"type": "function"}]}, "tools"), ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
              ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "add"}}}, "tool_choice"),
              ({"tool_choice": "required"}, "tool_choice"), ({"tools": [WEATHER, WEATHER]}, "tools"),
-             ({"tools": [WEATHER], "stream": True}, "stream"),
              ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format")]
     for extra, param in cases:
         status, err = post_json(url, {"messages": ASK, "max_tokens": 40, **extra}, "/v1/chat/completions")
@@ -128,6 +140,10 @@ def test_langchain_bind_tools_and_structured_output(server):
     Add(**msg.tool_calls[0]["args"])
     out = llm.with_structured_output(Add, method="function_calling").invoke("add 2 and 3")
     assert isinstance(out, Add)
+    streamed = None
+    for part in llm.bind_tools([Add], tool_choice="required").stream("add 2 and 3"):
+        streamed = part if streamed is None else streamed + part
+    assert streamed.tool_calls[0]["name"] == "Add" and streamed.tool_calls[0]["args"] == msg.tool_calls[0]["args"]
 
 
 # -- the field audit ----------------------------------------------------------------------------------------

@@ -258,7 +258,12 @@ class _ChoiceStream:
             self.steps += [e.step for e in entries]
         if ev.done is not None and self.committed is not None:
             step["token_steps"] = self.steps
-        return chunk(self.req.chat, rid, owner.name, delta, finish=finish, step=step, index=job.choice, logprobs=lp)
+        calls = None
+        if self.req.tools is not None:  # the answer is JSON until it ends: sent whole, as a call or as text
+            delta, calls = ("", None) if ev.done is None else tool_answer(ev.done.text)
+            finish = "tool_calls" if calls else finish
+        return chunk(self.req.chat, rid, owner.name, delta, finish=finish, step=step, index=job.choice, logprobs=lp,
+                     tool_calls=calls)
 
     def _format(self, entries: list[TokenLogprob]) -> dict:
         tok = self.owner.model.tokenizer

@@ -114,12 +114,14 @@ def completion(chat: bool, rid: str, model: str, choices: list[dict], counts: di
             "model": model, "choices": choices, "usage": counts, "setdlm": setdlm}
 
 
-def chunk(chat: bool, rid: str, model: str, text: str, *, finish: str | None = None, step: dict | None = None,
-          role: bool = False, index: int = 0, logprobs: dict | None = None) -> dict:
+def chunk(chat: bool, rid: str, model: str, text: str | None, *, finish: str | None = None, step: dict | None = None,
+          role: bool = False, index: int = 0, logprobs: dict | None = None, tool_calls: list[dict] | None = None) -> dict:
     """One streamed chunk of choice ``index``: the newly final ``text`` (and its tokens' ``logprobs``) and the
-    step's committed set."""
+    step's committed set; chat's ``tool_calls``: the answer's calls, whole (their content None)."""
     if chat:
         delta = {"role": "assistant", "content": text} if role else {"content": text}
+        if tool_calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
         choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
     else:
         choice = {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}

@@ -114,8 +114,6 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     seed = body.get("seed")
     if seed is not None and not (_is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
         raise APIError(400, f"seed must be an integer in [-2**63, 2**64 - 1], got {_short(seed)}", "seed")
-    if tools is not None and stream:
-        raise APIError(400, "stream with tools is not supported: a tool call is answered whole", "stream")
     settings = _settings(body, max(max_tokens, 1), width, tools)
     logprobs = _logprobs(body, chat, settings)
     if echo is not None and logprobs is not None and not model.family.spec.ordered:
