@@ -15,7 +15,7 @@ from test_imports import modules, parse_imports
 # lowest first; a part may import parts of lower layers (and, in the foundation layers 0 and 1, its own layer)
 LAYERS = [
     {"errors", "seeds", "resources", "outputs", "presets", "chat"},  # 0 base: errors, seeds, files, machine
-    {"schedules", "masks", "mask_rules", "model", "backbone", "family", "objectives", "batch", "data"},  # 1 method
+    {"schedules", "masks", "mask_rules", "model", "backbone", "family", "objectives", "batch", "data", "drafter"},  # 1 method
     {"decoding"},  # 2 decoders over a backbone
     {"lm"},  # 3 Model: backbone + family + tokenizer, generate() through decoding
     {"formats"},  # 4 models on disk and on the Hub, built into Model objects

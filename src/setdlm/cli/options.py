@@ -17,7 +17,7 @@ from ..data.inputs import read_text
 from ..data.prompt import check_text
 from ..decoding import constraint, generate, infill
 from ..decoding.output import trace_rows
-from ..decoding.settings import DecodeSettings
+from ..decoding.settings import DecodeSettings, drafts
 from ..errors import UserError
 from ..formats import pretrained
 from ..formats.loading import load
@@ -115,7 +115,7 @@ def generate_rows(opts: GenerateOptions):
     (and ``steps``, the per-step records, when traced). A prompt must leave room for one new token
     (:func:`setdlm.data.prompt.check_prompt_fits`, checked by ``generate``)."""
     model = opts.model.load()
-    opts.settings.check_for(model.family.family, "generate")
+    opts.settings.check_for(model.family.family, "generate", drafts=drafts(model))
     prompts = opts.prompts
     if opts.chat:  # each prompt is one user message, rendered by the model's chat template (ids, no extra BOS)
         for i, p in enumerate(prompts):
@@ -134,7 +134,7 @@ def generate_rows(opts: GenerateOptions):
 def infill_rows(opts: InfillOptions):
     """Load the model and fill ``opts``: ``(output, rows)``, rows ``{prefix, suffix, length, text, tokens}``."""
     model = opts.model.load()
-    opts.settings.check_for(model.family.family, "fill")
+    opts.settings.check_for(model.family.family, "fill", drafts=drafts(model))
     out = infill(model, [r[0] for r in opts.rows], [r[1] for r in opts.rows], [r[2] for r in opts.rows],
                  settings=opts.settings, seed=opts.seed, progress=True)
     rows = [{"prefix": p, "suffix": s, "length": n, "text": t, "tokens": [int(x) for x in ids]}

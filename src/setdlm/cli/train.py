@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import fields
 
 from ..errors import UserError
 from ..family import FAMILIES
@@ -13,6 +14,7 @@ from ..formats import checkpoint as ckpt
 from ..presets import PRESETS
 from ..training import consolidate
 from ..training.sharded import is_sharded
+from ..training.drafter import DrafterTrainConfig, train_drafter
 from ..training.config import STRATEGIES, TrainConfig, config_fields, field_type
 from ..training.loop import train
 from ..training.run_folder import interrupted_note, resume_config
@@ -71,6 +73,26 @@ def run_export(args: argparse.Namespace) -> int:
 _DESCRIPTION = run_train.__doc__ + " Defaults come from --preset; every flag overrides it."
 
 
+def run_train_drafter(args: argparse.Namespace) -> int:
+    """Train a set drafter beside a frozen pretrained model on its own greedy outputs (docs/drafter.md);
+    resumable: the same command continues a killed run."""
+    given = {f.name: getattr(args, f.name) for f in fields(DrafterTrainConfig) if hasattr(args, f.name)}
+    folder = train_drafter(DrafterTrainConfig(**given))
+    print(f"drafter: {folder} (setdlm.load({str(folder)!r}) decodes the base with its drafts under "
+          f"speculate='next_token'; acceptance curve: {folder.parent / 'acceptance.png'})")
+    return 0
+
+
+def add_drafter_command(sub, summary) -> None:
+    """``setdlm train-drafter``: one flag per field of :class:`DrafterTrainConfig`."""
+    p = sub.add_parser("train-drafter", help=summary(run_train_drafter), argument_default=argparse.SUPPRESS,
+                       description=run_train_drafter.__doc__)
+    for f in fields(DrafterTrainConfig):
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default),
+                       help=f"default {f.default}")
+    p.set_defaults(func=run_train_drafter)
+
+
 def add_train_commands(sub, summary) -> None:
     """``setdlm train`` and ``setdlm export`` on the subparsers ``sub`` (``summary``: a command's one-line help)."""
     p = sub.add_parser("train", help=summary(run_train), argument_default=argparse.SUPPRESS, description=_DESCRIPTION)
@@ -79,6 +101,7 @@ def add_train_commands(sub, summary) -> None:
     e = sub.add_parser("export", help=summary(run_export), description=run_export.__doc__)
     e.add_argument("folders", nargs="+", metavar="CHECKPOINT_OR_RUN", help="checkpoint or run folder(s)")
     e.set_defaults(func=run_export)
+    add_drafter_command(sub, summary)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,10 +31,10 @@ from ..data.prompt import check_prompt_fits, encode_prompts, is_token_id, vocab_
 from ..errors import InputWarning, UserError
 from ..resources import check_fits
 from ..seeds import check_seed
-from . import ar, bd3lm, mdlm, setdlm, speculative, speculative_next_token
+from . import ar, bd3lm, mdlm, setdlm, speculative, speculative_drafter, speculative_next_token
 from .constrained import row_constraints
 from .output import GenerationOutput
-from .settings import DecodeSettings, applicable, default_max_new_tokens, warn_wide_window
+from .settings import DecodeSettings, applicable, default_max_new_tokens, drafts, warn_wide_window
 from .state import DecodeConfig, DecodeState, stop_index
 
 DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}  # by the registry's Family.decoder
@@ -167,7 +167,7 @@ def fill(model, sequences, settings: DecodeSettings | None = None, *, seed: int 
 def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, batch_size, reveal_times, progress,
          trace) -> GenerationOutput:
     fam, backbone = model.family, model.backbone
-    settings.check_for(fam.family, mode)
+    settings.check_for(fam.family, mode, drafts=drafts(model))
     warn_wide_window(settings, fam)
     n_targets = [sum(t) for t in targets]  # positions to decode per row
     times = _reveal_times(reveal_times, n_targets)
@@ -281,7 +281,13 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
     stops = _stops(model, settings.stop)
     sampling = settings.sampling(fam.mask_token_id, eos_ids(model, settings.eos_token_id))
     window, block_size = fam.spec.decode_sizes(fam, settings.window, settings.block_size)
-    if settings.speculate == "next_token" and not fam.ar_weight:
+    drafting = drafts(model)
+    if drafting:  # docs/drafter.md: the drafter drafts, the base verifies
+        window = settings.window or model.backbone.window
+        if settings.speculate is True or (settings.window is not None and settings.speculate != "next_token"):
+            raise UserError("a model with a set drafter decodes as its base, or with drafts verified by the base "
+                            "under speculate='next_token' (window: the drafter's window)", fields=("speculate",))
+    if settings.speculate == "next_token" and not fam.ar_weight and not drafting:
         raise UserError("speculate='next_token' verifies with the model's next-token head, which this model was not trained "
                         "for (its family's ar_weight is 0; train with ar_weight > 0, docs/method.md §2.10): use "
                         "speculate=True", fields=("speculate",))
@@ -295,12 +301,15 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
         _check_cache_fits(model, fam.spec.cache_holds, sizes[fam.spec.cache_holds])
     return DecodeConfig(sampling, fam.length, mode=mode, stop_on_eos=mode == "generate" and not settings.ignore_eos,
                         window=window, block_size=block_size, cache_order=cache_order, stop=stops,
-                        tokenizer=model.tokenizer, trace=trace, speculate=settings.speculate or False)
+                        tokenizer=model.tokenizer, trace=trace,
+                        speculate="drafter" if drafting and settings.speculate else settings.speculate or False)
 
 
 def decoder_of(fam, cfg: DecodeConfig):
     """The decoder module (``init`` and ``step``) of a state: the family's, or the self-speculative SetDLM
     decoder when ``cfg.speculate`` (``decoding/speculative.py``; ``"next_token"``: ``decoding/speculative_next_token.py``)."""
+    if cfg.speculate == "drafter":  # speculate="next_token" on a model with a set drafter
+        return speculative_drafter
     if cfg.speculate == "next_token":
         return speculative_next_token
     return speculative if cfg.speculate else DECODERS[fam.spec.decoder]

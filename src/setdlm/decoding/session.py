@@ -32,7 +32,7 @@ from ..errors import UserError
 from .api import decode_config, decoder_of, device_of, needs_seed, row_seeds, row_text, start
 from .constrained import RowConstraint, row_constraints
 from .output import StepTrace
-from .settings import DecodeSettings, default_max_new_tokens
+from .settings import DecodeSettings, default_max_new_tokens, drafts
 from .state import DecodeConfig, DecodeState
 
 
@@ -269,7 +269,7 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
     cache_order, given = settings.cache_order or "position", settings.max_new_tokens
     if mode == "fill":
         settings = replace(settings, max_new_tokens=None)
-    settings.check_for(model.family.family, mode)
+    settings.check_for(model.family.family, mode, drafts=drafts(model))
     width = width if width is not None else model.family.length
     fam = model.family
     (ids,) = encode_prompts(model, [prompt], "prompt", add_bos=True)

@@ -88,6 +88,15 @@ def max_new_tokens_table() -> str:
     return "\n".join(rows)
 
 
+DRAFTER_SETTINGS = ("window", "speculate")  # what a model with a set drafter takes (docs/drafter.md)
+
+
+def drafts(model) -> bool:
+    """Whether ``model``'s backbone has a set drafter beside it (:mod:`setdlm.formats.drafted`): it then decodes
+    with drafts under ``speculate="next_token"`` (docs/drafter.md)."""
+    return callable(getattr(model.backbone, "draft", None))
+
+
 def warn_wide_window(settings: "DecodeSettings", fam) -> None:
     """An :class:`~setdlm.errors.InputWarning` when ``settings.window`` is wider than the ``M`` positions the
     SetDLM ``fam`` was trained to predict at once (its largest set; docs/method.md §7.9): past them its
@@ -218,12 +227,13 @@ class DecodeSettings:
             raise UserError(f"constraint has {len(c)} entries, one per row, but {rows} rows are decoded")
         return list(c)
 
-    def check_for(self, family: str, mode: str = "generate") -> None:
+    def check_for(self, family: str, mode: str = "generate", *, drafts: bool = False) -> None:
         """A ``ValueError`` for a setting that is set but does not apply to ``family`` (see the module
-        table), or, for ``mode="fill"`` (fill and infill), a generate-only setting."""
+        table), or, for ``mode="fill"`` (fill and infill), a generate-only setting. ``drafts``: the model has a
+        set drafter (:func:`drafts`), which takes ``window`` and ``speculate`` whatever its base's family."""
         for name, fams in SETTING_FAMILIES.items():
             v = getattr(self, name)
-            if v is not None and v is not False and family not in fams:
+            if v is not None and v is not False and family not in fams and not (drafts and name in DRAFTER_SETTINGS):
                 raise UserError(f"{name} applies to {'/'.join(fams)} models, not to this {family!r} model",
                                 fields=(name,))
         if mode == "fill":

@@ -53,6 +53,23 @@ from .state import DecodeState, prefill as prefill_positions
 def init(backbone, st: DecodeState) -> None:
     """Check the rows (docstring, "Generation only"), draw each generated position's uniform, cache every token
     before the last one preceding the first MASK, causally; that last token is pending."""
+    start(backbone, st, 2 * st.cfg.window)  # + one step's inputs
+
+
+def start(backbone, st: DecodeState, room: int) -> None:
+    """:func:`init` with a cache of ``room`` entries beyond the rows for one step's inputs (shared with the
+    drafter's decode, :mod:`setdlm.decoding.speculative_drafter`)."""
+    check_rows(st)
+    st.cache = backbone.new_cache(st.batch, capacity=min(st.canvas, st.cfg.context_length) + room)
+    last = st.first_masked - 1  # (B,) the last clean token, fed by the first step (pending: always at f − 1)
+    st.extra["drafted"] = torch.zeros_like(st.masked)  # (B, N+1) positions holding a draft to verify
+    st.extra["draft"] = torch.zeros_like(st.tokens)  # (B, N+1) the draft tokens (where drafted)
+    st.extra["u"] = _position_uniforms(st)  # (B, N+1)
+    prefill_positions(backbone, st, st.pos < last[:, None])
+
+
+def check_rows(st: DecodeState) -> None:
+    """The rows' contract (docstring, "Generation only"): a UserError naming speculate otherwise."""
     L = st.cfg.context_length
     if bool((st.length > L).any()):
         raise UserError(f"speculate='next_token' needs prompt + max_new_tokens <= the context length L={L}: the AR decode "
@@ -66,13 +83,6 @@ def init(backbone, st: DecodeState) -> None:
         raise UserError("speculate='next_token' decodes left to right with the next-token head, which sees only the tokens "
                         "before a position: a sequence with tokens after a MASK (infilling) needs speculate=True",
                         fields=("speculate",))
-    w = st.cfg.window
-    st.cache = backbone.new_cache(st.batch, capacity=min(st.canvas, L) + 2 * w)  # + one step's inputs
-    last = st.first_masked - 1  # (B,) the last clean token, fed by the first step (pending: always at f − 1)
-    st.extra["drafted"] = torch.zeros_like(st.masked)  # (B, N+1) positions holding a draft to verify
-    st.extra["draft"] = torch.zeros_like(st.tokens)  # (B, N+1) the draft tokens (where drafted)
-    st.extra["u"] = _position_uniforms(st)  # (B, N+1)
-    prefill_positions(backbone, st, st.pos < last[:, None])
 
 
 def step(backbone, st: DecodeState) -> None:
@@ -97,7 +107,7 @@ def step(backbone, st: DecodeState) -> None:
     m_k = f + k[:, None]  # (B, 1) the horizon: the masks see every clean slot before m_k
     slot_pos, valid = torch.cat([clean_pos, q_pos], 1), torch.cat([clean_ok, q_ok], 1)  # (B, T)
     ids = torch.cat([torch.where(drafted, draft, st.tokens).gather(1, clean_pos), st.tokens.gather(1, q_pos)], 1)
-    mask = with_cache(_step_mask(K + 1, w - 1, st.device) & valid[:, None, :] | _eye(K + w, st.device), st.cache.width)
+    mask = with_cache(_step_mask(K + 1, w - 1, st.device) & valid[:, None, :] | eye(K + w, st.device), st.cache.width)
     start = st.cache.lengths.clone()  # (B,) then the pending token
     logits = backbone(ids, slot_pos, mask, st.cache, keep=clean_ok.sum(-1), logits_start=0)  # (B, K+1 + w−1, V)
 
@@ -127,5 +137,12 @@ def _step_mask(n_clean: int, n_masks: int, device) -> Tensor:
 
 
 @functools.lru_cache(maxsize=64)
-def _eye(n: int, device) -> Tensor:
+def eye(n: int, device) -> Tensor:
+    """(n, n) bool identity: every slot sees itself."""
     return torch.eye(n, dtype=torch.bool, device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def causal_mask(n: int, device) -> Tensor:
+    """(n, n) bool: slot i sees slots 0..i (clean slots in position order)."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()

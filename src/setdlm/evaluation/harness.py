@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 from ..batch import Batch
 from ..data.prompt import max_prompt_tokens, start_ids
 from ..decoding import generate
-from ..decoding.settings import MAX_NEW_TOKENS, DecodeSettings
+from ..decoding.settings import MAX_NEW_TOKENS, DecodeSettings, drafts
 from ..errors import UserError
 from ..formats.loading import load
 from ..objectives import compute_loss, log_probs
@@ -106,7 +106,7 @@ class SetDLMLM(LM):
                                    ("cache_order", cache_order), ("max_new_tokens", max_new_tokens)) if v is not None}
         # a DecodeSettings from Python, or its fields as model_args; per request: + max_gen_toks, until, sampling
         self.settings = DecodeSettings.of(settings, given, "SetDLMLM")
-        self.settings.check_for(self.model.family.family)
+        self.settings.check_for(self.model.family.family, drafts=drafts(self.model))
         self.max_new_tokens = self.settings.max_new_tokens or MAX_NEW_TOKENS  # no max_gen_toks; capped at the room
         self.samples, self.seed, self.add_bos = samples, seed, add_bos
         self.boxed, self.paper, self.enable_thinking = boxed or gsm8k_paper, gsm8k_paper, enable_thinking

@@ -30,7 +30,7 @@ from ..data.parallel import ParallelExample
 from ..data.prompt import check_prompt_fits, encode_prompt, start_ids
 from ..data.tasks import InfillExample, ReasoningExample, encode_infill
 from ..decoding.api import eos_ids
-from ..decoding.settings import DecodeSettings, default_max_new_tokens
+from ..decoding.settings import DecodeSettings, default_max_new_tokens, drafts
 from ..errors import UserError
 from ..lm import Model
 from .metrics import ThroughputStats, throughput_stats
@@ -191,7 +191,7 @@ def generate_steps(model: Model, prompts: list[list[int]], settings: DecodeSetti
     None, min(256, what the longest prompt leaves of the context) (:func:`_budget`); with ``progress`` each
     call shows its tokens on a terminal, so a long call is not silent."""
 
-    settings.check_for(model.family.family)
+    settings.check_for(model.family.family, drafts=drafts(model))
     _check_clock(model, opts["clock"])
     budget = _budget(model, prompts, settings.max_new_tokens)
     settings = replace(settings, max_new_tokens=budget)
@@ -205,7 +205,7 @@ def fill_steps(model: Model, examples: list[InfillExample], settings: DecodeSett
     """Fill each example's middle at its oracle length with ``settings`` (fill's: no budget, EOS stop or
     cache order)."""
 
-    settings.check_for(model.family.family, mode="fill")
+    settings.check_for(model.family.family, mode="fill", drafts=drafts(model))
     _check_clock(model, opts["clock"])
     rows = [infill_row(model, e, eos=eos) for e in examples]
     L = model.family.length

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 
 from tqdm.auto import tqdm
 
-from ..decoding.settings import SETTING_FAMILIES, DecodeSettings
+from ..decoding.settings import SETTING_FAMILIES, DecodeSettings, drafts
 from ..errors import UserError
 from ..family import REGISTRY as FAMILY_REGISTRY
 from ..lm import Model
@@ -239,7 +239,7 @@ def fixed_settings(settings: DecodeSettings | None, knobs: dict, models: Sequenc
     if what == "sweep":
         check_unswept(settings)
     for m in models:
-        settings.check_for(m.family.family, get_task(task).mode)
+        settings.check_for(m.family.family, get_task(task).mode, drafts=drafts(m))
     return settings
 
 

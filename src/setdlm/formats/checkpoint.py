@@ -107,10 +107,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _commit_dir(tmp: Path, dst: Path) -> None:
-    """Move the finished folder ``tmp`` to ``dst``; an existing checkpoint at ``dst`` is replaced."""
+def _commit_dir(tmp: Path, dst: Path, replaceable=is_checkpoint) -> None:
+    """Move the finished folder ``tmp`` to ``dst``; an existing folder at ``dst`` that ``replaceable`` accepts (a
+    checkpoint) is replaced."""
     if dst.exists():
-        if not is_checkpoint(dst):
+        if not replaceable(dst):
             raise UserError(f"refusing to overwrite {str(dst)!r}: it exists and is not a setdlm checkpoint")
         old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
         os.replace(dst, old)
@@ -235,9 +236,10 @@ def write_description(folder: Path, model, config: dict, training_state: dict | 
     (folder / CARD).write_text(model_card(config, bench=bench, repo_id=repo_id), encoding="utf-8")
 
 
-def write_folder(dst: Path, fill) -> Path:
+def write_folder(dst: Path, fill, replaceable=is_checkpoint) -> Path:
     """Write the checkpoint folder ``dst`` atomically (the module docstring): ``fill(tmp)`` writes its files
-    into a temporary folder next to ``dst``, which then replaces it; on an error nothing of it is kept."""
+    into a temporary folder next to ``dst``, which then replaces it (only a folder ``replaceable`` accepts is ever
+    replaced); on an error nothing of it is kept."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     remove_partial(dst)  # what a save killed halfway left
     tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f"{partial_folder(dst, 'tmp').name}-"))
@@ -248,7 +250,7 @@ def write_folder(dst: Path, fill) -> Path:
         for f in tmp.rglob("*"):  # safetensors writes 0600: an ordinary file's permissions instead
             f.chmod((0o777 if f.is_dir() else 0o666) & ~mask)
         _fsync_tree(tmp)
-        _commit_dir(tmp, dst)
+        _commit_dir(tmp, dst, replaceable)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) or type(e).__name__ == "SafetensorError":  # disk full, read-only, ...

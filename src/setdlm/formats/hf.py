@@ -117,13 +117,18 @@ class HFBackbone(nn.Module):
                       wide=self.wide_attention)  # GQA inside
         return y.transpose(1, 2).reshape(B, T, H * hd)  # (B, T, H·hd)
 
-    def _llama_layers(self, input_ids: Tensor, position_ids: Tensor, step, cache: KVCache | None) -> Tensor:
+    def _llama_layers(self, input_ids: Tensor, position_ids: Tensor, step, cache: KVCache | None,
+                      taps: dict[int, Tensor | None] | None = None) -> Tensor:
+        """The decoder layers' output (B, T, d); ``taps``: {layer index: None} filled with those layers' outputs
+        (a drafter's features, :mod:`setdlm.formats.drafted`)."""
         base = self.hf.model
         x = base.embed_tokens(input_ids)  # (B, T, d)
         cos, sin = base.rotary_emb(x, position_ids)  # (B, T, hd) each, the model's own RoPE variant
         cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, hd)
         for i, layer in enumerate(base.layers):
             x = self._run_layer(self._llama_layer, layer, i, x, cos, sin, step, cache)
+            if taps is not None and i in taps:
+                taps[i] = x
         return x
 
     def _llama_layer(self, layer: nn.Module, i: int, x: Tensor, cos: Tensor, sin: Tensor, step,

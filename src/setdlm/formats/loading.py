@@ -27,7 +27,7 @@ from ..data import Tokenizer
 from ..errors import UserError
 from ..lm import Model
 from ..resources import native_bf16, resolve_device
-from . import checkpoint, convert, gguf, hub, pretrained
+from . import checkpoint, convert, drafted, gguf, hub, pretrained
 from .gguf_quant import keep_file_quantization
 from .hf import load_pretrained, setdlm_tokenizer
 from .quantize import check_quantize, quantize as quantize_backbone
@@ -54,6 +54,8 @@ def locate(path: str | Path, *, revision: str | None = None, ema: bool = False) 
     p = Path(path).expanduser()
     if not p.exists() and str(path) in pretrained.available():
         return pretrained.path(str(path))
+    if not p.exists() and str(path) in pretrained.drafters():  # a shipped set drafter: loads over its base
+        return pretrained.drafters_root() / str(path)
     converted = gguf.resolve(path)  # a GGUF file or a packaged GGUF model's name: its converted folder
     if converted is not None:
         return converted
@@ -105,6 +107,8 @@ def _load(path, *, ema, family, device, dtype, revision, **reference) -> Model:
     if not isinstance(path, (str, Path)) or not str(path).strip():
         raise TypeError(f"path must be a checkpoint folder, a shipped model's name or a Hub id, got {path!r}")
     folder = locate(path, revision=revision, ema=ema)
+    if drafted.is_drafter_folder(folder):  # a set drafter: its base, loaded by name, with the drafter beside it
+        return _load_drafted(folder, family=family, device=device, dtype=dtype)
     if convert.is_reference_folder(folder):  # never one of ours ("format": "setdlm")
         if ema:
             raise UserError(f"{path}: the authors' checkpoints hold one set of weights (EMA already applied "
@@ -119,9 +123,19 @@ def _load(path, *, ema, family, device, dtype, revision, **reference) -> Model:
     return Model(*checkpoint.read(folder, ema=ema, family=family, device=device, dtype=dtype))
 
 
+def _load_drafted(folder: Path, *, family, device, dtype) -> Model:
+    """A drafter folder (:mod:`setdlm.formats.drafted`) over its base: the base's family and tokenizer, the
+    drafter in the base's precision (docs/drafter.md)."""
+    base_name, drafter, _ = drafted.read_drafter(folder)
+    base = _load(base_name, ema=False, family=family, device=device, dtype=dtype, revision=None)
+    p = next(base.backbone.parameters())
+    drafter.to(device=p.device, dtype=p.dtype)
+    return Model(drafted.DraftedBackbone(base.backbone, drafter), base.family, base.tokenizer).eval()
+
+
 def _is_name(name: str) -> bool:
     """``name`` names a model rather than a local path: a shipped model, a packaged GGUF model or a Hub id."""
-    return name in pretrained.available() or name in gguf.PACKAGED or hub.is_hub_id(name)
+    return name in pretrained.available() or name in pretrained.drafters() or name in gguf.PACKAGED or hub.is_hub_id(name)
 
 
 def load_for_training(name_or_path: str):

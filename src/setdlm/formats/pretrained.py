@@ -78,10 +78,33 @@ def describe(name: str) -> dict:
             "context": fam["length"]}
 
 
+def drafters_root() -> Path:
+    return Path(str(resources.files("setdlm"))) / "drafters"
+
+
+def drafters() -> list[str]:
+    """The set drafters shipped inside the package (docs/drafter.md): each loads over its base by name."""
+    r = drafters_root()
+    return sorted(p.name for p in r.iterdir() if (p / "config.json").is_file()) if r.is_dir() else []
+
+
+def describe_drafter(name: str) -> dict:
+    """:func:`describe` for a shipped drafter: its own parameters and size, the base it drafts for."""
+    folder = drafters_root() / name
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    d = cfg["drafter"]
+    per_layer = d["hidden_size"] * (2 * d["n_heads"] + 2 * d["n_kv_heads"]) * d["head_dim"] + \
+        3 * d["hidden_size"] * d["intermediate_size"] + 2 * d["hidden_size"]
+    count = d["n_layers"] * per_layer + len(d["feature_layers"]) * d["hidden_size"] ** 2 + 2 * d["hidden_size"]
+    return {"name": name, "parameters": count, "size": sum(f.stat().st_size for f in folder.iterdir()) / 2**20,
+            "family": f"ar + set drafter w={d['window']}", "task": f"drafts for {cfg['base']} (speculate='next_token')",
+            "context": "base's"}
+
+
 def table() -> str:
-    """The shipped models as aligned text lines, one per model under a header (``setdlm models``)."""
+    """The shipped models and drafters as aligned text lines, one per model under a header (``setdlm models``)."""
     rows = [("NAME", "PARAMETERS", "SIZE", "FAMILY", "CONTEXT", "TASK")]
-    for d in map(describe, available()):
+    for d in [*map(describe, available()), *map(describe_drafter, drafters())]:
         rows.append((d["name"], f"{d['parameters'] / 1e6:.2f}M", f"{d['size']:.1f} MiB", d["family"],
                      str(d["context"]), d["task"]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -91,5 +114,5 @@ def table() -> str:
 def closest(name: str, others: tuple[str, ...] = ()) -> str | None:
     """The shipped model name (or one of ``others``, e.g. packaged GGUF models) nearest to ``name``, when one is
     near enough to be a typo of it; else None."""
-    match = difflib.get_close_matches(name, [*available(), *others], n=1, cutoff=0.75)
+    match = difflib.get_close_matches(name, [*available(), *drafters(), *others], n=1, cutoff=0.75)
     return match[0] if match else None
