@@ -131,7 +131,7 @@ def test_bad_structured_requests_are_a_400_naming_the_problem(server):
            ({"response_format": {"type": "json_schema"}}, "holding the JSON Schema under 'schema'", "response_format"),
            ({"choice": ["a", 3]}, "every choice must be a non-empty string", "choice"),
            ({"regex": "a", "choice": ["b"]}, "give one of response_format, regex, choice", "choice"),
-           ({"regex": "a{50}"}, "no match of at most 5 tokens", None),
+           ({"regex": "a{50}"}, "no match of at most 5 tokens", "regex"),  # was null (issue #46 item 12b)
            ({"regex": "(a"}, "invalid regular expression", "regex")]
     assert_400s(c, bad, max_tokens=5)
 
