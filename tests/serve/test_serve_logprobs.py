@@ -186,3 +186,19 @@ def test_echo_logprobs_are_refused_where_no_order_defines_them():
             assert status == 400 and err["error"]["param"] == "echo", err
             status, out = post(url, {"prompt": "to be", "logprobs": 1, "max_tokens": 4})
             assert status == 200 and len(out["choices"][0]["logprobs"]["token_logprobs"]) >= 1, out
+
+
+def test_generated_logprobs_batched_equal_alone(sd):
+    """Three prompts decoded together (one request, rows of one group) give each the logprobs it gets alone."""
+    url, _ = sd
+    prompts = ["to be", "a cat sat", "xy"]
+    body = {"max_tokens": 8, "threshold": 0.3, "logprobs": 3, "temperature": 0.7, "seed": 2}
+    status, out = post(url, {"prompt": prompts, **body})
+    assert status == 200, out
+    for p, c in zip(prompts, out["choices"]):
+        _, one = post(url, {"prompt": p, **body})
+        alone = one["choices"][0]["logprobs"]
+        assert c["text"] == one["choices"][0]["text"]
+        assert c["logprobs"]["token_logprobs"] == pytest.approx(alone["token_logprobs"], abs=1e-9)
+        for got, want in zip(c["logprobs"]["top_logprobs"], alone["top_logprobs"]):
+            assert list(got) == list(want) and list(got.values()) == pytest.approx(list(want.values()), abs=1e-9)
