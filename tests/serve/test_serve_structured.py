@@ -163,7 +163,8 @@ def test_probe_requests_are_valid_or_a_400_naming_the_field_and_the_server_lives
                "type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 2}}}},
             "'minProperties' at (root)", "response_format"),
            ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-               "type": "string", "format": "hostname"}}}}, "'format' at (root)", "response_format")]
+               "type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}, "'uniqueItems' at (root)",
+            "response_format")]
     assert_400s(c, bad, max_tokens=40)
 
 

@@ -7,10 +7,10 @@ whole output must match):
 * :func:`regex` — a regular expression (the syntax of Rust's ``regex`` crate, which outlines-core uses;
   for the common subset it is Python's ``re``);
 * :func:`json_schema` — a JSON Schema (a dict or its JSON text), turned into the regular expression of
-  the JSON documents that validate against it by outlines-core (``build_regex_from_schema``); recursive
-  references are unrolled to ``max_depth`` (default 3), free-form values (``{"type": "object"}``) to
-  outlines-core's fixed depth (objects 3 levels, arrays 2); :func:`json_object` is any JSON object,
-  nested at most ``max_depth`` (default 2) levels;
+  JSON documents that validate against it (:mod:`setdlm.decoding.schema_regex`); recursive references
+  are unrolled to ``max_depth`` (default 3), free-form values (``{"type": "object"}``, ``{}``) nest arrays
+  and objects 2 levels; :func:`json_object` is any JSON object, nested at most ``max_depth`` (default 2)
+  levels;
 * :func:`choice` — one of a list of strings, literally.
 
 :func:`automaton` compiles a constraint for a tokenizer: outlines-core (optional extra ``constrain``)
@@ -83,10 +83,10 @@ def choice(options) -> Constraint:
 
 def json_schema(schema, *, max_depth: int = DEFAULT_MAX_DEPTH, whitespace: str | None = None) -> Constraint:
     """The output must be a JSON document that validates against ``schema`` (a dict, or its JSON text).
-    ``max_depth``: how deep recursive references are unrolled (free-form values such as ``{"type":
-    "object"}`` follow outlines-core's own fixed depth: objects 3 levels, arrays 2); ``whitespace``: the regex of the whitespace allowed between tokens of the
-    JSON text (default outlines-core's, an optional space). A schema that is not valid JSON, not a valid
-    JSON Schema, or uses a construct outlines-core cannot express is a ``ValueError`` naming the problem."""
+    ``max_depth``: how many times recursive references are re-entered along a path (free-form values such
+    as ``{"type": "object"}`` nest 2 levels); ``whitespace``: the regex of the whitespace allowed between
+    tokens of the JSON text (default an optional space). A schema that is not valid JSON, not a valid JSON
+    Schema, or asks what the token automaton cannot enforce is a ``ValueError`` naming the keyword and path."""
     oc = _outlines()
     if isinstance(schema, str):
         try:

@@ -1,89 +1,68 @@
-"""A JSON Schema as the regular expression of the JSON documents that validate against it (docs/decoding.md
+"""A JSON Schema as the regular expression of JSON documents that validate against it (docs/decoding.md
 "Constrained decoding", "JSON Schema").
 
-outlines-core (``build_regex_from_schema``) writes the structure (objects, arrays, ``enum``, ``const``,
-``$ref``, ``anyOf``); the leaves it would leave unenforced or get wrong are written here and spliced in:
+The expression is written here, keyword by keyword, as a regular language of valid documents: the whole
+language of the schema where it is regular and small, a named subset of it where it is not (a subset is
+what every output needs: each validates). Each subschema is first brought to one flat node
+(:mod:`setdlm.decoding.schema_merge`: ``$ref`` and ``allOf`` merged, drafts 4-2020-12 read alike,
+``if``/``then``/``else`` and ``not`` as unions); then
 
-* integers with ``minimum``/``maximum``/``exclusiveMinimum``/``exclusiveMaximum`` as exact digit-range
-  regexes, and ``multipleOf`` by listing the multiples of a bounded range (at most ``MAX_LISTED``);
-* numbers with bounds: the integers of the range, and decimals of at most ``NUMBER_PRECISION``
-  fraction digits whose every value is inside it (no exponent; a decimal within 1 of an open end may be
-  left out: what is written always validates);
-* strings with a ``pattern`` (made safe inside a JSON string: no raw ``"``, ``\\`` or control character),
-  with ``minLength``/``maxLength`` when the pattern is one character class repeated, and the ``format``\\ s
-  of :data:`FORMATS` (date, date-time, time, email, uuid, ipv4);
-* ``oneOf`` of disjoint branches (different types, or objects told apart by a required ``const``
-  property) as ``anyOf``; a ``required`` name absent from ``properties`` as a scalar property
-  (``additionalProperties`` permitting); ``minProperties``/``maxProperties`` that the required and
-  declared properties already satisfy.
+* types: a list of types, or none (the types its keywords are about), as the union of one value per type;
+* numbers (:mod:`setdlm.decoding.schema_numbers`), strings and formats (:mod:`setdlm.decoding.schema_strings`,
+  :mod:`setdlm.decoding.schema_formats`);
+* objects: declared properties in their order, the required ones present (linear in the number of
+  properties: ``(a,)?(b,)?r(,c)?``, or with none required ``(a,)?N | a``), property names that a
+  ``patternProperties`` pattern or ``propertyNames`` admit, ``additionalProperties`` keys that are none of
+  the declared names; ``minProperties`` by writing the first optional properties always,
+  ``maxProperties`` by leaving the last out; ``dependentRequired``/``dependentSchemas`` as the union of the
+  object without the key and with it and what it needs;
+* arrays: ``prefixItems`` position by position, then ``items``, within ``minItems``/``maxItems``;
+  ``contains`` by its first elements; ``uniqueItems`` over a finite set of items by writing each value at
+  most once in the enum's order;
+* ``anyOf`` as a union, the node's other keywords merged into each branch; ``oneOf`` as a union when its
+  branches are disjoint, or made disjoint (a property one branch requires is left out of the others);
+* ``enum``/``const``: the values that validate against the whole node (checked with jsonschema).
 
-Everything else that a regular expression would silently not enforce is a :class:`UserError` naming the
-keyword and its path, so that every output validates.
+Everything else is a :class:`UserError` naming the keyword and its path; a subschema no value can satisfy
+is left out where it is optional and refused where it is needed.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
+import urllib.parse
 
 from ..errors import UserError
-from .compiler import regex_atoms
+from .schema_merge import (MAX_BRANCHES, TYPES, Unsatisfiable, both, excluded, json_type, merge, negate, normalize,
+                           not_strings, refuse, types_of)
+from .schema_numbers import number_regex
+from .schema_numbers import integer_regex as integer_regex  # noqa: F401 (re-exported)
+from .schema_objects import array_regex, object_regex
+from .schema_strings import STRING_KEYWORDS, json_literal, json_safe, strip_anchors  # noqa: F401 (re-exported)
+from .schema_strings import string_regex
 
 MAX_NESTING = 64  # levels of a schema (a deeper one is refused, never a RecursionError)
-MAX_LISTED = 1000  # multiples of multipleOf listed at most
-NUMBER_PRECISION = 6  # fraction digits of a bounded number
-UNENFORCED = ("uniqueItems", "contains", "minContains", "maxContains", "not", "if", "then", "else",
-              "dependentRequired", "dependentSchemas", "dependencies", "patternProperties", "propertyNames",
-              "unevaluatedProperties", "unevaluatedItems", "additionalItems", "$dynamicRef", "$recursiveRef")
+MAX_PATTERN = 4_000_000  # characters of a schema's regular expression
+FREE_DEPTH = 2  # a free-form value ({} or true) nests arrays and objects this deep
 NUMERIC = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
-_ANNOTATIONS = {"title", "description", "default", "examples", "$comment", "$schema", "$id", "id", "deprecated",
-                "readOnly", "writeOnly", "$anchor", "discriminator", "contentMediaType", "contentEncoding"}
-# (keywords that constrain nothing; OpenAPI's discriminator only names the property a oneOf's branches differ by)
-_IMPLIED = {"string": ("pattern", "format", "minLength", "maxLength"), "number": NUMERIC,
-            "array": ("items", "prefixItems", "minItems", "maxItems"),
-            "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties")}
-_STRUCTURAL = ("enum", "const", "$ref", "anyOf", "oneOf", "allOf")  # they decide the type themselves
-ANY = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "null", "array", "object")]}  # any JSON value
-_JSON_UNSAFE = r'"\\\x00-\x1F\x7F-\x9F'  # characters a JSON string's text holds only escaped (and C1 controls)
-_CHAR = rf"[^{_JSON_UNSAFE}]"
-
-_DATE = ("[1-9][0-9]{3}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)"
-         "|(?:0[13578]|1[02])-31)")
-_TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
-_OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])"
-_LABEL = "[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
-FORMATS = {  # the text of a string of each format (a subset of the format where the full one is not regular)
-    "date": _DATE,
-    "time": _TIME,
-    "date-time": f"{_DATE}T{_TIME}",
-    "email": f"[a-z0-9]+(?:[._+-][a-z0-9]+)*@{_LABEL}(?:\\.{_LABEL})*\\.[a-z]{{2,12}}",
-    "uuid": "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
-    "ipv4": f"{_OCTET}(?:\\.{_OCTET}){{3}}",
-}
+_IMPLIED = {"string": STRING_KEYWORDS, "number": NUMERIC,
+            "array": ("items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains"),
+            "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties",
+                       "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas")}
 
 
 def schema_regex(schema: dict, *, max_depth: int, whitespace: str | None) -> str:
-    """The regular expression of the JSON texts that validate against ``schema`` (checked already against
-    the meta-schema); a :class:`UserError` naming keyword and path for what it cannot enforce."""
-    import outlines_core as oc
-
+    """The regular expression of JSON texts that validate against ``schema`` (checked already against the
+    meta-schema); a :class:`UserError` naming keyword and path for what it cannot enforce."""
     check_nesting(schema)
-    leaves: dict[str, str] = {}
-    text = json.dumps(schema)
-    mark = "setdlmleaf"
-    while mark in text:
-        mark += "x"
-    rewritten = _rewrite(schema, "(root)", leaves, mark, schema)
-    build = oc.json_schema.build_regex_from_schema
+    writer = Writer(schema, max_depth, "[ ]?" if whitespace is None else f"(?:{whitespace})")
     try:
-        pattern = build(json.dumps(rewritten), whitespace, max_recursion_depth=max_depth)
-        for name, leaf in leaves.items():  # a leaf under a $def never referenced is not in it
-            pattern = pattern.replace(build(json.dumps({"const": name}), whitespace), f"({leaf})")
-    except (ValueError, TypeError) as e:
-        raise UserError(f"json_schema: {e}", fields=("json_schema",)) from None
-    if mark in pattern:
-        raise UserError("json_schema: a constrained leaf could not be placed in the schema's expression",
+        pattern = writer.value(schema, "(root)")
+    except Unsatisfiable as e:
+        raise e.error() from None
+    if len(pattern) > MAX_PATTERN:
+        raise UserError(f"json_schema: its regular expression has {len(pattern):,} characters, more than "
+                        f"{MAX_PATTERN:,}; lower max_depth (recursive references) or simplify the schema",
                         fields=("json_schema",))
     return pattern
 
@@ -103,326 +82,260 @@ def check_nesting(schema) -> None:
             todo.extend((v, depth + 1, f"{where}/{i}") for i, v in enumerate(node))
 
 
-def _refuse(key: str, where: str, why: str):
-    raise UserError(f"json_schema: {key!r} at {where} cannot be enforced by the token automaton: {why}",
-                    fields=("json_schema",))
+def node_types(flat: dict) -> list[str]:
+    """The types a flat node writes: its ``type`` (number covering integer), or the types its keywords are
+    about, or all."""
+    if "type" in flat:
+        t = types_of(flat)
+    else:
+        t = {k for k, keys in _IMPLIED.items() if any(x in flat for x in keys)} or set(TYPES)
+    if "number" in t:
+        t.discard("integer")
+    return [x for x in ("object", "array", "string", "integer", "number", "boolean", "null") if x in t]
 
 
-def _rewrite(node, where: str, leaves: dict, mark: str, root: dict):
-    """``node`` with the leaves written here replaced by ``{"const": <name>}`` (their regex in ``leaves``),
-    and what cannot be enforced refused."""
-    if isinstance(node, list):
-        return [_rewrite(v, f"{where}/{i}", leaves, mark, root) for i, v in enumerate(node)]
-    if node is True or (isinstance(node, dict) and set(node) <= _ANNOTATIONS):
-        return ANY  # outlines-core's own free-form value leaves its alternation ungrouped ({"a": {}} -> {1.5})
-    if not isinstance(node, dict):
-        return node
-    for key in UNENFORCED:
-        if key in node:
-            _refuse(key, where, "remove it, or express it with enum, const or pattern")
-    node = dict(node)
-    beside = [k for k in node if k not in _ANNOTATIONS and k not in _STRUCTURAL and k not in ("$defs", "definitions")]
-    structural = [k for k in _STRUCTURAL[2:] if k in node]  # $ref, anyOf, oneOf, allOf
-    if beside == ["type"] and structural in (["anyOf"], ["oneOf"]) and isinstance(node["type"], str) and \
-            all(isinstance(b, dict) and not any(k in b for k in ("type",) + _STRUCTURAL) for b in node[structural[0]]):
-        kind = node.pop("type")  # into each branch, where it is checked
-        node[structural[0]] = [dict(b, type=kind) for b in node[structural[0]]]
-        beside = []
-    if structural and beside:
-        _refuse(beside[0], where, f"beside {structural[0]!r} it would be left unchecked; move it into the "
-                                  f"referenced schema or each branch")
-    implied = {t for t, keys in _IMPLIED.items() if any(k in node for k in keys)}
-    if "type" not in node and len(implied) == 1 and not any(k in node for k in _STRUCTURAL):
-        node["type"] = implied.pop()  # the keywords bind that type only: writing one of it is a valid choice
-    if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
-        _refuse("allOf", where, f"the intersection of {len(node['allOf'])} schemas is not expressed; merge them")
-    if isinstance(node.get("oneOf"), list) and len(node["oneOf"]) > 1:
-        if not _disjoint([_resolved(b, root) for b in node["oneOf"]]):
-            _refuse("oneOf", where, "its branches may overlap (exactly one must match); make them disjoint (other "
-                                    "types, or a required const property) or use anyOf")
-        node["anyOf"] = node.pop("oneOf")
-    leaf = _leaf(node, where)
-    if leaf is not None:
-        name = f"{mark}{len(leaves)}"
-        leaves[name] = leaf
-        return {"const": name}
-    if node.get("type") == "object" or "properties" in node or "required" in node:
-        node = _object(node, where)
-    for key, v in list(node.items()):
-        if key in ("properties", "$defs", "definitions") and isinstance(v, dict):
-            node[key] = {k: _rewrite(s, f"{where}/{key}/{k}", leaves, mark, root) for k, s in v.items()}
-        elif key in ("items", "prefixItems", "additionalProperties", "anyOf", "oneOf", "allOf") and \
-                isinstance(v, (dict, list)):
-            node[key] = _rewrite(v, f"{where}/{key}", leaves, mark, root)
-    return node
+def alt(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else "|".join(f"(?:{p})" for p in parts)
 
 
-def _object(node: dict, where: str) -> dict:
-    props = dict(node.get("properties") or {})
-    required = list(node.get("required") or [])
-    extra = node.get("additionalProperties", True)
-    for name in required:
-        if name not in props:
-            if extra is False:
-                _refuse("required", where, f"{name!r} is required but additionalProperties is false and it is not "
-                                           f"in properties: no object validates")
-            props[name] = extra if isinstance(extra, dict) else {"type": ["string", "number", "boolean", "null"]}
-    if props:
-        node["properties"] = props
-    lo, hi = node.pop("minProperties", 0), node.pop("maxProperties", None)
-    if lo > len(set(required)):
-        _refuse("minProperties", where, f"{lo} properties are needed but only {len(set(required))} are required; "
-                                        f"list that many in required")
-    if hi is not None and (extra is not False or len(props) > hi):
-        _refuse("maxProperties", where, f"at most {hi} properties, but {len(props)} are declared and "
-                                        f"additionalProperties is {extra is not False}; declare at most that many "
-                                        f"with additionalProperties false")
-    return node
+class Writer:
+    """Writes the regex of the subschemas of ``root``, following local references (a recursive one at most
+    ``max_depth`` times along a path), with ``ws`` between a document's tokens."""
 
+    def __init__(self, root: dict, max_depth: int, ws: str):
+        self.root, self.max_depth, self.ws = root, max_depth, ws
+        self.stack: dict[str, int] = {}  # references being written -> how many times along this path
+        self.reentries = 0
+        self.cache: dict = {}
+        self._validator = None
 
-def _resolved(branch, root: dict):
-    """``branch``, or the schema its local ``$ref`` (``#/$defs/..``, ``#/definitions/..``) names."""
-    ref = branch.get("$ref") if isinstance(branch, dict) else None
-    if not isinstance(ref, str) or not ref.startswith("#/"):
-        return branch
-    node = root
-    for part in ref[2:].split("/"):
-        node = node.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(node, dict) else None
-    return node if isinstance(node, dict) else branch
+    # -- one subschema ------------------------------------------------------------------------------------
 
+    def value(self, node, where: str) -> str:
+        """The regex of ``node`` (a raw subschema); :class:`Unsatisfiable` where nothing can be written."""
+        if node is True or node == {}:
+            return self.free(FREE_DEPTH)
+        if node is False:
+            raise Unsatisfiable("false", where, "the schema false admits no value")
+        if not isinstance(node, dict):
+            refuse("(schema)", where, f"a schema is an object or a boolean, got {node!r}")
+        key = (id(node), tuple(sorted(self.stack.items())))
+        if key in self.cache:
+            return self.cache[key][1]
+        flat = self.flatten(node, where)
+        out = self.written(flat, where)
+        if len(out) > MAX_PATTERN:
+            raise UserError(f"json_schema: the regular expression of {where[:160]} has {len(out):,} characters, more "
+                            f"than {MAX_PATTERN:,}; lower max_depth (recursive references) or simplify the schema",
+                            fields=("json_schema",))
+        self.cache[key] = (node, out)  # the node kept alive: its id is not reused
+        return out
 
-def _disjoint(branches: list) -> bool:
-    """Whether no JSON value validates against two of ``branches`` (a sufficient check: distinct single
-    types, integer and number apart, or objects whose same required property has distinct consts)."""
-    types = [b.get("type") if isinstance(b, dict) else None for b in branches]
-    if all(isinstance(t, str) for t in types) and len(set(types)) == len(types) and \
-            not {"integer", "number"} <= set(types):
-        return True
-    if not all(isinstance(b, dict) and b.get("type") == "object" for b in branches):
-        return False
-    for key in branches[0].get("required", []):
-        consts = []
-        for b in branches:
-            sub = (b.get("properties") or {}).get(key)
-            if key not in b.get("required", []) or not isinstance(sub, dict) or "const" not in sub:
-                break
-            consts.append(json.dumps(sub["const"], sort_keys=True))
-        else:
-            if len(set(consts)) == len(consts):
-                return True
-    return False
+    def written(self, flat: dict, where: str) -> str:
+        """The regex of a flat node, its references counted as entered while its parts are written."""
+        refs = flat.pop("_refs", [])
+        for r in refs:
+            self.reentries += self.stack.get(r, 0) > 0
+            self.stack[r] = self.stack.get(r, 0) + 1
+        try:
+            return self.flat_value(flat, where)
+        finally:
+            for r in refs:
+                self.stack[r] -= 1
+                self.reentries -= self.stack[r] > 0
+                if not self.stack[r]:
+                    del self.stack[r]
 
+    def flatten(self, node, where: str) -> dict:
+        """``node`` as one flat node (schema_merge): references and ``allOf`` merged, ``if``/``then``/``else``
+        and ``not`` as unions."""
+        flat: dict = {"_raw": [node], "_refs": [], "_unions": []}
+        todo, chain = [(node, where)], set()
+        while todo:
+            n, w = todo.pop()
+            if n is True:
+                continue
+            if n is False:
+                raise Unsatisfiable("false", w, "the schema false admits no value")
+            n = normalize(n, w)
+            if "$ref" in n:
+                target, tw, ref = self.resolve(n.pop("$ref"), w)
+                if ref not in chain:  # met again (allOf of both, or a cycle with no value between): merged once
+                    chain.add(ref)
+                    if self.stack.get(ref, 0) and self.reentries >= self.max_depth:
+                        raise Unsatisfiable("$ref", w, f"recursion through {ref!r} deeper than max_depth="
+                                                       f"{self.max_depth}")
+                    flat["_refs"].append(ref)
+                    todo.append((target, tw))
+            todo += [(s, f"{w}/allOf/{i}") for i, s in enumerate(n.pop("allOf", []))]
+            self._unions(n, w, flat)
+            flat = merge(flat, n, w)
+        return flat
 
-def _leaf(node: dict, where: str) -> str | None:
-    """The regex of a number or string schema whose keywords outlines-core would not enforce exactly (None:
-    leave it to outlines-core)."""
-    kind = node.get("type")
-    numeric = [k for k in NUMERIC if k in node]
-    if numeric:
-        if kind not in ("integer", "number"):
-            _refuse(numeric[0], where, "bounds need \"type\": \"integer\" or \"number\" (one type)")
-        if "enum" in node or "const" in node:
-            _refuse(numeric[0], where, "give the enum's values inside the bounds instead")
-        return _number(node, where, integer=kind == "integer")
-    strings = [k for k in ("pattern", "format", "minLength", "maxLength") if k in node]
-    if not strings or "enum" in node or "const" in node:
-        return None
-    if isinstance(kind, list) and "string" in kind:
-        _refuse(strings[0], where, "string keywords with a list of types; write anyOf of a string schema and the "
-                                   "others")
-    if kind != "string":  # they do not apply to the other types
-        return None
-    lo, hi = node.get("minLength", 0), node.get("maxLength")
-    fmt, pat = node.get("format"), node.get("pattern")
-    if fmt is not None:
-        if fmt not in FORMATS:
-            _refuse("format", where, f"format {fmt!r} is not one of {sorted(FORMATS)}; use a pattern")
-        if pat is not None or "minLength" in node or "maxLength" in node:
-            _refuse("format", where, "a format together with pattern, minLength or maxLength; give one of them")
-        return f'"{FORMATS[fmt]}"'
-    if pat is None:
-        return None  # outlines-core's string with its length bounds
-    body = strip_anchors(pat)
-    if ("minLength" in node or "maxLength" in node) and not _lengths_implied(body, lo, hi):
-        m = re.fullmatch(r"(\[(?:\\.|[^\]\\])*\]|\\.|[^\\()\[\]|*+?{}^$])(\*|\+|\?|\{(\d+)(?:(,)(\d*))?\})", body)
-        if m is None:
-            _refuse("maxLength" if hi is not None else "minLength", where,
-                    "lengths combine only with a pattern that repeats one character class (like [a-z]+); fold the "
-                    "length into the pattern ({m,n})")
-        q = m.group(2)
-        a, b = {"*": (0, None), "+": (1, None), "?": (0, 1)}.get(q, (None, None))
-        if q.startswith("{"):
-            a = int(m.group(3))
-            b = a if m.group(4) is None else (int(m.group(5)) if m.group(5) else None)
-        lo2, hi2 = max(a, lo), (hi if b is None else b if hi is None else min(b, hi))
-        if hi2 is not None and lo2 > hi2:
-            _refuse("maxLength", where, f"no string of the pattern has between {lo} and {hi} characters")
-        body = f"{json_safe(m.group(1), where)}{{{lo2},{'' if hi2 is None else hi2}}}"
-        return f'"{body}"'
-    return f'"(?:{json_safe(body, where)})"'
-
-
-def _lengths_implied(pattern: str, lo: int, hi: int | None) -> bool:
-    """Whether every string of ``pattern`` (read by Python's parser, the common syntax) already has between
-    ``lo`` and ``hi`` characters."""
-    try:
-        short, long = re._parser.parse(pattern).getwidth()
-    except (re.error, AttributeError, RecursionError):
-        return False
-    return short >= lo and (hi is None or long <= hi)
-
-
-def strip_anchors(pattern: str) -> str:
-    """``pattern`` without a leading ``^`` and a trailing unescaped ``$`` (the whole text is matched)."""
-    body = pattern[1:] if pattern.startswith("^") else pattern
-    if body.endswith("$") and (len(body) - 1 - len(body[:-1].rstrip("\\"))) % 2 == 0:
-        body = body[:-1]
-    return body
-
-
-def json_safe(pattern: str, where: str) -> str:
-    """``pattern`` (a string's content) as the text a JSON string spells it with: ``"`` and ``\\`` as
-    their escapes, and no other character a JSON string holds only escaped (``.``, negated classes and
-    ``\\S`` ``\\D`` ``\\W`` lose them; ``\\s`` is a space). The output is a subset of the pattern's strings,
-    which is what validates; a construct that cannot be rewritten is refused."""
-    out = []
-    for i, atom in regex_atoms(pattern):
-        c = pattern[i]
-        if c == "\\":
-            e = pattern[i + 1:i + 2]
-            if e in ("d", "w"):
-                out.append("\\" + e)
-            elif e == "s":
-                out.append(" ")
-            elif e in ("D", "W", "S"):
-                out.append(f"[\\{e}&&{_CHAR}]")
-            elif e == "\\":  # each spelled as its JSON escape, grouped for a quantifier after it
-                out.append("(?:\\\\\\\\)")
-            elif e == '"':
-                out.append('(?:\\\\")')
-            elif e in ("n", "t", "r"):
-                out.append(f"(?:\\\\{e})")
-            elif e and not e.isalnum():
-                out.append("\\" + e)
+    def _unions(self, n: dict, w: str, flat: dict) -> None:
+        """``if``/``then``/``else``, ``not``, ``anyOf`` and ``oneOf`` of ``n`` moved into ``flat``'s unions."""
+        if "if" in n:
+            cond, then, other = n.pop("if"), n.pop("then", True), n.pop("else", True)
+            neg = negate(self.deref(cond, w), w)
+            branches = [both(cond, then)] + ([both({"anyOf": neg}, other)] if neg else [])
+            flat["_unions"].append(("if", branches, w))
+        n.pop("then", None), n.pop("else", None)  # without if they apply to nothing
+        if "not" in n:
+            sub = self.deref(n.pop("not"), w)
+            if excluded({"not": sub}):  # values excluded: kept in _raw and read by the types (of_type)
+                flat["_raw"].append({"not": sub})
             else:
-                _refuse("pattern", where, f"the escape \\{e} is not supported inside a JSON string")
-        elif atom is None:
-            _refuse("pattern", where, "an unclosed character class")
-        elif c == "[":
-            out.append(f"[{atom}&&{_CHAR}]")  # the class, JSON-safe characters only
-        elif c == ".":
-            out.append(_CHAR)
-        elif c == '"':
-            out.append('(?:\\\\")')
-        elif c in "^$":
-            _refuse("pattern", where, f"an anchor {c} inside the pattern (only at its ends)")
-        elif ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F:
-            _refuse("pattern", where, f"the control character {c!r}")
-        else:
-            out.append(c)
-    return "".join(out)
+                neg = negate(sub, w)
+                if not neg:
+                    refuse("not", w, "its complement is not written here (the other types, values of an enum, a "
+                                     "required property absent, a bound's other side, a property's value negated)")
+                flat["_unions"].append(("not", neg, w))
+        for kind in ("anyOf", "oneOf"):
+            if kind in n:
+                flat["_unions"].append((kind, n.pop(kind), w))
 
+    def deref(self, node, where: str):
+        """``node`` with a top-level local reference followed (for negation)."""
+        seen = set()
+        while isinstance(node, dict) and isinstance(node.get("$ref"), str) and len(node) == 1:
+            if node["$ref"] in seen:
+                refuse("$ref", where, "a reference to itself")
+            seen.add(node["$ref"])
+            node, where, _ = self.resolve(node["$ref"], where)
+        return node
 
-# ---------------------------------------------------------------------------------------------------------
-# numbers
-# ---------------------------------------------------------------------------------------------------------
+    def resolve(self, ref, where: str) -> tuple:
+        """(schema, its path, its key) of a local reference: ``#``, a JSON pointer ``#/...``, or the root's
+        own ``$id``/``id`` followed by one."""
+        if not isinstance(ref, str):
+            refuse("$ref", where, f"a reference is a string, got {ref!r}")
+        base = self.root.get("$id") or self.root.get("id")
+        if isinstance(base, str) and base.split("#")[0] and ref.startswith(base.split("#")[0]):
+            ref = ref[len(base.split("#")[0]):]
+        if not ref.startswith("#"):
+            refuse("$ref", where, f"{ref!r} refers to another document; inline it under $defs")
+        node, path = self.root, "(root)"
+        for part in [p for p in urllib.parse.unquote(ref[1:]).split("/")[1:]]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            elif isinstance(node, dict) and part in node:
+                node = node[part]
+            else:
+                refuse("$ref", where, f"{ref!r} names nothing in the schema")
+            path += f"/{part}"
+        if ref not in ("#", "") and not ref.startswith("#/"):
+            refuse("$ref", where, f"{ref!r}: only JSON pointers (#/...) are followed, not anchors")
+        return node, path, ref if ref.startswith("#/") else "#"
 
+    # -- a flat node ---------------------------------------------------------------------------------------
 
-def _number(node: dict, where: str, integer: bool) -> str:
-    lo, lo_open, hi, hi_open = _bounds(node, where)
-    step = node.get("multipleOf")
-    if step is not None:
-        if not (isinstance(step, int) or float(step).is_integer()):
-            _refuse("multipleOf", where, f"multipleOf {step} is not an integer (a decimal step is not checked exactly "
-                                         f"in floating point)")
-        integer, step = True, int(step)
-    ilo = None if lo is None else (math.floor(lo) + 1 if lo_open else math.ceil(lo))
-    ihi = None if hi is None else (math.ceil(hi) - 1 if hi_open else math.floor(hi))
-    if ilo is not None and ihi is not None and ilo > ihi and integer:
-        _refuse("minimum", where, f"no integer lies between the bounds {lo} and {hi}")
-    if step is not None and step != 1:
-        if ilo is None or ihi is None or (ihi - ilo) // step > MAX_LISTED:
-            _refuse("multipleOf", where, f"multipleOf {step} is enforced by listing the multiples of a bounded range "
-                                         f"(at most {MAX_LISTED}); bound it with minimum and maximum")
-        first = -(-ilo // step) * step
-        values = [str(v) for v in range(first, ihi + 1, step)]
-        if not values:
-            _refuse("multipleOf", where, f"no multiple of {step} lies between the bounds")
-        return "|".join(sorted(values, key=len, reverse=True))
-    parts = [] if ilo is not None and ihi is not None and ilo > ihi else [integer_regex(ilo, ihi)]
-    if not integer:  # decimals I.F (F ending in 1-9): in (I, I+1) for I >= 0, in (I-1, I) for I < 0
-        frac = f"\\.[0-9]{{0,{NUMBER_PRECISION - 1}}}[1-9]"
-        flo = None if lo is None else math.ceil(lo)
-        fhi = None if hi is None else math.floor(hi)
-        pos_lo, pos_hi = max(flo if flo is not None else 0, 0), None if fhi is None else fhi - 1
-        if pos_hi is None or pos_lo <= pos_hi:
-            parts.insert(0, f"(?:{_nonneg(pos_lo, pos_hi)}){frac}")
-        neg_lo, neg_hi = None if flo is None else flo + 1, -1 if fhi is None else min(fhi, -1)
-        if neg_lo is None or neg_lo <= neg_hi:
-            parts.insert(0, f"-(?:{_nonneg(-neg_hi, None if neg_lo is None else -neg_lo)}){frac}")
-    if not parts:
-        _refuse("minimum", where, f"no number of at most {NUMBER_PRECISION} decimals lies between the bounds")
-    return "|".join(parts)
+    def flat_value(self, flat: dict, where: str) -> str:
+        unions = flat.pop("_unions", [])
+        if unions:
+            return self.union(flat, unions, where)
+        if flat.get("type") == []:
+            raise Unsatisfiable("type", where, "the merged subschemas have no type in common")
+        if "enum" in flat:
+            return alt([json_literal(v, self.ws) for v in self.enum_values(flat, where)])
+        out, first = [], None
+        for t in node_types(flat):
+            try:
+                out.append(self.of_type(t, flat, where))
+            except Unsatisfiable as e:
+                first = first or e
+        if not out:
+            raise first
+        return alt(out)
 
+    def union(self, flat: dict, unions: list, where: str) -> str:
+        size = 1
+        for _, branches, w in unions:
+            size *= max(len(branches), 1)
+            if size > MAX_BRANCHES:
+                refuse(unions[0][0], w, f"more than {MAX_BRANCHES} branches once its unions are combined")
+        kind, branches, w = unions[0]
+        rest = dict(flat, _unions=unions[1:])
+        options, paths, first = [], [], None
+        for i, b in enumerate(branches):
+            try:
+                options.append(dict(merge(rest, self.flatten(b, f"{w}/{kind}/{i}"), w), _branch=[b]))
+                paths.append(f"{w}/{kind}/{i}")
+            except Unsatisfiable as e:
+                first = first or e
+        if kind == "oneOf" and len(options) > 1:
+            from .schema_oneof import separate
 
-def _bounds(node: dict, where: str) -> tuple:
-    lo = hi = None
-    lo_open = hi_open = False
-    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        v = node.get(key)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            _refuse(key, where, f"a bound is a finite number (draft 6+), got {v!r}")
-        if key.endswith("inimum") and (lo is None or v > lo or (v == lo and key.startswith("exclusive"))):
-            lo, lo_open = v, key.startswith("exclusive")
-        if key.endswith("aximum") and (hi is None or v < hi or (v == hi and key.startswith("exclusive"))):
-            hi, hi_open = v, key.startswith("exclusive")
-    return lo, lo_open, hi, hi_open
+            options = separate(self, options, w)
+        out = []
+        for option, path in zip(options, paths):
+            try:
+                out.append(self.written(option, path))
+            except Unsatisfiable as e:
+                first = first or e
+        if not out:
+            raise first or Unsatisfiable(kind, w, "it has no branch")
+        return alt(out)
 
+    def of_type(self, t: str, flat: dict, where: str) -> str:
+        out = [v for r in flat.get("_raw", []) for v in excluded(r)]
+        if t != "string" and any(json_type(v) in (t, "number" if t == "integer" else t) for v in out):
+            if t != "boolean":
+                raise Unsatisfiable("not", where, f"values of type {t} are excluded by a not")
+            left = [x for x in (True, False) if not any(x is v for v in out)]
+            if not left:
+                raise Unsatisfiable("not", where, "both booleans are excluded by a not")
+            return alt([json.dumps(x) for x in left])
+        if t == "null":
+            return "null"
+        if t == "boolean":
+            return "true|false"
+        if t in ("integer", "number"):
+            return number_regex(flat, where, integer=t == "integer")
+        if t == "string":
+            return string_regex(flat, where, not_strings(flat))
+        if t == "array":
+            return array_regex(self, flat, where)
+        return object_regex(self, flat, where)
 
-def integer_regex(lo: int | None, hi: int | None) -> str:
-    """The decimal integers (JSON's spelling: no leading zero, ``-`` for negatives) in ``[lo, hi]`` (None:
-    unbounded), ``lo <= hi``; longer spellings first (the automaton's leftmost-first alternation)."""
-    parts = []
-    if lo is None or lo < 0:  # negatives: -m for m in [max(1, -hi), -lo]
-        parts.append(f"-(?:{_nonneg(max(1, -hi) if hi is not None else 1, None if lo is None else -lo)})")
-    if hi is None or hi >= 0:
-        parts.append(_nonneg(max(lo, 0) if lo is not None else 0, hi))
-    return "|".join(parts)
+    def enum_values(self, flat: dict, where: str) -> list:
+        """The values of the node's enum that validate against every raw schema it merges (jsonschema)."""
+        seen, out = set(), []
+        for v in flat["enum"]:
+            key = json.dumps(v, sort_keys=True) + type(v).__name__[:1]
+            if key not in seen and all(self.valid(v, r) for r in flat.get("_raw", [])):
+                seen.add(key)
+                out.append(v)
+        if not out:
+            raise Unsatisfiable("enum", where, "none of its values validates against the rest of the schema")
+        return out
 
+    def valid(self, value, schema) -> bool:
+        if self._validator is None:
+            try:
+                import jsonschema
+            except ImportError:
+                refuse("enum", "(root)", "checking an enum's values against the schema needs jsonschema "
+                                         "(pip install 'setdlm[constrain]')")
+            cls = jsonschema.validators.validator_for(self.root)
+            self._validator = cls(self.root, format_checker=cls.FORMAT_CHECKER)
+        try:
+            return self._validator.evolve(schema=schema).is_valid(value)
+        except Exception as e:  # a reference jsonschema cannot follow
+            refuse("enum", "(root)", f"its values cannot be checked: {type(e).__name__}: {str(e)[:80]}")
 
-def _nonneg(lo: int, hi: int | None) -> str:
-    """Integers in ``[lo, hi]`` (``0 <= lo``; hi None: unbounded), without leading zeros."""
-    if hi is None:  # [lo, 10^d - 1], then every integer of more digits
-        d = len(str(lo))
-        return f"[1-9][0-9]{{{d},}}|" + _nonneg(lo, 10 ** d - 1)
-    alts = []
-    for d in range(len(str(hi)), len(str(lo)) - 1, -1):
-        a, b = max(lo, 10 ** (d - 1) if d > 1 else 0), min(hi, 10 ** d - 1)
-        if a <= b:
-            alts += _same_length(str(a), str(b))
-    return "|".join(alts)
-
-
-def _same_length(a: str, b: str) -> list[str]:
-    """Alternatives spelling the digit strings from ``a`` to ``b`` (of equal length, ``a <= b``)."""
-    n = len(a)
-    if n == 1:
-        return [_digits(int(a), int(b))]
-    if a[0] == b[0]:
-        return [a[0] + r for r in _same_length(a[1:], b[1:])]
-    out, first, last = [], int(a[0]), int(b[0])
-    if a[1:] != "0" * (n - 1):
-        out += [a[0] + r for r in _same_length(a[1:], "9" * (n - 1))]
-        first += 1
-    full = b[1:] == "9" * (n - 1)
-    if first <= (last if full else last - 1):
-        out.append(_digits(first, last if full else last - 1) + ("[0-9]" if n == 2 else f"[0-9]{{{n - 1}}}"))
-    if not full:
-        out += [b[0] + r for r in _same_length("0" * (n - 1), b[1:])]
-    return out
-
-
-def _digits(x: int, y: int) -> str:
-    return str(x) if x == y else f"[{x}-{y}]"
+    def free(self, depth: int) -> str:
+        """Any JSON value nesting arrays and objects at most ``depth`` levels."""
+        key = ("free", depth)
+        if key not in self.cache:
+            ws, scalar = self.ws, 'null|true|false|-?(?:0|[1-9][0-9]*)(?:\\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|"' \
+                                  '(?:[^"\\\\\\x00-\\x1F\\x7F-\\x9F]|\\\\["\\\\/bfnrt])*"'
+            if depth == 0:
+                self.cache[key] = (None, scalar)
+            else:
+                v = self.free(depth - 1)
+                key_text = '"(?:[^"\\\\\\x00-\\x1F\\x7F-\\x9F]|\\\\["\\\\/bfnrt])*"'
+                kv = f"{ws}{key_text}{ws}:{ws}(?:{v})"
+                self.cache[key] = (None, f"{scalar}|\\[{ws}(?:(?:{v})(?:{ws},{ws}(?:{v}))*)?{ws}\\]"
+                                         f"|\\{{(?:{kv}(?:{ws},{kv})*)?{ws}\\}}")
+        return self.cache[key][1]
