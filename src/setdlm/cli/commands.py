@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 
@@ -285,8 +284,7 @@ def _serve(args) -> int:
     decode-order page at / (needs the extra setdlm[serve]; docs/serve.md)."""
     options = ServeOptions(host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
                            timeout=args.timeout, max_body_mb=args.max_body_mb, allow_hosts=tuple(args.allow_hosts),
-                           grace=args.grace, api_key=args.api_key or os.environ.get("SETDLM_API_KEY") or None)
-    # checked here, once: a bad value is one line naming its flag
+                           grace=args.grace, api_key=args.api_key)  # checked once: a bad value names its flag
     serve(args.model or pretrained.DEFAULT, options, device=args.device, name=args.name, quantize=args.quantize,
           dtype=args.dtype)
     return 0
@@ -310,7 +308,7 @@ def _add_serve(sub) -> None:
     p.add_argument("--grace", type=float, default=30.0, help="on SIGTERM/Ctrl-C, seconds requests in flight get "
                    "to finish before the server exits (default 30)")
     p.add_argument("--api-key", default=None, metavar="KEY", help="requests to /v1/* must send 'Authorization: "
-                   "Bearer KEY' (default: the environment variable SETDLM_API_KEY, else none: no authentication)")
+                   "Bearer KEY' (default: none, no authentication)")
     p.add_argument("--name", default=None, help="model id in the API (default: the folder name)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     add_dtype_flag(p, "serve")
