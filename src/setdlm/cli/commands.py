@@ -300,13 +300,11 @@ def _add_serve(sub) -> None:
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a free row at most; more get "
                    "429; 0: none wait (default 64)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take (default 300)")
-    p.add_argument("--max-body-mb", type=float, default=4.0, help="request body limit in MiB; more gets 413 "
-                   "(default 4)")
+    p.add_argument("--max-body-mb", type=float, default=4.0, help="body limit in MiB, more gets 413 (default 4)")
     p.add_argument("--allow-host", "--allow-hosts", dest="allow_hosts", action="append", default=[], metavar="NAME",
                    help="on loopback, also answer this Host header name (default: 127.0.0.1, localhost, ::1 only; "
                    "repeatable)")
-    p.add_argument("--grace", type=float, default=30.0, help="on SIGTERM/Ctrl-C, seconds requests in flight get "
-                   "to finish before the server exits (default 30)")
+    p.add_argument("--grace", type=float, default=30.0, help="on SIGTERM, seconds requests in flight get (default 30)")
     p.add_argument("--api-key", default=None, metavar="KEY", help="requests to /v1/* must send 'Authorization: "
                    "Bearer KEY' (default: none, no authentication)")
     p.add_argument("--name", default=None, help="model id in the API (default: the folder name)")
