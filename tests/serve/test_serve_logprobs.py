@@ -202,3 +202,39 @@ def test_generated_logprobs_batched_equal_alone(sd):
         assert c["logprobs"]["token_logprobs"] == pytest.approx(alone["token_logprobs"], abs=1e-9)
         for got, want in zip(c["logprobs"]["top_logprobs"], alone["top_logprobs"]):
             assert list(got) == list(want) and list(got.values()) == pytest.approx(list(want.values()), abs=1e-9)
+
+
+def test_speculative_logprobs_are_the_verifiers_distribution():
+    """``speculate: "next_token"`` on a model with a next-token head: each token's logprob and alternatives are the
+    next-token distribution of its own weights, exactly (the causal forward of the clean stream); ``speculate:
+    true``: the ``window=1`` decode's, step for step."""
+    from setdlm import Model
+    from setdlm.family import FamilyConfig
+
+    plain = _model("setdlm")
+    model = Model(plain.backbone, FamilyConfig("setdlm", 48, plain.family.mask_token_id, D=2, ar_weight=1.0),
+                  plain.tokenizer)
+    with running(model, "spec") as (url, _):
+        status, out = post(url, {"prompt": "to be or", "max_tokens": 12, "ignore_eos": True, "window": 4,
+                                 "speculate": "next_token", "logprobs": 3})
+        assert status == 200, out
+        lp = out["choices"][0]["logprobs"]
+        alone = generate(model, "to be or", max_new_tokens=12, ignore_eos=True, window=4, speculate="next_token")
+        ids = [1] + model.tokenizer.encode("to be or") + alone.tokens[0]
+        exact = _next_token_logprobs(model, ids)
+        n = len(ids) - 12
+        for j, (got, top) in enumerate(zip(lp["token_logprobs"], lp["top_logprobs"])):
+            row = exact[n + j - 1]
+            assert got == pytest.approx(float(row[ids[n + j]]), abs=1e-6)
+            assert got == pytest.approx(float(row.max()), abs=1e-9)  # greedy: the verifier's argmax
+            best = row.topk(3).values.tolist()  # (the dict's keys are token texts: tokens of one text share one)
+            assert all(min(abs(v - b) for b in best) < 1e-6 for v in top.values())
+        status, spec = post(url, {"prompt": "to be or", "max_tokens": 12, "ignore_eos": True, "window": 4,
+                                  "speculate": True, "logprobs": 2})
+        status, one = post(url, {"prompt": "to be or", "max_tokens": 12, "ignore_eos": True, "window": 1,
+                                 "logprobs": 2})
+        assert spec["choices"][0]["text"] == one["choices"][0]["text"]
+        assert spec["choices"][0]["logprobs"]["token_logprobs"] == pytest.approx(
+            one["choices"][0]["logprobs"]["token_logprobs"], abs=1e-9)
+        assert [list(t) for t in spec["choices"][0]["logprobs"]["top_logprobs"]] == \
+            [list(t) for t in one["choices"][0]["logprobs"]["top_logprobs"]]

@@ -53,7 +53,7 @@ from torch import Tensor
 from ..errors import UserError
 from ..masks import speculative_step_mask, with_cache
 from .constrained import allowed_given_drafts
-from .sampling import propose
+from .sampling import process_logits, propose
 from .state import DecodeState, prefill as prefill_positions
 
 
@@ -179,8 +179,12 @@ def predict(st: DecodeState, logits: Tensor, q_pos: Tensor, q_ok: Tensor, horizo
     drafted, draft, V = st.extra["drafted"], st.extra["draft"], logits.shape[-1]
     allowed = None if st.constraints is None else allowed_given_drafts(  # (B, Q, V) docs/decoding.md
         st.constraints, st.tokens, st.masked, drafted, draft, q_pos, q_ok, horizon, V)
-    return propose(logits, q_ok, st.cfg.sampling, st.generators, _seen(st, drafted, draft, horizon, V),
-                   _gen_len(st, drafted, q_pos), allowed=allowed, u=st.extra["u"].gather(1, q_pos))
+    seen, gen_len = _seen(st, drafted, draft, horizon, V), _gen_len(st, drafted, q_pos)
+    if st.cfg.top_logprobs and st.traces is not None:  # each prediction's alternatives, for verify's trace
+        top = process_logits(logits, st.cfg.sampling, seen, gen_len, allowed).topk(st.cfg.top_logprobs, dim=-1)
+        st.shared["step_top"] = (top.values, top.indices, q_pos, horizon, q_ok)
+    return propose(logits, q_ok, st.cfg.sampling, st.generators, seen, gen_len, allowed=allowed,
+                   u=st.extra["u"].gather(1, q_pos))
 
 
 def verify(st: DecodeState, kept: Tensor, v_pos: Tensor, v_ok: Tensor, v_tok: Tensor, v_conf: Tensor,
@@ -197,12 +201,23 @@ def verify(st: DecodeState, kept: Tensor, v_pos: Tensor, v_ok: Tensor, v_tok: Te
     commit = v_ok & (h <= acc[:, None])  # (B, K+1) the accepted drafts and the verifier's next token
     st.cache.crop(kept + acc)  # keep the pending token and the accepted drafts
     st.write(v_tok, v_conf, commit, v_pos, v_ok, slot_pos, valid)
+    if "step_top" in st.shared:
+        st.trace_top(_verifiers_top(st.shared.pop("step_top"), v_pos), v_pos, v_ok)
     if st.traces is not None:
         for b, trace in enumerate(st.traces):
             trace[-1].draft_positions = v_pos[b][is_draft[b]].tolist()
             trace[-1].draft_tokens = d_tok[b][is_draft[b]].tolist()
             trace[-1].accepted = int(acc[b])
     return acc, commit
+
+
+def _verifiers_top(top, v_pos: Tensor) -> tuple[Tensor, Tensor]:
+    """The alternatives (values, indices) (B, K+1, k) of the verifiers at ``v_pos`` (B, K+1) among a step's
+    predictions: a verifier is the one prediction of its position whose horizon is that position itself."""
+    values, indices, q_pos, horizon, q_ok = top
+    hit = (q_pos[:, None, :] == v_pos[:, :, None]) & (horizon[:, None, :] == v_pos[:, :, None]) & q_ok[:, None, :]
+    col = hit.int().argmax(-1)[..., None].expand(-1, -1, values.shape[-1])  # (B, K+1, k)
+    return values.gather(1, col), indices.gather(1, col)
 
 
 def _flags(like: Tensor, index: Tensor) -> Tensor:

@@ -191,10 +191,10 @@ class DecodeState:
             top = process_logits(logits, s, self.seen, gen_len, allowed).topk(self.cfg.top_logprobs, dim=-1)
         write = self.write(tok, conf, commit, qpos, qvalid, slot_pos, slot_valid, bound)
         if top is not None:
-            self._trace_top(top, qpos, qvalid)
+            self.trace_top(top, qpos, qvalid)
         return write
 
-    def _trace_top(self, top, qpos: Tensor, qvalid: Tensor) -> None:
+    def trace_top(self, top, qpos: Tensor, qvalid: Tensor) -> None:
         """Each query's k most probable tokens and their log-probabilities under the distribution its token was
         proposed from (``top``: values, indices (B, Q, k)), into the step's trace in query-position order."""
         values, indices = top

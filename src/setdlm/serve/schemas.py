@@ -187,9 +187,6 @@ def _logprobs(body: dict, chat: bool, settings: DecodeSettings) -> int | None:
         return None
     if not _is_int(k) or not 0 <= k <= MAX_LOGPROBS:
         raise APIError(400, f"{param} must be an integer in [0, {MAX_LOGPROBS}], got {_short(k)}", param)
-    if k and settings.speculate:
-        raise APIError(400, f"{param} > 0 with speculate is not supported: a speculative step records only the "
-                            "committed token's probability (logprobs without alternatives are)", param)
     return k
 
 
