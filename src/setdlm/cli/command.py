@@ -16,8 +16,10 @@ import sys
 import warnings
 from collections.abc import Callable
 
+import torch
+
 from ..errors import InputWarning, UserError, as_flags
-from .flags import VALUE_FLAGS, value_flag
+from .flags import VALUE_FLAGS, positive_int, value_flag
 
 
 class Parser(argparse.ArgumentParser):
@@ -26,6 +28,20 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}{_value_hint(message)}\n")
+
+
+def add_threads_flag(p: argparse.ArgumentParser) -> None:
+    """``--threads N``: the CPU threads PyTorch computes with (``torch.set_num_threads``), what
+    ``OMP_NUM_THREADS=N`` sets (README, "Threads": 1 for the shipped models on a busy machine)."""
+    p.add_argument("--threads", type=positive_int, default=argparse.SUPPRESS, metavar="N",
+                   help="CPU threads PyTorch computes with (default: one per core, or OMP_NUM_THREADS; 1 is fastest "
+                        "for the tiny shipped models on a busy machine)")
+
+
+def set_threads(n: int | None) -> None:
+    """``torch.set_num_threads(n)`` when ``n`` is given."""
+    if n is not None:
+        torch.set_num_threads(n)
 
 
 def positional_model(name: str | None) -> str | None:

@@ -44,7 +44,7 @@ from ..outputs import write_text
 from ..schedules import StaggeredSchedule
 from ..serve import ServeOptions, serve
 from ..training import interrupted_note
-from .command import Parser, positional_model, run
+from .command import Parser, add_threads_flag, positional_model, run, set_threads
 from .demo import run_demo
 from .flags import (SETTINGS, add_dtype_flag, add_model_flags, add_settings_flags, add_task_flags, applies_to,
                     decode_settings, list_of, positive_int, task_spec)
@@ -378,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:
         add(sub)
+    for p in sub.choices.values():  # every command: the CPU threads PyTorch uses
+        add_threads_flag(p)
     return parser
 
 
@@ -396,5 +398,6 @@ def _interrupted(args, e: KeyboardInterrupt) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    set_threads(getattr(args, "threads", None))
     return run(args.command, lambda: args.func(args), lambda e: _interrupted(args, e))
 

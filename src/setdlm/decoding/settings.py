@@ -40,6 +40,7 @@ keeps those that apply, to sweep one setting over every family.
 
 from __future__ import annotations
 
+import difflib
 import math
 import warnings
 from dataclasses import dataclass, field, fields
@@ -253,10 +254,14 @@ class DecodeSettings:
     @classmethod
     def of(cls, settings: "DecodeSettings | None", keywords: dict, what: str) -> "DecodeSettings":
         """``settings``, or the settings the keyword arguments of ``what`` (e.g. ``generate``) spell out;
-        giving both is a ``ValueError``, an unknown keyword a ``TypeError``."""
+        giving both is a ``ValueError``, an unknown keyword a ``TypeError`` naming setdlm's spelling. The common
+        spellings of Hugging Face, OpenAI/vLLM and Ollama are taken (:data:`ALIASES`, ``do_sample``)."""
+        keywords = hf_keywords(keywords, what)
         unknown = sorted(set(keywords) - set(_DEFAULTS))
         if unknown:
-            raise TypeError(f"{what}() got an unexpected keyword argument {unknown[0]!r}")
+            near = difflib.get_close_matches(unknown[0], list(_DEFAULTS), n=1, cutoff=0.7)
+            hint = f"; did you mean {near[0]!r}?" if near else f"; the settings are: {', '.join(_DEFAULTS)}"
+            raise TypeError(f"{what}() got an unexpected keyword argument {unknown[0]!r}{hint}")
         if settings is None:
             return cls(**keywords)
         if not isinstance(settings, DecodeSettings):
@@ -267,6 +272,45 @@ class DecodeSettings:
 
 
 _DEFAULTS = {f.name: f.default for f in fields(DecodeSettings)}
+# other libraries' names of a setting -> setdlm's (Hugging Face's stop_strings, OpenAI's and vLLM's max_tokens,
+# Ollama's num_predict): taken as they are
+ALIASES = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "num_predict": "max_new_tokens",
+           "stop_strings": "stop", "stop_sequences": "stop"}
+# keywords that have no setting here, and what to do instead
+NOT_SETTINGS = {"num_return_sequences": "decode the prompt n times with one seed each: generate([p] * n, "
+                                        "temperature=..., seed=list(range(n)))",
+                "n": "decode the prompt n times with one seed each: generate([p] * n, temperature=..., "
+                     "seed=list(range(n)))",
+                "max_length": "give max_new_tokens, the tokens after the prompt (HF's max_length counts the prompt)",
+                "num_beams": "setdlm decodes greedily or by sampling; there is no beam search"}
+
+
+def hf_keywords(keywords: dict, what: str) -> dict:
+    """``keywords`` with other libraries' spellings as setdlm's: :data:`ALIASES` renamed, ``do_sample``
+    (Hugging Face) as ``temperature`` (False: 0, greedy; True: 1.0 unless a temperature is given). A
+    keyword of :data:`NOT_SETTINGS` is a ``TypeError`` saying what to do instead; giving a setting under
+    two names is one too."""
+    out = dict(keywords)
+    for name, hint in NOT_SETTINGS.items():
+        if name in out:
+            raise TypeError(f"{what}() takes no {name}: {hint}")
+    for alias, name in ALIASES.items():
+        if alias in out:
+            if name in out:
+                raise TypeError(f"{what}() got both {alias!r} and {name!r}, two names of one setting; give {name}")
+            out[name] = out.pop(alias)
+    if "do_sample" in out:
+        sample = out.pop("do_sample")
+        if not isinstance(sample, bool):
+            raise TypeError(f"do_sample must be True or False, got {sample!r}")
+        if not sample:
+            out["temperature"] = 0.0
+        else:
+            out.setdefault("temperature", 1.0)
+            if out["temperature"] == 0:
+                raise UserError("do_sample=True with temperature=0 asks for sampling and for greedy decoding; "
+                                "give a temperature > 0", fields=("temperature",))
+    return out
 
 
 def _number(v) -> bool:

@@ -31,7 +31,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-from ..errors import UserError
+from ..errors import InputWarning, UserError
 
 QUANTIZATIONS = ("int8", "int4", "gguf")  # "gguf": the file's own types (setdlm.formats.gguf_quant)
 INT4_GROUP = 32
@@ -184,6 +184,7 @@ class Int4Linear(QuantizedLinear):
 
     def __init__(self, weight: Tensor, bias: Tensor | None, groups: tuple[Tensor, Tensor, Tensor] | None = None):
         super().__init__(weight, bias)
+        warnings.warn(INT4_SLOW, stacklevel=2)  # once a process (the warnings registry): the moment it matters
         q, s, lo = groups if groups is not None else int4_groups(weight)
         N, K = q.shape
         pad = -(-N // 16) * 16 - N
@@ -200,6 +201,13 @@ class Int4Linear(QuantizedLinear):
         return y[:, : self.out_features]
 
 
+# PyTorch's int4 CPU kernel takes float32 activations on its scalar path (docs/quantization.md, "Why these
+# kernels"): measured on SmolLM2-135M at batch 1 (2 cores, AVX-512), 3.9 tokens/s against int8's 30 and float32's
+# ~15. Its vectorized path needs bfloat16 activations, which would round every layer's output to bfloat16.
+INT4_SLOW = InputWarning("quantize='int4' (and a GGUF file's own 4-bit weights, quantize='gguf') runs PyTorch's "
+                         "int4 kernel on float32 activations, slower than float32 itself on a CPU (SmolLM2-135M: "
+                         "about 4 tokens/s against int8's 30): it saves memory, not time; use quantize='int8' for "
+                         "speed (docs/quantization.md)", fields=("quantize",))
 KERNELS = {"int8": Int8Linear, "int4": Int4Linear}
 
 
