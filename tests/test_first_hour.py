@@ -118,7 +118,9 @@ def test_arith_prompts_end_with_the_training_newline(tmp_path):
     assert encode_prompt(tok, QUESTION) == encode_prompt(tok, QUESTION + "\n") == [tok.bos_token_id] + \
         tok.encode(QUESTION + "\n")
     assert encode_prompt(tok, "") == [tok.bos_token_id]  # unconditional stays unconditional
-    assert encode_prompts(model, [QUESTION], "prefix", add_bos=True)[0] == [tok.bos_token_id] + tok.encode(QUESTION)
+    # an infilling prefix that holds no newline yet gets it too, as the server's infilling prompt (issue #46, 12)
+    assert encode_prompts(model, [QUESTION], "prefix", add_bos=True)[0] == [tok.bos_token_id] + \
+        tok.encode(QUESTION + "\n")
     model.save(tmp_path / "m")  # the format travels with the tokenizer
     assert setdlm.load(tmp_path / "m").tokenizer.prompt_end == "\n"
     assert setdlm.load("shakespeare-ar").tokenizer.prompt_end is None

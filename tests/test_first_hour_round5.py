@@ -257,3 +257,23 @@ def test_int4_says_it_saves_memory_not_time(tmp_path, capsys):
                            "--quantize gguf) runs PyTorch's int4 kernel on float32 activations, slower than float32")
     assert line.endswith("it saves memory, not time; use --quantize int8 for speed (docs/quantization.md)")
     assert "quantize='int4'" in str(INT4_SLOW)  # Python names the argument
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 12. model.infill on the word-problem models adds the training newline, as generate and the server do
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_infill_prefix_gets_the_training_newline_as_the_server_row():
+    from setdlm.data.prompt import encode_prompts
+    from setdlm.decoding.session import prepare
+
+    model = setdlm.load("arith-setdlm-smax8")
+    q = "Ann has 5 eggs. She finds 3 more."
+    out = model.infill([q], [" eggs."], lengths=6)
+    served = prepare(model, q, suffix=" eggs.", max_new_tokens=6)  # the server's infilling row
+    n = served.prompt_length
+    assert out.sequences[0][:n] == served.sequence[:n] == encode_prompts(model, [q], add_bos=True)[0]
+    assert out.sequences[0][n + 6:] == served.sequence[n + 6:]
+    inside = "Ann has 5 eggs.\nShe has 5+3="  # a prefix that reaches into the answer is kept as given
+    assert model.tokenizer.decode(encode_prompts(model, [inside], "prefix", add_bos=True)[0][1:]) == inside

@@ -53,15 +53,18 @@ def follows_transformers(tokenizer) -> bool:
     return getattr(tokenizer, "prompt", None) == "transformers"
 
 
-def encode_prompt(tokenizer, text: str, *, end: bool = True) -> list[int]:
+def encode_prompt(tokenizer, text: str, *, end: bool | str = True) -> list[int]:
     """The token ids a model is decoded from for the prompt ``text``: ``transformers``' ids for a Hugging Face
     tokenizer, ``[BOS] + tokenizer.encode(text)`` for setdlm's own. ``end``: a non-empty ``text`` that does not
     end with the tokenizer's ``prompt_end`` (what every training prompt ended with: the shipped word-problem
-    models' ``"\n"``) gets it, the training format (a prefix to infill keeps its text as given)."""
+    models' ``"\n"``) gets it, the training format; ``end="unended"`` (a prefix to infill): only a text that
+    holds no ``prompt_end`` yet gets it (a question alone, as the server's infilling prompt; a prefix that
+    reaches into the answer is kept as given)."""
     if not isinstance(text, str):
         raise TypeError(f"a prompt must be a string, got {type(text).__name__}")
     suffix = getattr(tokenizer, "prompt_end", None) if end else None
-    if isinstance(suffix, str) and suffix and text and not text.endswith(suffix):
+    if (isinstance(suffix, str) and suffix and text and not text.endswith(suffix)
+            and not (end == "unended" and suffix in text)):
         text += suffix
     if follows_transformers(tokenizer):  # special tokens' strings in the text are those tokens, as there
         return list(tokenizer.encode_special(text, add_special_tokens=True))
@@ -145,7 +148,8 @@ def encode_prompts(model, items, what: str = "prompt", *, add_bos: bool = False,
             check_text(x, f"{what} {i}")
             if tok is None:
                 raise UserError(f"{what} {i} is a string but the model has no tokenizer; pass token ids")
-            x = encode_prompt(tok, x, end=what == "prompt") if add_bos else tok.encode(x)
+            x = encode_prompt(tok, x, end={"prompt": True, "prefix": "unended"}.get(what, False)) if add_bos \
+                else tok.encode(x)
         if isinstance(x, torch.Tensor):
             x = x.tolist()
         x = list(x)
