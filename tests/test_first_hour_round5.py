@@ -277,3 +277,49 @@ def test_infill_prefix_gets_the_training_newline_as_the_server_row():
     assert out.sequences[0][n + 6:] == served.sequence[n + 6:]
     inside = "Ann has 5 eggs.\nShe has 5+3="  # a prefix that reaches into the answer is kept as given
     assert model.tokenizer.decode(encode_prompts(model, [inside], "prefix", add_bos=True)[0][1:]) == inside
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 11. nothing ignored silently: AR infill's suffix, another task's text, a mistyped local path, stdin
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_ar_infill_says_the_suffix_is_not_seen(capsys):
+    code, _, err = run(["infill", "shakespeare-ar", "--prefix", "ROMEO. But soft,", "--suffix", " the east.",
+                        "--length", "3"], capsys)
+    assert code == 0, err
+    assert "setdlm infill: warning: this 'ar' model decodes left to right: it infills from the prefix alone and " \
+           "never sees the --suffix" in err
+    code, _, err = run(["infill", "shakespeare-setdlm-smax8", "--prefix", "ROMEO.", "--suffix", " the east.",
+                        "--length", "3"], capsys)
+    assert code == 0 and "warning" not in err
+
+
+def test_eval_on_another_kind_of_text_says_so():
+    from setdlm.evaluation.runs import warn_other_data
+    from setdlm.evaluation.spec import TaskSpec
+
+    with pytest.warns(UserWarning, match=r"task infill runs on shakespeare by default, but this model was trained "
+                                         r"on 'reasoning-medium': its score there says little; pass data"):
+        warn_other_data(TaskSpec("infill"), "reasoning-medium")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_other_data(TaskSpec("infill"), "shakespeare-train")
+        warn_other_data(TaskSpec("reasoning"), "reasoning-medium")
+        warn_other_data(TaskSpec("reasoning"), None)  # a model that records no training data
+
+
+def test_a_mistyped_local_path_is_no_such_folder(tmp_path, capsys, monkeypatch):
+    (tmp_path / "runs" / "tiny").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(["generate", "runs/tny", "--prompt", "x"], capsys)
+    assert_one_line_error(code, err, "'runs/tny': no such folder; did you mean 'runs/tiny'? (a local path, so not a "
+                                     "Hub id)")
+
+
+def test_no_prompt_says_how_to_read_stdin(capsys):
+    code, _, err = run(["generate"], capsys)
+    assert_one_line_error(code, err, "to read them from stdin, one a line, pass --input - (e.g. cat prompts.txt | "
+                                     "setdlm generate --input -)")

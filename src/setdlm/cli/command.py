@@ -11,6 +11,7 @@ code for SIGINT). Usage errors of the parser (:class:`Parser`) are one line with
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import warnings
@@ -46,10 +47,19 @@ def set_threads(n: int | None) -> None:
 
 def positional_model(name: str | None) -> str | None:
     """``name``, the model argument, unless it is a value of a switch that argparse took as the model
-    (``setdlm generate --speculate next_token``, no such folder): then a one-line error naming the flag."""
-    hint = _value_hint(f"unrecognized arguments: {name}") if name and not os.path.exists(name) else ""
+    (``setdlm generate --speculate next_token``, no such folder) or a local path that does not exist (its
+    first folder is here, or it starts with ``.``, ``/`` or ``~``: not a Hub id): then a one-line error."""
+    if not name or os.path.exists(os.path.expanduser(name)):
+        return name
+    hint = _value_hint(f"unrecognized arguments: {name}")
     if hint:
         raise UserError(f"{name!r} is not a model{hint.replace(' (', ': ', 1)[:-1]}")
+    parent = os.path.dirname(os.path.expanduser(name).rstrip("/"))
+    if name.startswith((".", "/", "~")) or (parent and os.path.isdir(name.split("/")[0])):
+        near = difflib.get_close_matches(os.path.basename(name.rstrip("/")), sorted(os.listdir(parent or ".")), 1,
+                                         0.6) if os.path.isdir(parent or ".") else []
+        where = f"; did you mean {os.path.join(parent, near[0])!r}?" if near else ""
+        raise UserError(f"{name!r}: no such folder{where} (a local path, so not a Hub id)")
     return name
 
 

@@ -43,7 +43,8 @@ def read_prompts(prompts: list[str] | None = None, input: str | None = None) -> 
         else:
             out += [line for line in text.splitlines() if line.strip()]
     if not out:
-        raise UserError("no prompts: pass prompt TEXT (\"\" for unconditional) or an input file",
+        raise UserError("no prompts: pass prompt TEXT (\"\" for unconditional) or an input file; to read them from "
+                        "stdin, one a line, pass input - (e.g. cat prompts.txt | setdlm generate --input -)",
                         fields=("prompt", "input"))
     return out
 

@@ -115,6 +115,11 @@ def infill(model, prefixes, suffixes, lengths: int | Sequence[int], **kwargs) ->
     suf = encode_prompts(model, suffixes, "suffix", allow_empty=True)
     if len(pre) != len(suf):
         raise UserError(f"got {len(pre)} prefixes but {len(suf)} suffixes")
+    if model.family.spec.left_to_right and any(suf):  # AR: each gap sees what lies before it only
+        warnings.warn(InputWarning(f"this {model.family.family!r} model decodes left to right: it infills from the "
+                                   "prefix alone and never sees the suffix (docs/method.md §4.6); a diffusion "
+                                   "model (setdlm, bd3lm, mdlm) conditions on both sides", fields=("suffix",)),
+                      stacklevel=2)
     if isinstance(lengths, int) and not isinstance(lengths, bool):
         lens = [lengths] * len(pre)
     elif isinstance(lengths, (list, tuple)):

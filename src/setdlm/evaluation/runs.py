@@ -9,6 +9,7 @@ loaded; bad ones are :class:`setdlm.errors.UserError`\\ s naming the argument.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -16,11 +17,13 @@ from pathlib import Path
 import torch
 
 from ..decoding.settings import DecodeSettings
-from ..errors import UserError
+from ..data.tasks import LEVELS
+from ..errors import InputWarning, UserError
 from ..formats.loading import check_dtype, load
 from ..outputs import check_file, check_folder, write_text
 from . import reports, sweeps
 from .examples import task_examples, write_predictions
+from .likelihood import training_args
 from .passes import CLOCKS, drain
 from .registry import decoding, using
 from .spec import TaskSpec
@@ -76,6 +79,8 @@ def evaluate_checkpoint(checkpoint: str | Path, task: TaskSpec | str = "likeliho
     if not entry.decodes:
         return entry.measure(model, checkpoint, spec, batch_size=batch_size, bf16=bf16)
     settings = sweeps.fixed_settings(settings, {}, [model], spec.task, "evaluate_checkpoint")
+    if spec.data is None:
+        warn_other_data(spec, training_args(checkpoint).get("data"))
     examples, skipped = task_examples(spec, [model])
     task_args = entry.args(spec)
     result = drain(entry.steps(model, examples, settings, batch_size=batch_size or 32, warmup=0,
@@ -85,6 +90,24 @@ def evaluate_checkpoint(checkpoint: str | Path, task: TaskSpec | str = "likeliho
     decode = decode_record(settings, clock=clock, seed=spec.seed, **task_args)
     return {"task": spec.task, "family": model.family.family, "dtype": model.dtype, "data": spec.source,
             "split": spec.split or "test", "skipped_too_long": skipped, "decode": decode, **result.to_dict()}
+
+
+def _kind(source: str) -> str:
+    """What a data name holds, in one word: ``generated:medium`` and ``reasoning-medium`` are "reasoning",
+    ``shakespeare-train`` is "shakespeare", a file is its own name."""
+    name = source.rsplit(":", 1)[-1]
+    return "reasoning" if name in LEVELS or name.startswith("reasoning") else name.split("-")[0]
+
+
+def warn_other_data(spec: TaskSpec, trained_on: str | None) -> None:
+    """An :class:`~setdlm.errors.InputWarning` when a task runs on its default text (no ``data``) and the model
+    was trained on another kind of text (``arith-ar`` infilling Shakespeare: ROUGE 0): its score there says
+    little; ``data`` picks the text."""
+    if trained_on and _kind(str(trained_on)) != _kind(spec.source):
+        warnings.warn(InputWarning(f"task {spec.task} runs on {spec.source} by default, but this model was trained "
+                                   f"on {trained_on!r}: its score there says little; pass data (a file, folder or "
+                                   "built-in corpus) to evaluate on the text it knows", fields=("data",)),
+                      stacklevel=3)
 
 
 def labels(paths: Sequence[str | Path]) -> list[str]:
