@@ -43,7 +43,7 @@ from .schema_strings import string_regex
 
 MAX_NESTING = 64  # levels of a schema (a deeper one is refused, never a RecursionError)
 MAX_PATTERN = 4_000_000  # characters of a schema's regular expression
-FREE_DEPTH = 2  # a free-form value ({} or true) nests arrays and objects this deep
+FREE_DEPTH = 1  # a free-form value ({} or true) nests arrays and objects this deep
 NUMERIC = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 _IMPLIED = {"string": STRING_KEYWORDS, "number": NUMERIC,
             "array": ("items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains"),
@@ -186,6 +186,8 @@ class Writer:
                 flat["_raw"].append({"not": sub})
             else:
                 neg = negate(sub, w)
+                if sub is True or (isinstance(sub, dict) and not normalize(sub, w)):
+                    raise Unsatisfiable("not", w, "not of a schema every value validates against")
                 if not neg:
                     refuse("not", w, "its complement is not written here (the other types, values of an enum, a "
                                      "required property absent, a bound's other side, a property's value negated)")
