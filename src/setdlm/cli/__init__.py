@@ -7,6 +7,8 @@ and prints (docs/architecture.md). Nothing in the library imports this package.
 * :mod:`~setdlm.cli.train` — ``setdlm train`` / ``python -m setdlm.training``
 * :mod:`~setdlm.cli.command` — how a command ends: one-line errors, exit codes
 * :mod:`~setdlm.cli.demo` — ``setdlm demo``
+* :mod:`~setdlm.cli.chat` — ``setdlm run`` and ``setdlm chat``
+* :mod:`~setdlm.cli.listing` — ``setdlm models``
 """
 
 from .commands import main

@@ -35,15 +35,16 @@ from ..data.inputs import read_infill_rows, read_prompts
 from ..decoding.api import DecodingInterrupted
 from ..decoding.output import order_text
 from ..decoding.settings import GENERATE_ONLY, MAX_NEW_TOKENS
-from ..errors import UserError
 from ..evaluation.sweeps import SWEPT
-from ..formats import gguf, pretrained
+from ..formats import pretrained
 from ..formats.convert import convert_reference, describe
 from ..formats.quantize import QUANTIZATIONS
 from ..outputs import write_text
 from ..schedules import StaggeredSchedule
 from ..serve import ServeOptions, serve
 from ..training import interrupted_note
+from .chat import add_conversation_commands
+from .listing import list_models
 from .command import Parser, add_threads_flag, positional_model, run, set_threads
 from .demo import run_demo
 from .flags import (SETTINGS, add_dtype_flag, add_model_flags, add_settings_flags, add_task_flags, applies_to,
@@ -315,6 +316,10 @@ def _add_serve(sub) -> None:
     p.set_defaults(func=_serve)
 
 
+def _add_conversation(sub) -> None:
+    add_conversation_commands(sub, summary, _model_choice)  # run, chat
+
+
 def _demo(args) -> int:
     """Show the shipped models: Shakespeare, an infilled line, a solved problem, a live speed table, a plot."""
     run_demo(args.models, out=args.out, n=args.n, max_new_tokens=args.max_new_tokens, progress=not args.quiet)
@@ -333,43 +338,13 @@ def _add_demo(sub) -> None:
     p.set_defaults(func=_demo)
 
 
-def _models(args) -> int:
-    """List the models shipped inside the package: name, parameters, size, family, context and task; then the
-    packaged GGUF models that are installed."""
-    print(pretrained.table())
-    installed, missing = _packaged_models()
-    if installed:
-        print("\npackaged GGUF models, installed (setdlm generate NAME, setdlm.load(NAME)):")
-        print("\n".join(installed))
-    also = [*missing, "any setdlm checkpoint folder, GGUF file or Hub id"]
-    print(f"also: {', '.join(also)}", file=sys.stderr)
-    return 0
-
-
-def _packaged_models() -> tuple[list[str], list[str]]:
-    """(a line per packaged GGUF model whose package is installed, ``NAME (pip line)`` per one that is not)."""
-    installed, missing = [], []
-    for name, (package, file, pip_line) in gguf.PACKAGED.items():
-        try:
-            path = gguf.packaged_file(name)
-        except UserError:
-            missing.append(f"{name} ({pip_line})")
-            continue
-        converted = sorted((gguf.cache_root() / "gguf").glob(f"{path.stem}-*-v{gguf.CONVERTER_VERSION}"))
-        state = (f"converted: {converted[0]}" if converted else
-                 f"converted once, on first use, into {gguf.cache_root() / 'gguf'}")
-        installed.append(f"{name}  {file} ({path.stat().st_size / 2**20:.0f} MiB, {package.replace('_', '-')}), "
-                         f"{state}")
-    return installed, missing
-
-
 def _add_models(sub) -> None:
-    p = sub.add_parser("models", help=summary(_models), description=_models.__doc__)
-    p.set_defaults(func=_models)
+    p = sub.add_parser("models", help=summary(list_models), description=list_models.__doc__)
+    p.set_defaults(func=list_models)
 
 
-COMMANDS = [_add_train, _add_eval, _add_bench, _add_generate, _add_infill, _add_schedule, _add_convert, _add_demo,
-            _add_serve, _add_models]
+COMMANDS = [_add_train, _add_eval, _add_bench, _add_generate, _add_infill, _add_conversation, _add_schedule,
+            _add_convert, _add_demo, _add_serve, _add_models]
 
 
 def build_parser() -> argparse.ArgumentParser:

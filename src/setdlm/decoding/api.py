@@ -72,11 +72,13 @@ def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: in
     """
     settings = DecodeSettings.of(settings, knobs, "generate")
     ids = encode_prompts(model, prompts, "prompt", add_bos=True)
-    budgets = _budgets(model, ids, settings.max_new_tokens, warn=not settings.speculate)
+    budgets = _budgets(model, ids, settings.max_new_tokens)
     # a lower bound of the canvas's memory (the token lists, the canvas and its masks: >= 34 bytes a position)
     check_fits(f"decoding {len(ids)} row{'s' if len(ids) != 1 else ''} of up to {max(budgets, default=0):,} new "
                "tokens", 34 * sum(len(p) + n for p, n in zip(ids, budgets)), device_of(model.backbone),
                "lower max_new_tokens", fields=("max_new_tokens",))
+    if settings.max_new_tokens is not None and not settings.speculate:  # speculation refuses it instead
+        _warn_past_context(model, ids, settings.max_new_tokens)
     mask_id = model.family.mask_token_id
     for i, p in enumerate(ids):
         if mask_id in p:
@@ -87,22 +89,25 @@ def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: in
                 reveal_times=reveal_times, progress=progress, trace=trace)
 
 
-def _budgets(model, ids: list[list[int]], max_new_tokens: int | None, warn: bool) -> list[int]:
+def _budgets(model, ids: list[list[int]], max_new_tokens: int | None) -> list[int]:
     """Each row's budget: ``max_new_tokens``, or unset, the one rule (min(256, the row's room),
-    :func:`~setdlm.decoding.settings.default_max_new_tokens`: a row's default never depends on its batch).
-    A budget given past a row's room is decoded (the sliding decoders evict the earliest tokens) with a
+    :func:`~setdlm.decoding.settings.default_max_new_tokens`: a row's default never depends on its batch)."""
+    if max_new_tokens is not None:
+        return [max_new_tokens] * len(ids)
+    return [default_max_new_tokens("generate", room=model.family.length - len(p)) for p in ids]
+
+
+def _warn_past_context(model, ids: list[list[int]], max_new_tokens: int) -> None:
+    """A budget given past a row's room is decoded (the sliding decoders evict the earliest tokens) with a
     warning, where the server refuses it."""
     L = model.family.length
-    if max_new_tokens is None:
-        return [default_max_new_tokens("generate", room=L - len(p)) for p in ids]
-    over = [i for i, p in enumerate(ids) if 0 < L - len(p) < max_new_tokens] if warn else []
+    over = [i for i, p in enumerate(ids) if 0 < L - len(p) < max_new_tokens]
     if over:
         i = over[0]
         warnings.warn(InputWarning(
             f"max_new_tokens={max_new_tokens} runs past the context length L={L}: prompt {i} leaves room for "
             f"{L - len(ids[i])} tokens, and past that the decoder slides (the earliest tokens leave the context; "
             "docs/decoding.md, \"Prompt length\")", fields=("max_new_tokens",)), stacklevel=3)
-    return [max_new_tokens] * len(ids)
 
 
 def infill(model, prefixes, suffixes, lengths: int | Sequence[int], **kwargs) -> GenerationOutput:
