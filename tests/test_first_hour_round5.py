@@ -368,3 +368,32 @@ def test_chat_keeps_the_conversation_and_the_system_message(capsys, monkeypatch)
     monkeypatch.setattr("sys.stdin", io.StringIO("What is the capital of France?\n"))
     code, out, err = run(["chat", "smollm2-135m", "--max-new-tokens", "12"], capsys)
     assert code == 0 and out == "The capital of France is Paris.\n", err
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 2. the quick start: a preset whose first model writes words in two minutes; the README says what to expect
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_the_quick_preset_is_the_one_measured():
+    """The README's measured run (123 CPU-seconds, 4.20 nats/token held out) is this configuration."""
+    from setdlm.training import TrainConfig
+
+    cfg = TrainConfig.from_preset("quick", out="runs/quick", family="setdlm", D=4)
+    assert (cfg.tokenizer, cfg.vocab_size, cfg.length, cfg.hidden_size, cfg.n_layers, cfg.steps, cfg.batch_size) == \
+        ("bpe", 512, 64, 128, 2, 600, 32)
+    assert cfg.eval_every == 0 and cfg.save_every == 0  # one held-out pass and one checkpoint, at the end
+    block = README.split("## Train your own", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    assert "setdlm train --preset quick --family setdlm --D 4 --out runs/quick" in block
+    assert "setdlm generate runs/quick --prompt \"ROMEO.\" --repetition-penalty 1.2" in block
+    assert "What to expect" in README
+
+
+def test_the_quick_start_decode_writes_words_on_a_shipped_model(capsys):
+    """The quick start's decode flags (greedy, repetition penalty 1.2, the default budget) on the shipped
+    model of the same kind print words, not the whitespace greedy decoding of a young model loops on."""
+    code, out, err = run(["generate", "shakespeare-setdlm-smax8", "--prompt", "ROMEO.", "--repetition-penalty", "1.2",
+                          "--max-new-tokens", "32"], capsys)
+    assert code == 0, err
+    words = [w for w in out.split() if w.strip(".,;:!?[]'").isalpha()]
+    assert len(words) >= 5, out
