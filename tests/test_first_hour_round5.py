@@ -397,3 +397,63 @@ def test_the_quick_start_decode_writes_words_on_a_shipped_model(capsys):
     assert code == 0, err
     words = [w for w in out.split() if w.strip(".,;:!?[]'").isalpha()]
     assert len(words) >= 5, out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 10. a docs block runs on its own: the names it uses are its own (or the few continuations listed)
+# ---------------------------------------------------------------------------------------------------------
+
+# blocks that continue the block above them (their document, the first 60 characters of their first line)
+CONTINUATIONS = {
+    ('concepts.md', 'from setdlm import Batch, FamilyConfig, TransformerConfig, T'),
+    ('concepts.md', 'from setdlm import KVCache'),
+    ('decoding.md', 'from setdlm.decoding.settings import DecodeSettings, applica'),
+    ('decoding.md', 'times = torch.rand(1, 16, dtype=torch.float64)            # '),
+    ('decoding.md', 'fast = generate(model, [[1, 17, 42, 8]], max_new_tokens=16, '),
+    ('decoding.md', 'out = generate(model, [[1, 17, 42, 8]], max_new_tokens=4, wi'),
+    ('decoding.md', 'ref = generate(model, [[1, 17, 42, 8], [1, 5]], max_new_toke'),
+    ('decoding.md', 'head = Model(backbone, FamilyConfig("setdlm", length=L, mask'),
+    ('decoding.md', 'ar = Model(backbone, FamilyConfig("ar", length=L, mask_token'),
+    ('decoding.md', 'from setdlm.data.tokenizers import char_tokenizer'),
+    ('decoding.md', 'out = infill(model, [[1, 5, 7], [1, 9]], [[6, 20, 2], [8, 2]'),
+    ('decoding.md', 'M = V - 1'),
+    ('decoding.md', 'mid = infill(bard, ["ROMEO: I am "], [" years old."], length'),
+    ('pretrained.md', 'from setdlm.masks import causal_mask'),
+    ('pretrained.md', 'from setdlm import FamilyConfig, Model'),
+    ('serve.md', 'from setdlm.serve import ServeOptions, create_app'),
+    ('training.md', 'from setdlm.errors import UserError'),
+}
+
+
+def _free_names(code: str) -> set[str]:
+    """Names a block reads that it never binds (imports, assignments, definitions, arguments) and that are not
+    builtins: what it needs from a block above it."""
+    import ast
+    import builtins
+
+    tree = ast.parse(code)
+    bound = set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - bound
+
+
+def test_docs_blocks_run_on_their_own():
+    """docs/decoding.md "Constrained decoding" used generate without importing it and docs/evaluation.md
+    "Likelihood bound" a `test` of another section: each failed alone with a NameError."""
+    from test_docs_blocks import DOCS, blocks
+
+    dependent = {}
+    for doc in DOCS:
+        for lang, code, line, skip in blocks(doc):
+            free = _free_names(code) if lang == "python" and skip is None else set()
+            if free and (doc.name, code.splitlines()[0][:60]) not in CONTINUATIONS:
+                dependent[f"{doc.name}:{line}"] = sorted(free)
+    assert not dependent, dependent
