@@ -140,7 +140,7 @@ class SetDrafter(nn.Module):
 
     def context(self, feats: list[Tensor]) -> Tensor:
         """The context features (B, T, d) from the base's hidden states at :attr:`DrafterConfig.feature_layers`."""
-        return self.fuse(torch.cat(feats, -1).to(self.fuse.weight.dtype))
+        return self.fuse(torch.cat(feats, -1))
 
     def context_kv(self, c: Tensor, cos: Tensor, sin: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Each layer's keys and values of the context features c (B, T, d)."""

@@ -185,3 +185,12 @@ def test_a_drafter_folder_round_trips_and_a_corrupt_one_is_named(tmp_path):
     (tmp_path / "dr" / "drafter.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(UserError, match="drafter.safetensors"):
         read_drafter(tmp_path / "dr")
+
+
+def test_a_sweep_adds_the_drafted_decode_at_the_drafters_window():
+    from setdlm.evaluation.sweeps import sweep_settings
+
+    base, drafted = _pair(5)
+    assert not any(s.speculate for s in sweep_settings(base, speculate=True))
+    spec = [s for s in sweep_settings(drafted, batch_sizes=(1, 4), speculate=True) if s.speculate == "next_token"]
+    assert [(s.window, s.batch_size) for s in spec] == [(5, 1), (5, 4)]

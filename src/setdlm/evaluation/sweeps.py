@@ -95,7 +95,8 @@ def sweep_settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS
     = D), block sizes only for BD3LM/MDLM (None = the model's); with ``speculate``, also the self-speculative
     decode of each window ``w > 1`` (SetDLM only; it reproduces ``w = 1``, threshold off), and for a SetDLM
     trained with a next-token head (``ar_weight > 0``) ``speculate="next_token"`` at every window (``w = 1``: the
-    head's AR decode); each distinct setting once, in sweep order."""
+    head's AR decode), and for a base with a set drafter its drafted decode at each window (None: the drafter's);
+    each distinct setting once, in sweep order."""
     fam = model.family
     check_sweep(thresholds, windows, batch_sizes, block_sizes=block_sizes)
     taus = thresholds if fam.family in SETTING_FAMILIES["threshold"] else [None]
@@ -107,6 +108,9 @@ def sweep_settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS
     out += [Setting(None, w, b, speculate=True) for b in batch_sizes for w in ws if spec and w > 1]
     if spec and fam.ar_weight:  # docs/decoding.md, "Verifying with the next-token head"
         out += [Setting(None, w, b, speculate="next_token") for b in batch_sizes for w in ws]
+    if speculate and drafts(model):  # a base with a set drafter (docs/drafter.md): the drafter's windows
+        out += [Setting(None, w, b, speculate="next_token") for b in batch_sizes
+                for w in [model.backbone.window if w is None else w for w in windows]]
     return list(dict.fromkeys(out))
 
 
