@@ -47,8 +47,7 @@ def _compile(oc, vocab, end: int, pattern: str, max_edges: int):
     try:
         index = oc.Index(pattern, vocab)
     except ValueError as e:
-        kind = "incompatible" if "incompatible" in str(e) else "size" if "building NFA" in str(e) else "invalid"
-        return ("error", kind, str(e))  # regex-automata's NFA past its size limit is a size bound
+        return ("error", "incompatible" if "incompatible" in str(e) else "invalid", str(e))
     except Exception as e:  # the Rust side's panics and other failures
         return ("error", "invalid", f"{type(e).__name__}: {e}")
     trans = index.get_transitions()  # {state: {token: next state}}

@@ -94,6 +94,19 @@ def node_types(flat: dict) -> list[str]:
     return [x for x in ("object", "array", "string", "integer", "number", "boolean", "null") if x in t]
 
 
+def _empty(flat: dict) -> bool:
+    """A flat node with no type left, or an enum none of whose values its types and excluded values let
+    through."""
+    if flat.get("type") == []:
+        return True
+    if "enum" not in flat:
+        return False
+    types = types_of(flat)
+    out = [v for r in flat.get("_raw", []) for v in excluded(r)]
+    return not any((json_type(v, integers=True) in types or json_type(v) in types or "type" not in flat)
+                   and not any(v == x and type(v) is type(x) for x in out) for v in flat["enum"])
+
+
 def alt(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else "|".join(f"(?:{p})" for p in parts)
 
@@ -177,7 +190,7 @@ class Writer:
         if "if" in n:
             cond, then, other = n.pop("if"), n.pop("then", True), n.pop("else", True)
             neg = negate(self.deref(cond, w), w)
-            branches = [both(cond, then)] + ([both({"anyOf": neg}, other)] if neg else [])
+            branches = [both(cond, then)] + [both(n, other) for n in neg]  # each negation a branch of its own
             flat["_unions"].append(("if", branches, w))
         n.pop("then", None), n.pop("else", None)  # without if they apply to nothing
         if "not" in n:
@@ -251,33 +264,56 @@ class Writer:
         return alt(out)
 
     def union(self, flat: dict, unions: list, where: str) -> str:
-        size = 1
-        for _, branches, w in unions:
-            size *= max(len(branches), 1)
-            if size > MAX_BRANCHES:
-                refuse(unions[0][0], w, f"more than {MAX_BRANCHES} branches once its unions are combined")
-        kind, branches, w = unions[0]
-        rest = dict(flat, _unions=unions[1:])
-        options, paths, first = [], [], None
-        for i, b in enumerate(branches):
-            try:
-                options.append(dict(merge(rest, self.flatten(b, f"{w}/{kind}/{i}"), w), _branch=[b]))
-                paths.append(f"{w}/{kind}/{i}")
-            except Unsatisfiable as e:
-                first = first or e
-        if kind == "oneOf" and len(options) > 1:
-            from .schema_oneof import separate
+        """The node's unions distributed one after the other, the options whose merge is plainly empty (a
+        required property no value satisfies) dropped as they arise, so that chains of ``if`` on one
+        property stay linear; more than :data:`MAX_BRANCHES` live options is refused."""
+        options, first = [(dict(flat, _unions=[]), where)], None
+        for kind, branches, w in unions:
+            group = []
+            for i, b in enumerate(branches):
+                try:
+                    group.append((self.flatten(b, f"{w}/{kind}/{i}"), b, f"{w}/{kind}/{i}"))
+                except Unsatisfiable as e:
+                    first = first or e
+            grown = []
+            for option, _ in options:
+                merged = [(dict(merge(option, bf, w), _branch=[b]), path) for bf, b, path in group]
+                merged = [(m, path) for (m, path), (bf, _, _) in zip(merged, group) if not self.dead(m, bf, path)]
+                if kind == "oneOf" and len(merged) > 1:
+                    from .schema_oneof import separate
 
-            options = separate(self, options, w)
+                    merged = list(zip(separate(self, [m for m, _ in merged], w), [p for _, p in merged]))
+                grown += merged
+                if len(grown) > MAX_BRANCHES:
+                    refuse(kind, w, f"more than {MAX_BRANCHES} branches once its unions are combined")
+            options = grown
         out = []
-        for option, path in zip(options, paths):
+        for option, path in options:
             try:
                 out.append(self.written(option, path))
             except Unsatisfiable as e:
                 first = first or e
         if not out:
-            raise first or Unsatisfiable(kind, w, "it has no branch")
+            raise first or Unsatisfiable(unions[0][0], unions[0][2], "it has no branch")
         return alt(out)
+
+    def dead(self, option: dict, branch: dict, where: str) -> bool:
+        """Whether a merged option plainly admits no value: no type left, an empty enum, or a required
+        property that the branch just merged constrains to no value (checked for those properties only)."""
+        if _empty(option):
+            return True
+        props = option.get("properties", {})
+        for name in set(branch.get("properties", {})) & set(option.get("required", [])):
+            sub = props.get(name)
+            if sub is False:
+                return True
+            if isinstance(sub, dict):
+                try:
+                    if _empty(self.flatten(sub, where)):
+                        return True
+                except Unsatisfiable:
+                    return True
+        return False
 
     def of_type(self, t: str, flat: dict, where: str) -> str:
         out = [v for r in flat.get("_raw", []) for v in excluded(r)]
