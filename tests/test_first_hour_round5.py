@@ -316,8 +316,8 @@ def test_a_mistyped_local_path_is_no_such_folder(tmp_path, capsys, monkeypatch):
     (tmp_path / "runs" / "tiny").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     code, _, err = run(["generate", "runs/tny", "--prompt", "x"], capsys)
-    assert_one_line_error(code, err, "'runs/tny': no such folder; did you mean 'runs/tiny'? (a local path, so not a "
-                                     "Hub id)")
+    assert_one_line_error(code, err, "checkpoint 'runs/tny' does not exist; did you mean 'runs/tiny'? (a local path, "
+                                     "so not a Hub id)")
 
 
 def test_no_prompt_says_how_to_read_stdin(capsys):

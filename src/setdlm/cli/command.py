@@ -59,7 +59,7 @@ def positional_model(name: str | None) -> str | None:
         near = difflib.get_close_matches(os.path.basename(name.rstrip("/")), sorted(os.listdir(parent or ".")), 1,
                                          0.6) if os.path.isdir(parent or ".") else []
         where = f"; did you mean {os.path.join(parent, near[0])!r}?" if near else ""
-        raise UserError(f"{name!r}: no such folder{where} (a local path, so not a Hub id)")
+        raise UserError(f"checkpoint {name!r} does not exist{where} (a local path, so not a Hub id)")
     return name
 
 
