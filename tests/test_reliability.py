@@ -269,6 +269,7 @@ def test_ctrl_c_during_generate_is_one_line_exit_130(ckpts, capsys, sigint_raise
     threading.Thread(target=press_ctrl_c, daemon=True).start()
     code, _, err = run(["generate", ckpts["ar"], "--prompt", "ab", "--max-new-tokens", "100000", "--ignore-eos"],
                        capsys)
+    err = "\n".join(l for l in err.splitlines() if ": warning: " not in l)  # decoding past L=16 says so first
     one_line(code, err, "setdlm generate: interrupted; 0 of 1 rows had finished; nothing was printed or written",
              exit_code=130)
 

@@ -181,9 +181,10 @@ def _add_decoding_flags(p, exclude: tuple[str, ...] = (), notes: dict | None = N
     p.add_argument("--output", default=None, help="write JSONL results here instead of printing texts")
 
 
-def _model_choice(args):
-    return ModelChoice(positional_model(args.checkpoint), ema=args.ema, device=args.device, quantize=args.quantize,
-                       dtype=args.dtype)
+def _model_choice(args, check: bool = True):
+    if check:  # a switch's value or a mistyped local path: one line, before loading
+        positional_model(args.checkpoint)
+    return ModelChoice(args.checkpoint, ema=args.ema, device=args.device, quantize=args.quantize, dtype=args.dtype)
 
 
 def _report(out, rows: list[dict], output: str | None, shown: list[str] | None = None) -> int:
@@ -204,8 +205,9 @@ def _report(out, rows: list[dict], output: str | None, shown: list[str] | None =
 def _generate(args) -> int:
     """Decode continuations of prompts (arguments, a file or stdin) with the family's decoder."""
     settings = decode_settings(args)  # every value checked before loading; the family's settings after
-    opts = GenerateOptions(read_prompts(args.prompt, args.input), settings, _model_choice(args), seed=args.seed,
+    opts = GenerateOptions(read_prompts(args.prompt, args.input), settings, _model_choice(args, False), seed=args.seed,
                            chat=args.chat, trace=args.trace, show_order=args.show_order, output=args.output)
+    positional_model(args.checkpoint)  # after the output path's check, before loading
     out, rows, tok = generate_rows(opts)
     if args.trace:
         write_text(args.trace, json.dumps(rows) + "\n")
@@ -237,7 +239,9 @@ def _infill(args) -> int:
     """Fill LENGTH tokens between a prefix and a suffix (SetDLM, BD3LM, MDLM; AR sees the prefix only)."""
     settings = decode_settings(args)  # every value checked before loading; the family's settings after
     rows = read_infill_rows(args.prefix, args.suffix, args.length, args.input)
-    out, res = infill_rows(InfillOptions(rows, settings, _model_choice(args), seed=args.seed, output=args.output))
+    opts = InfillOptions(rows, settings, _model_choice(args, False), seed=args.seed, output=args.output)
+    positional_model(args.checkpoint)  # after the output path's check, before loading
+    out, res = infill_rows(opts)
     return _report(out, res, args.output)
 
 

@@ -178,7 +178,6 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
          trace) -> GenerationOutput:
     fam, backbone = model.family, model.backbone
     settings.check_for(fam.family, mode, drafts=drafts(model))
-    warn_wide_window(settings, fam)
     n_targets = [sum(t) for t in targets]  # positions to decode per row
     times = _reveal_times(reveal_times, n_targets)
     if settings.speculate and times is not None:
@@ -186,6 +185,7 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
                         "reveal_times do not apply")
     cfg = decode_config(model, settings, mode=mode, cache_order=_cache_order(settings.cache_order, times),
                         trace=trace, room=max(n_targets, default=1))
+    warn_wide_window(settings, fam)  # after decode_config's memory check: an error comes alone
     stops = cfg.stop
     B = len(sequences)
     if batch_size is not None and not (isinstance(batch_size, int) and batch_size >= 1):
@@ -206,7 +206,7 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
     bs = batch_size or B
     results, forwards, st = {}, 0, None
     bar = tqdm(total=sum(n_targets), disable=None if progress else True, desc=f"{fam.family} decoding",
-               unit="tok", leave=False)  # shown on a terminal only, and gone once done
+               unit="tok")  # shown on a terminal only
     was_training = backbone.training
     backbone.eval()
     t0 = time.perf_counter()

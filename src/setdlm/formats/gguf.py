@@ -127,12 +127,14 @@ def checkpoint_for(path: str | Path) -> Path:
     digest = file_digest(p)
     folder = cache_folder(p, digest)
     if not is_checkpoint(folder):
-        print(f"setdlm: converting {p.name} ({p.stat().st_size / 2**20:,.0f} MiB) once into {folder} (float32, "
-              "about 6x the file; a minute or so on a small CPU); later loads read it in seconds", file=sys.stderr,
-              flush=True)
+        if sys.stderr.isatty():  # on a terminal, as progress bars (docs/errors.md): a pipe or log stays clean
+            print(f"setdlm: converting {p.name} ({p.stat().st_size / 2**20:,.0f} MiB) once into {folder} (float32, "
+                  "about 6x the file; a minute or so on a small CPU); later loads read it in seconds",
+                  file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         convert(p, folder, digest=digest)
-        print(f"setdlm: converted in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        if sys.stderr.isatty():
+            print(f"setdlm: converted in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return folder
 
 
