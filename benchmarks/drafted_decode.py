@@ -103,23 +103,29 @@ def llama_models(out: Path, threads: int) -> dict:
                                n_batch=512, verbose=False) for q, f in (("Q8_0", q80), ("Q4_1", q41))}
 
 
-def table(results: dict, kinds: list[str]) -> str:
-    lines = ["| decoder | precision | batch | tokens/s | vs llama.cpp Q8_0 | vs setdlm AR int8 | tokens/forward "
-             "(chat / word) | tokens = AR's |", "|---|---|---:|---:|---:|---:|---:|---|"]
+def table(results: dict, kinds: list[str], subset: dict) -> str:
+    lines = ["| decoder | precision | batch | prompts | tokens/s | vs llama.cpp Q8_0 | vs setdlm AR int8 | tokens/forward "
+             "(chat / word) | tokens = AR's |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for (name, q, B), r in results.items():
+        kinds_of = kinds if subset[name, q, B] is None else [kinds[i] for i in subset[name, q, B]]
         tps = sum(map(len, r["tokens"])) / r["seconds"]
         ref = results.get(("llama.cpp", "Q8_0", 1))
         ar = results.get(("setdlm AR", "int8", B))
         vs = lambda o: f"{tps / (sum(map(len, o['tokens'])) / o['seconds']):.2f}x" if o else "-"  # noqa: E731
         tpf = "-"
         if "row_nfe" in r:
-            per = {k: (sum(len(t) for t, kk in zip(r["tokens"], kinds) if kk == k),
-                       sum(f for f, kk in zip(r["row_nfe"], kinds) if kk == k)) for k in ("chat", "word")}
+            per = {k: (sum(len(t) for t, kk in zip(r["tokens"], kinds_of) if kk == k),
+                       sum(f for f, kk in zip(r["row_nfe"], kinds_of) if kk == k)) for k in ("chat", "word")}
             tpf = " / ".join(f"{a / max(b, 1):.2f}" for a, b in per.values())
         same = "-"
-        if name == "setdlm drafted":
-            same = "yes" if r["tokens"] == results[("setdlm AR", q, B)]["tokens"] else "NO"
-        lines.append(f"| {name} | {q} | {B} | {tps:.1f} | {vs(ref) if B == 1 else '-'} | {vs(ar)} | {tpf} | {same} |")
+        if name.startswith("setdlm drafted"):
+            ar_tokens = results[("setdlm AR", q, B)]["tokens"]
+            if subset[name, q, B] is not None and subset["setdlm AR", q, B] is None:
+                ar_tokens = [ar_tokens[i] for i in subset[name, q, B]]
+            n_same = sum(a == b for a, b in zip(r["tokens"], ar_tokens))
+            same = "yes" if n_same == len(r["tokens"]) == len(ar_tokens) else f"{n_same}/{len(r['tokens'])}"
+        lines.append(f"| {name} | {q} | {B} | {len(kinds_of)} | {tps:.1f} | {vs(ref) if B == 1 else '-'} | {vs(ar)} "
+                     f"| {tpf} | {same} |")
     return "\n".join(lines)
 
 
@@ -132,7 +138,12 @@ def main(argv=None) -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS))
+    p.add_argument("--windows", type=int, nargs="+", default=[None], help="drafter windows (default: its own)")
     p.add_argument("--no-transformers", action="store_true", help="skip transformers' generate")
+    p.add_argument("--full", nargs="+", default=["setdlm AR|int8", "setdlm drafted|int8", "llama.cpp|Q8_0",
+                                                 "llama.cpp|Q4_1"],
+                   help="DECODER|PRECISION rows that decode every prompt at batch 1; the others decode --subset of each kind")
+    p.add_argument("--subset", type=int, default=None, help="prompts of each kind for the other rows (default: all)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/drafter"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -149,17 +160,22 @@ def main(argv=None) -> None:
                 hf, ps, n, B, tok.pad_token_id, tok.eos_token_id)
         for q in base:
             calls["setdlm AR", q, B] = lambda ps, n, q=q, B=B: setdlm_run(base[q], ps, n, B)
-            calls["setdlm drafted", q, B] = lambda ps, n, q=q, B=B: setdlm_run(drafted[q], ps, n, B,
-                                                                                 speculate="next_token")
+            for w in args.windows:
+                name = "setdlm drafted" + (f" w={w}" if w else "")
+                calls[name, q, B] = lambda ps, n, q=q, B=B, w=w: setdlm_run(drafted[q], ps, n, B, window=w,
+                                                                          speculate="next_token")
     for q, llm in llama_models(args.out, args.threads).items():
         calls["llama.cpp", q, 1] = lambda ps, n, llm=llm: llama_run(llm, ps, n)
     for c, run in calls.items():  # warm-up: a few tokens of a few prompts
         run(prompts[: max(c[2], 2)], 8)
-    results = {}
+    sub = [i for k in ("chat", "word") for i in [j for j, kk in enumerate(kinds) if kk == k][: args.subset]]
+    results, subset = {}, {}
     for c, run in calls.items():
-        results[c] = r = run(prompts, args.new_tokens)
+        full = args.subset is None or (c[2] == 1 and f"{c[0].split(' w=')[0]}|{c[1]}" in args.full)
+        subset[c] = None if full else sub
+        results[c] = r = run(prompts if full else [prompts[i] for i in sub], args.new_tokens)
         print(f"{c}: {sum(map(len, r['tokens'])) / r['seconds']:.1f} tokens/s", flush=True)
-    md = table(results, kinds)
+    md = table(results, kinds, subset)
     print(md)
     (args.out / "table.md").write_text(md + "\n", encoding="utf-8")
     (args.out / "results.json").write_text(json.dumps(

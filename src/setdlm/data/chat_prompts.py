@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import random
 
+from ..errors import UserError
+
 TEMPLATES = (
     "What is {x}?", "Explain {x} in simple terms.", "Give me three facts about {x}.",
     "Write a short poem about {x}.", "Why is {x} important?", "Describe {x} to a child.",
@@ -57,9 +59,9 @@ def _split(template: str, subject: str) -> str:
 def chat_questions(split: str, n: int | None = None, *, seed: int = 0) -> list[str]:
     """``n`` distinct questions of ``split`` ("train" or "test"; None: all of them), in a seeded order."""
     if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        raise UserError(f"split must be 'train' or 'test', got {split!r}")
     pool = [t.format(x=s) for t in TEMPLATES for s in SUBJECTS if _split(t, s) == split]
     random.Random(seed).shuffle(pool)
     if n is not None and n > len(pool):
-        raise ValueError(f"asked for {n} {split} questions, there are {len(pool)}")
+        raise UserError(f"asked for {n} {split} questions, there are {len(pool)}")
     return pool if n is None else pool[:n]

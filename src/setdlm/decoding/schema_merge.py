@@ -11,6 +11,7 @@ them) and ``_refs`` (the references followed to it)."""
 from __future__ import annotations
 
 import json
+import re
 
 from ..errors import UserError
 
@@ -187,9 +188,21 @@ def _merge_objects(out: dict, a: dict, b: dict, where: str) -> None:
 
 
 def _may_match(pattern: str, name: str, where: str) -> bool:
-    from .schema_strings import search
-
     return search(pattern, name, where)
+
+
+def search(pattern: str, name: str, where: str) -> bool | None:
+    """Whether ``pattern`` (ECMA-262, read by Python's ``re``) finds a match in ``name``; None where Python
+    cannot read it."""
+    try:
+        return re.search(pattern, name) is not None
+    except (re.error, RecursionError):
+        return None
+
+
+def alt(parts: list[str]) -> str:
+    """The alternation of regexes ``parts`` (one part: itself)."""
+    return parts[0] if len(parts) == 1 else "|".join(f"(?:{p})" for p in parts)
 
 
 def negate(node, where: str) -> list:

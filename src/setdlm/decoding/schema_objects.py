@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from .schema_merge import Unsatisfiable, both, merge, refuse
-from .schema_strings import except_strings, json_literal, key_regex, literal, search
+from .schema_merge import Unsatisfiable, alt, both, merge, refuse, search
+from .schema_strings import except_strings, json_literal, key_regex, literal
 
 SCALAR = {"type": ["string", "number", "boolean", "null"]}  # a required name nothing declares
 MAX_DEPENDENCIES = 3  # optional keys with dependencies written both ways (the others are left out)
@@ -168,8 +168,6 @@ def _dependencies(w, flat: dict, deps: list[str], where: str) -> str:
     """An object with ``dependentRequired``/``dependentSchemas``: for its first key, the union of the
     objects without it and those with it and what it needs (only the latter where it is required; only
     the former past :data:`MAX_DEPENDENCIES` optional keys)."""
-    from .schema_regex import alt
-
     key, rest = deps[0], dict(flat)
     rest["dependentRequired"] = {k: v for k, v in flat.get("dependentRequired", {}).items() if k != key}
     rest["dependentSchemas"] = {k: v for k, v in flat.get("dependentSchemas", {}).items() if k != key}

@@ -6,8 +6,7 @@ refused, naming ``oneOf`` and its path."""
 
 from __future__ import annotations
 
-from .schema_merge import TYPES, intersect_types, json_type, merge, refuse, types_of
-from .schema_strings import search
+from .schema_merge import TYPES, intersect_types, json_type, merge, refuse, search, types_of
 
 
 def separate(w, options: list[dict], where: str) -> list[dict]:

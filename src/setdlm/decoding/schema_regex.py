@@ -33,8 +33,8 @@ import json
 import urllib.parse
 
 from ..errors import UserError
-from .schema_merge import (MAX_BRANCHES, TYPES, Unsatisfiable, both, excluded, json_type, merge, negate, normalize,
-                           not_strings, refuse, types_of)
+from .schema_merge import (MAX_BRANCHES, TYPES, Unsatisfiable, alt, both, excluded, json_type, merge, negate,
+                           normalize, not_strings, refuse, types_of)
 from .schema_numbers import number_regex
 from .schema_numbers import integer_regex as integer_regex  # noqa: F401 (re-exported)
 from .schema_objects import array_regex, object_regex
@@ -105,10 +105,6 @@ def _empty(flat: dict) -> bool:
     out = [v for r in flat.get("_raw", []) for v in excluded(r)]
     return not any((json_type(v, integers=True) in types or json_type(v) in types or "type" not in flat)
                    and not any(v == x and type(v) is type(x) for x in out) for v in flat["enum"])
-
-
-def alt(parts: list[str]) -> str:
-    return parts[0] if len(parts) == 1 else "|".join(f"(?:{p})" for p in parts)
 
 
 class Writer:

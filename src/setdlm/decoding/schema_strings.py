@@ -10,7 +10,7 @@ import re
 
 from .compiler import regex_atoms
 from .schema_formats import format_regex, undefined
-from .schema_merge import Unsatisfiable, refuse
+from .schema_merge import Unsatisfiable, refuse, search
 
 _JSON_UNSAFE = r'"\\\x00-\x1F\x7F-\x9F'  # characters a JSON string's text holds only escaped (and C1 controls)
 CHAR = rf"[^{_JSON_UNSAFE}]"
@@ -63,15 +63,6 @@ def except_strings(names, lo: int = 0, hi: int | None = None) -> str | None:
 
     body = rest(trie, 0)
     return None if body is None else f'"{body}"'
-
-
-def search(pattern: str, name: str, where: str) -> bool | None:
-    """Whether ``pattern`` (ECMA-262, read by Python's ``re``) finds a match in ``name``; None where Python
-    cannot read it."""
-    try:
-        return re.search(pattern, name) is not None
-    except (re.error, RecursionError):
-        return None
 
 
 def string_regex(node: dict, where: str, excluded: list[str]) -> str:
