@@ -39,7 +39,8 @@ from torch import Tensor
 
 from ..errors import UserError
 from .compiler import Compiler, cut_repetitions, without_end_mark
-from .schema_regex import check_nesting, schema_regex, strip_anchors
+from .schema_regex import check_nesting, schema_regex
+from .schema_strings import strip_anchors
 
 DEFAULT_MAX_DEPTH = 3  # JSON Schema: depth to which recursive references are unrolled
 _META = set("\\.+*?()|[]{}^$#&-~")  # characters a literal escapes (Rust regex syntax)

@@ -7,6 +7,25 @@ refused, naming ``oneOf`` and its path."""
 from __future__ import annotations
 
 from .schema_merge import TYPES, intersect_types, json_type, merge, refuse, search, types_of
+from .schema_strings import STRING_KEYWORDS
+
+NUMERIC = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+_IMPLIED = {"string": STRING_KEYWORDS, "number": NUMERIC,
+            "array": ("items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains"),
+            "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties",
+                       "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas")}
+
+
+def node_types(flat: dict) -> list[str]:
+    """The types a flat node writes: its ``type`` (number covering integer), or the types its keywords are
+    about, or all."""
+    if "type" in flat:
+        t = types_of(flat)
+    else:
+        t = {k for k, keys in _IMPLIED.items() if any(x in flat for x in keys)} or set(TYPES)
+    if "number" in t:
+        t.discard("integer")
+    return [x for x in ("object", "array", "string", "integer", "number", "boolean", "null") if x in t]
 
 
 def separate(w, options: list[dict], where: str) -> list[dict]:
@@ -33,8 +52,6 @@ def _written_types(node: dict) -> set[str]:
         return types_of(node)
     if node.get("_unions"):
         return set(TYPES)
-    from .schema_regex import node_types
-
     return set(node_types(node))
 
 

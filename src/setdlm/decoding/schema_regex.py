@@ -36,21 +36,14 @@ from ..errors import UserError
 from .schema_merge import (MAX_BRANCHES, TYPES, Unsatisfiable, alt, both, excluded, json_type, merge, negate,
                            normalize, not_strings, refuse, types_of)
 from .schema_numbers import number_regex
-from .schema_numbers import integer_regex as integer_regex  # noqa: F401 (re-exported)
 from .schema_objects import array_regex, object_regex
-from .schema_strings import STRING_KEYWORDS, json_literal, json_safe, strip_anchors  # noqa: F401 (re-exported)
+from .schema_oneof import node_types
+from .schema_strings import json_literal
 from .schema_strings import string_regex
 
 MAX_NESTING = 64  # levels of a schema (a deeper one is refused, never a RecursionError)
 MAX_PATTERN = 4_000_000  # characters of a schema's regular expression
 FREE_DEPTH = 1  # a free-form value ({} or true) nests arrays and objects this deep
-NUMERIC = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
-_IMPLIED = {"string": STRING_KEYWORDS, "number": NUMERIC,
-            "array": ("items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains"),
-            "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties",
-                       "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas")}
-
-
 def schema_regex(schema: dict, *, max_depth: int, whitespace: str | None) -> str:
     """The regular expression of JSON texts that validate against ``schema`` (checked already against the
     meta-schema); a :class:`UserError` naming keyword and path for what it cannot enforce."""
@@ -80,18 +73,6 @@ def check_nesting(schema) -> None:
             todo.extend((v, depth + 1, f"{where}/{k}") for k, v in node.items())
         elif isinstance(node, list):
             todo.extend((v, depth + 1, f"{where}/{i}") for i, v in enumerate(node))
-
-
-def node_types(flat: dict) -> list[str]:
-    """The types a flat node writes: its ``type`` (number covering integer), or the types its keywords are
-    about, or all."""
-    if "type" in flat:
-        t = types_of(flat)
-    else:
-        t = {k for k, keys in _IMPLIED.items() if any(x in flat for x in keys)} or set(TYPES)
-    if "number" in t:
-        t.discard("integer")
-    return [x for x in ("object", "array", "string", "integer", "number", "boolean", "null") if x in t]
 
 
 def _empty(flat: dict) -> bool:
