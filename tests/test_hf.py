@@ -309,3 +309,23 @@ def test_the_generation_configs_end_of_turn_ids_stop_every_path():
     eos = tok.eos_token_id  # an explicit eos_token_id replaces them
     alone = free[: free.index(eos) + 1] if eos in free else free
     assert first != eos and generate(model, [prompt], max_new_tokens=6, eos_token_id=eos).tokens[0] == alone
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_the_float32_rms_norm_is_the_modules_own_bit_for_bit(kind):
+    """setdlm.formats.hf.rms_norm runs a Llama/Qwen RMSNorm as one F.rms_norm call in float32 (fewer ops a
+    layer); it must give the module's own numbers exactly, in every shape a decode feeds it."""
+    from setdlm.formats.hf import rms_norm
+
+    m = tiny_hf(kind, dtype=torch.float32)
+    norms = [m.model.norm, m.model.layers[0].input_layernorm]
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for norm in norms:
+            norm.weight.copy_(torch.randn(norm.weight.shape, generator=g))
+            for shape in [(1, 1), (1, 3), (8, 1), (3, 17), (2, 64)]:
+                x = torch.randn(*shape, norm.weight.numel(), generator=g) * torch.logspace(-3, 3, shape[1])[:, None]
+                assert torch.equal(rms_norm(norm, x), norm(x)), shape
+            x16 = torch.randn(2, 5, norm.weight.numel(), generator=g).bfloat16()
+            assert torch.equal(rms_norm(norm.bfloat16(), x16), norm(x16))  # other dtypes: the module itself
+            norm.float()

@@ -234,3 +234,44 @@ def test_quantized_backbones_attend_in_float64_and_say_which_engines_run():
     bb = quantize(tiny_model("ar").backbone.float(), "int8")
     assert all(blk.wide_attention for blk in bb.blocks)
     assert bb.quantization_engine.startswith("int8: fbgemm u8s8 GEMM")
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_a_float64_cache_and_additive_mask_give_the_numbers_of_a_float32_cache_and_boolean_mask(kind):
+    """A quantized float32 HF backbone keeps its cache in float64 and hands SDPA a 0/−inf float64 mask made once
+    per step (fewer conversions a step): its cached decode gives bit for bit what a float32 cache gives, and
+    the additive mask what SDPA makes of the boolean one (a 20-key step: past the 16 where a float32 mask on
+    float64 queries goes wrong)."""
+    from setdlm.formats import hf
+    from setdlm.masks import causal_mask, with_cache
+    from setdlm.model import KVCache, attention
+
+    bb = quantize(hf.HFBackbone(tiny_hf(kind, dtype=torch.float32)), "int8")
+    cache = bb.new_cache(2, capacity=40)
+    assert cache.k[0].dtype == torch.float64
+    narrow = KVCache(bb.n_layers, 2, bb.n_kv_heads, bb.head_dim, dtype=torch.float32, capacity=40)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 100, (2, 20), generator=g)
+    real = torch.ones(2, 20, dtype=torch.bool)
+    real[1, 14:] = False  # a ragged second row
+    with torch.no_grad():
+        steps = []
+        for c in (cache, narrow):
+            first = bb(ids, None, causal_mask(real), c, keep=real.sum(-1))
+            pos = c.lengths[:, None] + torch.arange(3)  # (2, 3)
+            nxt = bb(ids[:, :3], pos, with_cache(torch.ones(2, 3, 3, dtype=torch.bool).tril(), c.width), c)
+            steps.append((first, nxt))
+    assert torch.equal(steps[0][0], steps[1][0]) and torch.equal(steps[0][1], steps[1][1])
+    q, k, v = (torch.randn(2, 4, 20, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.rand(2, 1, 20, 20, generator=g) < 0.6
+    mask |= torch.eye(20, dtype=torch.bool)
+    additive = torch.zeros(mask.shape, dtype=torch.float64).masked_fill_(~mask, float("-inf"))
+    assert torch.equal(attention(q, k, v, mask), attention(q, k, v, additive))
+
+
+def test_the_int8_product_is_called_through_its_overload():
+    """The int8 product is the op's overload, not its packet: a packet whose op takes a packed-weight object
+    inspects every call's arguments in Python first (docs/quantization.md, "Per-step overhead")."""
+    from setdlm.formats.quantize import _INT8_GEMM
+
+    assert isinstance(_INT8_GEMM, torch._ops.OpOverload)

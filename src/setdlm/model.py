@@ -400,6 +400,17 @@ class CacheStep:
     width: int = 0  # W: buffer columns the step attends over
     T: int = 0
     _flat: Tensor | None = None  # flat_write_idx, made by the first layer, reused by the others
+    _additive: Tensor | None = None  # additive_mask, made by the first layer, reused by the others
+
+    def additive_mask(self, dtype: torch.dtype) -> Tensor | None:
+        """:attr:`mask` as 0 / −inf in ``dtype`` (what SDPA makes of a boolean mask in a query of that dtype),
+        made once per step; None without a mask."""
+        if self.mask is None or self.mask.dtype != torch.bool:
+            return self.mask
+        if self._additive is None or self._additive.dtype != dtype:
+            self._additive = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device).masked_fill_(
+                ~self.mask, float("-inf"))
+        return self._additive
 
     def flat_write_idx(self, n_heads: int, capacity: int) -> Tensor:
         """(B·H·T,) long: the row of each new key/value in a cache layer viewed as (B·H·capacity, hd), in

@@ -29,11 +29,13 @@ from contextlib import nullcontext
 
 import torch
 from tokenizers import Tokenizer as Backend
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..data.tokenizers import ROLES, Tokenizer
 from ..errors import UserError
+from ..mask_rules import MaskRule
 from ..model import KVCache, apply_rope, attention, begin_step, end_step
 from .hub import HubUnreachableError, hub_reachable, is_connection_failure
 
@@ -83,8 +85,10 @@ class HFBackbone(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def new_cache(self, batch: int, capacity: int = 64) -> KVCache:
+        """A cache in the model's dtype, float64 under wide attention (see :meth:`_attend`)."""
         p = next(self.parameters())
-        return KVCache(self.n_layers, batch, self.n_kv_heads, self.head_dim, dtype=p.dtype, device=p.device,
+        dtype = torch.float64 if self.wide_attention else p.dtype
+        return KVCache(self.n_layers, batch, self.n_kv_heads, self.head_dim, dtype=dtype, device=p.device,
                        capacity=capacity)
 
     def forward(self, input_ids: Tensor, position_ids: Tensor | None = None, attn_mask: Tensor | None = None,
@@ -103,18 +107,27 @@ class HFBackbone(nn.Module):
             x = self._llama_layers(input_ids, position_ids, step, cache)  # (B, T, d)
             norm = self.hf.model.norm
         end_step(cache, step, keep)
-        h = norm(x[:, logits_start:])  # (B, T', d)
+        h = rms_norm(norm, x[:, logits_start:]) if self.kind != "gpt2" else norm(x[:, logits_start:])  # (B, T', d)
         return self.hf.lm_head(h)  # (B, T', V)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, layer: int, step, cache: KVCache | None,
                 scale: float, dropout_p: float) -> Tensor:
         """Cache the new keys/values (KV heads), attend with the step's boolean mask. q: (B, H, T, hd);
-        k, v: (B, Hkv, T, hd) → (B, T, H·hd)."""
+        k, v: (B, Hkv, T, hd) → (B, T, H·hd).
+
+        Wide attention (quantized backbones, :func:`setdlm.model.attention`): q, k and v are widened to float64
+        *before* the cache, whose layers are float64 then (:meth:`new_cache`), so a step converts its new
+        entries only, not the whole cache in every layer; the mask goes in as float64 (0 / −inf), made once per
+        step: the same numbers SDPA computes from the boolean mask, without converting it in every layer."""
         B, H, T, hd = q.shape
+        dtype, mask = q.dtype, step.mask
+        if self.wide_attention and dtype != torch.float64 and not isinstance(mask, MaskRule):
+            q, k, v = q.double(), k.double(), v.double()
+            mask = step.additive_mask(torch.float64)
         if cache is not None:
             k, v = cache.update(layer, k, v, step)  # (B, Hkv, W, hd)
-        y = attention(q, k, v, step.mask, scale=scale, dropout_p=dropout_p if self.training else 0.0,
-                      wide=self.wide_attention)  # GQA inside
+        y = attention(q, k, v, mask, scale=scale, dropout_p=dropout_p if self.training else 0.0,
+                      wide=self.wide_attention).to(dtype)  # GQA inside
         return y.transpose(1, 2).reshape(B, T, H * hd)  # (B, T, H·hd)
 
     def _llama_layers(self, input_ids: Tensor, position_ids: Tensor, step, cache: KVCache | None,
@@ -136,23 +149,33 @@ class HFBackbone(nn.Module):
         """One Llama/Qwen decoder layer on x (B, T, d) → (B, T, d)."""
         B, T, _ = x.shape
         a = layer.self_attn
-        h = layer.input_layernorm(x)
-        if hasattr(a, "qkv_proj"):  # fused for quantized decoding (fuse_projections)
-            q, k, v = a.qkv_proj(h).split(a.qkv_sizes, dim=-1)
+        h = rms_norm(layer.input_layernorm, x)
+        fused = "qkv_proj" in a._modules  # (dict lookups: a missed hasattr on a module raises inside, every layer)
+        if fused and "q_norm" not in a._modules:  # fused (fuse_projections): RoPE on q|k at once
+            qkv = a.qkv_proj(h)  # (B, T, (H + 2 Hkv)·hd)
+            nq, nk, _ = a.qkv_sizes
+            qk = qkv[..., : nq + nk].view(B, T, -1, a.head_dim)  # (B, T, H + Hkv, hd)
+            qk = apply_rope(qk, cos.transpose(1, 2), sin.transpose(1, 2)).transpose(1, 2)  # (B, H + Hkv, T, hd)
+            H = nq // a.head_dim
+            q, k = qk[:, :H], qk[:, H:]  # (B, H, T, hd), (B, Hkv, T, hd)
+            v = qkv[..., nq + nk:].view(B, T, -1, a.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
         else:
-            q, k, v = a.q_proj(h), a.k_proj(h), a.v_proj(h)
-        q = q.view(B, T, -1, a.head_dim)  # (B, T, H, hd)
-        k = k.view(B, T, -1, a.head_dim)  # (B, T, Hkv, hd)
-        v = v.view(B, T, -1, a.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
-        if hasattr(a, "q_norm"):  # Qwen3: RMSNorm over each head, before RoPE
-            q, k = a.q_norm(q), a.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, H, T, hd)
-        k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, Hkv, T, hd)
+            if fused:
+                q, k, v = a.qkv_proj(h).split(a.qkv_sizes, dim=-1)
+            else:
+                q, k, v = a.q_proj(h), a.k_proj(h), a.v_proj(h)
+            q = q.view(B, T, -1, a.head_dim)  # (B, T, H, hd)
+            k = k.view(B, T, -1, a.head_dim)  # (B, T, Hkv, hd)
+            v = v.view(B, T, -1, a.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
+            if hasattr(a, "q_norm"):  # Qwen3: RMSNorm over each head, before RoPE
+                q, k = a.q_norm(q), a.k_norm(k)
+            q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, H, T, hd)
+            k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, Hkv, T, hd)
         scale = getattr(a, "scaling", a.head_dim ** -0.5)
         y = self._attend(q, k, v, i, step, cache, scale, getattr(a, "attention_dropout", 0.0))
         x = x + a.o_proj(y)
-        h, mlp = layer.post_attention_layernorm(x), layer.mlp
-        if hasattr(mlp, "gate_up_proj"):  # fused (fuse_projections): the same as LlamaMLP's forward
+        h, mlp = rms_norm(layer.post_attention_layernorm, x), layer.mlp
+        if "gate_up_proj" in mlp._modules:  # fused (fuse_projections): the same as LlamaMLP's forward
             gate, up = mlp.gate_up_proj(h).chunk(2, dim=-1)
             return x + mlp.down_proj(mlp.act_fn(gate) * up)
         return x + mlp(h)
@@ -205,6 +228,16 @@ class HFBackbone(nn.Module):
         y = self._attend(q, k, v, i, step, cache, scale, a.attn_dropout.p)
         x = x + a.resid_dropout(a.c_proj(y))
         return x + block.mlp(block.ln_2(x))
+
+
+def rms_norm(norm: nn.Module, x: Tensor) -> Tensor:
+    """``norm(x)`` for a Llama/Qwen RMSNorm module: in float32 as one ``F.rms_norm`` call, which computes what the
+    module's own forward does (``x · rsqrt(mean(x²) + eps) · weight``, tested equal bit for bit) in one op
+    instead of seven; other dtypes (the module upcasts to float32 inside) and other norms run the module."""
+    eps = getattr(norm, "variance_epsilon", None)
+    if x.dtype != torch.float32 or eps is None or norm.weight.dtype != torch.float32:
+        return norm(x)
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, eps)
 
 
 def _concat_linear(*layers: nn.Linear) -> nn.Linear:

@@ -40,7 +40,9 @@ INT4_GROUP = 32
 # with a float32 output: torch.ops.quantized.linear_dynamic's arithmetic with the range fixed instead of read
 # from the tensor, in one op (no pinning row, no slicing).
 ACT_SCALE, ACT_ZERO = 2 / 127, 64
-_INT8_GEMM = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32
+# the overload itself, not the packet: a packet whose op takes a packed-weight object checks every call's
+# arguments for fake script objects in Python first (about 15 µs a call, 121 calls a SmolLM2 step)
+_INT8_GEMM = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32.default
 _TINY = torch.finfo(torch.float32).tiny
 # The engine the int8 kernel packs for, chosen here rather than inherited from torch.backends.quantized.engine
 # (whose default, "x86", and the alternatives "onednn" / "qnnpack" pack weights for other kernels, some without
