@@ -48,3 +48,49 @@ def test_setdlm_models_lists_the_drafter(capsys):
     assert main(["models"]) == 0
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(NAME)]
     assert line and "drafts for smollm2-135m" in line[0]
+
+
+def test_eval_with_the_drafter_scores_what_the_base_scores():
+    """``setdlm eval smollm2-135m-draft --speculate-next-token`` decodes the base's own tokens: the same
+    predictions and accuracy as the base's plain decode, in fewer forwards."""
+    from setdlm.evaluation.runs import evaluate_checkpoint
+
+    kw = dict(n=3, level="medium", max_new_tokens=32, quantize="int8")
+    base = evaluate_checkpoint("smollm2-135m", "reasoning", **kw)
+    drafted = evaluate_checkpoint(NAME, "reasoning", speculate="next_token", **kw)
+    assert drafted["accuracy"] == base["accuracy"] and drafted["decode"]["speculate"] == "next_token"
+    assert drafted["tokens_per_step"] > 1.0 == base["tokens_per_step"]
+
+
+def test_serve_with_the_drafter_answers_with_the_base_text():
+    """The server on the drafted model: a request with ``"speculate": "next_token"`` gets the base's greedy
+    text, streamed or not; a plain request the base's own decode."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    import json
+    import urllib.request
+
+    from support import running
+
+    base = setdlm.load("smollm2-135m", quantize="int8")
+    drafted = setdlm.load(NAME, quantize="int8")
+    question = chat_questions("test", 1)[0]
+    ref = generate(base, [chat_prompt(base.tokenizer, question)], max_new_tokens=24)
+    messages = [{"role": "user", "content": question}]
+
+    def post(url, body):
+        req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.read().decode()
+
+    with running(drafted, NAME) as (url, _):
+        for extra in ({"speculate": "next_token"}, {}):
+            body = json.loads(post(url, {"messages": messages, "max_tokens": 24, "temperature": 0, **extra}))
+            assert body["choices"][0]["message"]["content"] == ref.texts[0], extra
+        raw = post(url, {"messages": messages, "max_tokens": 24, "temperature": 0, "speculate": "next_token",
+                         "stream": True})
+        chunks = [json.loads(line[5:]) for line in raw.split("\n\n") if line.startswith("data:") and "[DONE]" not in line]
+        assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == ref.texts[0]
+        drafts = [c["setdlm"]["draft"] for c in chunks if "draft" in c.get("setdlm", {})]
+        assert drafts and sum(d["accepted"] for d in drafts) > 0  # the steps verified the drafter's drafts
