@@ -34,7 +34,7 @@ class Batch:
         """(B, L) bool: tokens to be generated and scored."""
         return self.attention_mask & ~self.context_mask
 
-    def to(self, device) -> "Batch":
+    def to(self, device) -> Batch:
         """The batch on ``device``; a batch leaving the CPU records whether it has padding (read on the host, so
         the training step's attention kernel is chosen without a device sync, docs/training.md)."""
         unpadded = self.unpadded

@@ -69,7 +69,7 @@ class DrafterConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DrafterConfig":
+    def from_dict(cls, d: dict) -> DrafterConfig:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         known["feature_layers"] = tuple(int(i) for i in known.get("feature_layers", ()))
         return cls(**known)

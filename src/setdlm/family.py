@@ -53,12 +53,12 @@ class Family:
     reveal_cache_order: bool  # cache_order="reveal" applies (docs/method.md §4.5); the others ignore it
     left_to_right: bool  # AR: one order, so the likelihood is exact; infilling sees the prefix only (§4.6)
     ordered: bool  # every target is predicted in one order (AR: left to right, SetDLM: the sampled order)
-    complete: Callable[["FamilyConfig"], None]  # fills the family's defaults in, checks what it needs
-    schedule: Callable[["FamilyConfig"], object]  # its ordering policy (None: the identity order)
-    describe: Callable[["FamilyConfig"], str]  # its schedule in words (the model card)
+    complete: Callable[[FamilyConfig], None]  # fills the family's defaults in, checks what it needs
+    schedule: Callable[[FamilyConfig], object]  # its ordering policy (None: the identity order)
+    describe: Callable[[FamilyConfig], str]  # its schedule in words (the model card)
     config_from_flags: Callable[[Mapping], dict]  # FamilyConfig fields from training option values
 
-    def decode_sizes(self, cfg: "FamilyConfig", window: int | None, block_size: int | None) -> tuple[int, int]:
+    def decode_sizes(self, cfg: FamilyConfig, window: int | None, block_size: int | None) -> tuple[int, int]:
         """``(window, block_size)`` a decode runs with: the setting given, else the family's own (``w = D``,
         ``block_size`` = the model's), 1 where the family does not use it (docs/method.md §4.2)."""
         w = (window or cfg.D) if "window" in self.decode_settings else 1
@@ -97,11 +97,11 @@ def using(kind: str, name: str) -> tuple[str, ...]:
 # the four members
 # ---------------------------------------------------------------------------------------------------------
 
-def _nothing(cfg: "FamilyConfig") -> None:
+def _nothing(cfg: FamilyConfig) -> None:
     return None
 
 
-def _complete_setdlm(c: "FamilyConfig") -> None:
+def _complete_setdlm(c: FamilyConfig) -> None:
     if c.D is None:
         raise UserError("family 'setdlm' needs D (target parallelism)")
     if isinstance(c.D, int) and c.D > c.length:
@@ -110,17 +110,17 @@ def _complete_setdlm(c: "FamilyConfig") -> None:
         c.M = min(2 * c.D, c.length)
 
 
-def _complete_bd3lm(c: "FamilyConfig") -> None:
+def _complete_bd3lm(c: FamilyConfig) -> None:
     if c.block_size is None:
         raise UserError("family 'bd3lm' needs block_size (S)")
 
 
-def _complete_mdlm(c: "FamilyConfig") -> None:
+def _complete_mdlm(c: FamilyConfig) -> None:
     if c.block_size is None:
         c.block_size = min(32, c.length)
 
 
-def _describe_setdlm(f: "FamilyConfig") -> str:
+def _describe_setdlm(f: FamilyConfig) -> str:
     s = f.schedule()
     return (f"position-offset schedule, L = {f.length}, D = {f.D} (target parallelism), M = {f.M} (sets of at most "
             f"{f.M} tokens: \"S ≤ {f.M}\"), k = {s.k:.4g}, b = {s.b:.4g}; decode with window w = D = {f.D}"
@@ -153,7 +153,8 @@ BD3LM = register(Family(
     config_from_flags=lambda flags: {"block_size": flags.get("block_size") or flags.get("D")}))  # S defaults to D
 SETDLM = register(Family(
     "setdlm", "set diffusion (SetDLM)", config_fields=("D", "M", "k", "b", "keep_clean_bos", "ar_weight"),
-    train_flags=("D", "M", "k", "keep_clean_bos", "ar_weight"), decode_settings=("window", "threshold", "speculate"), streams=2,
+    train_flags=("D", "M", "k", "keep_clean_bos", "ar_weight"), decode_settings=("window", "threshold", "speculate"),
+    streams=2,
     objective="setdlm", decoder="setdlm", cache_holds="window", reveal_cache_order=True, left_to_right=False,
     ordered=True, complete=_complete_setdlm,
     schedule=lambda f: StaggeredSchedule.from_dm(f.length, f.D, f.M, k=f.k, b=f.b), describe=_describe_setdlm,
@@ -221,7 +222,7 @@ class FamilyConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "FamilyConfig":
+    def from_dict(cls, d: dict) -> FamilyConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:

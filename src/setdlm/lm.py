@@ -50,6 +50,6 @@ class Model:
         ``setdlm.load(..., dtype=)`` casts it)."""
         return str(next(self.backbone.parameters()).dtype).removeprefix("torch.")
 
-    def eval(self) -> "Model":
+    def eval(self) -> Model:
         self.backbone.eval()
         return self

@@ -67,7 +67,7 @@ class TransformerConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TransformerConfig":
+    def from_dict(cls, d: dict) -> TransformerConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
@@ -78,7 +78,7 @@ class TransformerConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, s: str) -> "TransformerConfig":
+    def from_json(cls, s: str) -> TransformerConfig:
         return cls.from_dict(json.loads(s))
 
 
@@ -110,7 +110,7 @@ class KVCache:
         self.static = False
 
     @classmethod
-    def for_model(cls, model: "Transformer", batch: int, capacity: int = 64) -> "KVCache":
+    def for_model(cls, model: Transformer, batch: int, capacity: int = 64) -> KVCache:
         p = next(model.parameters())
         c = model.config
         return cls(c.n_layers, batch, c.n_heads, c.head_dim, dtype=p.dtype, device=p.device, capacity=capacity)
@@ -154,7 +154,7 @@ class KVCache:
         self.pos = self.pos[rows]
         self.lengths = self.lengths[rows]
 
-    def cat_rows(self, other: "KVCache") -> None:
+    def cat_rows(self, other: KVCache) -> None:
         """Append the rows of ``other`` (capacities padded to the larger one), e.g. rows joining a batch."""
         cap = max(self.capacity, other.capacity)
 
@@ -175,7 +175,7 @@ class KVCache:
         self.pos = self.pos.gather(1, index)
         self.lengths = lengths.to(torch.long).clone()
 
-    def update(self, layer: int, k: Tensor, v: Tensor, step: "CacheStep") -> tuple[Tensor, Tensor]:
+    def update(self, layer: int, k: Tensor, v: Tensor, step: CacheStep) -> tuple[Tensor, Tensor]:
         """Write this step's new keys/values (B, H, T, hd) at each row's offset; return the layer's keys and
         values over the step's buffer width (B, H, W, hd), in the dtype of ``k``."""
         B, H, T, hd = k.shape
@@ -201,7 +201,7 @@ class KVCache:
         """(B, width) position ids of the entries (garbage where not :meth:`valid`)."""
         return self.pos[:, : self.width]
 
-    def clone(self) -> "KVCache":
+    def clone(self) -> KVCache:
         new = KVCache.__new__(KVCache)
         new.k = [t.clone() for t in self.k]
         new.v = [t.clone() for t in self.v]
@@ -237,7 +237,8 @@ class LayerNorm(nn.Module):
 
 def rope_cos_sin(position_ids: Tensor, head_dim: int, base: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """cos/sin of the rotary angles at arbitrary position ids, rotate-half layout: (B, 1, T, hd) each."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=position_ids.device) / head_dim))
+    even = torch.arange(0, head_dim, 2, dtype=torch.float64, device=position_ids.device)
+    inv_freq = 1.0 / (base ** (even / head_dim))
     ang = position_ids.to(torch.float64)[..., None] * inv_freq  # (B, T, hd/2)
     ang = torch.cat([ang, ang], dim=-1)[:, None]  # (B, 1, T, hd)
     return ang.cos().to(dtype), ang.sin().to(dtype)
@@ -303,7 +304,7 @@ class Block(nn.Module):
         self.wide_attention = False  # float64 attention (set by setdlm.formats.quantize: see attention())
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, layer: int,
-                cache: KVCache | None, step: "CacheStep", kv_only: bool = False) -> Tensor:
+                cache: KVCache | None, step: CacheStep, kv_only: bool = False) -> Tensor:
         """``kv_only``: write this step's keys and values to ``cache`` and stop (x is returned unchanged): the
         last block of a forward that asks for no logits (a prefill) needs nothing else."""
         B, T, d = x.shape
@@ -339,7 +340,7 @@ class Transformer(nn.Module):
         self.init_weights()
 
     @torch.no_grad()
-    def init_weights(self, *, zero_head: bool = True, generator: torch.Generator | None = None) -> "Transformer":
+    def init_weights(self, *, zero_head: bool = True, generator: torch.Generator | None = None) -> Transformer:
         """Reference init: Kaiming-uniform(a=√5) embedding, ``nn.Linear`` defaults, unit LayerNorms and a
         zero output head. ``zero_head=False`` gives the head a random init too (random-weight tests and
         benchmarks, where a zero head would make every logit tie)."""
@@ -403,8 +404,7 @@ class CacheStep:
     _additive: Tensor | None = None  # additive_mask, made by the first layer, reused by the others
 
     def additive_mask(self, dtype: torch.dtype) -> Tensor | None:
-        """:attr:`mask` as 0 / −inf in ``dtype`` (what SDPA makes of a boolean mask in a query of that dtype),
-        made once per step; None without a mask."""
+        """:attr:`mask` as 0 / −inf in ``dtype`` (SDPA's own reading of a boolean mask), made once per step."""
         if self.mask is None or self.mask.dtype != torch.bool:
             return self.mask
         if self._additive is None or self._additive.dtype != dtype:

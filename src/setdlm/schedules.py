@@ -133,7 +133,7 @@ class StaggeredSchedule:
 
     @classmethod
     def from_dm(cls, L: int, D: int, M: int | None = None, *, k: float | None = None,
-                b: float | None = None) -> "StaggeredSchedule":
+                b: float | None = None) -> StaggeredSchedule:
         """docs/method.md §1.2: ``A = D/(2L)``; k given → ``b = A(k+1)/k``; else b given → ``k = A/(b − A)``;
         else ``D ∉ {1, M}`` → ``b = M/(L + M − 1)``, ``k = A/(b − A)``; else ``k = 1``, ``b = D/L``."""
         M = 2 * D if M is None else M

@@ -85,7 +85,8 @@ def add_model_flags(p, what: str = "decode with", several_dtypes: bool = False) 
 # the constraint is an object, not one flag: generate and infill spell it --regex / --json-schema / --choice
 SETTINGS = tuple(f.name for f in dataclasses.fields(DecodeSettings) if f.name != "constraint")
 # values of a setting with a flag of their own (speculate="next_token": --speculate-next-token), for error messages
-VALUE_FLAGS = {f.name: tuple(f.metadata["values"]) for f in dataclasses.fields(DecodeSettings) if "values" in f.metadata}
+VALUE_FLAGS = {f.name: tuple(f.metadata["values"]) for f in dataclasses.fields(DecodeSettings)
+               if "values" in f.metadata}
 
 
 def value_flag(name: str, value: str) -> str:

@@ -1,4 +1,5 @@
-"""``setdlm train`` and ``python -m setdlm.training`` (and ``setdlm export``): one parser, one flag per field of the training
+"""``setdlm train`` and ``python -m setdlm.training`` (and ``setdlm export``): one parser, one flag per field of the
+training
 configuration (:func:`~setdlm.training.config.config_fields`), defaults from ``--preset``."""
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
         flag = "--" + (f.name if f.name in ("D", "M", "k") else f.name.replace("_", "-"))
         kind, help_ = field_type(f.name), f.metadata.get("help", "")
         if f.name == "preset":
-            p.add_argument(flag, choices=tuple(PRESETS), help="tiny (CPU, seconds), quick (the quick start: recognizable "
+            p.add_argument(flag, choices=tuple(PRESETS), help="tiny (CPU, seconds), quick (the quick start: "
+                                                              "recognizable "
                            "words in under two minutes on 2 cores), small (probe size), lm1b, owt")
         elif kind is bool:  # --flag / --no-flag: a preset may turn one on (keep_clean_bos)
             p.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_)

@@ -24,7 +24,7 @@ import gzip
 import json
 from functools import partial
 from importlib import resources
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import UserError
 from .corpus import Corpus

@@ -31,7 +31,7 @@ class Corpus:
     def __len__(self) -> int:
         return len(self.pairs) if self.pairs else len(self.texts)
 
-    def extend(self, other: "Corpus") -> None:
+    def extend(self, other: Corpus) -> None:
         self.texts += other.texts
         self.pairs += other.pairs
         self.__post_init__()

@@ -51,7 +51,7 @@ class TokenDataset:
         """Tokens a likelihood bound counts (not context, not padding)."""
         return int((self.attention_mask & ~self.context_mask).sum())
 
-    def subset(self, index) -> "TokenDataset":
+    def subset(self, index) -> TokenDataset:
         index = torch.as_tensor(index, dtype=torch.long)
         return TokenDataset(self.input_ids[index], self.attention_mask[index], self.context_mask[index])
 
@@ -59,7 +59,7 @@ class TokenDataset:
         index = torch.as_tensor(index, dtype=torch.long)
         return Batch(self.input_ids[index], self.attention_mask[index], self.context_mask[index])
 
-    def batches(self, batch_size: int) -> "Batches":
+    def batches(self, batch_size: int) -> Batches:
         """Consecutive batches in order (the last may be smaller), built on access: a sequence, so that each
         process of a distributed evaluation builds only its own."""
         return Batches(self, batch_size)

@@ -4,11 +4,13 @@ Two conventions, chosen by the tokenizer:
 
 * the training convention (``tokenizer.prompt == "bos"``: setdlm's own tokenizers, ``kind`` ``bpe`` or
   ``char``, the tokenizer of every model setdlm or the paper's authors trained, whatever its kind, and any
-  duck-typed tokenizer without ``prompt``): ``setdlm train`` lays out a prompt/completion pair as ``[BOS] prompt completion [EOS]``
+  duck-typed tokenizer without ``prompt``): ``setdlm train`` lays out a prompt/completion pair as ``[BOS] prompt
+  completion [EOS]``
   (:func:`setdlm.data.dataset.pad_pairs`), and packed documents start every row with BOS, so a model is
   decoded from the same start: ``[BOS] + tokenizer.encode(text)``, with no BOS when the tokenizer has none.
 * a pretrained model's own tokenization (``tokenizer.prompt == "transformers"``, the default of a Hugging
-  Face tokenizer: a GGUF file's, a Hub causal LM's, :class:`setdlm.formats.hf.HFTokenizer`): exactly the ids ``transformers``' tokenizer gives for ``text`` (``tokenizer(text).input_ids``): its
+  Face tokenizer: a GGUF file's, a Hub causal LM's, :class:`setdlm.formats.hf.HFTokenizer`): exactly the ids
+  ``transformers``' tokenizer gives for ``text`` (``tokenizer(text).input_ids``): its
   post-processor decides, as its ``add_bos_token`` / ``add_eos_token`` say, and a special token's string in
   the text (``<|im_start|>``) is that token. A pretrained model is decoded from
   the ids it was trained on; SmolLM2-135M (``add_bos_token`` false) gets no ``<|im_start|>`` in front.
@@ -127,7 +129,8 @@ def encode_prompts(model, items, what: str = "prompt", *, add_bos: bool = False,
     if not isinstance(items, (str, list, tuple, torch.Tensor)):
         raise TypeError(f"{what}{'es' if what.endswith('x') else 's'} must be strings or token-id lists, got "
                         f"{type(items).__name__}"
-                        + ("; decode the bytes first (b.decode('utf-8'))" if isinstance(items, (bytes, bytearray)) else ""))
+                        + ("; decode the bytes first (b.decode('utf-8'))" if isinstance(items, (bytes, bytearray))
+                           else ""))
     if isinstance(items, str) or (isinstance(items, (list, tuple)) and items and is_token_id(items[0])):
         items = [items]
     if isinstance(items, torch.Tensor):

@@ -34,7 +34,8 @@ def read_text_file(path: Path) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise UserError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}, line {line})") from None
+        raise UserError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}, "
+                        f"line {line})") from None
     return text.replace("\r\n", "\n")
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -175,7 +175,7 @@ class Tokenizer:
                            "chat_template": self.chat_template, "prompt": self.prompt, "prompt_end": self.prompt_end})
 
     @classmethod
-    def from_json(cls, s: str) -> "Tokenizer":
+    def from_json(cls, s: str) -> Tokenizer:
         d = json.loads(s)
         return cls(_HFTokenizer.from_str(d["backend"]), kind=d["kind"], chat_template=d.get("chat_template"),
                    prompt=d.get("prompt"), prompt_end=d.get("prompt_end"), **d["tokens"])

@@ -34,7 +34,7 @@ from ..seeds import check_seed
 from . import ar, bd3lm, mdlm, setdlm, speculative, speculative_drafter, speculative_next_token
 from .constrained import row_constraints
 from .output import GenerationOutput
-from .settings import DecodeSettings, applicable, default_max_new_tokens, drafts, warn_wide_window
+from .settings import DecodeSettings, default_max_new_tokens, drafts, warn_wide_window
 from .state import DecodeConfig, DecodeState, stop_index
 
 DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}  # by the registry's Family.decoder
@@ -298,7 +298,8 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
             raise UserError("a model with a set drafter decodes as its base, or with drafts verified by the base "
                             "under speculate='next_token' (window: the drafter's window)", fields=("speculate",))
     if settings.speculate == "next_token" and not fam.ar_weight and not drafting:
-        raise UserError("speculate='next_token' verifies with the model's next-token head, which this model was not trained "
+        raise UserError("speculate='next_token' verifies with the model's next-token head, which this model was not "
+                        "trained "
                         "for (its family's ar_weight is 0; train with ar_weight > 0, docs/method.md §2.10): use "
                         "speculate=True", fields=("speculate",))
     if settings.speculate:
@@ -317,7 +318,8 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
 
 def decoder_of(fam, cfg: DecodeConfig):
     """The decoder module (``init`` and ``step``) of a state: the family's, or the self-speculative SetDLM
-    decoder when ``cfg.speculate`` (``decoding/speculative.py``; ``"next_token"``: ``decoding/speculative_next_token.py``)."""
+    decoder when ``cfg.speculate`` (``decoding/speculative.py``; ``"next_token"``:
+    ``decoding/speculative_next_token.py``)."""
     if cfg.speculate == "drafter":  # speculate="next_token" on a model with a set drafter
         return speculative_drafter
     if cfg.speculate == "next_token":
@@ -365,7 +367,8 @@ def _reveal_times(reveal_times, n_targets: list[int]) -> list[torch.Tensor] | No
         return None
     if isinstance(reveal_times, torch.Tensor):
         if reveal_times.dim() != 2:
-            raise UserError(f"reveal_times must be (rows, positions), got a tensor of shape {tuple(reveal_times.shape)}")
+            raise UserError(f"reveal_times must be (rows, positions), got a tensor of shape "
+                            f"{tuple(reveal_times.shape)}")
         reveal_times = list(reveal_times)
     if isinstance(reveal_times, (str, bytes)) or not isinstance(reveal_times, Sequence):
         raise TypeError(f"reveal_times must be one sequence of times per row, got {type(reveal_times).__name__}")

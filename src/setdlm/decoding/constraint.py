@@ -57,7 +57,8 @@ class Constraint:
     spec: str | tuple[str, ...] = field(compare=False)
 
     def __repr__(self) -> str:
-        shown = self.spec if isinstance(self.spec, tuple) else (self.spec[:60] + "…" if len(self.spec) > 60 else self.spec)
+        long = isinstance(self.spec, str) and len(self.spec) > 60
+        shown = self.spec[:60] + "…" if long else self.spec
         return f"{self.kind}({shown!r})"
 
 
@@ -88,7 +89,7 @@ def json_schema(schema, *, max_depth: int = DEFAULT_MAX_DEPTH, whitespace: str |
     as ``{"type": "object"}`` nest 2 levels); ``whitespace``: the regex of the whitespace allowed between
     tokens of the JSON text (default an optional space). A schema that is not valid JSON, not a valid JSON
     Schema, or asks what the token automaton cannot enforce is a ``ValueError`` naming the keyword and path."""
-    oc = _outlines()
+    _outlines()  # outlines-core is needed: one clear line when it is missing
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)

@@ -69,7 +69,8 @@ class GraphedBackbone(nn.Module):
 
     @property
     def vocab_size(self):
-        return getattr(self.inner, "vocab_size", None) or getattr(getattr(self.inner, "config", None), "vocab_size", None)
+        config = getattr(self.inner, "config", None)
+        return getattr(self.inner, "vocab_size", None) or getattr(config, "vocab_size", None)
 
     def forward(self, input_ids: Tensor, position_ids: Tensor | None = None, attn_mask: Tensor | None = None,
                 cache: KVCache | None = None, *, keep: int | Tensor | None = None, logits_start: int = 0) -> Tensor:

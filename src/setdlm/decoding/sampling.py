@@ -57,7 +57,8 @@ def process_logits(logits: Tensor, s: Sampling, seen: Tensor | None = None, gen_
     """Processed log-probabilities (B, Q, V) from raw logits (B, Q, V), in at least float32.
 
     ``seen`` (B, V), or (B, Q, V) per query: count of each token in the penalised context; ``gen_len`` (B, Q):
-    generated tokens visible before each query (length penalty); ``allowed`` (B, Q, V) bool: a constraint's allowed tokens."""
+    generated tokens visible before each query (length penalty); ``allowed`` (B, Q, V) bool: a constraint's allowed
+    tokens."""
     x = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if s.repetition_penalty != 1.0 and seen is not None:
         hit = (seen > 0) if seen.dim() == 3 else (seen > 0)[:, None, :]  # (B, Q|1, V)

@@ -144,7 +144,8 @@ def merge(a: dict, b: dict, where: str) -> dict:
             n = max(len(mine), len(v))
             out[key] = [both(_at(mine, i, a), _at(v, i, b)) for i in range(n)]
         elif _key(mine) != _key(v):
-            refuse(key, where, f"two subschemas merged here (allOf, $ref) give it different values ({mine!r} and {v!r}), "
+            refuse(key, where, f"two subschemas merged here (allOf, $ref) give it different values ({mine!r} and "
+                               f"{v!r}), "
                                f"and their intersection is not written; give it once")
     _merge_objects(out, a, b, where)
     return out

@@ -33,7 +33,7 @@ import json
 import urllib.parse
 
 from ..errors import UserError
-from .schema_merge import (MAX_BRANCHES, TYPES, Unsatisfiable, alt, both, excluded, json_type, merge, negate,
+from .schema_merge import (MAX_BRANCHES, Unsatisfiable, alt, both, excluded, json_type, merge, negate,
                            normalize, not_strings, refuse, types_of)
 from .schema_numbers import number_regex
 from .schema_objects import array_regex, object_regex

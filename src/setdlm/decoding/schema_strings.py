@@ -10,7 +10,7 @@ import re
 
 from .compiler import regex_atoms
 from .schema_formats import format_regex, undefined
-from .schema_merge import Unsatisfiable, refuse, search
+from .schema_merge import Unsatisfiable, refuse
 
 _JSON_UNSAFE = r'"\\\x00-\x1F\x7F-\x9F'  # characters a JSON string's text holds only escaped (and C1 controls)
 CHAR = rf"[^{_JSON_UNSAFE}]"

@@ -144,7 +144,8 @@ class Session:
                     self._advance(st)
                 except Exception as e:  # the group's state is spent: each row is stepped again alone
                     del self.groups[key]
-                    built, failed = self._one_by_one(ids, e, lambda row: self._replay(row, steps[row]), steps)
+                    built, failed = self._one_by_one(ids, e, lambda row, steps=steps: self._replay(row, steps[row]),
+                                                      steps)
                     events += failed
                     for row, new in built:
                         events += self._report(new, [row])
@@ -288,8 +289,9 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
     seeds = row_seeds(seed, 1, needs_seed(fam, cfg))
     row = Row(ids + [fam.mask_token_id] * max_new_tokens + suf, cfg, seeds[0] if seeds else None, len(ids),
               suffix_length=len(suf))
+    eos = cfg.sampling.eos_token_ids if cfg.stop_on_eos else ()
     (row.constraint,) = row_constraints(settings.constraints(1), [row.sequence], [row.targets()], mode,
-                                        model.tokenizer, cfg.sampling.eos_token_ids if cfg.stop_on_eos else ()) or [None]
+                                        model.tokenizer, eos) or [None]
     return row
 
 

@@ -98,7 +98,7 @@ def drafts(model) -> bool:
     return callable(getattr(model.backbone, "draft", None))
 
 
-def warn_wide_window(settings: "DecodeSettings", fam) -> None:
+def warn_wide_window(settings: DecodeSettings, fam) -> None:
     """An :class:`~setdlm.errors.InputWarning` when ``settings.window`` is wider than the ``M`` positions the
     SetDLM ``fam`` was trained to predict at once (its largest set; docs/method.md §7.9): past them its
     predictions are untrained. Lossless speculation only drafts with the window, so it is left alone."""
@@ -131,12 +131,14 @@ class DecodeSettings:
                                                                      "with probability >= tau (default off)"})
     block_size: int | None = field(default=None, metadata={"help": "bd3lm/mdlm: block size (default the model's)"})
     cache_order: str | None = field(default=None, metadata={
-        "help": "setdlm: order of newly cached tokens, position (default) or reveal", "choices": ("position", "reveal")})
+        "help": "setdlm: order of newly cached tokens, position (default) or reveal",
+        "choices": ("position", "reveal")})
     speculate: bool | str | None = field(default=None, metadata={
         "help": "setdlm: lossless self-speculative decoding, the window w drafts and the left-to-right decode "
                 "verifies (the output of --window 1, in fewer forwards); a switch: to verify with the model's "
                 "next-token head instead, give --speculate-next-token (not both)",
-        "values": {"next_token": "setdlm: speculate='next_token': the window drafts, the model's next-token head verifies (a model "
+        "values": {"next_token": "setdlm: speculate='next_token': the window drafts, the model's next-token head "
+                                 "verifies (a model "
                          "trained with --ar-weight > 0); the output is that AR decode's, in about 2w positions a "
                          "forward"}})
     temperature: float = field(default=0.0, metadata={"help": "0 = greedy (default)"})
@@ -168,7 +170,8 @@ class DecodeSettings:
                             fields=("speculate",))
         if self.speculate and self.threshold is not None:
             raise UserError("speculate verifies every token against the left-to-right decode, which commits one "
-                            "token per step; threshold does not apply (leave it None)", fields=("speculate", "threshold"))
+                            "token per step; threshold does not apply (leave it None)",
+                            fields=("speculate", "threshold"))
         if self.speculate and self.cache_order == "reveal":
             raise UserError("speculate caches tokens in position order, as the left-to-right decode it reproduces; "
                             "cache_order='reveal' does not apply", fields=("speculate", "cache_order"))
@@ -252,7 +255,7 @@ class DecodeSettings:
                         threshold=self.threshold, eos_token_ids=tuple(eos_token_ids))
 
     @classmethod
-    def of(cls, settings: "DecodeSettings | None", keywords: dict, what: str) -> "DecodeSettings":
+    def of(cls, settings: DecodeSettings | None, keywords: dict, what: str) -> DecodeSettings:
         """``settings``, or the settings the keyword arguments of ``what`` (e.g. ``generate``) spell out;
         giving both is a ``ValueError``, an unknown keyword a ``TypeError`` naming setdlm's spelling. The common
         spellings of Hugging Face, OpenAI/vLLM and Ollama are taken (:data:`ALIASES`, ``do_sample``)."""

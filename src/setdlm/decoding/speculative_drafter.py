@@ -40,7 +40,7 @@ def init(backbone, st: DecodeState) -> None:
 
 def step(backbone, st: DecodeState) -> None:
     """One base forward (verify, cache), the commit, one drafter pass (the next draft)."""
-    N, pos = st.canvas, st.pos
+    N = st.canvas
     drafted, draft = st.extra["drafted"], st.extra["draft"]  # (B, N+1) each
     f, end = st.first_masked[:, None], st.length[:, None]  # (B, 1) each
     k = drafted.sum(-1)  # (B,) draft lengths

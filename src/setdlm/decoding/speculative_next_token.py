@@ -72,15 +72,18 @@ def check_rows(st: DecodeState) -> None:
     """The rows' contract (docstring, "Generation only"): a UserError naming speculate otherwise."""
     L = st.cfg.context_length
     if bool((st.length > L).any()):
-        raise UserError(f"speculate='next_token' needs prompt + max_new_tokens <= the context length L={L}: the AR decode "
+        raise UserError(f"speculate='next_token' needs prompt + max_new_tokens <= the context length L={L}: the AR "
+                        f"decode "
                         f"it reproduces evicts cache entries past L (docs/method.md §4.5)", fields=("speculate",))
     if bool((st.first_masked < 1).any()):
-        raise UserError("speculate='next_token' needs at least one token before the first MASK position (the next-token "
+        raise UserError("speculate='next_token' needs at least one token before the first MASK position (the "
+                        "next-token "
                         "head predicts a position from the one before it)", fields=("speculate",))
     inside = st.pos < st.length[:, None]  # (B, N+1)
     after = st.pos >= st.first_masked[:, None]
     if bool((inside & after & ~st.masked).any()):
-        raise UserError("speculate='next_token' decodes left to right with the next-token head, which sees only the tokens "
+        raise UserError("speculate='next_token' decodes left to right with the next-token head, which sees only the "
+                        "tokens "
                         "before a position: a sequence with tokens after a MASK (infilling) needs speculate=True",
                         fields=("speculate",))
 

@@ -131,7 +131,7 @@ class DecodeState:
         if self.cache is not None:
             self.cache.select_rows(rows)
 
-    def extend(self, other: "DecodeState") -> None:
+    def extend(self, other: DecodeState) -> None:
         """Append the rows of ``other`` (same config and canvas width, its decoder already initialised) to
         this state, between two steps: continuous batching (docs/serve.md). Every per-row tensor, the
         cache, the generators and the traces are concatenated; each row keeps decoding exactly as alone."""

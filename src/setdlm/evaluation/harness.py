@@ -77,7 +77,8 @@ class SetDLMLM(LM):
     folder / Hub id in the paper authors' layout. The decoding settings: ``settings`` (a
     :class:`~setdlm.decoding.settings.DecodeSettings`, from Python) or the model_args ``window``,
     ``threshold``, ``block_size``, ``cache_order``, ``max_new_tokens`` (default 256), not both. See the module
-    docstring and docs/pretrained.md for the requests and arguments. ``batch_size="auto"`` means 1; ``max_batch_size`` is accepted (lm-eval passes
+    docstring and docs/pretrained.md for the requests and arguments. ``batch_size="auto"`` means 1; ``max_batch_size``
+    is accepted (lm-eval passes
     it) and unused."""
 
     def __init__(self, pretrained: str, *, settings: DecodeSettings | None = None, window: int | None = None,
@@ -176,7 +177,7 @@ class SetDLMLM(LM):
             groups.setdefault(json.dumps(r.args[1], sort_keys=True, default=str), []).append(i)
         out: list[str | None] = [None] * len(requests)
         bar = tqdm(total=len(requests), desc="setdlm generate_until", disable=disable_tqdm)
-        for key, idx in groups.items():
+        for idx in groups.values():
             kw = dict(requests[idx[0]].args[1])
             until = kw.pop("until", None) or []
             until = [until] if isinstance(until, str) else list(until)

@@ -62,13 +62,15 @@ def _indexed(batches, rank: int, world: int) -> Iterator[tuple[int, object]]:
 def likelihood(model: Model, batches: Iterable, *, samples: int = 1, seed: int = 1, bf16: bool = False,
                dist=None, progress: bool = True) -> LikelihoodSummary:
     """Likelihood bound of ``model`` over ``batches`` (``Batch`` objects or (B, L) token-id tensors): the
-    one estimator behind ``setdlm eval``, the trainer's held-out bound (:meth:`setdlm.training.state.TrainState.evaluate`)
+    one estimator behind ``setdlm eval``, the trainer's held-out bound
+    (:meth:`setdlm.training.state.TrainState.evaluate`)
     and the lm-eval adapter's scores.
 
     ``samples``: passes over the data, each with freshly sampled orders / masks (``batches`` must then be
     re-iterable, e.g. a list or a DataLoader). Batch ``i`` of pass ``s`` draws them from
     :func:`bound_generator` ``(seed, s, i)``, so the result is reproducible (docs/method.md §5.1: seed 1) and
-    does not depend on the batches before it. ``bf16``: autocast. ``dist`` (a :class:`setdlm.training.distributed.Dist`):
+    does not depend on the batches before it. ``bf16``: autocast. ``dist`` (a
+    :class:`setdlm.training.distributed.Dist`):
     under DDP each process scores every ``world``-th batch and the sums are all-reduced.
     """
     if samples < 1:

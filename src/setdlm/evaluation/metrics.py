@@ -1,6 +1,7 @@
 """Scores and summaries used by evaluation and benchmarks (docs/method.md §4.10, §5.1, §5.2, §5.4).
 
-* ``extract_answer`` (:mod:`setdlm.data.tasks`, the answer format) / ``exact_match`` — GSM8K-style scoring: the integer after the first ``####`` in a
+* ``extract_answer`` (:mod:`setdlm.data.tasks`, the answer format) / ``exact_match`` — GSM8K-style scoring: the integer
+after the first ``####`` in a
   completion must equal the reference (docs/method.md §5.2; lm-eval's strict match reads the same line).
 * ``rouge`` — ROUGE-1/2/L F-measure of predictions against references through the ``rouge-score`` package
   (optional extra ``eval``), as HF ``evaluate``'s ``rouge`` metric does for the paper's infilling table
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..data.tasks import extract_answer
 from ..errors import UserError
@@ -275,7 +276,8 @@ class AupScore:
 
 def aup_scores(points: Sequence) -> list[AupScore]:
     """One :class:`AupScore` per curve of a decoding sweep's points (:class:`~setdlm.evaluation.sweeps.BenchPoint`:
-    model, w, block size, batch), over its τ points; y is the quality ×100 (accuracy in %, or ROUGE-L ×100 for infilling), ρ the TPF, and ``y_max`` the best
+    model, w, block size, batch), over its τ points; y is the quality ×100 (accuracy in %, or ROUGE-L ×100 for
+    infilling), ρ the TPF, and ``y_max`` the best
     quality of every point given, so that the curves' AUPs compare. Empty for the likelihood task."""
     points = [p for p in points if p.tokens_per_step is not None]
     if not points:

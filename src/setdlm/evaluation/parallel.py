@@ -51,7 +51,8 @@ def parallel(model: Model, examples: Sequence[ParallelExample], settings: Decode
 def parallel_steps(model: Model, examples: Sequence[ParallelExample], settings: DecodeSettings | None = None, *,
                    batch_size: int = 32, warmup: int = 0, clock: str = "wall", seed: int | None = None,
                    progress: bool = True, **knobs) -> Generator[None, None, ParallelResult]:
-    """:func:`parallel` as a generator that yields after every decoding call (:func:`~setdlm.evaluation.passes.interleave`)."""
+    """:func:`parallel` as a generator that yields after every decoding call
+    (:func:`~setdlm.evaluation.passes.interleave`)."""
     settings = DecodeSettings.of(settings, knobs, "parallel")
     examples = check_examples(examples, ParallelExample)
     predictions, run, budget = yield from completion_steps(model, examples, settings, "parallel", seed=seed,

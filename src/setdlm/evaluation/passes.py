@@ -53,7 +53,8 @@ def _eos(tok) -> list[int]:
 
 
 def prompt_ids(model: Model, example: ReasoningExample | ParallelExample) -> list[int]:
-    """The tokens a reasoning problem (a parallel-suite example, any example with a ``prompt``) is decoded from: ``[BOS] + prompt``, the
+    """The tokens a reasoning problem (a parallel-suite example, any example with a ``prompt``) is decoded from:
+    ``[BOS] + prompt``, the
     prompt ending in ``"\\n"``, as ``setdlm train`` lays out a prompt/completion pair (``[BOS] prompt
     completion [EOS]``)."""
     tok = tokenizer(model)
@@ -275,8 +276,10 @@ def throughput(model: Model, items: Sequence, settings: DecodeSettings | None = 
     one at batch > 1). Only generated tokens count (an EOS that ends a row included, the prompt never);
     the latency of a call includes its prefill. NFE and tokens/step are the decoder's counts.
 
-    ``items``: reasoning problems or parallel-suite examples (decoded as :mod:`~setdlm.evaluation.reasoning` does), infilling
-    examples (as :mod:`~setdlm.evaluation.infill`), or prompts: strings (encoded as ``[BOS] + text``) or token-id lists (as given).
+    ``items``: reasoning problems or parallel-suite examples (decoded as :mod:`~setdlm.evaluation.reasoning` does),
+    infilling
+    examples (as :mod:`~setdlm.evaluation.infill`), or prompts: strings (encoded as ``[BOS] + text``) or token-id lists
+    (as given).
     ``settings`` (or its fields as keywords) go to the decoder (``ignore_eos=True`` makes every row generate
     ``max_new_tokens``; default min(256, what the longest prompt leaves of the context)). ``clock="cpu"`` times by CPU
     time instead of wall time (see :func:`setdlm.evaluation.reasoning.reasoning`).

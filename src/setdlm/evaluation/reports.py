@@ -44,8 +44,10 @@ def _per_task(points: Sequence[BenchPoint]) -> list[str]:
 
 
 def markdown_table(points: Sequence[BenchPoint]) -> str:
-    """One row per point: model, family, τ, w (``4 spec``: self-speculative), block size, batch, quality (and, for the parallel suite, the
-    accuracy of each task), tokens/s, NFE/example, TPF, forwards/token; then, for a decoding sweep, the AUP of each curve
+    """One row per point: model, family, τ, w (``4 spec``: self-speculative), block size, batch, quality (and, for the
+    parallel suite, the
+    accuracy of each task), tokens/s, NFE/example, TPF, forwards/token; then, for a decoding sweep, the AUP of each
+    curve
     (:func:`aup_scores`)."""
     if not points:
         raise UserError("no points to tabulate")
@@ -68,7 +70,8 @@ def markdown_table(points: Sequence[BenchPoint]) -> str:
         tau, batch = (_tau(s.threshold), s.batch_size) if task.decodes else ("–", "–")
         per = "".join(f"{100 * p.result['per_task'][t]:.1f} | " if t in p.result.get("per_task", {}) else "– | "
                       for t in subtasks)
-        rows.append(f"| {p.model} | {p.family} | {tau} | {_dash(s.window)}{_spec(s.speculate)} | {_dash(s.block_size)} | {batch} | "
+        rows.append(f"| {p.model} | {p.family} | {tau} | {_dash(s.window)}{_spec(s.speculate)} | "
+                    f"{_dash(s.block_size)} | {batch} | "
                     f"{_quality_text(task, p.quality)} | {per}{speed} | {nfe} | {tpf} | {fpt} |"
                     + ("".join(f" {r:.2f}x |" for r in vs_ar[i]) if i in vs_ar else " – | – |" if vs_ar else ""))
     scores = aup_scores(points)
@@ -77,7 +80,8 @@ def markdown_table(points: Sequence[BenchPoint]) -> str:
                  f"{AUP_DROP:g} of the least parallel one's y count; y_max = {scores[0].y_max:.1f}):", "",
                  "| model | family | w | block | batch | AUP | points counted | max TPF counted |",
                  "|---|---|---|---|---|---|---|---|"]
-        rows += [f"| {a.model} | {a.family} | {_dash(a.window)}{_spec(a.speculate)} | {_dash(a.block_size)} | {a.batch_size} | "
+        rows += [f"| {a.model} | {a.family} | {_dash(a.window)}{_spec(a.speculate)} | {_dash(a.block_size)} | "
+                 f"{a.batch_size} | "
                  f"{a.aup:.1f} | {a.counted} of {a.points} | {a.max_tpf:.2f} |" for a in scores]
     return "\n".join(rows) + "\n"
 

@@ -3,7 +3,8 @@
 :func:`evaluate_checkpoint` measures one checkpoint on a :class:`~setdlm.evaluation.spec.TaskSpec` and
 returns the JSON-ready result; :func:`bench_checkpoints` sweeps decoding settings over several
 (:mod:`setdlm.evaluation.sweeps`) and writes their table, plot and points (:mod:`setdlm.evaluation.reports`).
-What differs between tasks is the task's registry entry (:mod:`setdlm.evaluation.registry`). Every argument is checked before any model is
+What differs between tasks is the task's registry entry (:mod:`setdlm.evaluation.registry`). Every argument is checked
+before any model is
 loaded; bad ones are :class:`setdlm.errors.UserError`\\ s naming the argument.
 """
 

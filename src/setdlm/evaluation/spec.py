@@ -21,7 +21,8 @@ from .registry import SPEC_FIELDS, Task, decoding, generating, get_task, using
 class TaskSpec:
     """The examples of an evaluation.
 
-    ``task``: a registered task (:data:`~setdlm.evaluation.registry.REGISTRY`). ``data``: likelihood, a text source (default: the run's held-out rows);
+    ``task``: a registered task (:data:`~setdlm.evaluation.registry.REGISTRY`). ``data``: likelihood, a text source
+    (default: the run's held-out rows);
     reasoning, a GSM8K-format JSONL (default: generated problems); infill, a text source (default the
     built-in ``shakespeare``); parallel takes none (its examples are generated). ``level`` (generated
     problems: easy, medium, hard; default medium), ``split`` (default test), ``n`` examples (default 200
@@ -59,7 +60,7 @@ class TaskSpec:
             raise UserError(f"seed must be an integer, got {self.seed!r}", fields=("seed",))
 
     @classmethod
-    def of(cls, task: "TaskSpec | str", keywords: dict) -> tuple["TaskSpec", dict]:
+    def of(cls, task: TaskSpec | str, keywords: dict) -> tuple[TaskSpec, dict]:
         """``task`` (a :class:`TaskSpec`, or a task name completed by the TaskSpec fields among ``keywords``)
         and the keywords left; a TaskSpec and its fields together is a ``UserError``."""
         names = [f.name for f in fields(cls) if f.name != "task" and f.name in keywords]

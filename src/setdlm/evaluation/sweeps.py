@@ -202,7 +202,8 @@ def measured_point(label: str, model: Model, task: str, result: dict) -> BenchPo
 
 
 def likelihood_point(label: str, model: Model, result: dict) -> BenchPoint:
-    """A likelihood result (:func:`setdlm.evaluation.checkpoint_likelihood`'s dict, ``nelbo`` in nats/token) as a point."""
+    """A likelihood result (:func:`setdlm.evaluation.checkpoint_likelihood`'s dict, ``nelbo`` in nats/token) as a
+    point."""
     return measured_point(label, model, "likelihood", result)
 
 

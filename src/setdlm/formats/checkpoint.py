@@ -21,7 +21,8 @@ A folder is first written under a temporary name next to its destination and the
 (even SIGKILL) leaves either the previous checkpoint or the new one, never half of one; the hidden temporary
 folder such a crash leaves is removed by the next write to that destination (:func:`remove_partial`). A
 training run keeps its checkpoints as ``RUN/checkpoints/step-NNNNNNNN`` and a ``RUN/latest`` pointer
-(replaced atomically); :func:`resolve` accepts the run folder too. This module knows only this format; resolving a name (a shipped
+(replaced atomically); :func:`resolve` accepts the run folder too. This module knows only this format; resolving a name
+(a shipped
 model, a Hub id, the authors' layout, a GGUF file) is :func:`setdlm.formats.loading.load` (docs/pretrained.md).
 
 Every loading error is a ``ValueError`` naming the file and the problem: a missing file, invalid JSON, a

@@ -272,7 +272,8 @@ def reference_family(cfg: dict, name: str = "", *, mask_token_id: int, D: int | 
     L = reference_length(cfg)
     noise = _noise_cfg(cfg)
     base = name.rstrip("/").split("/")[-1].lower()
-    hay = " ".join([*(cfg.get("architectures") or []), base, str(noise.get("_target_", noise.get("class", "")))]).lower()
+    noise_class = str(noise.get("_target_", noise.get("class", "")))
+    hay = " ".join([*(cfg.get("architectures") or []), base, noise_class]).lower()
     if "setdlm" in cfg or any(w in hay for w in ("setdlm", "aoarm", "staggered", "easeoutpower")):
         D = D or _pick(noise, "desired_block_size") or infer_D(name)
         if D is None:

@@ -1,5 +1,6 @@
 """The Hugging Face Hub as an optional extra (``pip install 'setdlm[hf]'``): load a checkpoint by repo id,
-push a checkpoint folder, write its model card (docs/method.md §9.3; the checkpoint layout of :mod:`setdlm.formats.checkpoint`).
+push a checkpoint folder, write its model card (docs/method.md §9.3; the checkpoint layout of
+:mod:`setdlm.formats.checkpoint`).
 
 * :func:`snapshot` — a Hub id → a local folder in the Hugging Face cache. With network it downloads (only
   what loading needs: no optimizer state, no code); offline (``HF_HUB_OFFLINE=1`` or the Hub unreachable)
@@ -154,7 +155,10 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
 
 def _table(rows: Sequence[Mapping]) -> str:
     cols = list(dict.fromkeys(k for r in rows for k in r))
-    fmt = (lambda v: f"{v:.4g}" if isinstance(v, float) else str(v))
+
+    def fmt(v) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

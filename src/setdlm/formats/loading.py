@@ -12,7 +12,8 @@
    (:func:`setdlm.formats.checkpoint.resolve`).
 
 The folder found is read by :func:`setdlm.formats.checkpoint.read` (whose parts become a :class:`~setdlm.lm.Model`
-here) when it is in our format (``config.json`` with ``"format": "setdlm"``), else by :func:`setdlm.formats.convert.load_reference_model` when it is in the paper authors'
+here) when it is in our format (``config.json`` with ``"format": "setdlm"``), else by
+:func:`setdlm.formats.convert.load_reference_model` when it is in the paper authors'
 layout (their ``backbone_config`` / ``noise_config``), else the checkpoint reader names what is missing.
 """
 
@@ -135,7 +136,8 @@ def _load_drafted(folder: Path, *, family, device, dtype) -> Model:
 
 def _is_name(name: str) -> bool:
     """``name`` names a model rather than a local path: a shipped model, a packaged GGUF model or a Hub id."""
-    return name in pretrained.available() or name in pretrained.drafters() or name in gguf.PACKAGED or hub.is_hub_id(name)
+    return (name in pretrained.available() or name in pretrained.drafters() or name in gguf.PACKAGED
+            or hub.is_hub_id(name))
 
 
 def load_for_training(name_or_path: str):

@@ -51,7 +51,8 @@ def path(name: str = DEFAULT) -> Path:
     if not (p / "config.json").is_file():
         have = ", ".join(available()) or "none in this installation"
         near = closest(name)
-        raise UserError(f"no shipped model {name!r}; {f'did you mean {near!r}? ' if near else ''}shipped models: {have}")
+        hint = f"did you mean {near!r}? " if near else ""
+        raise UserError(f"no shipped model {name!r}; {hint}shipped models: {have}")
     return p
 
 

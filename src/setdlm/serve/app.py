@@ -27,7 +27,7 @@ from .options import ServeOptions
 from .schemas import APIError, parse_request
 
 
-def create_app(model, name: str, options: ServeOptions = ServeOptions()):
+def create_app(model, name: str, options: ServeOptions | None = None):
     """The Starlette app serving ``model`` under the id ``name`` with ``options`` (its limits, and the ``Host``
     names answered: :attr:`ServeOptions.allowed_hosts`); its decoding loop starts with the app."""
     from starlette.applications import Starlette
@@ -36,6 +36,7 @@ def create_app(model, name: str, options: ServeOptions = ServeOptions()):
     from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
 
+    options = options if options is not None else ServeOptions()
     batcher = Batcher(model, options)
     created = int(time.time())
     page = resources.files("setdlm.serve").joinpath("static/index.html").read_text(encoding="utf-8")
@@ -102,7 +103,8 @@ def create_app(model, name: str, options: ServeOptions = ServeOptions()):
               Route("/v1/chat/completions", chat_completions, methods=["POST"]),
               Route("/tokenize", tokenizer_route(tokens.tokenize), methods=["POST"]),
               Route("/detokenize", tokenizer_route(tokens.detokenize), methods=["POST"])]
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, allowed=options.allowed_hosts, api_key=options.api_key)],
+    guard = Middleware(Guard, allowed=options.allowed_hosts, api_key=options.api_key)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[guard],
                     exception_handlers={APIError: _api_error, 404: _not_found, 405: _not_found})
     app.state.batcher, app.state.name, app.state.family = batcher, name, model.family.family
     return app
@@ -128,7 +130,7 @@ async def _not_found(request, exc):
                                          f"{getattr(exc, 'detail', 'not found')}").body(), status_code=status)
 
 
-def serve(model_path: str, options: ServeOptions = ServeOptions(), *, device: str = "cpu", name: str | None = None,
+def serve(model_path: str, options: ServeOptions | None = None, *, device: str = "cpu", name: str | None = None,
           log_level: str = "info", quantize: str | None = None, dtype: str | None = None) -> None:
     """Load a model (anything ``setdlm.load`` accepts, or a shipped model's name) and serve it with ``options``
     until interrupted. On loopback only the ``Host`` names of :data:`~setdlm.serve.guard.LOOPBACK_HOSTS` and
@@ -138,6 +140,7 @@ def serve(model_path: str, options: ServeOptions = ServeOptions(), *, device: st
         import uvicorn
     except ImportError:
         raise UserError("serving needs the optional extra: pip install 'setdlm[serve]'") from None
+    options = options if options is not None else ServeOptions()
     check_listen(options.host, options.port)  # before the model loads: a busy port is one line, not minutes later
     if options.allowed_hosts is None and options.api_key is None:
         log.warning("listening on %s: every interface is served and every machine that reaches it can use this "

@@ -115,7 +115,8 @@ def completion(chat: bool, rid: str, model: str, choices: list[dict], counts: di
 
 
 def chunk(chat: bool, rid: str, model: str, text: str | None, *, finish: str | None = None, step: dict | None = None,
-          role: bool = False, index: int = 0, logprobs: dict | None = None, tool_calls: list[dict] | None = None) -> dict:
+          role: bool = False, index: int = 0, logprobs: dict | None = None,
+          tool_calls: list[dict] | None = None) -> dict:
     """One streamed chunk of choice ``index``: the newly final ``text`` (and its tokens' ``logprobs``) and the
     step's committed set; chat's ``tool_calls``: the answer's calls, whole (their content None)."""
     if chat:

@@ -140,7 +140,8 @@ def _max_tokens(body: dict, chat: bool, width: int, fixed: int, echo: bool) -> i
         raise APIError(400, f"{key} must be a positive integer{' (or 0 with echo)' if not chat else ''}, got "
                             f"{_short(max_tokens)}", key)
     if fixed + max_tokens > width:
-        raise APIError(400, f"{key}={max_tokens} is too large: the prompt{' and suffix have' if body.get('suffix') else ' has'} "
+        raise APIError(400, f"{key}={max_tokens} is too large: the "
+                            f"prompt{' and suffix have' if body.get('suffix') else ' has'} "
                             f"{fixed} tokens and the context length is {width}, so at most {width - fixed} new tokens "
                             "fit", key)
     return max_tokens
@@ -306,7 +307,8 @@ def _settings(body: dict, max_tokens: int, width: int, tools: Tools | None = Non
     stop = body.get("stop")
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
-        if not (isinstance(stops, list) and 1 <= len(stops) <= MAX_STOP and all(isinstance(x, str) and x for x in stops)):
+        if not (isinstance(stops, list) and 1 <= len(stops) <= MAX_STOP
+                and all(isinstance(x, str) and x for x in stops)):
             raise APIError(400, f"stop must be a non-empty string or a list of 1 to {MAX_STOP} of them, got "
                                 f"{_short(stop)}", "stop")
         s["stop"] = stops

@@ -106,7 +106,8 @@ class ObjectiveArgs:
     block_size: int | None = _f("bd3lm: block size S (default D); mdlm: decoding sub-block", default=None)
     keep_clean_bos: bool = _f("setdlm: BOS first in the reveal order and scored in training, not in the bound "
                               "(the paper's LM1B/OWT setting; on in those presets)", default=False)
-    ar_weight: float = _f("setdlm: weight of a next-token (AR) loss on the clean stream, for the speculate='next_token' "
+    ar_weight: float = _f("setdlm: weight of a next-token (AR) loss on the clean stream, for the "
+                          "speculate='next_token' "
                           "decode (docs/method.md §2.10; default 0: the paper's objective)", default=0.0)
     positive = ("D", "M", "block_size")
 
@@ -299,7 +300,7 @@ class TrainConfig:
                                 fields=(name,))
 
     @classmethod
-    def _given_on_top(cls, preset: str, values: dict, given: dict) -> "TrainConfig":
+    def _given_on_top(cls, preset: str, values: dict, given: dict) -> TrainConfig:
         """``values`` with ``given`` on top, of which only ``given`` is checked against the family."""
         cfg = cls.__new__(cls)
         cfg._fill(preset, {**values, **given})
@@ -316,20 +317,20 @@ class TrainConfig:
         raise AttributeError(f"a TrainConfig is not changed in place; use cfg.replace({name}=...)")
 
     @classmethod
-    def from_preset(cls, name: str = "tiny", **overrides) -> "TrainConfig":
+    def from_preset(cls, name: str = "tiny", **overrides) -> TrainConfig:
         """Preset ``name``'s values with ``overrides`` on top (an override of another family's knob is refused)."""
         overrides.pop("preset", None)
         return cls._given_on_top(name, preset_values(name), overrides)
 
     @classmethod
-    def from_record(cls, record: dict, **given) -> "TrainConfig":
+    def from_record(cls, record: dict, **given) -> TrainConfig:
         """The configuration a checkpoint recorded (its ``"training"`` section, flat names; fields added
         since take their defaults) with ``given`` on top; only ``given`` is checked against the family."""
         given = dict(given)
         preset = given.pop("preset", record.get("preset", "tiny"))
         return cls._given_on_top(preset, {k: v for k, v in record.items() if k in _OWNER}, given)
 
-    def replace(self, **flat) -> "TrainConfig":
+    def replace(self, **flat) -> TrainConfig:
         """A copy with the flat fields ``flat`` changed (checked again)."""
         return TrainConfig.from_record(self.to_dict(), **flat)
 
