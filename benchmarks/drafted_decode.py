@@ -145,6 +145,9 @@ def main(argv=None) -> None:
                    help="DECODER|PRECISION rows that decode every prompt at batch 1; the others decode --subset of each kind")
     p.add_argument("--subset", type=int, default=None, help="prompts of each kind for the other rows (default: all)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/drafter"))
+    p.add_argument("--interleave", action="store_true",
+                   help="batch 1 only: decode prompt by prompt, every configuration on a prompt before the next prompt "
+                        "(a drift of the machine's speed then touches every row alike); writes interleaved.md")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -168,6 +171,8 @@ def main(argv=None) -> None:
         calls["llama.cpp", q, 1] = lambda ps, n, llm=llm: llama_run(llm, ps, n)
     for c, run in calls.items():  # warm-up: a few tokens of a few prompts
         run(prompts[: max(c[2], 2)], 8)
+    if args.interleave:
+        return interleaved(calls, prompts, kinds, args)
     sub = [i for k in ("chat", "word") for i in [j for j, kk in enumerate(kinds) if kk == k][: args.subset]]
     results, subset = {}, {}
     for c, run in calls.items():
@@ -182,6 +187,25 @@ def main(argv=None) -> None:
         {f"{a}|{b}|{c}": {"seconds": r["seconds"], "tokens": r["tokens"], "row_nfe": r.get("row_nfe")}
          for (a, b, c), r in results.items()} | {"kinds": kinds, "new_tokens": args.new_tokens, "threads": args.threads}),
         encoding="utf-8")
+
+
+def interleaved(calls: dict, prompts: list, kinds: list[str], args) -> None:
+    """Every batch-1 configuration on prompt 1, then every one on prompt 2, ...: per configuration the summed
+    seconds, tokens and base forwards; the table as :func:`table` writes it."""
+    runs = {c: run for c, run in calls.items() if c[2] == 1}
+    results = {c: {"seconds": 0.0, "tokens": [], "row_nfe": []} for c in runs}
+    for p in prompts:
+        for c, run in runs.items():
+            r = run([p], args.new_tokens)
+            results[c]["seconds"] += r["seconds"]
+            results[c]["tokens"] += r["tokens"]
+            if "row_nfe" in r:
+                results[c]["row_nfe"] += r["row_nfe"]
+            else:
+                results[c].pop("row_nfe", None)
+    md = table(results, kinds, dict.fromkeys(results))
+    print(md)
+    (args.out / "interleaved.md").write_text(md + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
