@@ -150,8 +150,9 @@ class HFBackbone(nn.Module):
         B, T, _ = x.shape
         a = layer.self_attn
         h = rms_norm(layer.input_layernorm, x)
-        fused = "qkv_proj" in a._modules  # (dict lookups: a missed hasattr on a module raises inside, every layer)
-        if fused and "q_norm" not in a._modules:  # fused (fuse_projections): RoPE on q|k at once
+        # dict lookups: a missed hasattr on a module raises and catches inside nn.Module, in every layer
+        fused, qk_norm = "qkv_proj" in a._modules, "q_norm" in a._modules
+        if fused and not qk_norm:  # fused (fuse_projections): RoPE on q|k at once
             qkv = a.qkv_proj(h)  # (B, T, (H + 2 Hkv)·hd)
             nq, nk, _ = a.qkv_sizes
             qk = qkv[..., : nq + nk].view(B, T, -1, a.head_dim)  # (B, T, H + Hkv, hd)
@@ -167,7 +168,7 @@ class HFBackbone(nn.Module):
             q = q.view(B, T, -1, a.head_dim)  # (B, T, H, hd)
             k = k.view(B, T, -1, a.head_dim)  # (B, T, Hkv, hd)
             v = v.view(B, T, -1, a.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
-            if hasattr(a, "q_norm"):  # Qwen3: RMSNorm over each head, before RoPE
+            if qk_norm:  # Qwen3: RMSNorm over each head, before RoPE
                 q, k = a.q_norm(q), a.k_norm(k)
             q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, H, T, hd)
             k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, Hkv, T, hd)
