@@ -33,6 +33,7 @@ from ..resources import check_fits
 from ..seeds import check_seed
 from . import ar, bd3lm, mdlm, setdlm, speculative, speculative_drafter, speculative_next_token
 from .constrained import row_constraints
+from .grammar import left_to_right
 from .output import GenerationOutput
 from .settings import DecodeSettings, default_max_new_tokens, drafts, warn_wide_window
 from .state import DecodeConfig, DecodeState, stop_index
@@ -201,7 +202,8 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
     seeds = row_seeds(seed, B, needs_seed(fam, cfg, times))
     # every row's constraint compiled and checked satisfiable before any decoding
     constraints = row_constraints(settings.constraints(B), sequences, targets, mode, model.tokenizer,
-                                  cfg.sampling.eos_token_ids if cfg.stop_on_eos else ())
+                                  cfg.sampling.eos_token_ids if cfg.stop_on_eos else (),
+                                  left_to_right=left_to_right(fam.family, cfg))
     device = device_of(backbone)
     bs = batch_size or B
     results, forwards, st = {}, 0, None

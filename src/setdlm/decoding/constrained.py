@@ -27,11 +27,14 @@ costs the edges leaving ``F_i``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor
 
 from ..errors import UserError
-from .constraint import Constraint, TokenAutomaton, automaton
+from .constraint import CompileBound, Constraint, TokenAutomaton, automaton, vocabulary
+from .grammar import ENGINE, LEFT_TO_RIGHT, GrammarRow, schema_grammar
 
 
 class RowConstraint:
@@ -192,20 +195,22 @@ class RowConstraint:
 
 
 def row_constraints(constraints, sequences: list[list[int]], targets: list[list[bool]], mode: str, tokenizer,
-                    eos_ids: tuple[int, ...]) -> list[RowConstraint | None] | None:
+                    eos_ids: tuple[int, ...], left_to_right: bool = False) -> list[RowConstraint | None] | None:
     """One :class:`RowConstraint` per row (None where the row has no constraint; None for all when no row
     has one), each checked satisfiable before any decoding: a ``ValueError`` naming the row otherwise.
     Generate: the region is the generated positions and EOS (``eos_ids``) may end it early; fill: from
-    the first to the last MASK, exactly that many tokens, the context between gaps included."""
+    the first to the last MASK, exactly that many tokens, the context between gaps included. A decode that
+    commits ``left_to_right`` takes a :class:`~setdlm.decoding.grammar.GrammarRow` (llguidance) for a JSON
+    Schema only the CFG engine compiles, or whose automaton passes a compile bound (generate with EOS)."""
     if constraints is None or all(c is None for c in constraints):
         return None
-    out: list[RowConstraint | None] = []
+    out: list[RowConstraint | GrammarRow | None] = []
     for i, (c, seq, tgt) in enumerate(zip(constraints, sequences, targets)):
         if c is None or not any(tgt):
             out.append(None)
             continue
         lo, hi = tgt.index(True), len(tgt) - tgt[::-1].index(True)
-        rc = RowConstraint(c, automaton(c, tokenizer, hi - lo), lo, hi, eos_ids if mode == "generate" else ())
+        rc = _row(i, c, tokenizer, lo, hi, eos_ids if mode == "generate" else (), left_to_right)
         if not rc.completable(seq[lo:hi], tgt[lo:hi]):
             if mode == "generate":
                 raise UserError(f"row {i}: {c!r} has no match of at most {hi - lo} tokens (max_new_tokens) with this "
@@ -215,6 +220,26 @@ def row_constraints(constraints, sequences: list[list[int]], targets: list[list[
                             f"MASK of the row (exactly that many, with its context between gaps)")
         out.append(rc)
     return out
+
+
+def _row(i: int, c: Constraint, tokenizer, lo: int, hi: int, eos: tuple[int, ...],
+         left_to_right: bool) -> RowConstraint | GrammarRow:
+    """Row ``i``'s engine: setdlm's automaton; or, for a left-to-right decode that ends on EOS, llguidance's
+    matcher where the automaton was refused (``c.pattern`` None) or passed a compile bound."""
+    if c.pattern is not None:
+        try:
+            return RowConstraint(c, automaton(c, tokenizer, hi - lo), lo, hi, eos)
+        except CompileBound as e:
+            grammar = schema_grammar(c.spec, c.whitespace)[0] if c.kind == "json_schema" else None
+            if grammar is None:
+                raise
+            c = replace(c, pattern=None, grammar=grammar, refusal=str(e))
+    if not left_to_right:
+        raise UserError(f"row {i}: {c.refusal}; {LEFT_TO_RIGHT} ({ENGINE}), which compiles it", fields=(c.kind,))
+    if not eos:
+        raise UserError(f"row {i}: {c.refusal}; the CFG engine ({ENGINE}), which compiles it, needs EOS to end the "
+                        f"output (generate, without ignore_eos)", fields=(c.kind,))
+    return GrammarRow(c, tokenizer, *vocabulary(tokenizer), lo, hi, eos)
 
 
 def allowed_tokens(rows: list[RowConstraint | None], tokens: Tensor, masked: Tensor, qpos: Tensor, qvalid: Tensor,

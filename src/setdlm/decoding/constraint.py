@@ -39,6 +39,7 @@ from torch import Tensor
 
 from ..errors import UserError
 from .compiler import Compiler, cut_repetitions, without_end_mark
+from .grammar import ENGINE, LEFT_TO_RIGHT, llguidance, schema_grammar
 from .schema_regex import check_nesting, schema_regex
 from .schema_strings import strip_anchors
 
@@ -50,11 +51,21 @@ _META = set("\\.+*?()|[]{}^$#&-~")  # characters a literal escapes (Rust regex s
 class Constraint:
     """What the output must be: ``pattern``, a regular expression the whole output must match.
     ``kind`` is ``"regex"``, ``"json_schema"`` or ``"choice"``; ``spec`` what it was built from (the
-    regex, the schema as canonical JSON text, or the tuple of choices)."""
+    regex, the schema as canonical JSON text, or the tuple of choices). A JSON Schema that only the CFG engine
+    compiles has no ``pattern``, its llguidance ``grammar`` and setdlm's ``refusal`` instead."""
 
     kind: str
-    pattern: str
+    pattern: str | None
     spec: str | tuple[str, ...] = field(compare=False)
+    grammar: str | None = None  # llguidance's grammar, when only the CFG engine compiles it (pattern None)
+    refusal: str | None = field(default=None, compare=False)  # then, why setdlm's own automaton refused it
+    whitespace: str | None = field(default=None, compare=False)  # json_schema's, for the CFG engine
+
+    @property
+    def engine(self) -> str:
+        """Which engine enforces it: ``"setdlm"`` (the token automaton, every decode) or ``"llguidance"``
+        (the CFG engine, left-to-right decodes only: :mod:`setdlm.decoding.grammar`)."""
+        return "setdlm" if self.pattern is not None else "llguidance"
 
     def __repr__(self) -> str:
         long = isinstance(self.spec, str) and len(self.spec) > 60
@@ -83,12 +94,16 @@ def choice(options) -> Constraint:
     return Constraint("choice", "(" + "|".join(_escape(o) for o in options) + ")", options)
 
 
-def json_schema(schema, *, max_depth: int = DEFAULT_MAX_DEPTH, whitespace: str | None = None) -> Constraint:
+def json_schema(schema, *, max_depth: int = DEFAULT_MAX_DEPTH, whitespace: str | None = None,
+                cfg: bool | None = None) -> Constraint:
     """The output must be a JSON document that validates against ``schema`` (a dict, or its JSON text).
     ``max_depth``: how many times recursive references are re-entered along a path (free-form values such
     as ``{"type": "object"}`` nest 2 levels); ``whitespace``: the regex of the whitespace allowed between
     tokens of the JSON text (default an optional space). A schema that is not valid JSON, not a valid JSON
-    Schema, or asks what the token automaton cannot enforce is a ``ValueError`` naming the keyword and path."""
+    Schema, or asks what the token automaton cannot enforce is a ``ValueError`` naming the keyword and path;
+    except, with ``cfg`` None (default) and llguidance installed, one that llguidance compiles: then the
+    constraint serves left-to-right decodes only (``engine`` ``"llguidance"``, :mod:`setdlm.decoding.grammar`).
+    ``cfg=False``: setdlm's automaton or the error."""
     _outlines()  # outlines-core is needed: one clear line when it is missing
     if isinstance(schema, str):
         try:
@@ -102,8 +117,18 @@ def json_schema(schema, *, max_depth: int = DEFAULT_MAX_DEPTH, whitespace: str |
     check_nesting(schema)
     _check_schema(schema)
     text = json.dumps(schema)  # property order kept: outlines-core writes properties in this order
-    pattern = schema_regex(schema, max_depth=max_depth, whitespace=whitespace)
-    return Constraint("json_schema", pattern, text)
+    try:
+        pattern = schema_regex(schema, max_depth=max_depth, whitespace=whitespace)
+    except UserError as e:
+        if cfg is False:
+            raise
+        grammar, why = schema_grammar(text, whitespace)
+        if grammar is None:
+            if llguidance() is None:
+                raise
+            raise UserError(f"{e}; the CFG engine ({ENGINE}) refuses it too: {why}", fields=e.fields) from None
+        return Constraint("json_schema", None, text, grammar=grammar, refusal=str(e), whitespace=whitespace)
+    return Constraint("json_schema", pattern, text, whitespace=whitespace)
 
 
 def json_object(*, max_depth: int = 2) -> Constraint:
@@ -207,6 +232,11 @@ class TokenAutomaton:
         return self.final.shape[0]
 
 
+class CompileBound(UserError):
+    """Compiling a constraint's automaton passed a bound (time, memory, size; for a JSON Schema, a regex
+    outlines-core cannot build): a left-to-right decode may then use the CFG engine."""
+
+
 @dataclass(frozen=True)
 class Bounds:
     """What compiling one constraint may take (docs/decoding.md "Bounds"): ``seconds`` of wall time (waiting
@@ -268,6 +298,9 @@ def automaton(constraint: Constraint, tokenizer, max_tokens: int | None = None) 
     if tokenizer is None:
         raise UserError("constrained decoding needs the model's tokenizer to read tokens as text; the model has none")
     _outlines()  # its ImportError here, not as a compiler that fails
+    if constraint.pattern is None:
+        raise UserError(f"{constraint.refusal}; {LEFT_TO_RIGHT} ({ENGINE}) that compiles it",
+                        fields=(constraint.kind,))
     pieces, digest, longest = _vocabulary(tokenizer)
     pattern = constraint.pattern if max_tokens is None else cut_repetitions(constraint.pattern, max_tokens * longest)
     key = (pattern, digest)
@@ -300,7 +333,7 @@ def _compile(constraint: Constraint, pattern: str, pieces: list[bytes | None], d
     where = constraint.kind
     reply = _COMPILER.run(digest, pieces, f"({without_end_mark(pattern, where)})\\x{{FFFF}}", seconds, BOUNDS)
     if reply[0] == "bound":
-        raise UserError(f"{where}: compiling {constraint!r} {reply[1]}; simplify it (fewer alternatives, smaller "
+        raise CompileBound(f"{where}: compiling {constraint!r} {reply[1]}; simplify it (fewer alternatives, smaller "
                         f"repetition counts, less nesting) or lower max_tokens", fields=(where,))
     if reply[0] == "error":
         kind, message = reply[1], reply[2]
@@ -308,9 +341,10 @@ def _compile(constraint: Constraint, pattern: str, pieces: list[bytes | None], d
             raise UserError(f"{where}: {constraint!r} cannot be spelled with this tokenizer's tokens: {message}",
                             fields=(where,))
         if kind == "size":
-            raise UserError(f"{where}: compiling {constraint!r} exceeds the size bound ({message}); simplify it or "
+            raise CompileBound(f"{where}: compiling {constraint!r} exceeds the size bound ({message}); simplify it or "
                             f"lower max_tokens", fields=(where,))
-        raise UserError(f"{where}: {constraint!r}: invalid regular expression: {message}", fields=(where,))
+        error = CompileBound if where == "json_schema" else UserError  # a schema's regex is ours: a size limit
+        raise error(f"{where}: {constraint!r}: invalid regular expression: {message}", fields=(where,))
     _, initial, finals, raw = reply
     V = len(pieces)
     e = torch.zeros(0, 3, dtype=torch.long)
@@ -375,6 +409,11 @@ def token_bytes(tokenizer) -> list[bytes | None]:
             except KeyError:  # not a byte-level string: leave the token out (it is never allowed)
                 continue
     return out
+
+
+def vocabulary(tokenizer) -> tuple[list[bytes | None], str]:
+    """:func:`token_bytes` and a digest of them, cached per tokenizer."""
+    return _vocabulary(tokenizer)[:2]
 
 
 def _vocabulary(tokenizer) -> tuple[list[bytes | None], str, int]:

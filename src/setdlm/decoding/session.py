@@ -31,6 +31,7 @@ from ..data.prompt import check_prompt_fits, encode_prompts
 from ..errors import UserError
 from .api import decode_config, decoder_of, device_of, needs_seed, row_seeds, row_text, start
 from .constrained import RowConstraint, row_constraints
+from .grammar import GrammarRow, left_to_right
 from .output import StepTrace
 from .settings import DecodeSettings, default_max_new_tokens, drafts
 from .state import DecodeConfig, DecodeState
@@ -68,7 +69,7 @@ class Row:
     seed: int | None
     prompt_length: int
     trace: list[StepTrace] | None = None  # the state's trace list of this row, once it joined
-    constraint: RowConstraint | None = None  # its output constraint, compiled (rows of any constraint share a state)
+    constraint: RowConstraint | GrammarRow | None = None  # its output constraint, compiled
     suffix_length: int = 0  # an infilling row: the middle lies between prompt and suffix
 
     def targets(self) -> list[bool]:
@@ -291,7 +292,7 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
               suffix_length=len(suf))
     eos = cfg.sampling.eos_token_ids if cfg.stop_on_eos else ()
     (row.constraint,) = row_constraints(settings.constraints(1), [row.sequence], [row.targets()], mode,
-                                        model.tokenizer, eos) or [None]
+                                        model.tokenizer, eos, left_to_right(fam.family, cfg)) or [None]
     return row
 
 

@@ -1,0 +1,206 @@
+"""The CFG engine of left-to-right decodes: llguidance's matcher for the JSON Schemas setdlm's own token
+automaton refuses (docs/decoding.md "Two engines").
+
+setdlm's own engine (:mod:`setdlm.decoding.constraint`, :mod:`setdlm.decoding.constrained`) writes a schema as
+a regular language and compiles it to a token automaton, whose reachability tells which tokens keep a canvas
+with holes anywhere completable: what a set decode, committing several positions at once and out of order,
+needs. Some schemas are not regular languages, or not small ones (recursion, ``multipleOf`` without bounds, a
+pattern with lengths, an automaton past the compile bounds); those it refuses. A decode that commits left to
+right (AR, SetDLM ``window=1``, ``speculate=True`` or ``"next_token"``, ``block_size=1``) only ever asks one
+question: which tokens may follow the committed prefix. A context-free engine answers it. With the optional
+``llguidance`` package (``pip install 'setdlm[constrain]'``; imported only when used) such decodes take the
+schemas it compiles (its ``validate_grammar`` clean), and a set decode of one is refused in one line naming
+setdlm's own reason. Without llguidance everything is as it was.
+
+:class:`GrammarRow` is one row's matcher behind the interface the decoders call on a
+:class:`~setdlm.decoding.constrained.RowConstraint` (``allowed``, ``allowed_now``, ``completable``): it
+consumes each token the decode commits, in order (EOS ends the output; the positions after it are padding),
+and a speculative decode's drafts are consumed tentatively and rolled back. The allowed set keeps a prefix
+of a valid document; unlike the automaton's, it does not know whether the document can close within
+``max_new_tokens``, so such a row may end with ``finish_reason`` ``"length"`` and an unfinished document.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+
+import torch
+from torch import Tensor
+
+from ..errors import UserError
+
+
+ENGINE = "llguidance"
+LEFT_TO_RIGHT = "only left-to-right decodes (AR, window=1, speculate, block_size=1) can use the CFG engine"
+_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {eos: LLTokenizer}
+_MATCHERS: OrderedDict = OrderedDict()  # (grammar, vocabulary digest, eos) -> a fresh matcher to copy
+_LOCK = threading.Lock()
+
+
+def llguidance():
+    """The ``llguidance`` module, or None when it is not installed."""
+    try:
+        import llguidance as ll
+    except ImportError:
+        return None
+    return ll
+
+
+def schema_grammar(schema_text: str, whitespace: str | None = None) -> tuple[str | None, str]:
+    """llguidance's grammar of a JSON Schema (JSON text) with setdlm's separators (``whitespace``: the regex
+    between tokens, default an optional space), and ``""``; or None and why not (llguidance missing, or
+    its own refusal, first line)."""
+    ll = llguidance()
+    if ll is None:
+        return None, "llguidance is not installed"
+    options = {"whitespace_pattern": "[ ]?" if whitespace is None else whitespace}
+    try:
+        grammar = ll.LLMatcher.grammar_from_json_schema(schema_text, defaults=options)
+    except ValueError as e:
+        return None, str(e).splitlines()[0] if str(e) else "invalid schema"
+    error = ll.LLMatcher.validate_grammar(grammar)
+    if error:
+        return None, error.strip().splitlines()[0]
+    return grammar, ""
+
+
+def _lltokenizer(tokenizer, pieces: list[bytes | None], eos: int):
+    """llguidance's tokenizer over the same token bytes the automaton reads (special tokens: empty and
+    special), cached per tokenizer."""
+    ll = llguidance()
+    try:
+        per = _TOKENIZERS.setdefault(tokenizer, {})
+    except TypeError:  # not weak-referenceable
+        per = {}
+    if eos not in per:
+        backend = tokenizer.backend
+
+        class _Tokens:
+            eos_token_id, bos_token_id = eos, None
+            tokens = [p if p is not None else b"" for p in pieces]
+            special_token_ids = [i for i, p in enumerate(pieces) if p is None]
+
+            def __call__(self, text):
+                text = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+                return backend.encode(text, add_special_tokens=False).ids
+
+        per[eos] = ll.LLTokenizer(ll.TokenizerWrapper(_Tokens()), n_vocab=len(pieces))
+    return per[eos]
+
+
+class GrammarRow:
+    """One row's llguidance matcher on its canvas region ``[start, end)`` (generate only: EOS, one of
+    ``eos_ids``, ends the output at an accepting point). ``engine``: ``"llguidance"``."""
+
+    engine = ENGINE
+
+    def __init__(self, constraint, tokenizer, pieces: list[bytes | None], digest: str, start: int, end: int,
+                 eos_ids: tuple[int, ...]):
+        self.constraint, self.start, self.end, self.eos = constraint, start, end, tuple(eos_ids)
+        self.text = torch.tensor([p is not None for p in pieces], dtype=torch.bool)  # (n,) tokens with bytes
+        # llguidance's own EOS: a special token (its bit is dropped: EOS is ``eos_ids``, allowed where it accepts)
+        eos = min(i for i, p in enumerate(pieces) if p is None) if self.text.numel() > int(self.text.sum()) else 0
+        key = (constraint.grammar, digest, eos)
+        with _LOCK:
+            if key not in _MATCHERS:
+                _MATCHERS[key] = llguidance().LLMatcher(_lltokenizer(tokenizer, pieces, eos), constraint.grammar,
+                                                        log_level=0)
+                while len(_MATCHERS) > 64:
+                    _MATCHERS.popitem(last=False)
+            _MATCHERS.move_to_end(key)
+            self.m = _MATCHERS[key].deep_copy()
+        if self.m.is_error():
+            why = (self.m.get_error() or "?").splitlines()[0]
+            raise UserError(f"{constraint!r}: the CFG engine ({ENGINE}) failed: {why}", fields=(constraint.kind,))
+        self.p = start  # first hole of the region: the tokens before it are consumed
+        self.done = False  # an EOS was committed: the rest is padding
+
+    def __copy__(self) -> GrammarRow:
+        new = object.__new__(GrammarRow)
+        new.__dict__.update(self.__dict__)
+        new.m = self.m.deep_copy()
+        return new
+
+    def _fail(self, what: str) -> RuntimeError:
+        return RuntimeError(f"{ENGINE} {what}: {(self.m.get_error() or 'no error reported').splitlines()[0]}")
+
+    def _fold_prefix(self, tokens: list[int], holes: list[bool]) -> None:
+        """Consume the committed tokens after ``p`` (they never change again)."""
+        while self.p < self.end and not holes[self.p - self.start]:
+            t = tokens[self.p - self.start]
+            if not self.done and t in self.eos:
+                self.done = True
+            elif not self.done and not self.m.consume_token(t):
+                raise self._fail(f"rejected the committed token {t}")
+            self.p += 1
+
+    def completable(self, tokens: list[int], holes: list[bool]) -> bool:
+        """False only when the matcher failed (a grammar past llguidance's limits); whether the document closes
+        within the region is not known (module docstring)."""
+        return not self.m.is_error()
+
+    def allowed(self, tokens: list[int], holes: list[bool], queries: list[int], V: int) -> Tensor:
+        """(Q, V) bool: at the first hole, the tokens the matcher allows after the committed prefix (EOS where it
+        accepts); a left-to-right decode asks nothing else (any other query inside the region is an error)."""
+        self._fold_prefix(tokens, holes)
+        if any(self.p < q < self.end for q in queries):
+            raise RuntimeError(f"the CFG engine ({ENGINE}) serves left-to-right decodes only: a query past the "
+                               f"first hole {self.p}")
+        return self.allowed_now(tokens, holes, queries, V)
+
+    def allowed_now(self, tokens: list[int], holes: list[bool], queries: list[int], V: int) -> Tensor:
+        """:meth:`allowed` on a tentative canvas (a speculative decode's view: the committed prefix, folded,
+        then drafts up to the first hole ``h``), without folding: the drafts are consumed and rolled back. The
+        query at ``h`` gets the matcher's set; a query past ``h`` (a draft's guess, which verification alone
+        commits) or one whose view holds a draft the grammar rejects (never committed) allows everything."""
+        mask = torch.ones(len(queries), V, dtype=torch.bool)
+        j = self.p - self.start
+        run = []
+        while j < len(holes) and not holes[j]:
+            run.append(tokens[j])
+            j += 1
+        h = self.start + j
+        if self.done or h >= self.end or h not in queries or any(t in self.eos for t in run):
+            return mask
+        if self.m.validate_tokens(run) < len(run):
+            return mask
+        if run and not self.m.consume_tokens(run):
+            raise self._fail("rejected a draft it had validated")
+        try:
+            row = self._mask(V)
+        finally:
+            if run and not self.m.rollback(len(run)):
+                raise self._fail("could not roll back a draft")
+        for k, q in enumerate(queries):
+            if q == h:
+                mask[k] = row
+        return mask
+
+    def _mask(self, V: int) -> Tensor:
+        """(V,) bool: the matcher's tokens now, text tokens only, and EOS iff it accepts."""
+        raw = torch.frombuffer(bytearray(self.m.compute_bitmask()), dtype=torch.uint8)
+        bits = ((raw[:, None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten().bool()  # little-endian bits
+        n = min(V, self.text.numel())
+        out = torch.zeros(V, dtype=torch.bool)
+        out[:n] = bits[:n] & self.text[:n]
+        eos = torch.tensor([e for e in self.eos if e < V], dtype=torch.long)
+        out[eos] = self.m.is_accepting()
+        if not bool(out.any()):
+            if self.m.is_error():
+                raise self._fail("failed")
+            raise UserError(f"{self.constraint!r} cannot be spelled with this tokenizer's tokens: the CFG engine "
+                            f"({ENGINE}) allows no token of it at position {self.p - self.start} of the output",
+                            fields=(self.constraint.kind,))
+        return out
+
+
+def left_to_right(family: str, cfg) -> bool:
+    """Does a decode of ``family`` with config ``cfg`` commit one position at a time, left to right (so
+    the CFG engine can serve it)?"""
+    if cfg.speculate or family == "ar":
+        return True
+    if family == "setdlm":
+        return cfg.window == 1
+    return cfg.block_size == 1
