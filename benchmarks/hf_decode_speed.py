@@ -29,7 +29,7 @@ import torch
 from decode_speed import TimedBackbone  # benchmarks/ is the script's folder, hence on sys.path
 from setdlm import FamilyConfig, Model, load
 from setdlm.decoding import generate
-from setdlm.formats.hf import chat_prompt
+from setdlm.chat import chat_prompt
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
              "Explain in one sentence why the sky is blue.", "Give me three tips for learning to cook.",

@@ -19,7 +19,7 @@ from decode_speed import TimedBackbone  # benchmarks/ is the script's folder, he
 from hf_decode_speed import QUESTIONS
 from setdlm import FamilyConfig, Model, load
 from setdlm.decoding import generate
-from setdlm.formats.hf import chat_prompt
+from setdlm.chat import chat_prompt
 
 
 def main(argv=None) -> None:

@@ -59,7 +59,7 @@ def shipped(name: str, args) -> list[str]:
 @torch.no_grad()
 def smollm2(args) -> list[str]:
     from setdlm.data import shakespeare_works
-    from setdlm.formats.hf import chat_prompt
+    from setdlm.chat import chat_prompt
     from setdlm.masks import causal_mask
 
     models = {q: load("smollm2-135m", quantize=None if q == "fp32" else q) for q in PRECISIONS}
