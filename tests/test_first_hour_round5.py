@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import setdlm
 from setdlm.data.tasks import reasoning_split
@@ -244,24 +245,38 @@ def test_threads_flag_sets_torch_threads(capsys):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# 3. int4 (and a GGUF file's own 4-bit weights) says, as it loads, that it is slow on a CPU
+# 3. int4 is the fast path (the int4 kernel's vectorized bfloat16 path), quiet as it loads; a GGUF file's own
+#    4-bit weights (float16 block scales, kept exactly on the kernel's scalar float32 path) say they are slow
 # ---------------------------------------------------------------------------------------------------------
 
 
-def test_int4_says_it_saves_memory_not_time(tmp_path, capsys):
+def test_int4_runs_the_vectorized_kernel_and_only_exact_gguf_blocks_warn(tmp_path, capsys):
     import warnings
 
-    from setdlm.formats.quantize import INT4_SLOW
+    from setdlm.formats.quantize import INT4_SLOW, Int4Linear
 
     warnings.resetwarnings()  # earlier tests may have shown it once already in this process
     code, _, err = run(["generate", save_tiny(tmp_path / "m"), "--quantize", "int4", "--prompt", "ab",
                         "--max-new-tokens", "2"], capsys)
     assert code == 0, err
+    assert "warning" not in err, err
+    model = setdlm.load(save_tiny(tmp_path / "m2"), quantize="int4")
+    layers = [m for m in model.backbone.modules() if isinstance(m, Int4Linear)]
+    assert layers and all(m.activations == torch.bfloat16 for m in layers)
+    assert "bfloat16 activations" in model.backbone.quantization_engine
+
+    from test_gguf import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "tiny-Q4_1.gguf", d=64, qtype="Q4_1")
+    warnings.resetwarnings()
+    code, _, err = run(["generate", str(path), "--quantize", "gguf", "--prompt", "ab", "--max-new-tokens", "2"],
+                       capsys)
+    assert code == 0, err
     (line,) = [l for l in err.splitlines() if "warning" in l]
-    assert line.startswith("setdlm generate: warning: --quantize int4 (and a GGUF file's own 4-bit weights, "
-                           "--quantize gguf) runs PyTorch's int4 kernel on float32 activations, slower than float32")
-    assert line.endswith("it saves memory, not time; use --quantize int8 for speed (docs/quantization.md)")
-    assert "quantize='int4'" in str(INT4_SLOW)  # Python names the argument
+    assert line.startswith("setdlm generate: warning: --quantize gguf keeps a GGUF file's own 4-bit weights exactly")
+    assert line.endswith("it saves memory, not time; use --quantize int4 (or --quantize int8) for speed "
+                         "(docs/quantization.md)")
+    assert "quantize='gguf'" in str(INT4_SLOW)  # Python names the argument
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -404,39 +419,18 @@ def test_the_quick_start_decode_writes_words_on_a_shipped_model(capsys):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# 10. a docs block runs on its own: the names it uses are its own (or the few continuations listed)
+# 10. a docs block runs on its own, or continues the blocks above it in its own section
 # ---------------------------------------------------------------------------------------------------------
 
-# blocks that continue the block above them (their document, the first 60 characters of their first line)
-CONTINUATIONS = {
-    ('concepts.md', 'from setdlm import Batch, FamilyConfig, TransformerConfig, T'),
-    ('concepts.md', 'from setdlm import KVCache'),
-    ('decoding.md', 'from setdlm.decoding.settings import DecodeSettings, applica'),
-    ('decoding.md', 'times = torch.rand(1, 16, dtype=torch.float64)            # '),
-    ('decoding.md', 'fast = generate(model, [[1, 17, 42, 8]], max_new_tokens=16, '),
-    ('decoding.md', 'out = generate(model, [[1, 17, 42, 8]], max_new_tokens=4, wi'),
-    ('decoding.md', 'ref = generate(model, [[1, 17, 42, 8], [1, 5]], max_new_toke'),
-    ('decoding.md', 'head = Model(backbone, FamilyConfig("setdlm", length=L, mask'),
-    ('decoding.md', 'ar = Model(backbone, FamilyConfig("ar", length=L, mask_token'),
-    ('decoding.md', 'from setdlm.data.tokenizers import char_tokenizer'),
-    ('decoding.md', 'out = infill(model, [[1, 5, 7], [1, 9]], [[6, 20, 2], [8, 2]'),
-    ('decoding.md', 'M = V - 1'),
-    ('decoding.md', 'mid = infill(bard, ["ROMEO: I am "], [" years old."], length'),
-    ('pretrained.md', 'from setdlm.masks import causal_mask'),
-    ('pretrained.md', 'from setdlm import FamilyConfig, Model'),
-    ('serve.md', 'from setdlm.serve import ServeOptions, create_app'),
-    ('training.md', 'from setdlm.errors import UserError'),
-}
 
-
-def _free_names(code: str) -> set[str]:
-    """Names a block reads that it never binds (imports, assignments, definitions, arguments) and that are not
-    builtins: what it needs from a block above it."""
+def _names(code: str) -> tuple[set[str], set[str]]:
+    """(names a block binds: imports, assignments, definitions, arguments; names it reads that it never binds
+    and that are not builtins: what it needs from a block above it)."""
     import ast
     import builtins
 
     tree = ast.parse(code)
-    bound = set(dir(builtins))
+    bound = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
@@ -446,18 +440,49 @@ def _free_names(code: str) -> set[str]:
             bound.add(node.id)
         elif isinstance(node, ast.arg):
             bound.add(node.arg)
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - bound
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return bound, read - bound - set(dir(builtins))
+
+
+def _section(text: str, line: int) -> str:
+    """The heading (any level) above line ``line`` (1-based) of a Markdown document, fenced blocks skipped."""
+    heading, fenced = "", False
+    for ln in text.splitlines()[: line - 1]:
+        if ln.startswith("```"):
+            fenced = not fenced
+        elif not fenced and ln.startswith("#"):
+            heading = ln
+    return heading
 
 
 def test_docs_blocks_run_on_their_own():
     """docs/decoding.md "Constrained decoding" used generate without importing it and docs/evaluation.md
-    "Likelihood bound" a `test` of another section: each failed alone with a NameError."""
+    "Likelihood bound" a `test` of another section: each failed alone with a NameError. A block may continue
+    the blocks above it under the same heading (a worked example in steps), nothing further."""
     from test_docs_blocks import DOCS, blocks
 
     dependent = {}
     for doc in DOCS:
+        text, seen, section = doc.read_text(encoding="utf-8"), set(), None
         for lang, code, line, skip in blocks(doc):
-            free = _free_names(code) if lang == "python" and skip is None else set()
-            if free and (doc.name, code.splitlines()[0][:60]) not in CONTINUATIONS:
-                dependent[f"{doc.name}:{line}"] = sorted(free)
+            if lang != "python" or skip is not None:
+                continue
+            if _section(text, line) != section:
+                section, seen = _section(text, line), set()
+            bound, free = _names(code)
+            if free - seen:
+                dependent[f"{doc.name}:{line} ({section})"] = sorted(free - seen)
+            seen |= bound
     assert not dependent, dependent
+
+
+def test_the_docs_block_rule_catches_a_block_that_needs_another_section(tmp_path, monkeypatch):
+    import test_docs_blocks
+
+    doc = tmp_path / "x.md"
+    doc.write_text("# A\n\n```python\nfrom setdlm import load\n```\n\n## B\n\n```python\nm = load('arith-ar')\n```\n")
+    monkeypatch.setattr(test_docs_blocks, "DOCS", [doc])
+    with pytest.raises(AssertionError, match="x.md:9 \\(## B\\)"):
+        test_docs_blocks_run_on_their_own()

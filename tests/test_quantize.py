@@ -3,12 +3,14 @@ depends on that row alone, and the decoders' exactness contract holds within the
 cached step equals the from-scratch forward, and a row decoded in a batch equals the row decoded alone, on
 the DiT and on Hugging Face backbones."""
 
+import warnings
+
 import pytest
 import torch
 
 from setdlm import FamilyConfig, Model, load
 from setdlm.decoding import generate
-from setdlm.formats.quantize import INT4_GROUP, Int4Linear, Int8Linear, quantization_of, quantize
+from setdlm.formats.quantize import INT4_GROUP, Int4Linear, Int8Linear, int4_groups, quantization_of, quantize
 
 from support import (MASK, PROMPTS, assert_bd3lm_steps_exact, assert_one_line_error, assert_setdlm_steps_exact,
                      recorded, run, save_tiny, tiny_hf, tiny_model)
@@ -39,17 +41,34 @@ def test_int8_is_per_channel_weights_times_per_row_activations():
 
 
 def test_int4_is_groupwise_asymmetric_weights():
-    """y = x · deq(W)ᵀ + b with W in groups of 32 input channels, w = q·s + min, q in 0..15."""
+    """y = x · deq(W)ᵀ + b with W in groups of 32 input channels, w = q·s + min, q in 0..15: on the kernel's
+    vectorized path (quantize="int4") with bfloat16 scales and offsets, the row rounded to bfloat16 going in and
+    the product coming out; with groups given (a GGUF file's) on its float32 path, exactly as given."""
     w, b = _weights(out=40)  # 40 output channels: padded to 48 inside, sliced back
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
-    lin = Int4Linear(w, b)
     g = w.view(40, -1, INT4_GROUP)
     lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
     s = (hi - lo) / 15
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the float32 path's slowness warning
+        exact = Int4Linear(w, b, int4_groups(w))  # float32 path
+    assert exact.activations == torch.float32 and exact._sz.dtype == torch.float32
     w_deq = (torch.round((g - lo) / s) * s + lo).view(40, 64)
-    assert torch.allclose(lin.weight, w_deq, atol=1e-5, rtol=0)
-    assert torch.allclose(lin(x).double(), x.double() @ w_deq.double().T + b.double(), atol=1e-4, rtol=0)
-    assert lin(x).shape == (3, 40)
+    assert torch.allclose(exact.weight, w_deq, atol=1e-5, rtol=0)
+    assert torch.allclose(exact(x).double(), x.double() @ w_deq.double().T + b.double(), atol=1e-4, rtol=0)
+
+    fast = Int4Linear(w, b)  # quantize="int4": bfloat16 scales, offsets and activations
+    assert fast.activations == torch.bfloat16 and fast._sz.dtype == torch.bfloat16
+    sb = s.bfloat16().float()
+    zb = (lo + 8 * sb).bfloat16().float()  # the kernel's offset, w = (q − 8)·s + z
+    w_bf = ((torch.round((g - (zb - 8 * sb)) / sb).clamp(0, 15) - 8) * sb + zb).view(40, 64)
+    assert torch.allclose(fast.weight, w_bf, atol=1e-6, rtol=0)
+    assert (fast.weight - w_deq).abs().max() > 1e-4  # the bfloat16 scales are not the float32 ones
+    ref = x.bfloat16().double() @ w_bf.double().T  # (3, 40) the row rounded going in
+    assert torch.allclose((fast(x) - b).double(), ref, atol=1e-6, rtol=2 ** -8)  # and the product going out
+    bare = Int4Linear(w, None)(x)
+    assert torch.equal(bare, bare.bfloat16().float())
+    assert fast(x).shape == (3, 40)
 
 
 @pytest.mark.parametrize("kernel", [Int8Linear, Int4Linear])

@@ -14,8 +14,8 @@ attention product stay in the model's precision; the KV cache keeps its dtype.
   with the activation scale given), and the result is multiplied back by the row's maximum: the quantization
   of a row is a function of that row alone.
 - ``"int4"``: asymmetric 4-bit weights in groups of 32 input channels (the layout of GGUF's Q4_1), packed two
-  per byte, through PyTorch's weight-only int4 kernel (``aten._weight_int4pack_mm_for_cpu``); activations
-  stay in floating point.
+  per byte, through PyTorch's weight-only int4 kernel (``aten._weight_int4pack_mm_for_cpu``) on its vectorized
+  path: activations, scales and outputs in bfloat16 (a GGUF file's own 4-bit weights take its float32 path).
 
 Either way each output row is a function of its own input row only, so the exactness contract of the
 decoders holds within the quantized model (docs/method.md §3.3): cached logits equal recomputed ones, and a
@@ -161,9 +161,12 @@ class Int8Linear(QuantizedLinear):
         return _INT8_GEMM(x / m, ACT_SCALE, ACT_ZERO, self._packed) * m  # 7-bit activations, fp32 output
 
 
-def int4_groups(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def int4_groups(weight: Tensor, scales: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor]:
     """``weight`` (out, in) in :class:`Int4Linear`'s layout: codes ``q`` (out, in) in 0..15 and per-group scale
-    ``s`` and minimum ``lo`` (out, in / :data:`INT4_GROUP`), ``w ≈ q·s + lo`` (the group's range in 15 steps)."""
+    ``s`` and minimum ``lo`` (out, in / :data:`INT4_GROUP`), ``w ≈ q·s + lo`` (the group's range in 15 steps).
+    ``scales=torch.bfloat16``: ``s`` and the kernel's offset ``lo + 8·s`` are bfloat16 values (the kernel's
+    fast path stores them so), and the codes are rounded against those, so the weights the kernel multiplies by
+    are the ones these groups describe."""
     N, K = weight.shape
     if K % INT4_GROUP:
         raise UserError(f"int4 needs the input width of every linear layer to be a multiple of {INT4_GROUP}, "
@@ -171,6 +174,9 @@ def int4_groups(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     g = weight.float().view(N, K // INT4_GROUP, INT4_GROUP)
     lo, hi = g.amin(-1), g.amax(-1)  # (N, K/G)
     s = ((hi - lo) / 15).clamp(min=1e-12)
+    if scales != torch.float32:
+        s = s.to(scales).float()
+        lo = (lo + 8 * s).to(scales).float() - 8 * s  # the offset rounded, lo read back from it (exact in float32)
     q = torch.round((g - lo[..., None]) / s[..., None]).clamp(0, 15).to(torch.int32).view(N, K)
     return q, s, lo
 
@@ -178,38 +184,54 @@ def int4_groups(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 class Int4Linear(QuantizedLinear):
     """4-bit weights in groups of :data:`INT4_GROUP` input channels, ``w = (q − 8)·s + z`` with ``q`` in
     0..15 and a scale/offset ``(s, z)`` per group; PyTorch's weight-only int4 CPU kernel. Output channels
-    are padded to a multiple of 16 (the kernel's tile) with zero rows, dropped from the result. ``groups``:
-    ``(q, s, lo)`` as :func:`int4_groups` returns them, taken as they are (a GGUF file's Q4_0 / Q4_1 blocks,
-    :mod:`setdlm.formats.gguf_quant`) instead of computed from ``weight``."""
+    are padded to a multiple of 16 (the kernel's tile) with zero rows, dropped from the result.
+
+    Two paths of that kernel: its vectorized one (``quantize="int4"``) takes bfloat16 activations, scales and
+    offsets, so a row enters each product rounded to bfloat16 and leaves it rounded to bfloat16 (weights as
+    :func:`int4_groups` makes them with bfloat16 scales); its float32 one is scalar code, slower than float32
+    itself, and serves ``groups`` taken as they are (a GGUF file's Q4_0 / Q4_1 blocks,
+    :mod:`setdlm.formats.gguf_quant`, whose float16 block scales bfloat16 cannot hold exactly). Either way a
+    row's output depends on that row alone."""
 
     kind = "int4"
 
     def __init__(self, weight: Tensor, bias: Tensor | None, groups: tuple[Tensor, Tensor, Tensor] | None = None):
         super().__init__(weight, bias)
-        warnings.warn(INT4_SLOW, stacklevel=2)  # once a process (the warnings registry): the moment it matters
-        q, s, lo = groups if groups is not None else int4_groups(weight)
+        self.activations = torch.bfloat16 if groups is None else torch.float32
+        if groups is None:
+            groups = int4_groups(weight, torch.bfloat16)
+        else:
+            warnings.warn(INT4_SLOW, stacklevel=2)  # once a process (the warnings registry): the moment it matters
+        q, s, lo = groups
         N, K = q.shape
         pad = -(-N // 16) * 16 - N
         q, s, lo = (torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (q.to(torch.int32), s.float(), lo.float()))
         self.register_buffer("_q", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))  # (Np, K/2) uint8
-        self.register_buffer("_sz", torch.stack([s, lo + 8 * s], -1).transpose(0, 1).contiguous())  # (K/G, Np, 2)
+        sz = torch.stack([s, lo + 8 * s], -1).transpose(0, 1).contiguous()  # (K/G, Np, 2)
+        self.register_buffer("_sz", sz.to(self.activations))
 
     @property
-    def weight(self) -> Tensor:
-        return self._matmul(torch.eye(self.in_features)).t()  # the kernel applied to the identity
+    def weight(self) -> Tensor:  # the kernel's float32 path applied to the identity: the weights, unrounded
+        eye = torch.eye(self.in_features)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self._q, INT4_GROUP, self._sz.float()).t()[
+            : self.out_features]
+
+    @property
+    def engine(self) -> str:
+        return describe_engine("int4" if self.activations == torch.bfloat16 else "int4-float32")
 
     def _matmul(self, x: Tensor) -> Tensor:  # x (N, in) float32 → (N, out)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self._q, INT4_GROUP, self._sz)  # (N, Np)
-        return y[:, : self.out_features]
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(self.activations), self._q, INT4_GROUP, self._sz)
+        return y[:, : self.out_features].float()  # (N, out) of (N, Np)
 
 
-# PyTorch's int4 CPU kernel takes float32 activations on its scalar path (docs/quantization.md, "Why these
-# kernels"): measured on SmolLM2-135M at batch 1 (2 cores, AVX-512), 3.9 tokens/s against int8's 30 and float32's
-# ~15. Its vectorized path needs bfloat16 activations, which would round every layer's output to bfloat16.
-INT4_SLOW = InputWarning("quantize='int4' (and a GGUF file's own 4-bit weights, quantize='gguf') runs PyTorch's "
-                         "int4 kernel on float32 activations, slower than float32 itself on a CPU (SmolLM2-135M: "
-                         "about 4 tokens/s against int8's 30): it saves memory, not time; use quantize='int8' for "
-                         "speed (docs/quantization.md)", fields=("quantize",))
+# PyTorch's int4 CPU kernel runs float32 activations on a scalar path (docs/quantization.md, "Why these kernels"):
+# a GGUF file's own 4-bit weights, whose float16 block scales its vectorized (bfloat16) path cannot hold exactly,
+# decoded SmolLM2-135M at batch 1 (2 cores, AVX-512) at 3.8 tokens/s against int8's 30 and float32's ~15.
+INT4_SLOW = InputWarning("quantize='gguf' keeps a GGUF file's own 4-bit weights exactly (float16 block scales), "
+                         "which PyTorch's int4 kernel runs on float32 activations, slower than float32 itself on a "
+                         "CPU (SmolLM2-135M: about 4 tokens/s against int8's 30): it saves memory, not time; use "
+                         "quantize='int4' (or quantize='int8') for speed (docs/quantization.md)", fields=("quantize",))
 KERNELS = {"int8": Int8Linear, "int4": Int4Linear}
 
 
@@ -233,7 +255,9 @@ def describe_engine(kind: str) -> str:
     cpu = torch.backends.cpu.get_cpu_capability()
     if kind == "int8":
         return f"fbgemm u8s8 GEMM, per-row 7-bit activations, CPU {cpu}"
-    return f"aten int4 weight-only GEMM, float32 activations, CPU {cpu}"
+    if kind == "int4":
+        return f"aten int4 weight-only GEMM, bfloat16 activations, CPU {cpu}"
+    return f"aten int4 weight-only GEMM, float32 activations (scalar), CPU {cpu}"
 
 
 def self_check(layer: QuantizedLinear, rows: int = 5) -> float:
@@ -296,8 +320,8 @@ def finish(backbone: nn.Module, quantize: str) -> None:
     check_kernels(backbone)
     widen_attention(backbone)
     backbone.quantization = quantize
-    kinds = sorted({m.kind for m in backbone.modules() if isinstance(m, QuantizedLinear)})
-    backbone.quantization_engine = "; ".join(f"{k}: {describe_engine(k)}" for k in kinds)
+    engines = sorted({f"{m.kind}: {m.engine}" for m in backbone.modules() if isinstance(m, QuantizedLinear)})
+    backbone.quantization_engine = "; ".join(engines)
     log.info("quantize=%r: %s", quantize, backbone.quantization_engine)
 
 
