@@ -84,22 +84,32 @@ def _tokenizer():
 
 
 def setdlm_side(schema, max_tokens: int) -> dict:
-    """accepted / compiled, the refusal's keyword and message, times and sizes."""
-    from setdlm.decoding.constraint import automaton, json_schema
+    """accepted / compiled by setdlm's own automaton (what set decodes use), the refusal's keyword and message, times
+    and sizes; ``left_to_right``: the engine an AR / ``window=1`` / speculative decode gets (``"setdlm"``, or
+    ``"llguidance"`` where the automaton is refused or passes a compile bound and llguidance compiles the schema;
+    None: refused), as :mod:`setdlm.decoding.constrained` picks it."""
+    from setdlm.decoding.constraint import CompileBound, automaton, json_schema
+    from setdlm.decoding.grammar import schema_grammar
 
-    row: dict = {"accepted": False, "compiled": False}
+    row: dict = {"accepted": False, "compiled": False, "left_to_right": None}
     t = time.perf_counter()
     try:
-        c = json_schema(schema)
+        c = json_schema(schema)  # cfg=None: llguidance's grammar where the automaton is refused
     except Exception as e:  # UserError, or a schema json_schema cannot take at all (a boolean)
         return dict(row, reason=_reason(e), error=str(e)[:300], accept_s=time.perf_counter() - t)
+    if c.pattern is None:
+        return dict(row, reason=_reason(ValueError(c.refusal)), error=c.refusal[:300], accept_s=time.perf_counter() - t,
+                    left_to_right="llguidance")
     row.update(accepted=True, accept_s=time.perf_counter() - t, pattern_chars=len(c.pattern))
     t = time.perf_counter()
     try:
         auto = automaton(c, _tokenizer(), max_tokens)
     except Exception as e:
-        return dict(row, reason="compile: " + _reason(e), error=str(e)[:300], compile_s=time.perf_counter() - t)
-    return dict(row, compiled=True, compile_s=time.perf_counter() - t, states=auto.states, edges=auto.src_tok.numel())
+        cfg = isinstance(e, CompileBound) and schema_grammar(c.spec, c.whitespace)[0] is not None
+        return dict(row, reason="compile: " + _reason(e), error=str(e)[:300], compile_s=time.perf_counter() - t,
+                    left_to_right="llguidance" if cfg else None)
+    return dict(row, compiled=True, compile_s=time.perf_counter() - t, states=auto.states, edges=auto.src_tok.numel(),
+                left_to_right="setdlm")
 
 
 def _reason(e: Exception) -> str:
@@ -171,22 +181,33 @@ def survey(schemas: list, args) -> list[dict]:
 
 
 def generate_outputs(schemas: list, rows: list[dict], args) -> None:
-    """Outputs of a model for a seeded sample of ``args.generate`` schemas, validated (in ``rows``)."""
+    """Outputs of a model for a seeded sample of ``args.generate`` schemas, validated (in ``rows``). A set decode
+    (``--model tiny``) is asked the schemas setdlm's automaton compiled; a left-to-right one (an AR model) those its
+    left-to-right engine takes (``left_to_right``: the automaton, or llguidance), each row saying which served it."""
     import jsonschema
 
     from setdlm.decoding import generate
+    from setdlm.decoding.api import eos_ids
+    from setdlm.decoding.constrained import row_constraints
     from setdlm.decoding.constraint import json_schema
 
-    model, knobs, prompt = _model(args.model, args.max_tokens)
-    picked = sorted(random.Random(args.seed).sample(range(len(schemas)), min(args.generate, len(schemas))))
+    model, knobs, prompt = _model(args.model, args.max_tokens, args.quantize)
+    ltr = model.family.family == "ar"
+    pool = [k for k, r in enumerate(rows) if args.sample_from in (None, r.get("left_to_right"))]
+    picked = sorted(random.Random(args.seed).sample(pool, min(args.generate, len(pool))))
     for k in picked:
         row, schema = rows[k], schemas[k][2]
         row["sampled"] = True
-        if not row.get("compiled"):
+        if not (row.get("left_to_right") if ltr else row.get("compiled")):
             continue
+        t = time.perf_counter()
         try:
-            out = generate(model, [prompt(schema)], max_new_tokens=args.max_tokens, constraint=json_schema(schema),
-                           seed=k, **knobs)
+            c = json_schema(schema)
+            n = args.max_tokens  # the engine a row of this many new tokens gets (its automaton cached for generate)
+            (rc,) = row_constraints([c], [[0] * (n + 1)], [[False] + [True] * n], "generate", model.tokenizer,
+                                    tuple(eos_ids(model, None)), ltr)
+            row["engine"] = rc.engine  # which engine serves this decode
+            out = generate(model, [prompt(schema)], max_new_tokens=args.max_tokens, constraint=c, seed=k, **knobs)
         except ValueError as e:  # e.g. no document fits max_tokens
             row["generate_error"] = str(e)[:200]
             continue
@@ -195,11 +216,13 @@ def generate_outputs(schemas: list, rows: list[dict], args) -> None:
             errors = list(cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(json.loads(out.texts[0])))
         except json.JSONDecodeError as e:
             errors = [e]
-        row.update(output=out.texts[0][:2000], valid=not errors, invalid_because=[str(e)[:200] for e in errors[:2]])
-        print(f"generated {row['source'][-50:]}: valid {row['valid']} {out.texts[0][:80]!r}", flush=True)
+        row.update(output=out.texts[0][:2000], valid=not errors, invalid_because=[str(e)[:200] for e in errors[:2]],
+                   finish_reason=out.finish_reason[0], generate_s=time.perf_counter() - t, tokens=len(out.tokens[0]))
+        print(f"generated {row['source'][-50:]} ({row['engine']}, {row['finish_reason']}, {row['generate_s']:.0f} s): "
+              f"valid {row['valid']} {out.texts[0][:80]!r}", flush=True)
 
 
-def _model(name: str, max_tokens: int):
+def _model(name: str, max_tokens: int, quantize: str | None = None):
     if name == "tiny":
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
         from support import tiny  # the tests' tiny random models
@@ -209,7 +232,7 @@ def _model(name: str, max_tokens: int):
     import setdlm
     from setdlm.chat import chat_prompt
 
-    model = setdlm.load(name)
+    model = setdlm.load(name, quantize=quantize) if quantize else setdlm.load(name)
 
     def prompt(schema):
         ask = f"Write a JSON document valid against this JSON Schema:\n{json.dumps(schema)[:1500]}"
@@ -221,15 +244,29 @@ def _model(name: str, max_tokens: int):
 def table(rows: list[dict], engines: list[str]) -> str:
     n = len(rows)
     acc, comp = sum(bool(r.get("accepted")) for r in rows), sum(bool(r.get("compiled")) for r in rows)
+    ltr = Counter(r.get("left_to_right") for r in rows)
     gen = [r for r in rows if "valid" in r]
-    valid = sum(r["valid"] for r in gen)
-    lines = [f"| engine | accepted (of {n}) | compiled | outputs valid |", "|---|---|---|---|",
-             f"| setdlm | {acc} ({100 * acc / n:.0f}%) | {comp} ({100 * comp / n:.0f}%) | "
-             f"{valid}/{len(gen)} |" if gen else f"| setdlm | {acc} ({100 * acc / n:.0f}%) | {comp} "
-                                                 f"({100 * comp / n:.0f}%) | not generated |"]
+
+    def outputs(engine: str | None) -> str:
+        got = [r for r in gen if engine is None or r.get("engine") == engine]
+        if not got:
+            return "not generated"
+        cut = sum(not r["valid"] and r.get("finish_reason") == "length" for r in got)
+        bad = sum(not r["valid"] and r.get("finish_reason") != "length" for r in got)
+        return f"{sum(r['valid'] for r in got)}/{len(got)} valid, {bad} invalid, {cut} cut at max tokens"
+
+    def pct(k: int) -> str:
+        return f"{k} ({100 * k / n:.0f}%)"
+
+    lines = [f"| engine | accepted (of {n}) | compiled | outputs |", "|---|---|---|---|",
+             f"| setdlm, set decodes (its automaton) | {pct(acc)} | {pct(comp)} | {outputs('setdlm')} |"]
+    if any("left_to_right" in r for r in rows):
+        both = ltr["setdlm"] + ltr["llguidance"]
+        lines.append(f"| setdlm, left-to-right decodes (automaton, else llguidance) | | {pct(both)}: automaton "
+                     f"{ltr['setdlm']}, llguidance {ltr['llguidance']} | {outputs('llguidance')} (llguidance's) |")
     for name in engines:
         got = sum(bool(r.get(name)) for r in rows)
-        lines.append(f"| {name} | | {got} ({100 * got / n:.0f}%) | not generated here |")
+        lines.append(f"| {name} | | {pct(got)} | not generated here |")
     for key in ("accept_s", "compile_s"):
         times = sorted(r[key] for r in rows if r.get(key) is not None and (key == "accept_s" or r.get("compiled")))
         if times:
@@ -250,7 +287,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=120, help="per schema, all engines together")
     ap.add_argument("--memory", type=int, default=6, help="GiB of address space per schema")
     ap.add_argument("--generate", type=int, default=0, help="generate for a seeded sample of this many schemas")
+    ap.add_argument("--sample-from", help="sample only the schemas whose left-to-right engine is this (llguidance)")
     ap.add_argument("--model", default="tiny", help="tiny, or a setdlm.load name such as smollm2-135m")
+    ap.add_argument("--quantize", help="setdlm.load's quantize for --model (e.g. int8)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--limit", type=int, help="the first N schemas only")
     ap.add_argument("--shard", default="0/1", help="K/N: the schemas K, K+N, K+2N, ... (runs side by side)")

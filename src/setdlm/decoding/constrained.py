@@ -39,7 +39,10 @@ from .grammar import ENGINE, LEFT_TO_RIGHT, GrammarRow, schema_grammar
 
 class RowConstraint:
     """One row's constraint on its canvas region ``[start, end)``, with EOS (``eos_ids``) ending the
-    output early at an accepting state when ``eos_ids`` is non-empty."""
+    output early at an accepting state when ``eos_ids`` is non-empty. ``engine``: ``"setdlm"`` (its token
+    automaton; :class:`~setdlm.decoding.grammar.GrammarRow`'s is ``"llguidance"``)."""
+
+    engine = "setdlm"
 
     def __init__(self, constraint: Constraint, auto: TokenAutomaton, start: int, end: int, eos_ids: tuple[int, ...]):
         self.constraint, self.a = constraint, auto
