@@ -192,7 +192,7 @@ def generate_outputs(schemas: list, rows: list[dict], args) -> None:
     from setdlm.decoding.constraint import json_schema
 
     model, knobs, prompt = _model(args.model, args.max_tokens, args.quantize)
-    ltr = model.family.family == "ar"
+    ltr = model.family.spec.left_to_right
     pool = [k for k, r in enumerate(rows) if args.sample_from in (None, r.get("left_to_right"))]
     picked = sorted(random.Random(args.seed).sample(pool, min(args.generate, len(pool))))
     for k in picked:

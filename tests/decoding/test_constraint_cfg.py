@@ -97,7 +97,9 @@ def test_setdlm_left_to_right_decodes_use_it_and_set_decodes_are_refused_in_one_
     out = generate(model, ["a", "b"], max_new_tokens=40, constraint=SCHEMA, window=4, speculate="next_token")
     assert out.tokens == generate(ar, ["a", "b"], max_new_tokens=40, constraint=SCHEMA).tokens
     assert all(valid(t) for t in out.texts), out.texts
-    for fam, knobs in [(model, dict(window=4)), (tiny("mdlm", CHAR, L=64), dict(block_size=4))]:
+    mdlm = tiny("mdlm", CHAR, L=64, seed=5)
+    assert all(valid(t) for t in generate(mdlm, ["a", "b"], max_new_tokens=40, constraint=SCHEMA, block_size=1).texts)
+    for fam, knobs in [(model, dict(window=4)), (mdlm, dict(block_size=4))]:
         with pytest.raises(UserError, match="only left-to-right decodes") as e:
             generate(fam, ["a"], max_new_tokens=40, constraint=SCHEMA, **knobs)
         assert REASON in str(e.value) and "llguidance" in str(e.value) and "\n" not in str(e.value)

@@ -203,7 +203,7 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
     # every row's constraint compiled and checked satisfiable before any decoding
     constraints = row_constraints(settings.constraints(B), sequences, targets, mode, model.tokenizer,
                                   cfg.sampling.eos_token_ids if cfg.stop_on_eos else (),
-                                  left_to_right=left_to_right(fam.family, cfg))
+                                  left_to_right=left_to_right(fam.spec, cfg))
     device = device_of(backbone)
     bs = batch_size or B
     results, forwards, st = {}, 0, None

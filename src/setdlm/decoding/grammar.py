@@ -196,11 +196,11 @@ class GrammarRow:
         return out
 
 
-def left_to_right(family: str, cfg) -> bool:
-    """Does a decode of ``family`` with config ``cfg`` commit one position at a time, left to right (so
-    the CFG engine can serve it)?"""
-    if cfg.speculate or family == "ar":
+def left_to_right(spec, cfg) -> bool:
+    """Does a decode of the family ``spec`` (its registry entry) with config ``cfg`` commit one position at a
+    time, left to right (so that the CFG engine can serve it)?"""
+    if cfg.speculate or spec.left_to_right:
         return True
-    if family == "setdlm":
+    if spec.decoder == "setdlm":
         return cfg.window == 1
-    return cfg.block_size == 1
+    return spec.decoder in ("bd3lm", "mdlm") and cfg.block_size == 1

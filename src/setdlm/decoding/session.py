@@ -292,7 +292,7 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
               suffix_length=len(suf))
     eos = cfg.sampling.eos_token_ids if cfg.stop_on_eos else ()
     (row.constraint,) = row_constraints(settings.constraints(1), [row.sequence], [row.targets()], mode,
-                                        model.tokenizer, eos, left_to_right(fam.family, cfg)) or [None]
+                                        model.tokenizer, eos, left_to_right(fam.spec, cfg)) or [None]
     return row
 
 
