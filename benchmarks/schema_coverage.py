@@ -206,8 +206,8 @@ def generate_outputs(schemas: list, rows: list[dict], args) -> None:
             n = args.max_tokens  # the engine a row of this many new tokens gets (its automaton cached for generate)
             (rc,) = row_constraints([c], [[0] * (n + 1)], [[False] + [True] * n], "generate", model.tokenizer,
                                     tuple(eos_ids(model, None)), ltr)
-            row["engine"] = rc.engine  # which engine serves this decode
-            out = generate(model, [prompt(schema)], max_new_tokens=args.max_tokens, constraint=c, seed=k, **knobs)
+            row["engine"] = rc.engine  # which engine serves this decode (rc.constraint: no second compile)
+            out = generate(model, [prompt(schema)], max_new_tokens=n, constraint=rc.constraint, seed=k, **knobs)
         except ValueError as e:  # e.g. no document fits max_tokens
             row["generate_error"] = str(e)[:200]
             continue
