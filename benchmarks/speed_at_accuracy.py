@@ -10,7 +10,7 @@ of the built-in ``medium`` test split (drawn with ``--seed``), prompts as ``setd
 builds them, decoded until EOS. Modes: AR; BD3LM S=4 (τ off, τ 0.9); SetDLM w=1 (its most careful decode),
 w=4 τ off and τ 0.9/0.95/0.99 (near-lossless: a stated accuracy cost), and the lossless self-speculative decode
 (``speculate=True``: token for token the w=1 output) at windows ``--windows`` in both query layouts
-(``setdlm.decoding.speculative.HORIZONS``: "all" horizons carry a window, or only the "last", the whole draft's).
+(the setting ``verify_layout``: "all" horizons carry a window, or only the "last", the whole draft's).
 Each batch size is one run in which every mode decodes one call in turn, the order rotated each round
 (:func:`setdlm.evaluation.passes.interleave`), at ``--threads`` torch threads; speed is generated tokens per second of
 this process's CPU time over the whole pass (``--clock cpu``, steady on a shared machine; ``wall`` also
@@ -36,7 +36,7 @@ import torch
 
 import setdlm
 from setdlm.data.tasks import reasoning_split
-from setdlm.decoding import generate, speculative
+from setdlm.decoding import generate
 from setdlm.evaluation.passes import interleave, prompt_ids
 from setdlm.evaluation.reasoning import reasoning_steps
 
@@ -61,7 +61,8 @@ def modes(windows: list[int], distilled: bool = False, distilled_ar: bool = Fals
             ("BD3LM τ 0.9", "BD3LM S=4", {"threshold": 0.9}, None),
             ("SetDLM w=1", "SetDLM S<=8", {"window": 1}, None), ("SetDLM w=4 τ off", "SetDLM S<=8", {}, None)]
     out += [(f"SetDLM w=4 τ {t}", "SetDLM S<=8", {"threshold": t}, None) for t in (0.99, 0.95, 0.9)]
-    out += [(f"SetDLM speculate w={w} {layout}", "SetDLM S<=8", {"speculate": True, "window": w}, layout)
+    out += [(f"SetDLM speculate w={w} {layout}", "SetDLM S<=8",
+             {"speculate": True, "window": w, "verify_layout": layout}, layout)
             for w in windows for layout in ("all", "last")]
     if distilled:
         out += [(f"SetDLM distilled speculate w={w} last", DISTILLED, {"speculate": True, "window": w}, "last")
@@ -114,22 +115,8 @@ def with_prefill_in(steps, backbone):
         yield
 
 
-def with_layout(steps, layout: str | None):
-    """A ``reasoning_steps`` pass that sets the speculative query layout before each of its calls."""
-    while True:
-        if layout is not None:
-            speculative.HORIZONS = layout
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
-        yield
-
-
-def positions_per_forward(model, examples, settings: dict, layout: str | None) -> float:
+def positions_per_forward(model, examples, settings: dict) -> float:
     """Mean positions one row feeds per forward (its input slots), over a traced batch-1 pass."""
-    if layout is not None:
-        speculative.HORIZONS = layout
     fed = forwards = 0
     for e in examples:
         ids = prompt_ids(model, e)
@@ -141,9 +128,8 @@ def positions_per_forward(model, examples, settings: dict, layout: str | None) -
 
 def run_batch(models: dict, examples, batch: int, plan: list[tuple], clock: str) -> list[dict]:
     """Every mode of ``plan`` at one batch size, side by side; one dict per mode."""
-    passes = [with_layout(reasoning_steps(models[key], examples, batch_size=batch, clock=clock,
-                                                   progress=False, **settings), layout)
-              for _, key, settings, layout in plan]
+    passes = [reasoning_steps(models[key], examples, batch_size=batch, clock=clock, progress=False, **settings)
+              for _, key, settings, _ in plan]
     passes = [with_prefill_in(p, models[f"{key}@prefill"].backbone) if MIXED in label else p
               for p, (label, key, _, _) in zip(passes, plan)]
     started = time.perf_counter()
@@ -250,14 +236,13 @@ def main() -> None:
                                args.only, args.mixed_ar), args.dtypes)
     models = load_models(plan)
     examples = reasoning_split("test", args.n, level="medium", seed=args.seed)
-    positions = {label: positions_per_forward(models[key], examples[:20], settings, layout)
-                 for label, key, settings, layout in plan}
+    positions = {label: positions_per_forward(models[key], examples[:20], settings)
+                 for label, key, settings, _ in plan}
     rows = []
     for b in args.batch_sizes:
         rows += run_batch(models, examples, b, plan, args.clock)
     for x in rows:
         x["positions_per_forward"] = positions[x["mode"]]
-    speculative.HORIZONS = "auto"
     meta = {"distilled": args.distilled, "distilled_ar": args.distilled_ar, "ar_head": args.ar_head, "only": args.only,
             "dtypes": args.dtypes, "mixed_ar": args.mixed_ar,
             "n": args.n, "seed": args.seed, "threads": args.threads, "clock": args.clock, "torch": torch.__version__,

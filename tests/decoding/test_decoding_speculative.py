@@ -14,6 +14,7 @@ import setdlm
 from setdlm import Model
 from setdlm.decoding import DecodeSettings, fill, generate
 from setdlm.decoding.session import Session
+from setdlm.errors import InputWarning
 from setdlm.evaluation import TaskSpec, reports, sweeps, task_examples
 from setdlm.evaluation.reasoning import reasoning
 from setdlm.masks import describe, speculative_step_mask
@@ -26,24 +27,23 @@ SAMPLED = [dict(temperature=1.0, top_p=0.9), dict(temperature=0.7, top_k=5, repe
            dict(repetition_penalty=1.3, length_penalty=(3, 1.5), eos_token_id=2)]
 
 
-@pytest.fixture(autouse=True, params=["all", "last"])
-def layout(request, monkeypatch):
-    """Every test runs with each query layout (docs/decoding.md, "Self-speculative decoding"): a window of
-    masks on every horizon, or on the horizon of the whole draft only (verifiers alone on the others)."""
-    from setdlm.decoding import speculative
-
-    monkeypatch.setattr(speculative, "HORIZONS", request.param)
+@pytest.fixture(params=["all", "last"])
+def layout(request):
+    """The query layout a test decodes with, each in turn (docs/decoding.md, "Self-speculative decoding",
+    ``verify_layout``): a window of masks on every horizon, or on the horizon of the whole draft only
+    (verifiers alone on the others)."""
     return request.param
 
 
-def test_auto_layout_follows_the_batch_size_and_never_feeds_the_window_squared(monkeypatch):
+def test_auto_layout_follows_the_batch_size_and_never_feeds_the_window_squared():
     from setdlm.decoding import speculative
 
-    monkeypatch.setattr(speculative, "HORIZONS", "auto")
     assert speculative.windowed_horizons(1, 4) == speculative.windowed_horizons(32, 4) == "last"  # the CPU's choice
-    monkeypatch.setattr(speculative, "ALL_HORIZONS_UP_TO", 1)
-    assert speculative.windowed_horizons(1, 4) == "all" and speculative.windowed_horizons(2, 4) == "last"
-    assert speculative.windowed_horizons(1, 8) == "all" and speculative.windowed_horizons(1, 9) == "last"  # w² bound
+    assert speculative.windowed_horizons(1, 4, "all") == speculative.windowed_horizons(32, 4, "all") == "all"
+    assert speculative.windowed_horizons(1, 4, "last", all_up_to=1) == "last"
+    assert speculative.windowed_horizons(1, 4, all_up_to=1) == "all" and speculative.windowed_horizons(2, 4, all_up_to=1) == "last"
+    assert speculative.windowed_horizons(1, 8, all_up_to=1) == "all"
+    assert speculative.windowed_horizons(1, 9, all_up_to=1) == "last"  # w² bound
 
 
 def _same(a, b):
@@ -70,10 +70,10 @@ def test_step_mask_is_the_two_stream_mask_with_the_draft_in_the_clean_stream():
 
 
 @pytest.mark.parametrize("w", [1, 2, 3, 5])
-def test_greedy_output_equals_the_left_to_right_decode_in_fewer_forwards(w):
+def test_greedy_output_equals_the_left_to_right_decode_in_fewer_forwards(w, layout):
     model = tiny_model("setdlm", D=4)
     ref = generate(model, PROMPTS, max_new_tokens=20, ignore_eos=True, window=1)
-    out = generate(model, PROMPTS, max_new_tokens=20, ignore_eos=True, window=w, speculate=True, trace=True)
+    out = generate(model, PROMPTS, max_new_tokens=20, ignore_eos=True, window=w, speculate=True, verify_layout=layout, trace=True)
     _same(out, ref)
     accepted = sum(s.accepted for row in out.trace for s in row)
     assert sum(out.row_committed) == sum(ref.row_committed)
@@ -95,13 +95,13 @@ def test_greedy_output_equals_the_left_to_right_decode_in_fewer_forwards(w):
 
 @pytest.mark.parametrize("knobs", SAMPLED)
 @pytest.mark.parametrize("w", [2, 4])
-def test_seeded_sampling_and_penalties_equal_the_left_to_right_decode(knobs, w):
+def test_seeded_sampling_and_penalties_equal_the_left_to_right_decode(knobs, w, layout):
     model = tiny_model("setdlm", D=4)
     ref = generate(model, PROMPTS, max_new_tokens=16, window=1, seed=[1, 2, 3], **knobs)
-    out = generate(model, PROMPTS, max_new_tokens=16, window=w, speculate=True, seed=[1, 2, 3], **knobs)
+    out = generate(model, PROMPTS, max_new_tokens=16, window=w, speculate=True, verify_layout=layout, seed=[1, 2, 3], **knobs)
     _same(out, ref)
     assert out.nfe < ref.nfe
-    alone = generate(model, PROMPTS[1:2], max_new_tokens=16, window=w, speculate=True, seed=[2], **knobs)
+    alone = generate(model, PROMPTS[1:2], max_new_tokens=16, window=w, speculate=True, verify_layout=layout, seed=[2], **knobs)
     assert alone.tokens[0] == out.tokens[1]  # batched == alone, with the row's seed
 
 
@@ -115,11 +115,11 @@ def test_every_step_verifies_with_the_left_to_right_conditional_and_caches_what_
     w = 3
     if case == "generate":
         inputs = [p + [MASK] * 12 for p in PROMPTS]
-        out = generate(model, PROMPTS, max_new_tokens=12, ignore_eos=True, window=w, speculate=True, trace=True)
+        out = generate(model, PROMPTS, max_new_tokens=12, ignore_eos=True, window=w, speculate=True, verify_layout=layout, trace=True)
         ref = generate(plain, PROMPTS, max_new_tokens=12, ignore_eos=True, window=1)
     else:
         inputs = [[1, 5, MASK, MASK, MASK, 7, 9, MASK, MASK, 3], [1, MASK, MASK, 4, 11, 3, 6, 20, MASK, MASK, MASK, 2]]
-        out = fill(model, inputs, window=w, speculate=True, trace=True)
+        out = fill(model, inputs, window=w, speculate=True, verify_layout=layout, trace=True)
         ref = fill(plain, inputs, window=1)
     _same(out, ref)
     bb = model.backbone.inner
@@ -159,7 +159,7 @@ def _cropped(call, b, n):
     return dataclasses.replace(call, cache=cache)
 
 
-def test_eos_stop_strings_and_max_new_tokens_end_rows_as_the_left_to_right_decode():
+def test_eos_stop_strings_and_max_new_tokens_end_rows_as_the_left_to_right_decode(layout):
     m = tiny_model("setdlm", D=4, seed=2)
     model = Model(m.backbone, m.family, CharTokenizer())
     prompts = ["the cat", "dogs", "a", "hello there"]
@@ -171,19 +171,19 @@ def test_eos_stop_strings_and_max_new_tokens_end_rows_as_the_left_to_right_decod
                   dict(eos_token_id=eos, stop=[stop]), dict(ignore_eos=True)]:
         for n in (3, 16):
             ref = generate(model, prompts, max_new_tokens=n, window=1, **knobs)
-            out = generate(model, prompts, max_new_tokens=n, window=4, speculate=True, **knobs)
+            out = generate(model, prompts, max_new_tokens=n, window=4, speculate=True, verify_layout=layout, **knobs)
             _same(out, ref)
             reasons |= set(out.finish_reason)
     assert reasons == {"eos", "stop", "length"}
 
 
-def test_session_rows_joining_between_steps_decode_as_alone():
+def test_session_rows_joining_between_steps_decode_as_alone(layout):
     model = tiny_model("setdlm", D=4)
     s = Session(model, width=40)
-    first = s.add(PROMPTS[0], max_new_tokens=12, ignore_eos=True, window=3, speculate=True)
+    first = s.add(PROMPTS[0], max_new_tokens=12, ignore_eos=True, window=3, speculate=True, verify_layout=layout)
     s.step()
     s.step()
-    later = s.add(PROMPTS[1], max_new_tokens=12, ignore_eos=True, window=3, speculate=True)
+    later = s.add(PROMPTS[1], max_new_tokens=12, ignore_eos=True, window=3, speculate=True, verify_layout=layout)
     plain = s.add(PROMPTS[2], max_new_tokens=12, ignore_eos=True)  # another group: the window decode
     done = session_results(s)
     ref = generate(model, PROMPTS, max_new_tokens=12, ignore_eos=True, window=1)
@@ -197,13 +197,13 @@ def test_session_rows_joining_between_steps_decode_as_alone():
                             "Q: A box holds 6 pens. How many pens are in 4 boxes?\nA:"]),
     ("shakespeare-setdlm-smax8", ["ROMEO:", "First Citizen:\nBefore we proceed", "KING"])])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_shipped_models_give_the_left_to_right_tokens(name, prompts, dtype):
+def test_shipped_models_give_the_left_to_right_tokens(name, prompts, dtype, layout):
     """float64: exact. float32: the verifiers' logits differ from the window=1 decode's by the rounding of
     differently shaped kernels (~1e-6), so a near-tie could flip a token; on these prompts none does."""
     model = setdlm.load(name)
     model.backbone.to(dtype)
     ref = generate(model, prompts, max_new_tokens=32, window=1)
-    out = generate(model, prompts, max_new_tokens=32, speculate=True)  # the default window, D = 4
+    out = generate(model, prompts, max_new_tokens=32, speculate=True, verify_layout=layout)  # the default window, D = 4
     _same(out, ref)
     assert out.nfe < ref.nfe
 
@@ -221,13 +221,13 @@ def test_bad_settings_raise_clear_errors(knobs, needle):
 
 
 @pytest.mark.parametrize("family", ["ar", "bd3lm", "mdlm"])
-def test_other_families_refuse_speculate(family):
+def test_other_families_refuse_speculate(family, layout):
     with pytest.raises(ValueError, match="speculate applies to setdlm models"):
-        generate(tiny_model(family), PROMPTS, max_new_tokens=4, speculate=True)
+        generate(tiny_model(family), PROMPTS, max_new_tokens=4, speculate=True, verify_layout=layout)
     generate(tiny_model(family), PROMPTS, max_new_tokens=2, speculate=False)  # off is fine everywhere
 
 
-def test_bench_sweeps_speculation_beside_the_windows(tmp_path, capsys):
+def test_bench_sweeps_speculation_beside_the_windows(tmp_path, capsys, layout):
     """``setdlm bench --sweep-speculate`` adds each SetDLM window's speculative decode (w > 1) beside w = 1, the
     default window and AR, side by side in one run; its accuracy is w = 1's, in fewer forwards per token."""
     code, stdout, err = run(["bench", "arith-setdlm-smax8", "arith-ar", "--task", "reasoning", "--n", "6",
@@ -246,18 +246,46 @@ def test_bench_sweeps_speculation_beside_the_windows(tmp_path, capsys):
     model = setdlm.load("arith-setdlm-smax8")
     examples, _ = task_examples(TaskSpec("reasoning", n=6), [model])
     a = reasoning(model, examples, window=1, progress=False)
-    b = reasoning(model, examples, speculate=True, progress=False)
+    b = reasoning(model, examples, speculate=True, verify_layout=layout, progress=False)
     assert a.predictions == b.predictions and b.run.nfe_per_example < a.run.nfe_per_example
     with pytest.raises(ValueError, match="give speculate=True to the sweep"):
-        sweeps.sweep([("m", model)], "reasoning", examples, DecodeSettings(speculate=True))
+        sweeps.sweep([("m", model)], "reasoning", examples, DecodeSettings(speculate=True, verify_layout=layout))
+
+
+def test_verify_layout_is_a_setting_of_the_call_the_command_line_and_the_request(capsys):
+    """The query layout is the decode's own setting, not module state: two decodes in one process can differ
+    ("all" feeds a window on every horizon, "last" on the whole draft's only; the same tokens either way), the
+    command line spells it --verify-layout, a bad value or one without speculate=True is refused, and a value
+    with nothing speculating says that it is ignored."""
+    model = tiny_model("setdlm", D=4)
+    ref = generate(model, PROMPTS[:1], max_new_tokens=16, ignore_eos=True, window=1)
+    fed = {}
+    for layout in ("all", "last"):
+        out = generate(model, PROMPTS[:1], max_new_tokens=16, ignore_eos=True, window=4, speculate=True,
+                       verify_layout=layout, trace=True)
+        assert out.tokens == ref.tokens
+        fed[layout] = max(len(s.input_positions) for s in out.trace[0])
+    assert fed["all"] > fed["last"]
+    with pytest.raises(ValueError, match="verify_layout must be one of auto, all, last, got 'wide'"):
+        DecodeSettings(speculate=True, verify_layout="wide")
+    with pytest.raises(ValueError, match="applies with speculate=True only"):
+        DecodeSettings(speculate="next_token", verify_layout="all")
+    with pytest.warns(InputWarning, match="this decode does not speculate, so it is ignored"):
+        generate(model, PROMPTS[:1], max_new_tokens=2, verify_layout="last")
+    code, out, err = run(["generate", "arith-setdlm-smax8", "--prompt", "Ann has 5 eggs.", "--max-new-tokens", "12",
+                          "--speculate", "--verify-layout", "all"], capsys)
+    assert code == 0, err
+    code2, out2, err2 = run(["generate", "arith-setdlm-smax8", "--prompt", "Ann has 5 eggs.", "--max-new-tokens", "12",
+                             "--window", "1"], capsys)
+    assert code2 == 0 and out == out2, err2
+    code, _, err = run(["generate", "arith-setdlm-smax8", "--prompt", "x", "--verify-layout", "all",
+                        "--speculate-next-token"], capsys)
+    assert code != 0 and "--verify-layout all" in err and "--speculate" in err
 
 
 def test_a_wide_window_feeds_about_three_windows_a_forward_not_its_square(monkeypatch):
     """"auto" gives a window wider than 8 the "last" layout even alone: at w = 12 a forward feeds at most
     2(w − 1) + w + 1 = 35 positions per row, where every horizon's window would be w + w² = 156."""
-    from setdlm.decoding import speculative
-
-    monkeypatch.setattr(speculative, "HORIZONS", "auto")
     model = tiny_model("setdlm", D=4)
     w = 12
     out = generate(model, PROMPTS[:1], max_new_tokens=24, ignore_eos=True, window=w, speculate=True, trace=True)

@@ -140,6 +140,8 @@ def test_concurrent_requests_each_get_their_own_result(server):
     ({"prompt": "hi", "stop": [""]}, 400, "stop", "non-empty"),
     ({"prompt": "hi", "n": 2}, 400, "n", "identical choices"),
     ({"prompt": "hi", "cache_order": "random"}, 400, "cache_order", "position"),
+    ({"prompt": "hi", "speculate": True, "verify_layout": "wide"}, 400, "verify_layout", "auto, all, last"),
+    ({"prompt": "hi", "speculate": False, "verify_layout": "all"}, 400, "verify_layout", "speculate=true only"),
     ({"prompt": "HI"}, 400, "prompt", "cannot be encoded"),
     ({"prompt": [1, 2, 999]}, 400, "prompt", "vocabulary"),
     ({"prompt": ["a", ""]}, 400, "prompt", "prompt[1] must not be empty"),

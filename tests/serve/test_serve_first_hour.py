@@ -57,7 +57,8 @@ def test_models_lists_the_settings_the_family_takes_and_400s_name_the_field(ar):
         status, body = post(url, {"prompt": "ROMEO:", "max_tokens": 4, "speculate": True})
         assert status == 400 and body["error"]["param"] == "speculate", body
     with running(setdlm_model, "s") as (url, _):
-        assert get(url, "/v1/models")["data"][0]["settings"] == ["window", "threshold", "speculate", "cache_order"]
+        assert get(url, "/v1/models")["data"][0]["settings"] == ["window", "threshold", "speculate", "cache_order",
+                                                                    "verify_layout"]
 
 
 def test_the_page_sends_only_the_family_settings():

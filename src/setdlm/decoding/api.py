@@ -35,7 +35,7 @@ from . import ar, bd3lm, mdlm, setdlm, speculative, speculative_drafter, specula
 from .constrained import row_constraints
 from .grammar import left_to_right
 from .output import GenerationOutput
-from .settings import DecodeSettings, default_max_new_tokens, drafts, warn_wide_window
+from .settings import DecodeSettings, default_max_new_tokens, drafts, warn_unused_layout, warn_wide_window
 from .state import DecodeConfig, DecodeState, stop_index
 
 DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}  # by the registry's Family.decoder
@@ -187,6 +187,7 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
     cfg = decode_config(model, settings, mode=mode, cache_order=_cache_order(settings.cache_order, times),
                         trace=trace, room=max(n_targets, default=1))
     warn_wide_window(settings, fam)  # after decode_config's memory check: an error comes alone
+    warn_unused_layout(settings)
     stops = cfg.stop
     B = len(sequences)
     if batch_size is not None and not (isinstance(batch_size, int) and batch_size >= 1):
@@ -315,7 +316,8 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
     return DecodeConfig(sampling, fam.length, mode=mode, stop_on_eos=mode == "generate" and not settings.ignore_eos,
                         window=window, block_size=block_size, cache_order=cache_order, stop=stops,
                         tokenizer=model.tokenizer, trace=trace,
-                        speculate="drafter" if drafting and settings.speculate else settings.speculate or False)
+                        speculate="drafter" if drafting and settings.speculate else settings.speculate or False,
+                        verify_layout=settings.verify_layout)
 
 
 def decoder_of(fam, cfg: DecodeConfig):

@@ -18,6 +18,9 @@ setting                families            meaning
                                            of ``window=1`` (docs/decoding.md, "Self-speculative decoding");
                                            ``"next_token"``: the clean stream's next-token head verifies (a model
                                            trained with ``ar_weight > 0``); the output is that AR decode's
+``verify_layout``      SetDLM              ``speculate=True``: which horizons of a step carry a window of masks,
+                                           ``"auto"`` (by batch size), ``"all"`` or ``"last"`` (docs/decoding.md,
+                                           "Self-speculative decoding"); the output is the same either way
 ``temperature``        all                 0 = greedy
 ``top_p``, ``top_k``   all                 nucleus (1.0 = off), top-k (0 = off)
 ``repetition_penalty`` all                 HF's multiplicative rule (1.0 = off)
@@ -50,6 +53,8 @@ from ..errors import InputWarning, UserError
 from .constraint import Constraint, as_constraint
 from .sampling import Sampling
 
+# speculate=True's verification layouts (setdlm.decoding.speculative.windowed_horizons)
+VERIFY_LAYOUTS = ("auto", "all", "last")
 # setting -> the families it applies to (the others are a ValueError when set): the family registry's
 # decode_settings (setdlm.family), read per setting
 SETTING_FAMILIES = {name: using("decode_settings", name) for name in ("window", "block_size", "threshold", "speculate")}
@@ -110,11 +115,22 @@ def warn_wide_window(settings: DecodeSettings, fam) -> None:
                       stacklevel=3)
 
 
+def warn_unused_layout(settings: DecodeSettings) -> None:
+    """An :class:`~setdlm.errors.InputWarning` when ``verify_layout`` is set but nothing speculates (a sweep's
+    fixed settings may carry it for its speculative points; anywhere else it would be ignored without a word)."""
+    if settings.verify_layout != "auto" and settings.speculate is not True:
+        warnings.warn(InputWarning(f"verify_layout={settings.verify_layout!r} applies with speculate=True only; "
+                                   "this decode does not speculate, so it is ignored",
+                                   fields=("verify_layout", "speculate")), stacklevel=3)
+
+
 def family_settings(fam) -> list[str]:
     """The family-specific settings that ``fam`` (a :class:`~setdlm.family.FamilyConfig`) takes: those of
-    :data:`SETTING_FAMILIES` listing its family, and ``cache_order`` where it caches in reveal order (SetDLM)."""
+    :data:`SETTING_FAMILIES` listing its family, ``cache_order`` where it caches in reveal order and
+    ``verify_layout`` where it speculates (SetDLM)."""
     names = [name for name, fams in SETTING_FAMILIES.items() if fam.family in fams]
-    return names + (["cache_order"] if fam.spec.reveal_cache_order else [])
+    return names + (["cache_order"] if fam.spec.reveal_cache_order else []) + \
+        (["verify_layout"] if "speculate" in names else [])
 
 
 def _positive_int(v) -> bool:
@@ -141,6 +157,11 @@ class DecodeSettings:
                                  "verifies (a model "
                          "trained with --ar-weight > 0); the output is that AR decode's, in about 2w positions a "
                          "forward"}})
+    verify_layout: str = field(default="auto", metadata={
+        "help": "setdlm --speculate: which horizons of a step carry a window of masks: auto (by batch size, "
+                "default), all (the next draft ready wherever the step ends) or last (the whole draft's only; "
+                "fewer positions a forward); the output is the same",
+        "choices": VERIFY_LAYOUTS})
     temperature: float = field(default=0.0, metadata={"help": "0 = greedy (default)"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling (1 = off)"})
     top_k: int = field(default=0, metadata={"help": "top-k sampling (0 = off)"})
@@ -175,6 +196,12 @@ class DecodeSettings:
         if self.speculate and self.cache_order == "reveal":
             raise UserError("speculate caches tokens in position order, as the left-to-right decode it reproduces; "
                             "cache_order='reveal' does not apply", fields=("speculate", "cache_order"))
+        if self.verify_layout not in VERIFY_LAYOUTS:
+            raise UserError(f"verify_layout must be one of {', '.join(VERIFY_LAYOUTS)}, got {self.verify_layout!r}",
+                            fields=("verify_layout",))
+        if self.verify_layout != "auto" and self.speculate is not None and self.speculate is not True:
+            raise UserError(f"verify_layout={self.verify_layout!r} lays out the self-speculative decode's "
+                            "verification; it applies with speculate=True only", fields=("verify_layout", "speculate"))
         if self.cache_order is not None and self.cache_order not in ("position", "reveal"):
             raise UserError(f"cache_order must be 'position' or 'reveal', got {self.cache_order!r}")
         if not (_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0):

@@ -29,7 +29,7 @@ the last committed position, drafted from the now committed prefix. ``window=1``
 plain left-to-right decode. One forward costs ``k + 1`` clean tokens and ``(k + 1)·w`` masks (``<= w²``).
 
 Cheaper verification: only one horizon's window becomes the next draft, known after the forward. The
-``"last"`` query layout (:data:`HORIZONS`) gives a window only to horizon ``k`` (the whole draft accepted)
+``"last"`` query layout (the setting ``verify_layout``) gives a window only to horizon ``k`` (the whole draft accepted)
 and its verifier alone to every other horizon: ``2k + w + 1`` positions instead of ``k + 1 + (k + 1)·w``.
 After a rejection at ``m_i`` the next draft is what this forward guessed at ``m_{i+1} .. m_{i+w-1}`` (later
 verifiers and the last window, conditioned on the rejected token): stale, but any draft keeps the output
@@ -97,24 +97,26 @@ def _ascending(select: Tensor, pos: Tensor, N: int) -> tuple[Tensor, Tensor]:
     return torch.where(valid, idx, N), valid
 
 
-# Which horizons carry a whole window of masks (module docstring, "Cheaper verification"): "all" (every horizon:
-# the next draft is ready wherever the step ends; (K+1)·w masks), "last" (only the horizon a row's whole draft
-# leads to, the others their verifier alone: K+w masks; a step that rejects a draft leaves no draft for the next
-# one, which then drafts afresh), or "auto": :func:`windowed_horizons` picks by batch size.
-HORIZONS = "auto"
+# Which horizons carry a whole window of masks (module docstring, "Cheaper verification"; the setting
+# ``verify_layout``): "all" (every horizon: the next draft is ready wherever the step ends; (K+1)·w masks), "last"
+# (only the horizon a row's whole draft leads to, the others their verifier alone: K+w masks; a step that rejects a
+# draft leaves no draft for the next one, which then drafts afresh), or "auto": :func:`windowed_horizons` picks by
+# batch size.
 ALL_HORIZONS_UP_TO = 0  # "auto": batches up to this many rows take "all". 0: on a CPU "last" was faster at batch 1
 # too (word problems, w = 4/5/6: 1.65/1.77/1.79x AR against 1.56/1.61/1.66x; benchmarks/RESULTS.md, "Faster than
 # AR at AR's accuracy"); where a forward of tens of positions costs what one does (a GPU at batch 1), "all"
-# commits more per forward: set HORIZONS = "all" or raise this
+# commits more per forward: pass verify_layout="all"
 ALL_HORIZONS_MASKS = 64  # "auto" never feeds more than this many masks per row for "all" (w² <= 64: w <= 8), so
 # a wide window costs about 3w positions a forward, not w + w² (a server's window=128 would be 16,512)
 
 
-def windowed_horizons(batch: int, window: int = 1) -> str:
-    """"all" or "last" (:data:`HORIZONS`) for a step of ``batch`` rows at window ``window``."""
-    if HORIZONS != "auto":
-        return HORIZONS
-    return "all" if batch <= ALL_HORIZONS_UP_TO and window * window <= ALL_HORIZONS_MASKS else "last"
+def windowed_horizons(batch: int, window: int = 1, layout: str = "auto", all_up_to: int = ALL_HORIZONS_UP_TO) -> str:
+    """"all" or "last" for a step of ``batch`` rows at window ``window`` under the setting ``layout``
+    ("auto" picks "all" for batches of up to ``all_up_to`` rows whose window squared stays within
+    :data:`ALL_HORIZONS_MASKS`)."""
+    if layout != "auto":
+        return layout
+    return "all" if batch <= all_up_to and window * window <= ALL_HORIZONS_MASKS else "last"
 
 
 def _queries(k: Tensor, h: Tensor, w: int, layout: str) -> tuple[Tensor, Tensor, Tensor]:
@@ -142,7 +144,7 @@ def step(backbone, st: DecodeState) -> None:
     rank = st.masked.cumsum(-1) - 1  # (B, N+1) rank of each masked position
     m_pos, m_ok = _ascending(st.masked & (rank < K + w), pos, N)  # (B, R) masked positions m_0, m_1, ..
     clean_pos, clean_ok = _ascending(pending | drafted, pos, N)  # (B, Tc) pending token, then the draft
-    layout = windowed_horizons(st.batch, w)
+    layout = windowed_horizons(st.batch, w, st.cfg.verify_layout)
     h = torch.arange(K + 1, device=st.device)  # (K+1,) the horizons
     hq, oq, vcols = _queries(k, h, w, layout)  # (B, Q), (B, Q), (K+1,)
     R = m_pos.shape[1]

@@ -39,6 +39,7 @@ class DecodeConfig:
     cache_order: str = "position"  # SetDLM: order of newly cached tokens, "position" or "reveal"
     speculate: bool | str = False  # SetDLM: self-speculative decoding (True: decoding/speculative.py, "next_token":
     # decoding/speculative_next_token.py)
+    verify_layout: str = "auto"  # speculate=True: "auto", "all" or "last" (decoding/speculative.py)
     stop: tuple[str, ...] = ()
     tokenizer: object | None = None
     trace: bool = False

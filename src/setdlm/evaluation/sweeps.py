@@ -55,9 +55,11 @@ class Setting:
 
     def apply(self, base: DecodeSettings) -> DecodeSettings:
         """``base`` with this setting's threshold, window, block size and speculation (the sweep owns those:
-        ``base`` leaves them unset, :func:`sweep` checks)."""
+        ``base`` leaves them unset, :func:`sweep` checks); ``base``'s ``verify_layout`` for a ``speculate=True``
+        point only."""
         return replace(base, threshold=self.threshold, window=self.window, block_size=self.block_size,
-                       speculate=self.speculate or None)
+                       speculate=self.speculate or None,
+                       verify_layout=base.verify_layout if self.speculate is True else "auto")
 
 
 SWEPT = ("threshold", "window", "block_size")  # the DecodeSettings fields a sweep owns (and speculate)

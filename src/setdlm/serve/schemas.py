@@ -213,7 +213,7 @@ CHAT_ONLY = ("messages", "max_completion_tokens", "top_logprobs", "tools", "tool
              "metadata", "store", "service_tier", "modalities", "audio", "prediction", "reasoning_effort",
              "web_search_options", "functions", "function_call", "verbosity", "prompt_cache_key", "safety_identifier")
 SETDLM_FIELDS = ("threshold", "window", "block_size", "cache_order", "repetition_penalty", "top_k", "ignore_eos",
-                 "speculate", "regex", "choice", "greedy_copies")
+                 "speculate", "verify_layout", "regex", "choice", "greedy_copies")
 # field -> (the values it is honoured with, why any other is refused)
 REFUSED_UNLESS = {
     "best_of": ((None, 1), "best_of is not supported: n returns every sample, none is chosen for you"),
@@ -302,8 +302,9 @@ def _settings(body: dict, max_tokens: int, width: int, tools: Tools | None = Non
             if not _is_int(v) or not lo <= v <= hi:
                 raise APIError(400, f"{name} must be an integer in [{lo}, {hi}], got {_short(v)}", name)
             s[name] = v
-    if body.get("cache_order") is not None:  # its values are DecodeSettings' own check
-        s["cache_order"] = body["cache_order"]
+    for name in ("cache_order", "verify_layout"):  # their values are DecodeSettings' own check
+        if body.get(name) is not None:
+            s[name] = body[name]
     stop = body.get("stop")
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
@@ -319,6 +320,9 @@ def _settings(body: dict, max_tokens: int, width: int, tools: Tools | None = Non
         s["speculate"] = spec
     elif spec not in (None, False):
         raise APIError(400, f"speculate must be true, false or \"next_token\", got {_short(spec)}", "speculate")
+    if s.get("verify_layout") not in (None, "auto") and s.get("speculate") is not True:  # nothing to lay out
+        raise APIError(400, "verify_layout lays out the self-speculative decode's verification; it applies with "
+                            "speculate=true only", "verify_layout")
     try:
         constraint = constraint_of(body)
         if tools is not None:
