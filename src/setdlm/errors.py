@@ -50,7 +50,7 @@ def as_flags(error: UserError | InputWarning, value_flags: dict[str, tuple[str, 
         for value in (value_flags or {}).get(name, ()):
             text = re.sub(bare + rf"=(['\"]){re.escape(value)}\1", f"{flag}-{value.replace('_', '-')}", text)
         text = re.sub(bare + r"=True\b", flag, text)  # a switch: resume=True -> --resume
-        text = re.sub(bare + r"=(['\"]?)([\w.+-]*)\1", lambda m, flag=flag: f"{flag} {m.group(2)}", text)
+        text = re.sub(bare + r"=(['\"]?)([\w.+-]*)\1", rf"{flag} \2", text)
         text = re.sub(bare + r"(?![\w.\-/'\"])", flag, text)
     if error.fields:
         for words, flag_words in _UNSET.items():

@@ -92,6 +92,7 @@ class MaskRule:
         """The :mod:`setdlm.masks` mask: (B, 1, size, size) bool."""
         if "dense" not in self._cache:
             if self.kind == "sets":
+                assert self.set_ids is not None  # kind "sets" comes with set ids (checked in __init__)
                 self._cache["dense"] = two_stream_set_mask(self.set_ids, self.valid)
             elif self.kind == "causal":
                 self._cache["dense"] = causal_mask(self.valid)

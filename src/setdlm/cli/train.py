@@ -73,7 +73,7 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
-_DESCRIPTION = run_train.__doc__ + " Defaults come from --preset; every flag overrides it."
+_DESCRIPTION = (run_train.__doc__ or "") + " Defaults come from --preset; every flag overrides it."
 
 
 def run_train_drafter(args: argparse.Namespace) -> int:

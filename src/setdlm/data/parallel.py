@@ -132,7 +132,7 @@ def parallel_split(split: str, n: int, *, tasks: str | tuple[str, ...] = PARALLE
         raise UserError(f"n must be a non-negative integer, got {n!r}")
     rngs = {t: random.Random(f"setdlm-parallel:{seed}:{split}:{t}") for t in tasks}
     seen: set[str] = set()
-    out = []
+    out: list[ParallelExample] = []
     for i in range(n):
         task = tasks[i % len(tasks)]
         for _ in range(1000 + 100 * n):

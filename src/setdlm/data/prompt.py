@@ -117,6 +117,9 @@ def vocab_size(model) -> int | None:
     return v if isinstance(v, int) else None
 
 
+_END: dict[str, bool | str] = {"prompt": True, "prefix": "unended"}  # encode_prompt's end, by what is encoded
+
+
 def encode_prompts(model, items, what: str = "prompt", *, add_bos: bool = False,
                    allow_empty: bool = False) -> list[list[int]]:
     """Strings or token-id lists (tensors, numpy arrays) -> token-id lists for ``model`` (an object with
@@ -151,7 +154,7 @@ def encode_prompts(model, items, what: str = "prompt", *, add_bos: bool = False,
             check_text(x, f"{what} {i}")
             if tok is None:
                 raise UserError(f"{what} {i} is a string but the model has no tokenizer; pass token ids")
-            x = encode_prompt(tok, x, end={"prompt": True, "prefix": "unended"}.get(what, False)) if add_bos \
+            x = encode_prompt(tok, x, end=_END.get(what, False)) if add_bos \
                 else tok.encode(x)
         if isinstance(x, torch.Tensor):
             x = x.tolist()

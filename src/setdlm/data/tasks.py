@@ -241,7 +241,9 @@ def reasoning_split(split: str, n: int, *, level: str | ReasoningConfig = "easy"
         raise UserError(f"n must be >= 0, got {n}")
     cfg = reasoning_config(level)
     rng = random.Random(f"setdlm-reasoning:{seed}:{split}")
-    out, seen, misses = [], set(), 0
+    out: list[ReasoningExample] = []
+    seen: set[str] = set()
+    misses = 0
     while len(out) < n:
         start, steps = _sample_chain(rng, cfg)
         ex = make_problem(start, steps, rng)

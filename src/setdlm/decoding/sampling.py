@@ -116,7 +116,10 @@ def propose(logits: Tensor, valid: Tensor, s: Sampling, generators: list[torch.G
         lp, tok = logp.max(-1)
         return tok, lp.exp()
     cdf = logp.exp().to(torch.float64).cumsum(-1)  # (B, Q, V)
-    u = (uniforms(valid, generators) if u is None else u) * cdf[..., -1]  # (B, Q)
+    if u is None:
+        assert generators is not None, "a sampling decode has one generator per row (built with its state)"
+        u = uniforms(valid, generators)
+    u = u * cdf[..., -1]  # (B, Q)
     tok = torch.searchsorted(cdf, u[..., None], right=True)[..., 0].clamp(max=cdf.shape[-1] - 1)
     return tok, logp.gather(-1, tok[..., None])[..., 0].exp()
 

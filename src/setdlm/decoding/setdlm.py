@@ -54,8 +54,11 @@ def reveal_rank(st: DecodeState, schedule, times: list[torch.Tensor] | None = No
         raise UserError(f"cache_order='reveal' needs max_new_tokens <= L={schedule.L}, got {max(n)}")
     key = torch.zeros(st.batch, st.canvas + 1, dtype=torch.float64, device=st.device)
     for b in range(st.batch):
-        t = (times[b].to(st.device) if times is not None
-             else schedule.sample_reveal_times(1, n[b], generator=st.generators[b], device=st.device)[0])  # (n_b,)
+        if times is not None:
+            t = times[b].to(st.device)
+        else:
+            assert st.generators is not None, "cache_order='reveal' without times: the state has generators"
+            t = schedule.sample_reveal_times(1, n[b], generator=st.generators[b], device=st.device)[0]  # (n_b,)
         key[b, st.target[b]] = -t  # ascending key = decreasing reveal time
     st.extra["pend_key"] = key.argsort(dim=-1, stable=True).argsort(dim=-1)  # (B, N+1) integer ranks
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import asdict, dataclass, replace
+from typing import Any, TypeVar
 
 import torch
 from tqdm.auto import tqdm
@@ -34,6 +35,8 @@ from ..decoding.settings import DecodeSettings, default_max_new_tokens, drafts
 from ..errors import UserError
 from ..lm import Model
 from .metrics import ThroughputStats, throughput_stats
+
+R = TypeVar("R")
 
 # ---------------------------------------------------------------------------------------------------------
 # rows
@@ -135,7 +138,7 @@ class DecodingRun:
 CLOCKS = ("wall", "cpu")
 
 
-def drain(steps: Generator):
+def drain(steps: Generator[Any, None, R]) -> R:
     """Run a ``*_steps`` generator to the end and return what it returns."""
     while True:
         try:

@@ -68,7 +68,7 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def is_connection_failure(e: BaseException) -> bool:
+def is_connection_failure(e: BaseException | None) -> bool:
     """Does the exception chain say that the Hub could not be reached (as opposed to, e.g., no such repo)?"""
     while e is not None:
         if isinstance(e, (ConnectionError, TimeoutError, socket.gaierror)) or type(e).__name__ in (

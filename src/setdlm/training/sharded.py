@@ -41,7 +41,7 @@ def save_sharded(dst: Path, model, net: nn.Module, optimizer, ema: dict | None, 
 
     state = _state(net, optimizer, ema)
     if not dist.is_main:  # rank 0 names the temporary folder that all write into
-        where = [None]
+        where = [""]  # a placeholder: rank 0's broadcast fills in the temporary folder
         torch.distributed.broadcast_object_list(where, 0)
         dcp.save(state, checkpoint_id=Path(where[0]) / ckpt.SHARDED)
         torch.distributed.barrier()
