@@ -29,6 +29,8 @@ the dense path at float64. Rows with no visible key (padding queries) come out a
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import warnings
 
 import torch
@@ -37,7 +39,8 @@ from torch import Tensor
 from .errors import UserError
 from .masks import bidirectional_mask, causal_mask, two_stream_set_mask
 
-_POLICY = ["auto"]  # "auto" | "flex" | "dense"
+# "auto" | "flex" | "dense": a context variable, so that a block's policy holds in its own thread and task only
+_POLICY: contextvars.ContextVar[str] = contextvars.ContextVar("setdlm_mask_kernel", default="auto")
 
 
 @contextlib.contextmanager
@@ -45,12 +48,11 @@ def kernel(policy: str):
     """Within the block, training masks use ``policy``: ``"auto"``, ``"flex"`` or ``"dense"``."""
     if policy not in ("auto", "flex", "dense"):
         raise UserError(f"attention kernel policy must be auto, flex or dense, got {policy!r}")
-    old = _POLICY[0]
-    _POLICY[0] = policy
+    token = _POLICY.set(policy)
     try:
         yield
     finally:
-        _POLICY[0] = old
+        _POLICY.reset(token)
 
 
 def flex_available() -> bool:
@@ -63,7 +65,7 @@ def flex_available() -> bool:
 
 def uses_rules(device: torch.device) -> bool:
     """Whether training masks on ``device`` travel as rules (else as dense booleans)."""
-    p = _POLICY[0]
+    p = _POLICY.get()
     return p == "flex" or (p == "auto" and device.type == "cuda" and flex_available())
 
 
@@ -156,18 +158,20 @@ def training_mask(model, rule: MaskRule) -> MaskRule | Tensor:
     return rule
 
 
-_compiled_flex = None
+@functools.cache
+def _compiled_flex():
+    """flex_attention compiled once a process (CUDA)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def _flex(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float | None, gqa: bool) -> Tensor:
     """flex_attention, compiled on CUDA (its eager form materialises the scores), eager elsewhere."""
-    global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
     if q.device.type == "cuda":
-        if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex_attention, dynamic=False)
-        return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+        return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
     with warnings.catch_warnings():  # eager is what the CPU has (policy "flex" only: tests, comparisons)
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
