@@ -258,12 +258,14 @@ def table(rows: list[dict], engines: list[str]) -> str:
     def pct(k: int) -> str:
         return f"{k} ({100 * k / n:.0f}%)"
 
-    lines = [f"| engine | accepted (of {n}) | compiled | outputs |", "|---|---|---|---|",
-             f"| setdlm, set decodes (its automaton) | {pct(acc)} | {pct(comp)} | {outputs('setdlm')} |"]
+    lines = [f"| engine | accepted (of {n}) | compiled | outputs (by the engine that served them) |",
+             "|---|---|---|---|",
+             f"| setdlm's automaton: set decodes (and left-to-right ones) | {pct(acc)} | {pct(comp)} | "
+             f"{outputs('setdlm')} |"]
     if any("left_to_right" in r for r in rows):
         both = ltr["setdlm"] + ltr["llguidance"]
-        lines.append(f"| setdlm, left-to-right decodes (automaton, else llguidance) | | {pct(both)}: automaton "
-                     f"{ltr['setdlm']}, llguidance {ltr['llguidance']} | {outputs('llguidance')} (llguidance's) |")
+        lines.append(f"| setdlm, left-to-right decodes: the automaton, else llguidance | | {pct(both)}: automaton "
+                     f"{ltr['setdlm']}, llguidance {ltr['llguidance']} | llguidance: {outputs('llguidance')} |")
     for name in engines:
         got = sum(bool(r.get(name)) for r in rows)
         lines.append(f"| {name} | | {pct(got)} | not generated here |")

@@ -14,9 +14,9 @@ pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
 from setdlm import Model  # noqa: E402
-from setdlm.data.tokenizers import char_tokenizer  # noqa: E402
+from setdlm.data.tokenizers import char_tokenizer, train_bpe  # noqa: E402
 from setdlm.decoding import generate  # noqa: E402
-from setdlm.decoding.constraint import json_schema, set_bounds  # noqa: E402
+from setdlm.decoding.constraint import json_schema, set_bounds, token_bytes  # noqa: E402
 from setdlm.decoding.session import Session  # noqa: E402
 from setdlm.errors import UserError  # noqa: E402
 from setdlm.family import FamilyConfig  # noqa: E402
@@ -58,6 +58,18 @@ def test_ar_outputs_validate(knobs):
     assert not any(valid(t) for t in free.texts)  # the random model writes garbage on its own
     out = generate(model, prompts, max_new_tokens=40, constraint=SCHEMA, **knobs)
     assert out.finish_reason == ["eos"] * 4 and all(valid(t) for t in out.texts), out.texts
+
+
+def test_a_byte_level_bpe_spells_it_across_token_boundaries():
+    """Tokens of several characters ("\": \"", "ab-") are read as their bytes by the matcher, as by the automaton."""
+    texts = [json.dumps({"x": "ab-c"[: i % 4 + 1], "y": f"a{i}"}) for i in range(200)]
+    bpe = train_bpe(texts, 300)
+    assert any(len(p) > 2 for p in token_bytes(bpe) if p)
+    model = tiny("ar", bpe, L=64, seed=2)
+    free = generate(model, ["a", "b", "c"], max_new_tokens=40, temperature=1.0, seed=[1, 2, 3])
+    assert not any(valid(t) for t in free.texts)
+    out = generate(model, ["a", "b", "c"], max_new_tokens=40, constraint=SCHEMA, temperature=1.0, seed=[1, 2, 3])
+    assert out.finish_reason == ["eos"] * 3 and all(valid(t) for t in out.texts), out.texts
 
 
 def test_batched_rows_decode_as_alone():
