@@ -138,3 +138,17 @@ def test_without_llguidance_the_old_refusal_stands(monkeypatch):
     with pytest.raises(UserError) as e:
         json_schema(SCHEMA)
     assert REASON in str(e.value) and "llguidance" not in str(e.value) and "CFG" not in str(e.value)
+
+
+def test_the_cli_json_schema_uses_the_same_engines(tmp_path, capsys):
+    from support import assert_one_line_error, run
+
+    tiny("ar", CHAR, L=64, seed=3).save(tmp_path / "ar")
+    tiny("setdlm", CHAR, L=64, seed=3).save(tmp_path / "set")
+    code, stdout, err = run(["generate", str(tmp_path / "ar"), "--prompt", "a", "--max-new-tokens", "40",
+                             "--json-schema", json.dumps(SCHEMA)], capsys)
+    assert code == 0 and valid(stdout.strip()), (stdout, err)
+    code, _, err = run(["generate", str(tmp_path / "set"), "--prompt", "a", "--max-new-tokens", "40",
+                        "--json-schema", json.dumps(SCHEMA)], capsys)
+    assert_one_line_error(code, err, "only left-to-right decodes")
+    assert REASON in err
