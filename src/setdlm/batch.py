@@ -32,11 +32,13 @@ class Batch:
     @property
     def targets(self) -> Tensor:
         """(B, L) bool: tokens to be generated and scored."""
+        assert self.context_mask is not None  # __post_init__ makes it a tensor
         return self.attention_mask & ~self.context_mask
 
     def to(self, device) -> Batch:
         """The batch on ``device``; a batch leaving the CPU records whether it has padding (read on the host, so
         the training step's attention kernel is chosen without a device sync, docs/training.md)."""
+        assert self.context_mask is not None  # __post_init__ makes it a tensor
         unpadded = self.unpadded
         if unpadded is None and self.attention_mask.device.type == "cpu":
             unpadded = bool(self.attention_mask.all())

@@ -63,7 +63,7 @@ class Family:
         ``block_size`` = the model's), 1 where the family does not use it (docs/method.md §4.2)."""
         w = (window or cfg.D) if "window" in self.decode_settings else 1
         s = (block_size or cfg.block_size) if "block_size" in self.decode_settings else 1
-        return w, s
+        return _filled(w), _filled(s)
 
 
 REGISTRY: dict[str, Family] = {}
@@ -128,6 +128,12 @@ def _describe_setdlm(f: FamilyConfig) -> str:
                if f.ar_weight else ""))
 
 
+def _filled(size: int | None) -> int:
+    """A size that the family's ``complete`` fills in or requires (FamilyConfig.__post_init__ runs it)."""
+    assert size is not None, "FamilyConfig.__post_init__ completes the family's sizes"
+    return size
+
+
 def _pick(*names: str) -> Callable[[Mapping], dict]:
     """Training option values -> the FamilyConfig fields ``names`` (taken as they are)."""
     return lambda flags: {n: flags.get(n) for n in names}
@@ -148,7 +154,7 @@ BD3LM = register(Family(
     "bd3lm", "block diffusion (BD3LM)", config_fields=("block_size",), train_flags=("block_size",),
     decode_settings=("block_size", "threshold"), streams=2, objective="bd3lm", decoder="bd3lm",
     cache_holds="block_size", reveal_cache_order=False, left_to_right=False, ordered=False, complete=_complete_bd3lm,
-    schedule=lambda f: LinearSchedule(f.length, f.block_size),
+    schedule=lambda f: LinearSchedule(f.length, _filled(f.block_size)),
     describe=lambda f: f"blocks of S = {f.block_size}, L = {f.length}",
     config_from_flags=lambda flags: {"block_size": flags.get("block_size") or flags.get("D")}))  # S defaults to D
 SETDLM = register(Family(
@@ -157,7 +163,7 @@ SETDLM = register(Family(
     streams=2,
     objective="setdlm", decoder="setdlm", cache_holds="window", reveal_cache_order=True, left_to_right=False,
     ordered=True, complete=_complete_setdlm,
-    schedule=lambda f: StaggeredSchedule.from_dm(f.length, f.D, f.M, k=f.k, b=f.b), describe=_describe_setdlm,
+    schedule=lambda f: StaggeredSchedule.from_dm(f.length, _filled(f.D), f.M, k=f.k, b=f.b), describe=_describe_setdlm,
     config_from_flags=lambda flags: {**_pick("D", "M", "k")(flags),
                                      "keep_clean_bos": bool(flags.get("keep_clean_bos")),
                                      "ar_weight": float(flags.get("ar_weight") or 0.0)}))

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from ..chat import chat_prompt
 from ..decoding import generate
+from ..decoding.output import GenerationOutput
 from ..decoding.settings import MAX_NEW_TOKENS, DecodeSettings
 from ..errors import UserError
 from .flags import SETTINGS, add_model_flags, add_settings_flags, decode_settings
@@ -49,11 +50,17 @@ def answer(model, prompt: str, settings: DecodeSettings, *, system: str | None =
     if has_template(model):
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         ids, _ = conversation_ids(model, messages, settings)
-        return generate(model, [ids], settings, seed=seed, progress=True).texts[0]
+        return _text(generate(model, [ids], settings, seed=seed, progress=True))
     if system:
         raise UserError("system applies to a model with a chat template; this model's tokenizer has none",
                         fields=("system",))
-    return generate(model, [prompt], settings, seed=seed, progress=True).texts[0]
+    return _text(generate(model, [prompt], settings, seed=seed, progress=True))
+
+
+def _text(out: GenerationOutput) -> str:
+    """The one row's text (a model that takes text has a tokenizer, so the output has texts)."""
+    assert out.texts is not None
+    return out.texts[0]
 
 
 def chat(model, settings: DecodeSettings, *, system: str | None = None, seed: int = 0,
@@ -74,7 +81,7 @@ def chat(model, settings: DecodeSettings, *, system: str | None = None, seed: in
         if not line.strip():
             continue
         ids, messages = conversation_ids(model, messages + [{"role": "user", "content": line}], settings)
-        text = generate(model, [ids], settings, seed=seed).texts[0]
+        text = _text(generate(model, [ids], settings, seed=seed))
         write(text)
         messages.append({"role": "assistant", "content": text})
     return messages

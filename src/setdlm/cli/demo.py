@@ -70,11 +70,11 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
 
     _rule("2. A hidden line of held-out Shakespeare, infilled by SetDLM S<=8 (w = M = 8)")
     (ex,), _ = task_examples(TaskSpec("infill", data="shakespeare", split="test", n=1, hidden=1, seed=0), [lm])
-    r = infill(lm, [ex], DecodeSettings(window=lm.family.M, repetition_penalty=1.2), batch_size=1,
-                        progress=False)
-    print(f"{ex.prefix.strip()}\n  >>> {r.predictions[0].strip()} <<<\n{ex.suffix.strip()}")
-    print(f"[original line: {ex.middle.strip()!r}; ROUGE-L {100 * r.rougeL:.1f}]")
-    result["infill"] = r.predictions[0]
+    filled = infill(lm, [ex], DecodeSettings(window=lm.family.M, repetition_penalty=1.2), batch_size=1,
+                    progress=False)
+    print(f"{ex.prefix.strip()}\n  >>> {filled.predictions[0].strip()} <<<\n{ex.suffix.strip()}")
+    print(f"[original line: {ex.middle.strip()!r}; ROUGE-L {100 * filled.rougeL:.1f}]")
+    result["infill"] = filled.predictions[0]
 
     _rule("3. An arithmetic word problem, solved by SetDLM S<=8")
     solver = get(REASON[-1])

@@ -116,13 +116,14 @@ def generate_rows(opts: GenerateOptions):
     (:func:`setdlm.data.prompt.check_prompt_fits`, checked by ``generate``)."""
     model = opts.model.load()
     opts.settings.check_for(model.family.family, "generate", drafts=drafts(model))
-    prompts = opts.prompts
+    prompts: list[str] | list[list[int]] = opts.prompts
     if opts.chat:  # each prompt is one user message, rendered by the model's chat template (ids, no extra BOS)
-        for i, p in enumerate(prompts):
+        for i, p in enumerate(opts.prompts):
             check_text(p, f"prompt {i}")
-        prompts = [chat_prompt(model.tokenizer, p) for p in prompts]
+        prompts = [chat_prompt(model.tokenizer, p) for p in opts.prompts]
     # max_new_tokens unset: the one rule, min(256, each prompt's room), which speculation's rows fit too
     out = generate(model, prompts, opts.settings, seed=opts.seed, trace=opts.traced, progress=True)
+    assert out.texts is not None  # text prompts: the model has a tokenizer
     rows = [{"prompt": p, "text": t, "tokens": [int(x) for x in ids]}
             for p, t, ids in zip(opts.prompts, out.texts, out.tokens)]
     if opts.traced:
@@ -137,6 +138,7 @@ def infill_rows(opts: InfillOptions):
     opts.settings.check_for(model.family.family, "fill", drafts=drafts(model))
     out = infill(model, [r[0] for r in opts.rows], [r[1] for r in opts.rows], [r[2] for r in opts.rows],
                  settings=opts.settings, seed=opts.seed, progress=True)
+    assert out.texts is not None  # text prefixes and suffixes: the model has a tokenizer
     rows = [{"prefix": p, "suffix": s, "length": n, "text": t, "tokens": [int(x) for x in ids]}
             for (p, s, n), t, ids in zip(opts.rows, out.texts, out.tokens)]
     return out, rows

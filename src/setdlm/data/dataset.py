@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 import torch
@@ -65,7 +66,7 @@ class TokenDataset:
         return Batches(self, batch_size)
 
 
-class Batches(Sequence):
+class Batches(Sequence[Batch]):
     """The rows of a :class:`TokenDataset` as consecutive batches of ``size`` rows (:meth:`TokenDataset.batches`)."""
 
     def __init__(self, data: TokenDataset, size: int):
@@ -74,7 +75,15 @@ class Batches(Sequence):
     def __len__(self) -> int:
         return -(-len(self.data) // self.size)
 
-    def __getitem__(self, i: int) -> Batch:
+    @overload
+    def __getitem__(self, i: int) -> Batch: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Batch]: ...
+
+    def __getitem__(self, i: int | slice) -> Batch | list[Batch]:
+        if isinstance(i, slice):  # a Sequence's slice: the batches it picks, as a list
+            return [self[j] for j in range(*i.indices(len(self)))]
         if not 0 <= i < len(self):
             raise IndexError(i)
         return self.data.batch(torch.arange(i * self.size, min((i + 1) * self.size, len(self.data))))
@@ -109,7 +118,7 @@ def pack_documents(docs: list[list[int]], length: int, *, bos_id: int | None, eo
     if rest:
         attn[full, head + rest:] = False
     ctx = torch.zeros(n, length, dtype=torch.bool)
-    if head:
+    if bos_id is not None:  # head == 1
         ids[:, 0] = bos_id
         ctx[:, 0] = True
     return TokenDataset(ids, attn, ctx)

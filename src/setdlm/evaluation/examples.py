@@ -26,9 +26,10 @@ def task_examples(spec: TaskSpec, models: Sequence[Model]) -> tuple[list, int]:
     ``n`` (default 200) generated problems of ``split`` at ``level`` drawn with ``seed``; parallel: ``n``
     (default 200) examples of the parallel-dependency suite; infill: windows of 5 sentences of ``data``
     (default ``shakespeare``) with ``hidden`` of them hidden, the first ``n`` that fit, all when None)."""
-    if not spec.decoding:
+    examples = spec.entry.examples  # None exactly for the tasks that do not decode (registry.register)
+    if examples is None:
         raise UserError(f"task {spec.task} has no examples to decode", fields=("task",))
-    return spec.entry.examples(spec, models)
+    return examples(spec, models)
 
 
 def _lengths(models: Sequence[Model]) -> str:
@@ -84,5 +85,7 @@ def write_predictions(path: str | Path, examples: Sequence, result, task: str) -
     prediction (infilling)."""
 
     row = get_task(task).prediction
+    if row is None:  # a task that does not decode
+        raise UserError(f"task {task} decodes nothing: it has no predictions to write", fields=("task",))
     rows = [row(e, pred) for e, pred in zip(examples, result.predictions)]
     return write_text(path, "".join(json.dumps(r) + "\n" for r in rows), "predictions")

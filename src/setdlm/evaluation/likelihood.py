@@ -14,13 +14,15 @@ variance falls, its expectation does not move. The task does not decode: it meas
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from contextlib import nullcontext
 from pathlib import Path
+from typing import cast
 
 import torch
 from tqdm.auto import tqdm
 
+from ..backbone import Backbone
 from ..batch import Batch
 from ..data import build_dataset, read_source
 from ..data.dataset import TokenDataset, heldout_split
@@ -79,17 +81,18 @@ def likelihood(model: Model, batches: Iterable, *, samples: int = 1, seed: int =
         raise UserError("samples > 1 passes over the data several times: give a list or a DataLoader, "
                         "not a one-shot iterator")
     rank, world = (dist.rank, dist.world) if dist is not None else (0, 1)
+    backbone = cast(Backbone, model.backbone)  # Model.backbone: any nn.Module that honours the protocol
     was_training = model.backbone.training
     model.backbone.eval()
     device = next(model.backbone.parameters()).device
     sums = torch.zeros(samples, 4, dtype=torch.float64, device=device)  # per pass: nats, tokens, Σ bounds, batches
-    total = samples * -(-(len(batches) - rank) // world) if hasattr(batches, "__len__") else None
+    total = samples * -(-(len(batches) - rank) // world) if isinstance(batches, Sized) else None
     amp = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
     try:
         with tqdm(total=total, desc="likelihood", unit="batch", disable=None if progress else True) as bar, amp:
             for s in range(samples):
                 for i, b in _indexed(batches, rank, world):
-                    out = compute_loss(model.backbone, model.family, _as_batch(b).to(device), train=False,
+                    out = compute_loss(backbone, model.family, _as_batch(b).to(device), train=False,
                                        generator=bound_generator(seed, s, i, device))
                     sums[s] += torch.stack([out.nll.double().sum(), out.mask.sum().double(), out.loss.double(),
                                             torch.ones((), dtype=torch.float64, device=device)])

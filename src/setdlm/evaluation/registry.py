@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import UserError
 
@@ -46,17 +47,18 @@ class Task:
     title: str  # "reasoning accuracy": the --task help's words
     quality: str  # the result field that is the task's quality (a BenchPoint's quality, the table's column)
     header: str  # that column's header and the plot's quality axis: "accuracy (%)"
-    source: Callable[[object], str]  # TaskSpec -> the examples' source as results record it (data when given)
+    # the callables below take a TaskSpec, typed Any: evaluation.spec imports this module
+    source: Callable[[Any], str]  # TaskSpec -> the examples' source as results record it (data when given)
     fields: tuple[str, ...] = ()  # the SPEC_FIELDS that apply to it (data and seed apply to every task)
     options: tuple[str, ...] = ()  # the OPTIONS that apply to it
     mode: str | None = None  # "generate" or "fill": the decode settings that apply; None: it does not decode
     percent: bool = True  # quality is a fraction in [0, 1], shown ×100 (False: shown as measured)
-    check: Callable[[object], None] = _no_check  # TaskSpec -> None: the task's own checks of its fields
+    check: Callable[[Any], None] = _no_check  # TaskSpec -> None: the task's own checks of its fields
     examples: Callable | None = None  # (TaskSpec, models) -> (examples that fit every model, number skipped)
     steps: Callable | None = None  # (model, examples, settings, *, batch_size, warmup, clock, seed, progress,
     #   **args) -> a generator that decodes and scores the examples (yields after every decoding call) and
     #   returns a result with .run, .predictions, .to_dict() and the ``quality`` attribute
-    args: Callable[[object], dict] = _no_args  # TaskSpec -> the task's own keyword arguments of ``steps``
+    args: Callable[[Any], dict] = _no_args  # TaskSpec -> the task's own keyword arguments of ``steps``
     prediction: Callable | None = None  # (example, prediction) -> one row of the --predictions JSONL file
     measure: Callable | None = None  # a task that does not decode: (model, checkpoint, TaskSpec, *,
     #   batch_size, bf16) -> its JSON-ready result (the ``quality`` key included)

@@ -53,7 +53,7 @@ from ..family import FamilyConfig
 from ..lm import Model
 from ..model import TransformerConfig, Transformer
 from .checkpoint import check_model_size, refuse_pickle, expected_shapes, load_weights, resolve, save, read_config
-from .hf import backbone_from_config
+from .hf import HFBackbone, backbone_from_config
 from .hub import HubUnreachableError, is_hub_id, snapshot, snapshot_checkpoint
 
 _BLOCK_PARAMS = ("norm1.weight", "attn_qkv.weight", "attn_out.weight", "norm2.weight",
@@ -356,7 +356,7 @@ def hf_reference_state_dict(sd: dict[str, Tensor]) -> tuple[dict[str, Tensor], d
     return out, names
 
 
-def reference_hf_backbone(cfg: dict, sd: dict[str, Tensor], *, base: str | None = None) -> nn.Module:
+def reference_hf_backbone(cfg: dict, sd: dict[str, Tensor], *, base: str | None = None) -> HFBackbone:
     """An :class:`~setdlm.formats.hf.HFBackbone` holding the weights of an AutoModelFromPreTrained checkpoint."""
     bb = cfg.get("backbone_config") or {}
     base = base or bb.get("pretrained_model_name_or_path")
@@ -463,16 +463,17 @@ def load_reference_model(path: str | Path, *, name: str | None = None, tokenizer
     if kind == "dit":
         mc, fam = reference_configs(cfg, name, D=D, M=M)
         check_model_size(folder / "config.json", {"backbone": "dit"}, mc)
-        backbone = Transformer(mc)
+        backbone: nn.Module = Transformer(mc)
         backbone.load_state_dict(convert_reference_state_dict(sd, mc))
+        vocab = mc.vocab_size
     else:
-        backbone = reference_hf_backbone(cfg, sd, base=base)
+        hf = reference_hf_backbone(cfg, sd, base=base)
+        backbone, vocab = hf, hf.vocab_size
         mask_id = _pick(cfg, "mask_token_id")
         if mask_id is None:
             raise UserError(f"{folder / 'config.json'}: records no mask_token_id")
         fam = reference_family(cfg, name, mask_token_id=int(mask_id), D=D, M=M)
         base = base or (cfg.get("backbone_config") or {}).get("pretrained_model_name_or_path")
-    vocab = backbone.vocab_size if hasattr(backbone, "vocab_size") else backbone.config.vocab_size
     if not 0 <= fam.mask_token_id < vocab:
         raise UserError(f"mask_token_id {fam.mask_token_id} is outside the model's vocabulary of {vocab}")
     tok = None if tokenizer is _NO_TOKENIZER else reference_tokenizer(

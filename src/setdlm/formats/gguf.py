@@ -158,7 +158,8 @@ def check_tensors(path: Path, reader, hf_model, missing: list[str]) -> None:
     (which it would silently skip) is a ``ValueError`` naming the file and the tensor."""
     import gguf
 
-    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(_field(reader, "general.architecture"))
+    name = _field(reader, "general.architecture")
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(name) if name is not None else None
     names = gguf.get_tensor_name_map(arch, hf_model.config.num_hidden_layers) if arch is not None else None
 
     def gguf_name(hf_name: str) -> str | None:
@@ -217,13 +218,13 @@ def check_header(path: Path, reader) -> None:
         raise UserError(f"{path}: tensor 'token_embd.weight' is {int(embd.shape[0])} wide but the header declares "
                         f"embedding_length {d}: the tensors do not match the declared architecture")
     held = sum(int(t.n_elements) for t in reader.tensors)
-    if None not in (get["block_count"], d) and embd is not None:
+    n = get["block_count"]
+    if n is not None and d is not None and embd is not None:
         ff = get["feed_forward_length"] or 4 * d
         width_kv = d * (kv or heads or 1) // (heads or 1)
         # the weights these hyperparameters build (embedding and blocks; GQA's narrower k/v, a gated MLP)
-        declared = int(embd.n_elements) + get["block_count"] * (2 * d * d + 2 * d * width_kv + 3 * d * ff)
+        declared = int(embd.n_elements) + n * (2 * d * d + 2 * d * width_kv + 3 * d * ff)
         if declared > 2 * held:
-            n = get["block_count"]
             raise UserError(f"{path}: the header declares {n:,} block{'s' if n != 1 else ''} of width {d} (about "
                             f"{declared:,} weights) but the file holds {held:,}: the tensors do not match the "
                             "declared architecture")

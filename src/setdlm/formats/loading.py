@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -30,7 +31,7 @@ from ..lm import Model
 from ..resources import native_bf16, resolve_device
 from . import checkpoint, convert, drafted, gguf, hub, pretrained
 from .gguf_quant import keep_file_quantization
-from .hf import load_pretrained, setdlm_tokenizer
+from .hf import HFBackbone, load_pretrained, setdlm_tokenizer
 from .quantize import check_quantize, quantize as quantize_backbone
 
 
@@ -40,7 +41,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def check_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     """``dtype`` as a torch dtype (a name of :data:`DTYPES` or a floating torch dtype; None stays None), else a
     UserError naming the choices."""
-    if dtype is None or dtype in DTYPES.values():
+    if dtype is None or isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
         return dtype
     if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
         return DTYPES[dtype.removeprefix("torch.")]
@@ -95,7 +96,7 @@ def load(path: str | Path, *, ema: bool = False, family: str | None = None, devi
     if dtype == torch.bfloat16 and where.type == "cpu" and not native_bf16(where):
         warnings.warn("dtype=bfloat16 on a CPU without AVX512-BF16 or AMX: PyTorch emulates bfloat16 matmuls there, "
                       "slower than float32 (docs/decoding.md \"Precision\")", stacklevel=2)
-    if quantize == "gguf":
+    if source is not None:  # quantize == "gguf"
         keep_file_quantization(model.backbone, source)
     elif quantize is not None:
         quantize_backbone(model.backbone, quantize)
@@ -131,7 +132,8 @@ def _load_drafted(folder: Path, *, family, device, dtype) -> Model:
     base = _load(base_name, ema=False, family=family, device=device, dtype=dtype, revision=None)
     p = next(base.backbone.parameters())
     drafter.to(device=p.device, dtype=p.dtype)
-    return Model(drafted.DraftedBackbone(base.backbone, drafter), base.family, base.tokenizer).eval()
+    hf = cast(HFBackbone, base.backbone)  # a drafter's base is a Hugging Face model (its config names one)
+    return Model(drafted.DraftedBackbone(hf, drafter), base.family, base.tokenizer).eval()
 
 
 def _is_name(name: str) -> bool:

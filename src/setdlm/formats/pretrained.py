@@ -75,7 +75,7 @@ def describe(name: str) -> dict:
     sizes = " ".join(f"{k}={fam[k]:g}" for k in ("D", "M", "block_size", "ar_weight") if fam.get(k))
     data = (cfg.get("training") or {}).get("data")
     return {"name": name, "parameters": count, "size": sum(f.stat().st_size for f in folder.iterdir()) / 2**20,
-            "family": f"{fam['family']} {sizes}".strip(), "task": TASKS.get(data, data or "?"),
+            "family": f"{fam['family']} {sizes}".strip(), "task": TASKS.get(data, data) if data else "?",
             "context": fam["length"]}
 
 

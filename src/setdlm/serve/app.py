@@ -105,7 +105,8 @@ def create_app(model, name: str, options: ServeOptions | None = None):
               Route("/detokenize", tokenizer_route(tokens.detokenize), methods=["POST"])]
     guard = Middleware(Guard, allowed=options.allowed_hosts, api_key=options.api_key)
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[guard],
-                    exception_handlers={APIError: _api_error, 404: _not_found, 405: _not_found})
+                    # starlette types every handler as taking any Exception; _api_error gets the APIErrors only
+                    exception_handlers={APIError: _api_error, 404: _not_found, 405: _not_found})  # type: ignore[dict-item]
     app.state.batcher, app.state.name, app.state.family = batcher, name, model.family.family
     return app
 
@@ -151,7 +152,8 @@ def serve(model_path: str, options: ServeOptions | None = None, *, device: str =
     model = load(model_path, device=device, dtype=dtype, quantize=quantize)
     app = create_app(model, name or _model_name(model_path), options)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=log_level,
-                            timeout_graceful_shutdown=options.grace)
+                            # uvicorn annotates an int but hands it to asyncio.timeout, which takes any float
+                            timeout_graceful_shutdown=options.grace)  # type: ignore[arg-type]
     server = server_class()(config)
     server.run()
     if not server.started:  # as uvicorn.run: the startup failed (its log says why)

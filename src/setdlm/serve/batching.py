@@ -173,7 +173,7 @@ class Batcher:
                 room = self.max_batch - len(self._jobs) + sum(j.id in self._jobs for j in cancelled)
                 admit = [self._waiting.popleft() for _ in range(min(max(room, 0), len(self._waiting)))]
             for job in cancelled:
-                if self._jobs.pop(job.id, None) is not None:
+                if job.id is not None and self._jobs.pop(job.id, None) is not None:  # None: never admitted
                     self.session.cancel(job.id)
             now = time.monotonic()
             for job in admit:
@@ -197,17 +197,17 @@ class Batcher:
                 continue
             self.row_steps += len(events)
             for ev in events:
-                job = self._jobs.get(ev.row)
-                if job is None:
+                owner = self._jobs.get(ev.row)
+                if owner is None:
                     continue
                 if ev.trace is not None:
-                    job.traces.append(ev.trace)
+                    owner.traces.append(ev.trace)
                 if ev.error is not None:  # this row's decode failed; it left the session, the others go on
                     del self._jobs[ev.row]
-                    job.put("error", (500, ev.error))
+                    owner.put("error", (500, ev.error))
                     continue
-                if job.stream or ev.done is not None:
-                    job.put("step", ev)
+                if owner.stream or ev.done is not None:
+                    owner.put("step", ev)
                 if ev.done is not None:
                     del self._jobs[ev.row]
 

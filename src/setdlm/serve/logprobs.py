@@ -53,8 +53,8 @@ def prompt_logprobs(model, prompts: list[list[int]], k: int) -> list[list[TokenL
     ids, valid = ids.to(device), valid.to(device)
     lp = _left_to_right(backbone, fam, ids, valid)  # (B, T, V): row i predicts position i from the tokens before it
     chosen = lp.gather(-1, ids[..., None])[..., 0].double().tolist()  # (B, T)
-    top_v, top_i = lp.topk(k, dim=-1) if k else (lp[..., :0], lp[..., :0].long())
-    top_v, top_i = top_v.double().tolist(), top_i.tolist()
+    top_values, top_ids = lp.topk(k, dim=-1) if k else (lp[..., :0], lp[..., :0].long())
+    top_v, top_i = top_values.double().tolist(), top_ids.tolist()
     return [[TokenLogprob(t, None if i == 0 else chosen[b][i], [] if i == 0 else list(zip(top_i[b][i], top_v[b][i])))
              for i, t in enumerate(p)] for b, p in enumerate(prompts)]
 
@@ -116,7 +116,7 @@ def _finite(v: float) -> float:
 def completion_logprobs(tokenizer, entries: list[TokenLogprob], offset: int = 0) -> dict:
     """The completions API's ``logprobs``: ``tokens``, ``token_logprobs``, ``top_logprobs`` (a dict per token
     of its alternatives and itself, null for a prompt's first token) and ``text_offset`` (from ``offset``)."""
-    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for e in entries:
         piece = token_text(tokenizer, e.token)
         out["tokens"].append(piece)
@@ -137,5 +137,8 @@ def chat_logprobs(tokenizer, entries: list[TokenLogprob]) -> dict:
         piece = token_text(tokenizer, t)
         return {"token": piece, "logprob": _finite(v), "bytes": list(piece.encode("utf-8"))}
 
-    return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(i, v) for i, v in e.top]} for e in entries],
-            "refusal": None}
+    content = []
+    for e in entries:
+        assert e.logprob is not None  # a generated token's (only a prompt's first token has none)
+        content.append({**one(e.token, e.logprob), "top_logprobs": [one(i, v) for i, v in e.top]})
+    return {"content": content, "refusal": None}

@@ -120,13 +120,13 @@ def chunk(chat: bool, rid: str, model: str, text: str | None, *, finish: str | N
     """One streamed chunk of choice ``index``: the newly final ``text`` (and its tokens' ``logprobs``) and the
     step's committed set; chat's ``tool_calls``: the answer's calls, whole (their content None)."""
     if chat:
-        delta = {"role": "assistant", "content": text} if role else {"content": text}
+        delta: dict[str, object] = {"role": "assistant", "content": text} if role else {"content": text}
         if tool_calls:
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
-        choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+        choice: dict[str, object] = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
     else:
         choice = {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
-    body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+    body: dict[str, object] = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice]}
     if step is not None:
         body["setdlm"] = step

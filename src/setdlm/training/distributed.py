@@ -19,12 +19,16 @@ import os
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import UserError
 from ..resources import resolve_device
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 
 @dataclass
@@ -122,13 +126,13 @@ def wrap(backbone: nn.Module, dist: Dist, bf16: bool) -> nn.Module:
 def gradient_sync(net: nn.Module, dist: Dist, last: bool):
     """Context of one micro-batch's backward: gradients are reduced across processes only at the last one."""
     if not dist.active or last:
-        if dist.sharded:
-            net.set_requires_gradient_sync(True)
+        if dist.sharded:  # fully_shard made the module an FSDPModule
+            cast("FSDPModule", net).set_requires_gradient_sync(True)
         return nullcontext()
     if dist.sharded:
-        net.set_requires_gradient_sync(False)
+        cast("FSDPModule", net).set_requires_gradient_sync(False)
         return nullcontext()
-    return net.no_sync()
+    return cast(nn.parallel.DistributedDataParallel, net).no_sync()
 
 
 def local(t):

@@ -102,8 +102,9 @@ def setup(cfg: TrainConfig, dist: Dist, lock: RunLock) -> tuple[TrainState, Path
     data = None
     if tokenizer is None and dist.active:  # one tokenizer for all (BPE training need not be bitwise reproducible)
         data = prepare_data(cfg) if dist.is_main else None
-        msg = [data.tokenizer.to_json() if dist.is_main else None]
+        msg: list[str | None] = [data.tokenizer.to_json() if data is not None else None]  # rank 0's data only
         torch.distributed.broadcast_object_list(msg, 0)
+        assert msg[0] is not None  # every rank holds rank 0's tokenizer now
         tokenizer = Tokenizer.from_json(msg[0])
     data = data or prepare_data(cfg, tokenizer)  # every check of the inputs happens before anything is written
     data.tokenizer.prompt = "bos"  # the rows start with BOS, so the trained model is decoded from [BOS] + text

@@ -14,6 +14,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
+from typing import TextIO
 
 from ..errors import UserError
 from ..formats import checkpoint as ckpt
@@ -30,7 +31,7 @@ class RunLock:
 
     def __init__(self, out: Path):
         self.path = Path(out) / ".lock"
-        self.file = None
+        self.file: TextIO | None = None  # open while the lock is held
 
     def acquire(self, sign: bool = True) -> None:
         """Take the lock; ``sign``: write this process into the file (once the run really starts)."""
@@ -54,10 +55,12 @@ class RunLock:
             self._sign(socket.gethostname())
 
     def _sign(self, host: str) -> None:
-        self.file.seek(0)
-        self.file.truncate()
-        self.file.write(f"pid {os.getpid()} on {host}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        self.file.flush()
+        f = self.file
+        assert f is not None  # acquire signs once it holds the lock
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {host}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        f.flush()
 
     def check(self) -> None:
         """Refuse early (before reading the data) when the folder exists and is locked; the lock is held from

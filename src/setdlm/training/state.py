@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 from contextlib import nullcontext
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
+from ..backbone import Backbone
 from ..formats import checkpoint as ckpt
 from ..evaluation.likelihood import likelihood
 from ..lm import Model
@@ -34,7 +36,8 @@ class TrainState:
         torch.manual_seed(cfg.optim.seed)  # identical initial weights in every process
         backbone = init if init is not None else Transformer(cfg.model_config(setup.tokenizer.vocab_size))
         self.backbone = backbone.to(dist.device).train()
-        self.backbone.grad_checkpointing = cfg.system.grad_checkpointing  # same gradients, less activation memory
+        # same gradients, less activation memory (nn.Module.__setattr__ is typed for tensors and submodules only)
+        self.backbone.grad_checkpointing = cfg.system.grad_checkpointing  # type: ignore[assignment]
         names = list(ckpt.unique_state_dict(self.backbone))  # before sharding: tied weights once
         net = wrap(self.backbone, dist, cfg.system.bf16)  # under fsdp the backbone itself, sharded in place
         o = cfg.optim
@@ -48,7 +51,8 @@ class TrainState:
             self.ema = {k: sd[k].detach().clone().float() for k in names}
         if resume_from is not None:
             self._restore(resume_from, net)
-        self.net = torch.compile(net) if cfg.system.compile else net
+        # torch.compile of a module is a module (an OptimizedModule); torch types it as any callable's wrapper
+        self.net = cast(nn.Module, torch.compile(net)) if cfg.system.compile else net
         self.order = DataOrder(len(setup.train_rows), o.seed)
         self.micro = o.batch_size // (o.grad_accum * dist.world)
         self.digest: str | None = None  # data_digest, computed at the first checkpoint
@@ -89,7 +93,7 @@ class TrainState:
             gen = torch.Generator(dist.device).manual_seed(seed)
             with gradient_sync(self.backbone if dist.sharded else self.net, dist, m == o.grad_accum - 1):
                 with amp:
-                    out = compute_loss(self.net, self.setup.family, batch, train=True, generator=gen)
+                    out = compute_loss(cast(Backbone, self.net), self.setup.family, batch, train=True, generator=gen)
                 (out.loss / o.grad_accum).backward()
             loss_sum += out.loss.detach()
         norm = grad_norm(list(self.backbone.parameters()), o.clip)  # a tensor: read after the update is queued
