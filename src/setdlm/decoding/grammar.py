@@ -4,8 +4,9 @@ automaton refuses (docs/decoding.md "Two engines").
 setdlm's own engine (:mod:`setdlm.decoding.constraint`, :mod:`setdlm.decoding.constrained`) writes a schema as
 a regular language and compiles it to a token automaton, whose reachability tells which tokens keep a canvas
 with holes anywhere completable: what a set decode, committing several positions at once and out of order,
-needs. Some schemas are not regular languages, or not small ones (recursion, ``multipleOf`` without bounds, a
-pattern with lengths, an automaton past the compile bounds); those it refuses. A decode that commits left to
+needs. Some schemas are not regular languages, or not small ones (``multipleOf`` without bounds, a pattern with
+lengths, recursion whose unrolled regex passes the size bound, an automaton past the compile bounds); those it
+refuses. A decode that commits left to
 right (AR, SetDLM ``window=1``, ``speculate=True`` or ``"next_token"``, ``block_size=1``) only ever asks one
 question: which tokens may follow the committed prefix. A context-free engine answers it. With the optional
 ``llguidance`` package (``pip install 'setdlm[constrain]'``; imported only when used) such decodes take the
@@ -30,7 +31,6 @@ import torch
 from torch import Tensor
 
 from ..errors import UserError
-
 
 ENGINE = "llguidance"
 LEFT_TO_RIGHT = "only left-to-right decodes (AR, window=1, speculate, block_size=1) can use the CFG engine"
