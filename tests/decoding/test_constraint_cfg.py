@@ -105,6 +105,10 @@ def test_setdlm_left_to_right_decodes_use_it_and_set_decodes_are_refused_in_one_
     assert all(valid(t) for t in ref.texts), ref.texts
     spec = generate(model, ["a", "b"], max_new_tokens=40, constraint=SCHEMA, window=4, speculate=True)
     assert spec.tokens == ref.tokens  # drafts consumed tentatively and rolled back: the window=1 tokens
+    kw = dict(max_new_tokens=40, constraint=SCHEMA, temperature=1.0, seed=[3, 4])
+    sampled = generate(model, ["a", "b"], window=1, **kw)
+    assert generate(model, ["a", "b"], window=4, speculate=True, **kw).tokens == sampled.tokens
+    assert all(valid(t) for t in sampled.texts), sampled.texts
     ar = Model(m.backbone, FamilyConfig("ar", m.family.length, CHAR.mask_token_id), CHAR)
     out = generate(model, ["a", "b"], max_new_tokens=40, constraint=SCHEMA, window=4, speculate="next_token")
     assert out.tokens == generate(ar, ["a", "b"], max_new_tokens=40, constraint=SCHEMA).tokens
