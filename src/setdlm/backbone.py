@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
+    from .mask_rules import MaskRule
     from .model import KVCache
 
 
@@ -26,14 +27,16 @@ class Backbone(Protocol):
 
     training: bool
 
-    def __call__(self, input_ids: Tensor, position_ids: Tensor | None = None, attn_mask: Tensor | None = None,
+    def __call__(self, input_ids: Tensor, position_ids: Tensor | None = None,
+                 attn_mask: Tensor | MaskRule | None = None,
                  cache: KVCache | None = None, *, keep: int | Tensor | None = None,
                  logits_start: int = 0) -> Tensor:
         """Logits (B, T − logits_start, V) for ``input_ids`` (B, T) at ``position_ids`` (B, T) (None: 0..T-1).
 
         ``attn_mask``: (B, 1|H, T, C+T) bool, ``C`` the cache's width (0 without a cache), True = attend;
-        None = full attention. With a cache the new keys/values are appended to each row, then each row is
-        cropped to its old length + ``keep`` (int or (B,); None keeps all ``T``)."""
+        None = full attention; in training also a :class:`~setdlm.mask_rules.MaskRule` (the mask by its rule,
+        :func:`setdlm.mask_rules.training_mask`). With a cache the new keys/values are appended to each row,
+        then each row is cropped to its old length + ``keep`` (int or (B,); None keeps all ``T``)."""
         ...
 
     def new_cache(self, batch: int, capacity: int = 64) -> KVCache:

@@ -144,6 +144,7 @@ def clean_bos(batch: Batch) -> Tensor:
     (``keep_clean_bos``): a valid token that is a target or context alone (setdlm's rows mark BOS as
     context; a BOS followed by a prompt belongs to the prompt and stays unscored context)."""
     first = torch.zeros_like(batch.attention_mask)  # (B, L)
+    assert batch.context_mask is not None  # Batch.__post_init__ makes it a tensor
     follows = batch.context_mask[:, 1] if batch.input_ids.shape[1] > 1 else torch.zeros_like(first[:, 0])
     first[:, 0] = batch.attention_mask[:, 0] & ~follows
     return first
@@ -179,6 +180,8 @@ def setdlm_loss(model: Backbone, batch: Batch, mask_token_id: int, schedule: Sta
     L = batch.input_ids.shape[1]
     first = clean_bos(batch) if keep_clean_bos else torch.zeros_like(batch.attention_mask)  # (B, L)
     if order is None:  # BOS out of the shuffled targets: it leads the order like context (docs/method.md §2.2)
+        if schedule is None:
+            raise UserError("setdlm_loss samples the reveal order from schedule: pass schedule or order")
         order = schedule.sample_order(batch.targets & ~first, generator=generator)  # (B, L)
     scored = batch.targets | first  # (B, L)
     inp = setdlm_inputs(batch, order, mask_token_id, set_ids, scored)
@@ -213,6 +216,7 @@ def _mdlm(model: Backbone, family: FamilyConfig, batch: Batch, train: bool, *, g
 
 def _bd3lm(model: Backbone, family: FamilyConfig, batch: Batch, train: bool, *, generator, antithetic) -> LossOutput:
     L = batch.input_ids.shape[1]
+    assert family.block_size is not None  # the bd3lm family requires it (FamilyConfig.__post_init__)
     return masked_diffusion_loss(model, batch, family.mask_token_id, LinearSchedule(L, family.block_size),
                                  two_stream=True, train=train, generator=generator, antithetic=antithetic)
 
