@@ -31,6 +31,7 @@ from ..data.parallel import ParallelExample
 from ..data.prompt import check_prompt_fits, encode_prompt, start_ids
 from ..data.tasks import InfillExample, ReasoningExample, encode_infill
 from ..decoding.api import eos_ids
+from ..decoding.output import GenerationOutput
 from ..decoding.settings import DecodeSettings, default_max_new_tokens, drafts
 from ..errors import UserError
 from ..lm import Model
@@ -147,8 +148,9 @@ def drain(steps: Generator[Any, None, R]) -> R:
             return done.value
 
 
-def decode_steps(n: int, call: Callable[[int, int], object], *, batch_size: int, warmup: int, progress: bool,
-                  desc: str, clock: str) -> Generator[None, None, tuple[list, DecodingRun]]:
+def decode_steps(n: int, call: Callable[[int, int], GenerationOutput], *, batch_size: int, warmup: int,
+                 progress: bool, desc: str, clock: str
+                 ) -> Generator[None, None, tuple[list[GenerationOutput], DecodingRun]]:
     """Decode examples ``[0, n)`` in consecutive calls of ``batch_size`` (``call(lo, hi)`` returns the
     ``GenerationOutput`` of examples lo..hi-1); speed statistics skip the first ``warmup`` calls. A call's
     time is the decoder's wall time (``clock="wall"``) or the CPU time of this process during the call.
@@ -164,7 +166,8 @@ def decode_steps(n: int, call: Callable[[int, int], object], *, batch_size: int,
     if warmup >= calls:
         raise UserError(f"warmup={warmup} leaves none of the {calls} decoding calls ({n} examples at batch size "
                         f"{batch_size}) to measure")
-    outs, seconds = [], []
+    outs: list[GenerationOutput] = []
+    seconds: list[float] = []
     with tqdm(total=n, desc=desc, unit="ex", disable=None if progress else True) as bar:
         for lo in range(0, n, batch_size):
             hi = min(lo + batch_size, n)
@@ -213,9 +216,9 @@ def fill_steps(model: Model, examples: list[InfillExample], settings: DecodeSett
     _check_clock(model, opts["clock"])
     rows = [infill_row(model, e, eos=eos) for e in examples]
     L = model.family.length
-    for i, (pre, m, suf) in enumerate(rows):
-        if len(pre) + m + len(suf) > L:
-            raise UserError(f"infill example {i} needs {len(pre) + m + len(suf)} tokens, more than the context "
+    for i, (prefix, m, suffix) in enumerate(rows):
+        if len(prefix) + m + len(suffix) > L:
+            raise UserError(f"infill example {i} needs {len(prefix) + m + len(suffix)} tokens, more than the context "
                             f"length L={L} (select examples with setdlm.evaluation.passes.fits)")
     pre, lens, suf = zip(*rows)
     return (yield from decode_steps(len(rows), lambda lo, hi: decoding.infill(
@@ -300,8 +303,8 @@ def throughput_steps(model: Model, items: Sequence, settings: DecodeSettings | N
     items = list(items)
     if not items:
         raise UserError("no prompts or examples to time")
-    opts = dict(seed=seed, batch_size=batch_size, warmup=warmup, progress=progress, clock=clock,
-                desc=f"{model.family.family} throughput")
+    opts: dict[str, Any] = dict(seed=seed, batch_size=batch_size, warmup=warmup, progress=progress, clock=clock,
+                                desc=f"{model.family.family} throughput")
     if isinstance(items[0], InfillExample):
         if settings.max_new_tokens is not None:
             raise UserError("max_new_tokens does not apply to infilling: the oracle length of each middle is used")
