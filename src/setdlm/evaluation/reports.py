@@ -119,7 +119,7 @@ def plot(points: Sequence[BenchPoint], path: str | Path, *, title: str | None = 
         for p in points:
             series.setdefault(p.model + (f" (batch {p.setting.batch_size})" if several else ""), []).append(p)
         for name, pts in series.items():
-            front = sorted(pareto_front(pts), key=lambda p: p.tokens_per_second)
+            front = sorted(pareto_front(pts), key=lambda p: p.tokens_per_second or 0.0)  # None as pareto_front reads it
             line, = ax.plot([p.tokens_per_second for p in front], [100 * p.quality for p in front], "-o",
                             markersize=5, label=name)
             ax.plot([p.tokens_per_second for p in pts], [100 * p.quality for p in pts], "o", color=line.get_color(),
@@ -144,7 +144,7 @@ def _plot_tpf(ax, points: Sequence[BenchPoint], ylabel: str) -> None:
     scores = {(a.model, a.window, a.block_size, a.batch_size): a for a in aup_scores(points)}
     for key, a in scores.items():
         pts = sorted((p for p in points if (p.model, p.setting.window, p.setting.block_size,
-                                            p.setting.batch_size) == key), key=lambda p: p.tokens_per_step)
+                                            p.setting.batch_size) == key), key=lambda p: p.tokens_per_step or 0.0)
         name = a.model + "".join(f" {k}={v}" for k, v in (("w", a.window), ("S", a.block_size)) if v is not None)
         name += f" (batch {a.batch_size})" if len({p.setting.batch_size for p in points}) > 1 else ""
         ax.plot([p.tokens_per_step for p in pts], [100 * p.quality for p in pts], "-o", markersize=4,
