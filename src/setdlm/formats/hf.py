@@ -84,10 +84,17 @@ class HFBackbone(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    def _wide(self, dtype: torch.dtype) -> bool:
+        """Whether attention runs in float64 (see :meth:`_attend`): for a quantized backbone
+        (:attr:`wide_attention`), and for a half-precision one that decodes (not training): a bfloat16 attention
+        product's last bits follow the number of queries and keys of a step, enough to change a greedy token
+        between a one-token step and a step that verifies drafts (docs/drafter.md)."""
+        return self.wide_attention or (dtype in (torch.bfloat16, torch.float16) and not self.training)
+
     def new_cache(self, batch: int, capacity: int = 64) -> KVCache:
         """A cache in the model's dtype, float64 under wide attention (see :meth:`_attend`)."""
         p = next(self.parameters())
-        dtype = torch.float64 if self.wide_attention else p.dtype
+        dtype = torch.float64 if self._wide(p.dtype) else p.dtype
         return KVCache(self.n_layers, batch, self.n_kv_heads, self.head_dim, dtype=dtype, device=p.device,
                        capacity=capacity)
 
@@ -121,13 +128,14 @@ class HFBackbone(nn.Module):
         step: the same numbers SDPA computes from the boolean mask, without converting it in every layer."""
         B, H, T, hd = q.shape
         dtype, mask = q.dtype, step.mask
-        if self.wide_attention and dtype != torch.float64 and not isinstance(mask, MaskRule):
+        wide = self._wide(dtype)
+        if wide and dtype != torch.float64 and not isinstance(mask, MaskRule):
             q, k, v = q.double(), k.double(), v.double()
             mask = step.additive_mask(torch.float64)
         if cache is not None:
             k, v = cache.update(layer, k, v, step)  # (B, Hkv, W, hd)
         y = attention(q, k, v, mask, scale=scale, dropout_p=dropout_p if self.training else 0.0,
-                      wide=self.wide_attention).to(dtype)  # GQA inside
+                      wide=wide).to(dtype)  # GQA inside
         return y.transpose(1, 2).reshape(B, T, H * hd)  # (B, T, H·hd)
 
     def _llama_layers(self, input_ids: Tensor, position_ids: Tensor, step, cache: KVCache | None,
