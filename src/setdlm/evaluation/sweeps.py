@@ -24,12 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from typing import cast
 
 from tqdm.auto import tqdm
 
 from ..decoding.settings import SETTING_FAMILIES, DecodeSettings, drafts
 from ..errors import UserError
 from ..family import REGISTRY as FAMILY_REGISTRY
+from ..formats.drafted import DraftedBackbone
 from ..lm import Model
 from .passes import interleave
 from .registry import decoding, get_task
@@ -107,12 +109,13 @@ def sweep_settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS
           else [None])
     out = [Setting(t, w, b, s) for b in batch_sizes for s in ss for w in ws for t in taus]
     spec = speculate and fam.family in SETTING_FAMILIES["speculate"]
-    out += [Setting(None, w, b, speculate=True) for b in batch_sizes for w in ws if spec and w > 1]
+    out += [Setting(None, w, b, speculate=True) for b in batch_sizes for w in ws if spec and w is not None and w > 1]
     if spec and fam.ar_weight:  # docs/decoding.md, "Verifying with the next-token head"
         out += [Setting(None, w, b, speculate="next_token") for b in batch_sizes for w in ws]
     if speculate and drafts(model):  # a base with a set drafter (docs/drafter.md): the drafter's windows
+        drafted = cast(DraftedBackbone, model.backbone)  # drafts(model): a base with a set drafter
         out += [Setting(None, w, b, speculate="next_token") for b in batch_sizes
-                for w in [model.backbone.window if w is None else w for w in windows]]
+                for w in [drafted.window if w is None else w for w in windows]]
     return list(dict.fromkeys(out))
 
 
@@ -172,8 +175,8 @@ def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, se
     point, bar the swept ``threshold``, ``window`` and ``block_size``; ``speculate`` adds each SetDLM window's
     self-speculative decode (:func:`sweep_settings`); ``task_args`` (the task's own arguments, e.g. infill's
     ``{"eos": True}``), ``clock`` and ``seed`` go to the task's ``steps``."""
-    entry = get_task(task)
-    if not entry.decodes:
+    steps = get_task(task).steps  # None exactly for the tasks that do not decode (registry.register)
+    if steps is None:
         raise UserError(f"sweep task must be one of {', '.join(decoding())}, got {task!r} "
                         "(a task that does not decode: measured_point)")
     if not models:
@@ -186,7 +189,7 @@ def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, se
     for b in batch_sizes:  # fail before the sweep starts, not in its middle
         if -(-warmup // b) >= -(-n // b):
             raise UserError(f"warmup={warmup} examples leave none of the {n} examples to time at batch size {b}")
-    passes = [entry.steps(model, examples, s.apply(base), batch_size=s.batch_size, warmup=-(-warmup // s.batch_size),
+    passes = [steps(model, examples, s.apply(base), batch_size=s.batch_size, warmup=-(-warmup // s.batch_size),
                           clock=clock, seed=seed, progress=False, **(task_args or {})) for _, model, s in plan]
     calls = sum(-(-n // s.batch_size) for _, _, s in plan)
     with tqdm(total=calls, desc=f"bench {task} ({len(plan)} settings side by side)", unit="call",
@@ -245,8 +248,11 @@ def fixed_settings(settings: DecodeSettings | None, knobs: dict, models: Sequenc
     settings = DecodeSettings.of(settings, knobs, what)
     if what == "sweep":
         check_unswept(settings)
+    mode = get_task(task).mode
+    if mode is None:
+        raise UserError(f"task {task} does not decode: no decoding settings apply", fields=("task",))
     for m in models:
-        settings.check_for(m.family.family, get_task(task).mode, drafts=drafts(m))
+        settings.check_for(m.family.family, mode, drafts=drafts(m))
     return settings
 
 
