@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from ..decoding import constraint
 from ..decoding.output import step_record
-from ..decoding.session import prepare
+from ..decoding.session import RowDone, prepare
 from ..seeds import derive_seed
 from .batching import Batcher, Job, QueueFull
 from .logprobs import Committed, TokenLogprob, chat_logprobs, completion_logprobs, prompt_logprobs
@@ -128,6 +128,7 @@ class Completions:
     def _body(self, req: CompletionRequest, rid: str, jobs: list[Job], done: list, echoed) -> dict:
         constrained = req.settings.constraint is not None
         choices, summaries = [], []
+        text: str | None  # None: chat's content beside its tool calls
         for job, d in zip(jobs, done):
             p, _ = req.choices()[job.choice]
             echo = req.echo[p] if req.echo is not None else ""
@@ -156,6 +157,7 @@ class Completions:
 
     @staticmethod
     def _summary(job: Job, done, entries: list[TokenLogprob] | None) -> dict:
+        assert job.admitted is not None  # a finished job was admitted
         out = summary(done, time.monotonic() - job.admitted, job.row.seed)
         if entries is not None:  # the step that committed each token whose logprob is listed
             out["token_steps"] = [e.step for e in entries]
@@ -163,6 +165,7 @@ class Completions:
 
     def _echo_only(self, req: CompletionRequest, rid: str, echoed) -> dict:
         """``max_tokens: 0`` with ``echo``: each prompt's text (and its logprobs), nothing decoded."""
+        assert req.echo is not None  # max_tokens 0 comes with echo (schemas)
         choices = [choice(False, i, req.echo[p], "length",
                           completion_logprobs(self.model.tokenizer, echoed[p]) if echoed else None)
                    for i, (p, _) in enumerate(req.choices())]
@@ -222,7 +225,7 @@ class _ChoiceStream:
         self.sent = 0  # generated tokens whose logprobs were sent
         self.offset = 0  # characters sent (completions' text_offset)
         self.echoed = echoed[self.prompt] if echoed else []
-        self.steps: list[int] = []
+        self.steps: list[int | None] = []  # the step that committed each token sent (TokenLogprob.step)
 
     def opening(self, rid: str) -> dict | None:
         """The first chunk: chat's role; completions' echoed prompt (and its logprobs); None: none."""
@@ -258,11 +261,12 @@ class _ChoiceStream:
             self.steps += [e.step for e in entries]
         if ev.done is not None and self.committed is not None:
             step["token_steps"] = self.steps
+        content: str | None = delta  # None: chat's content beside its tool calls
         calls = None
         if self.req.tools is not None:  # the answer is JSON until it ends: sent whole, as a call or as text
-            delta, calls = ("", None) if ev.done is None else tool_answer(ev.done.text)
+            content, calls = ("", None) if ev.done is None else tool_answer(ev.done.text)
             finish = "tool_calls" if calls else finish
-        return chunk(self.req.chat, rid, owner.name, delta, finish=finish, step=step, index=job.choice, logprobs=lp,
+        return chunk(self.req.chat, rid, owner.name, content, finish=finish, step=step, index=job.choice, logprobs=lp,
                      tool_calls=calls)
 
     def _format(self, entries: list[TokenLogprob]) -> dict:
@@ -276,7 +280,7 @@ class _ChoiceStream:
 
 async def _until_done(jobs: list[Job], queue: asyncio.Queue) -> list:
     """Wait for every job's last event; the finished rows in choice order."""
-    done = {}
+    done: dict[int, RowDone] = {}
     while len(done) < len(jobs):
         kind, item, job = await queue.get()
         if kind == "gone":
