@@ -23,7 +23,7 @@ CHAR = char_tokenizer(["abcdefghijklmnopqrstuvwxyz0123456789 {}[]\":,.-_"])
 @pytest.fixture
 def bounds():
     """Set the module's bounds for a test, restored after it."""
-    old = C.BOUNDS
+    old = C.DEFAULT_COMPILER.bounds
     yield C.set_bounds
     C.set_bounds(**{f: getattr(old, f) for f in ("seconds", "memory", "edges", "cache_bytes", "workers")})
 
@@ -56,7 +56,7 @@ def test_the_cache_is_bounded_by_bytes(bounds):
     bounds(cache_bytes=3 * one.nbytes)
     for n in range(6, 12):
         C.automaton(C.regex(f"[a-z]{{{n}}}"), CHAR, 12)
-        assert C.cached_bytes() <= 3 * one.nbytes
+        assert C.DEFAULT_COMPILER.cached_bytes() <= 3 * one.nbytes
     assert C.automaton(C.regex("[a-z]{11}"), CHAR, 12) is C.automaton(C.regex("[a-z]{11}"), CHAR, 12)
 
 
@@ -83,3 +83,26 @@ def test_an_unclosed_class_or_property_is_one_error_not_a_hang(pattern, what):
     """``\\p{`` without its ``}`` sent the pattern walk back to the start, forever (the server's thread with it)."""
     with pytest.raises(UserError, match=f"unclosed {what}"):
         C.automaton(C.regex(pattern), CHAR, 8)
+
+
+def test_two_compilers_in_one_process_keep_their_own_bounds_and_caches():
+    """The bounds and the cache belong to a ConstraintCompiler (a session's, a server's, the library's default):
+    one that allows 2,000 token transitions refuses what another compiles, the default is left as it was, and a
+    session compiles its rows with its own."""
+    from setdlm.decoding.session import Session
+
+    small, big = C.ConstraintCompiler(C.Bounds(edges=2000)), C.ConstraintCompiler()
+    wide = C.regex("[ab]*a[ab]{12}")  # 2**12 states
+    with pytest.raises(UserError, match="exceeds the size bound"):
+        small.automaton(wide, CHAR, 20)
+    assert big.automaton(wide, CHAR, 20).states > 2000 and small.cached_bytes() == 0 < big.cached_bytes()
+    assert C.DEFAULT_COMPILER.bounds.edges == C.Bounds().edges
+    with pytest.raises(UserError, match="edges must be a positive number"):
+        C.ConstraintCompiler(C.Bounds(edges=0))
+    model = tiny("setdlm", CHAR, L=64, seed=0)
+    with pytest.raises(UserError, match="exceeds the size bound"):
+        Session(model, compiler=small).add("a", max_new_tokens=20, constraint=wide)
+    s = Session(model, compiler=big)
+    s.add("a", max_new_tokens=20, constraint=wide, threshold=0.3)
+    while s.rows:
+        s.step()

@@ -19,7 +19,8 @@ from setdlm.data.tasks import reasoning_split  # noqa: E402
 from setdlm.data.tokenizers import char_tokenizer, train_bpe  # noqa: E402
 from setdlm.decoding import fill, generate, infill  # noqa: E402
 from setdlm.decoding.constrained import RowConstraint, keep_jointly  # noqa: E402
-from setdlm.decoding.constraint import automaton, choice, json_object, json_schema, regex, token_bytes  # noqa: E402
+from setdlm.decoding.constraint import automaton, choice, json_object, json_schema, regex  # noqa: E402
+from setdlm.decoding.token_bytes import token_bytes  # noqa: E402
 from setdlm.decoding.settings import DecodeSettings  # noqa: E402
 
 from support import tiny  # noqa: E402

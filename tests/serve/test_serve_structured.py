@@ -64,7 +64,7 @@ class Pick(pydantic.BaseModel):  # a discriminated union: oneOf of $refs told ap
 @pytest.fixture
 def bounds():
     """Set the constraint module's bounds for a test, restored after it."""
-    old = C.BOUNDS
+    old = C.DEFAULT_COMPILER.bounds
     yield C.set_bounds
     C.set_bounds(**{f: getattr(old, f) for f in ("seconds", "memory", "edges", "cache_bytes", "workers")})
 

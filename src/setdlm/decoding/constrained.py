@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from ..errors import UserError
-from .constraint import CompileBound, Constraint, TokenAutomaton, automaton, vocabulary
+from .constraint import DEFAULT_COMPILER, CompileBound, Constraint, ConstraintCompiler, TokenAutomaton
 from .grammar import ENGINE, LEFT_TO_RIGHT, GrammarRow, schema_grammar
 
 
@@ -198,13 +198,15 @@ class RowConstraint:
 
 
 def row_constraints(constraints, sequences: list[list[int]], targets: list[list[bool]], mode: str, tokenizer,
-                    eos_ids: tuple[int, ...], left_to_right: bool = False) -> list[RowConstraint | None] | None:
+                    eos_ids: tuple[int, ...], left_to_right: bool = False,
+                    compiler: ConstraintCompiler | None = None) -> list[RowConstraint | GrammarRow | None] | None:
     """One :class:`RowConstraint` per row (None where the row has no constraint; None for all when no row
     has one), each checked satisfiable before any decoding: a ``ValueError`` naming the row otherwise.
     Generate: the region is the generated positions and EOS (``eos_ids``) may end it early; fill: from
     the first to the last MASK, exactly that many tokens, the context between gaps included. A decode that
     commits ``left_to_right`` takes a :class:`~setdlm.decoding.grammar.GrammarRow` (llguidance) for a JSON
-    Schema only the CFG engine compiles, or whose automaton passes a compile bound (generate with EOS)."""
+    Schema only the CFG engine compiles, or whose automaton passes a compile bound (generate with EOS).
+    ``compiler``: whose bounds, cache and processes compile them (default the library's, ``DEFAULT_COMPILER``)."""
     if constraints is None or all(c is None for c in constraints):
         return None
     out: list[RowConstraint | GrammarRow | None] = []
@@ -213,7 +215,8 @@ def row_constraints(constraints, sequences: list[list[int]], targets: list[list[
             out.append(None)
             continue
         lo, hi = tgt.index(True), len(tgt) - tgt[::-1].index(True)
-        rc = _row(i, c, tokenizer, lo, hi, eos_ids if mode == "generate" else (), left_to_right)
+        rc = _row(i, c, tokenizer, lo, hi, eos_ids if mode == "generate" else (), left_to_right,
+                  compiler if compiler is not None else DEFAULT_COMPILER)
         if not rc.completable(seq[lo:hi], tgt[lo:hi]):
             if mode == "generate":
                 raise UserError(f"row {i}: {c!r} has no match of at most {hi - lo} tokens (max_new_tokens) with this "
@@ -225,13 +228,13 @@ def row_constraints(constraints, sequences: list[list[int]], targets: list[list[
     return out
 
 
-def _row(i: int, c: Constraint, tokenizer, lo: int, hi: int, eos: tuple[int, ...],
-         left_to_right: bool) -> RowConstraint | GrammarRow:
+def _row(i: int, c: Constraint, tokenizer, lo: int, hi: int, eos: tuple[int, ...], left_to_right: bool,
+         compiler: ConstraintCompiler) -> RowConstraint | GrammarRow:
     """Row ``i``'s engine: setdlm's automaton; or, for a left-to-right decode that ends on EOS, llguidance's
     matcher where the automaton was refused (``c.pattern`` None) or passed a compile bound."""
     if c.pattern is not None:
         try:
-            return RowConstraint(c, automaton(c, tokenizer, hi - lo), lo, hi, eos)
+            return RowConstraint(c, compiler.automaton(c, tokenizer, hi - lo), lo, hi, eos)
         except CompileBound as e:
             grammar = schema_grammar(c.spec, c.whitespace)[0] if c.kind == "json_schema" else None
             if grammar is None:
@@ -242,7 +245,8 @@ def _row(i: int, c: Constraint, tokenizer, lo: int, hi: int, eos: tuple[int, ...
     if not eos:
         raise UserError(f"row {i}: {c.refusal}; the CFG engine ({ENGINE}), which compiles it, needs EOS to end the "
                         f"output (generate, without ignore_eos)", fields=(c.kind,))
-    return GrammarRow(c, tokenizer, *vocabulary(tokenizer), lo, hi, eos)
+    pieces, digest, _ = compiler.vocabulary(tokenizer)
+    return GrammarRow(c, tokenizer, pieces, digest, lo, hi, eos, compiler.matchers)
 
 
 def allowed_tokens(rows: list[RowConstraint | None], tokens: Tensor, masked: Tensor, qpos: Tensor, qvalid: Tensor,

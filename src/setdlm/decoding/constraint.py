@@ -13,12 +13,13 @@ whole output must match):
   levels;
 * :func:`choice` — one of a list of strings, literally.
 
-:func:`automaton` compiles a constraint for a tokenizer: outlines-core (optional extra ``constrain``)
-builds the deterministic automaton over the tokenizer's tokens (each token read as its bytes), which is
-turned into the tensors the canvas reachability of :mod:`setdlm.decoding.constrained` needs. It runs in a
-separate process (:mod:`setdlm.decoding.compile_worker`) under :data:`BOUNDS` (time, memory, size), with
-the counted repetitions cut to what ``max_tokens`` tokens can hold (docs/decoding.md "Bounds"). Results
-are cached per (pattern, tokenizer vocabulary), the cache bounded by bytes. Only tokenizers whose text is
+A :class:`ConstraintCompiler` compiles a constraint for a tokenizer (:func:`automaton`: the library's default
+one): outlines-core (optional extra ``constrain``) builds the deterministic automaton over the tokenizer's tokens
+(each token read as its bytes, :mod:`setdlm.decoding.token_bytes`), which is turned into the tensors the canvas
+reachability of :mod:`setdlm.decoding.constrained` needs. It runs in a separate process
+(:mod:`setdlm.decoding.compile_worker`) under the compiler's :class:`Bounds` (time, memory, size), with the
+counted repetitions cut to what ``max_tokens`` tokens can hold (docs/decoding.md "Bounds"). Results are cached
+per (pattern, tokenizer vocabulary) in the compiler, the cache bounded by bytes. Only tokenizers whose text is
 the concatenation of their tokens' bytes are supported: byte-level BPE and character tokenizers (every
 tokenizer of this library, SmolLM2's); another decoder (e.g. SentencePiece's ``▁``) is a ``ValueError``.
 """
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import hashlib
 import json
 import threading
 import weakref
@@ -39,9 +39,10 @@ from torch import Tensor
 
 from ..errors import UserError
 from .compiler import Compiler, cut_repetitions, without_end_mark
-from .grammar import ENGINE, LEFT_TO_RIGHT, llguidance, schema_grammar
+from .grammar import ENGINE, LEFT_TO_RIGHT, Matchers, llguidance, schema_grammar
 from .schema_regex import check_nesting, schema_regex
 from .schema_strings import strip_anchors
+from .token_bytes import vocabulary
 
 DEFAULT_MAX_DEPTH = 3  # JSON Schema: depth to which recursive references are unrolled
 _META = set("\\.+*?()|[]{}^$#&-~")  # characters a literal escapes (Rust regex syntax)
@@ -252,28 +253,21 @@ class Bounds:
     workers: int = 2
 
 
-BOUNDS = Bounds()
 _SECONDS: contextvars.ContextVar[float | None] = contextvars.ContextVar("constraint_seconds", default=None)
 
 
-def set_bounds(**changes) -> Bounds:
-    """Change the module's :class:`Bounds` (``set_bounds(seconds=5)``); returns the previous ones."""
-    global BOUNDS
-    old = BOUNDS
-    new = replace(old, **changes)
+def _checked(bounds: Bounds) -> Bounds:
     for name in ("seconds", "memory", "edges", "cache_bytes", "workers"):
-        v = getattr(new, name)
+        v = getattr(bounds, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
             raise UserError(f"{name} must be a positive number, got {v!r}")
-    BOUNDS = new
-    _evict()
-    return old
+    return bounds
 
 
 @contextlib.contextmanager
 def time_limit(seconds: float):
     """Within the block, a compilation in this thread (or task) takes at most ``seconds`` (and never more
-    than ``BOUNDS.seconds``): the server gives each request what its ``timeout`` leaves."""
+    than its compiler's ``bounds.seconds``): the server gives each request what its ``timeout`` leaves."""
     token = _SECONDS.set(seconds)
     try:
         yield
@@ -281,72 +275,106 @@ def time_limit(seconds: float):
         _SECONDS.reset(token)
 
 
-_COMPILED: OrderedDict[tuple[str, str], TokenAutomaton] = OrderedDict()  # (pattern, vocab hash) -> automaton
-_CACHE_LOCK = threading.Lock()
-_VOCABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> (token bytes, hash, longest)
+class ConstraintCompiler:
+    """Compiles constraints to token automata for tokenizers (docs/decoding.md "Bounds"), and owns what that
+    needs: its :class:`Bounds`, its cache of automata per (pattern, vocabulary) bounded by bytes, its compiling
+    processes, the tokenizers' bytes and the CFG engine's matchers (:class:`setdlm.decoding.grammar.Matchers`).
+    Whoever decodes holds one (a :class:`~setdlm.decoding.session.Session`, the server's app), so two in one
+    process can differ; the library's calls (``generate``, :func:`automaton`) use :data:`DEFAULT_COMPILER`."""
+
+    def __init__(self, bounds: Bounds | None = None):
+        self.bounds = _checked(bounds if bounds is not None else Bounds())
+        self.matchers = Matchers()
+        self._cache: OrderedDict[tuple[str, str], TokenAutomaton] = OrderedDict()  # (pattern, vocab) -> automaton
+        self._lock = threading.Lock()
+        self._vocabs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> vocabulary()
+        self._workers = Compiler()
+
+    def set_bounds(self, **changes) -> Bounds:
+        """Change the bounds (``set_bounds(seconds=5)``); returns the previous ones."""
+        old = self.bounds
+        self.bounds = _checked(replace(old, **changes))
+        self._evict()
+        return old
+
+    def vocabulary(self, tokenizer) -> tuple[list[bytes | None], str, int]:
+        """:func:`setdlm.decoding.token_bytes.vocabulary` of ``tokenizer``, kept while the tokenizer lives."""
+        try:
+            return self._vocabs[tokenizer]
+        except (KeyError, TypeError):
+            pass
+        out = vocabulary(tokenizer)
+        with contextlib.suppress(TypeError):  # not weak-referenceable: recomputed per call
+            self._vocabs[tokenizer] = out
+        return out
+
+    def automaton(self, constraint: Constraint, tokenizer, max_tokens: int | None = None) -> TokenAutomaton:
+        """The token-level automaton of ``constraint`` for ``tokenizer``'s tokens (cached per pattern and
+        vocabulary). The tokenizer's special tokens (BOS, EOS, PAD, MASK ...) are never allowed inside the
+        output. ``max_tokens``: the most tokens an output has; the automaton then only keeps the words of at
+        most that many tokens' bytes (counted repetitions are cut there), so ``.{0,100000}`` for 12 tokens
+        compiles as ``.{0,12·longest token}``. A pattern the tokens cannot spell, or past the bounds, is a
+        :class:`UserError`."""
+        if not isinstance(constraint, Constraint):
+            raise TypeError(f"a constraint is made by regex(), json_schema() or choice(), got "
+                            f"{type(constraint).__name__}")
+        if tokenizer is None:
+            raise UserError("constrained decoding needs the model's tokenizer to read tokens as text; the model has "
+                            "none")
+        _outlines()  # its ImportError here, not as a compiler that fails
+        if constraint.pattern is None:
+            raise UserError(f"{constraint.refusal}; {LEFT_TO_RIGHT} ({ENGINE}) that compiles it",
+                            fields=(constraint.kind,))
+        pieces, digest, longest = self.vocabulary(tokenizer)
+        pattern = constraint.pattern if max_tokens is None else cut_repetitions(constraint.pattern,
+                                                                                max_tokens * longest)
+        key = (pattern, digest)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        auto = self._compile(constraint, pattern, pieces, digest)
+        with self._lock:
+            self._cache[key] = auto
+        self._evict()
+        return auto
+
+    def cached_bytes(self) -> int:
+        """Bytes of the automata in the cache (at most ``bounds.cache_bytes``)."""
+        with self._lock:
+            return sum(a.nbytes for a in self._cache.values())
+
+    def _evict(self) -> None:
+        with self._lock:
+            total = sum(a.nbytes for a in self._cache.values())
+            while self._cache and total > self.bounds.cache_bytes:
+                total -= self._cache.popitem(last=False)[1].nbytes
+
+    def _compile(self, constraint: Constraint, pattern: str, pieces: list[bytes | None], digest: str
+                 ) -> TokenAutomaton:
+        bounds = self.bounds
+        seconds = bounds.seconds if _SECONDS.get() is None else min(bounds.seconds, _SECONDS.get())
+        where = constraint.kind
+        reply = self._workers.run(digest, pieces, f"({without_end_mark(pattern, where)})\\x{{FFFF}}", seconds,
+                                  bounds)
+        if reply[0] == "bound":
+            raise CompileBound(f"{where}: compiling {constraint!r} {reply[1]}; simplify it (fewer alternatives, "
+                               f"smaller repetition counts, less nesting) or lower max_tokens", fields=(where,))
+        if reply[0] == "error":
+            kind, message = reply[1], reply[2]
+            if kind == "incompatible":
+                raise UserError(f"{where}: {constraint!r} cannot be spelled with this tokenizer's tokens: {message}",
+                                fields=(where,))
+            if kind == "size":
+                raise CompileBound(f"{where}: compiling {constraint!r} exceeds the size bound ({message}); simplify "
+                                   f"it or lower max_tokens", fields=(where,))
+            error = CompileBound if where == "json_schema" else UserError  # a schema's regex is ours: a size limit
+            raise error(f"{where}: {constraint!r}: invalid regular expression: {message}", fields=(where,))
+        return _tables(*reply[1:], V=len(pieces))
 
 
-def automaton(constraint: Constraint, tokenizer, max_tokens: int | None = None) -> TokenAutomaton:
-    """The token-level automaton of ``constraint`` for ``tokenizer``'s tokens (cached per pattern and
-    vocabulary). The tokenizer's special tokens (BOS, EOS, PAD, MASK ...) are never allowed inside the
-    output. ``max_tokens``: the most tokens an output has; the automaton then only keeps the words of at
-    most that many tokens' bytes (counted repetitions are cut there), so ``.{0,100000}`` for 12 tokens
-    compiles as ``.{0,12·longest token}``. A pattern the tokens cannot spell, or past :data:`BOUNDS`, is a
-    :class:`UserError`."""
-    if not isinstance(constraint, Constraint):
-        raise TypeError(f"a constraint is made by regex(), json_schema() or choice(), got {type(constraint).__name__}")
-    if tokenizer is None:
-        raise UserError("constrained decoding needs the model's tokenizer to read tokens as text; the model has none")
-    _outlines()  # its ImportError here, not as a compiler that fails
-    if constraint.pattern is None:
-        raise UserError(f"{constraint.refusal}; {LEFT_TO_RIGHT} ({ENGINE}) that compiles it",
-                        fields=(constraint.kind,))
-    pieces, digest, longest = _vocabulary(tokenizer)
-    pattern = constraint.pattern if max_tokens is None else cut_repetitions(constraint.pattern, max_tokens * longest)
-    key = (pattern, digest)
-    with _CACHE_LOCK:
-        if key in _COMPILED:
-            _COMPILED.move_to_end(key)
-            return _COMPILED[key]
-    auto = _compile(constraint, pattern, pieces, digest)
-    with _CACHE_LOCK:
-        _COMPILED[key] = auto
-    _evict()
-    return auto
-
-
-def cached_bytes() -> int:
-    """Bytes of the automata in the cache (at most ``BOUNDS.cache_bytes``)."""
-    with _CACHE_LOCK:
-        return sum(a.nbytes for a in _COMPILED.values())
-
-
-def _evict() -> None:
-    with _CACHE_LOCK:
-        total = sum(a.nbytes for a in _COMPILED.values())
-        while _COMPILED and total > BOUNDS.cache_bytes:
-            total -= _COMPILED.popitem(last=False)[1].nbytes
-
-
-def _compile(constraint: Constraint, pattern: str, pieces: list[bytes | None], digest: str) -> TokenAutomaton:
-    seconds = BOUNDS.seconds if _SECONDS.get() is None else min(BOUNDS.seconds, _SECONDS.get())
-    where = constraint.kind
-    reply = _COMPILER.run(digest, pieces, f"({without_end_mark(pattern, where)})\\x{{FFFF}}", seconds, BOUNDS)
-    if reply[0] == "bound":
-        raise CompileBound(f"{where}: compiling {constraint!r} {reply[1]}; simplify it (fewer alternatives, smaller "
-                        f"repetition counts, less nesting) or lower max_tokens", fields=(where,))
-    if reply[0] == "error":
-        kind, message = reply[1], reply[2]
-        if kind == "incompatible":
-            raise UserError(f"{where}: {constraint!r} cannot be spelled with this tokenizer's tokens: {message}",
-                            fields=(where,))
-        if kind == "size":
-            raise CompileBound(f"{where}: compiling {constraint!r} exceeds the size bound ({message}); simplify it or "
-                            f"lower max_tokens", fields=(where,))
-        error = CompileBound if where == "json_schema" else UserError  # a schema's regex is ours: a size limit
-        raise error(f"{where}: {constraint!r}: invalid regular expression: {message}", fields=(where,))
-    _, initial, finals, raw = reply
-    V = len(pieces)
+def _tables(initial: int, finals: list[int], raw: bytes, *, V: int) -> TokenAutomaton:
+    """The automaton's tensors from the compiling process's reply (outlines-core's state ids, its edges)."""
     e = torch.zeros(0, 3, dtype=torch.long)
     if raw:
         e = torch.frombuffer(bytearray(raw), dtype=torch.long).reshape(-1, 3)  # (E, 3) outlines' state ids
@@ -366,79 +394,20 @@ def _compile(constraint: Constraint, pattern: str, pieces: list[bytes | None], d
         pair_src=pairs // K, pair_dst=pairs % K, vocab_size=V)
 
 
+DEFAULT_COMPILER = ConstraintCompiler()  # the library's: generate, infill, fill and the functions below
 
-_COMPILER = Compiler()
+
+def automaton(constraint: Constraint, tokenizer, max_tokens: int | None = None) -> TokenAutomaton:
+    """:meth:`ConstraintCompiler.automaton` of :data:`DEFAULT_COMPILER`."""
+    return DEFAULT_COMPILER.automaton(constraint, tokenizer, max_tokens)
+
+
+def set_bounds(**changes) -> Bounds:
+    """:meth:`ConstraintCompiler.set_bounds` of :data:`DEFAULT_COMPILER` (``set_bounds(seconds=5)``); returns the
+    previous bounds."""
+    return DEFAULT_COMPILER.set_bounds(**changes)
 
 
 def _ptr(keys: Tensor, n: int) -> Tensor:
     """CSR row pointers (n+1,) of sorted ``keys`` in ``0..n-1``."""
     return torch.cat([torch.zeros(1, dtype=torch.long), torch.bincount(keys, minlength=n).cumsum(0)])
-
-
-# ---------------------------------------------------------------------------------------------------------
-# a tokenizer's tokens as bytes
-# ---------------------------------------------------------------------------------------------------------
-
-
-def token_bytes(tokenizer) -> list[bytes | None]:
-    """The bytes each token id contributes to the decoded text (None: special tokens, never allowed), for a
-    tokenizer of this library (``setdlm.data.tokenizers.Tokenizer``): byte-level BPE decodes a token's
-    string through GPT-2's byte alphabet; a character (or other fused) tokenizer's token is its text."""
-    backend = getattr(tokenizer, "backend", None)
-    if backend is None or not hasattr(backend, "get_vocab"):
-        raise UserError("constrained decoding needs a setdlm tokenizer (setdlm.data.tokenizers); got "
-                        f"{type(tokenizer).__name__}")
-    decoder = json.loads(backend.to_str()).get("decoder") or {}
-    kind = decoder.get("type")
-    if kind not in ("ByteLevel", "Fuse", None):
-        raise UserError(f"constrained decoding supports byte-level BPE and character tokenizers; this tokenizer's "
-                        f"decoder is {kind!r}")
-    special = set(getattr(tokenizer, "special_ids", ()) or ())
-    added = {i: t for i, t in backend.get_added_tokens_decoder().items()}
-    vocab = backend.get_vocab(with_added_tokens=True)
-    out: list[bytes | None] = [None] * (max(vocab.values()) + 1)
-    table = _byte_decoder() if kind == "ByteLevel" else None
-    for text, i in vocab.items():
-        if i in special or (i in added and added[i].special):
-            continue
-        if i in added or table is None:
-            out[i] = text.encode("utf-8")
-        else:
-            try:
-                out[i] = bytes(table[c] for c in text)
-            except KeyError:  # not a byte-level string: leave the token out (it is never allowed)
-                continue
-    return out
-
-
-def vocabulary(tokenizer) -> tuple[list[bytes | None], str]:
-    """:func:`token_bytes` and a digest of them, cached per tokenizer."""
-    return _vocabulary(tokenizer)[:2]
-
-
-def _vocabulary(tokenizer) -> tuple[list[bytes | None], str, int]:
-    try:
-        return _VOCABS[tokenizer]
-    except (KeyError, TypeError):
-        pass
-    pieces = token_bytes(tokenizer)
-    digest = hashlib.sha256(b"\0".join(b"\1" if p is None else b"\2" + p for p in pieces)).hexdigest()
-    longest = max((len(p) for p in pieces if p), default=1)
-    try:
-        _VOCABS[tokenizer] = (pieces, digest, longest)
-    except TypeError:  # not weak-referenceable: recomputed per call
-        pass
-    return pieces, digest, longest
-
-
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's printable stand-in character of every byte, inverted (the ByteLevel alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}

@@ -34,9 +34,6 @@ from ..errors import UserError
 
 ENGINE = "llguidance"
 LEFT_TO_RIGHT = "only left-to-right decodes (AR, window=1, speculate, block_size=1) can use the CFG engine"
-_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {eos: LLTokenizer}
-_MATCHERS: OrderedDict = OrderedDict()  # (grammar, vocabulary digest, eos) -> a fresh matcher to copy
-_LOCK = threading.Lock()
 
 
 def llguidance():
@@ -66,28 +63,51 @@ def schema_grammar(schema_text: str, whitespace: str | None = None) -> tuple[str
     return grammar, ""
 
 
-def _lltokenizer(tokenizer, pieces: list[bytes | None], eos: int):
-    """llguidance's tokenizer over the same token bytes the automaton reads (special tokens: empty and
-    special), cached per tokenizer."""
-    ll = llguidance()
-    try:
-        per = _TOKENIZERS.setdefault(tokenizer, {})
-    except TypeError:  # not weak-referenceable
-        per = {}
-    if eos not in per:
-        backend = tokenizer.backend
+class Matchers:
+    """llguidance's tokenizers (per tokenizer and EOS) and a fresh matcher per grammar to copy (the 64 last
+    used), held by a :class:`~setdlm.decoding.constraint.ConstraintCompiler`."""
 
-        class _Tokens:
-            eos_token_id, bos_token_id = eos, None
-            tokens = [p if p is not None else b"" for p in pieces]
-            special_token_ids = [i for i, p in enumerate(pieces) if p is None]
+    def __init__(self, keep: int = 64):
+        self.keep = keep
+        self._tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {eos: LLTokenizer}
+        self._fresh: OrderedDict = OrderedDict()  # (grammar, vocabulary digest, eos) -> a fresh matcher
+        self._lock = threading.Lock()
 
-            def __call__(self, text):
-                text = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-                return backend.encode(text, add_special_tokens=False).ids
+    def matcher(self, grammar: str, tokenizer, pieces: list[bytes | None], digest: str, eos: int):
+        """A fresh matcher of ``grammar`` over ``tokenizer``'s tokens (``pieces``, their ``digest``): a copy of
+        the one kept."""
+        key = (grammar, digest, eos)
+        with self._lock:
+            if key not in self._fresh:
+                self._fresh[key] = llguidance().LLMatcher(self._lltokenizer(tokenizer, pieces, eos), grammar,
+                                                          log_level=0)
+                while len(self._fresh) > self.keep:
+                    self._fresh.popitem(last=False)
+            self._fresh.move_to_end(key)
+            return self._fresh[key].deep_copy()
 
-        per[eos] = ll.LLTokenizer(ll.TokenizerWrapper(_Tokens()), n_vocab=len(pieces))
-    return per[eos]
+    def _lltokenizer(self, tokenizer, pieces: list[bytes | None], eos: int):
+        """llguidance's tokenizer over the same token bytes the automaton reads (special tokens: empty and
+        special), kept per tokenizer."""
+        ll = llguidance()
+        try:
+            per = self._tokenizers.setdefault(tokenizer, {})
+        except TypeError:  # not weak-referenceable
+            per = {}
+        if eos not in per:
+            backend = tokenizer.backend
+
+            class _Tokens:
+                eos_token_id, bos_token_id = eos, None
+                tokens = [p if p is not None else b"" for p in pieces]
+                special_token_ids = [i for i, p in enumerate(pieces) if p is None]
+
+                def __call__(self, text):
+                    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+                    return backend.encode(text, add_special_tokens=False).ids
+
+            per[eos] = ll.LLTokenizer(ll.TokenizerWrapper(_Tokens()), n_vocab=len(pieces))
+        return per[eos]
 
 
 class GrammarRow:
@@ -97,20 +117,12 @@ class GrammarRow:
     engine = ENGINE
 
     def __init__(self, constraint, tokenizer, pieces: list[bytes | None], digest: str, start: int, end: int,
-                 eos_ids: tuple[int, ...]):
+                 eos_ids: tuple[int, ...], matchers: Matchers):
         self.constraint, self.start, self.end, self.eos = constraint, start, end, tuple(eos_ids)
         self.text = torch.tensor([p is not None for p in pieces], dtype=torch.bool)  # (n,) tokens with bytes
         # llguidance's own EOS: a special token (its bit is dropped: EOS is ``eos_ids``, allowed where it accepts)
         eos = min(i for i, p in enumerate(pieces) if p is None) if self.text.numel() > int(self.text.sum()) else 0
-        key = (constraint.grammar, digest, eos)
-        with _LOCK:
-            if key not in _MATCHERS:
-                _MATCHERS[key] = llguidance().LLMatcher(_lltokenizer(tokenizer, pieces, eos), constraint.grammar,
-                                                        log_level=0)
-                while len(_MATCHERS) > 64:
-                    _MATCHERS.popitem(last=False)
-            _MATCHERS.move_to_end(key)
-            self.m = _MATCHERS[key].deep_copy()
+        self.m = matchers.matcher(constraint.grammar, tokenizer, pieces, digest, eos)
         if self.m.is_error():
             why = (self.m.get_error() or "?").splitlines()[0]
             raise UserError(f"{constraint!r}: the CFG engine ({ENGINE}) failed: {why}", fields=(constraint.kind,))

@@ -31,6 +31,7 @@ from ..data.prompt import check_prompt_fits, encode_prompts
 from ..errors import UserError
 from .api import decode_config, decoder_of, device_of, needs_seed, row_seeds, row_text, start
 from .constrained import RowConstraint, row_constraints
+from .constraint import ConstraintCompiler
 from .grammar import GrammarRow, left_to_right
 from .output import StepTrace
 from .settings import DecodeSettings, default_max_new_tokens, drafts
@@ -82,10 +83,12 @@ class Session:
     """Rows of ``model`` decoded step by step; :meth:`add` rows at any time, call :meth:`step` to advance.
 
     Not thread-safe: one thread drives a session (the server's decoding loop). Puts the backbone in eval
-    mode."""
+    mode. ``compiler``: the :class:`~setdlm.decoding.constraint.ConstraintCompiler` that compiles its rows'
+    constraints (default the library's)."""
 
-    def __init__(self, model, *, width: int | None = None):
+    def __init__(self, model, *, width: int | None = None, compiler: ConstraintCompiler | None = None):
         self.model = model
+        self.compiler = compiler
         model.backbone.eval()
         self.width = width if width is not None else model.family.length
         if not (isinstance(self.width, int) and self.width >= 2):
@@ -104,7 +107,7 @@ class Session:
     def add(self, prompt, **kwargs) -> int:
         """Queue one prompt (string or token ids) with :func:`~setdlm.decoding.generate`'s settings
         (:func:`prepare`); it joins the batch at the next :meth:`step`. Returns the row's id."""
-        return self.add_prepared(prepare(self.model, prompt, width=self.width, **kwargs))
+        return self.add_prepared(prepare(self.model, prompt, width=self.width, compiler=self.compiler, **kwargs))
 
     def add_prepared(self, row: Row) -> int:
         """Queue a row made by :func:`prepare` (which may run in another thread); returns its id."""
@@ -259,13 +262,14 @@ class Session:
 
 
 def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int | None = None,
-            seed: int | None = None, suffix=None, **knobs) -> Row:
+            seed: int | None = None, suffix=None, compiler: ConstraintCompiler | None = None, **knobs) -> Row:
     """Encode and validate one row for a session of canvas ``width`` (default ``L``), with the settings and
     defaults of :func:`~setdlm.decoding.generate` (``settings=`` or keywords); invalid settings raise
     ValueError. A sampled row without a seed gets one drawn here (from torch's global RNG, as ``generate``).
     With a ``suffix`` (text or token ids) the row infills: ``prompt + [MASK] × max_new_tokens + suffix``,
     decoded as :func:`~setdlm.decoding.infill` decodes it (docs/method.md §4.6; generate-only settings
-    such as ``stop`` are a ValueError). Touches no session state."""
+    such as ``stop`` are a ValueError); a constraint compiles with ``compiler`` (default the library's).
+    Touches no session state."""
     settings = DecodeSettings.of(settings, knobs, "prepare")
     mode = "generate" if suffix is None else "fill"
     cache_order, given = settings.cache_order or "position", settings.max_new_tokens
@@ -292,7 +296,7 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
               suffix_length=len(suf))
     eos = cfg.sampling.eos_token_ids if cfg.stop_on_eos else ()
     (row.constraint,) = row_constraints(settings.constraints(1), [row.sequence], [row.targets()], mode,
-                                        model.tokenizer, eos, left_to_right(fam.spec, cfg)) or [None]
+                                        model.tokenizer, eos, left_to_right(fam.spec, cfg), compiler) or [None]
     return row
 
 

@@ -16,6 +16,7 @@ import socket
 import time
 from importlib import resources
 
+from ..decoding.constraint import ConstraintCompiler
 from ..decoding.settings import family_settings
 from ..errors import UserError
 from ..formats.loading import load
@@ -27,9 +28,11 @@ from .options import ServeOptions
 from .schemas import APIError, parse_request
 
 
-def create_app(model, name: str, options: ServeOptions | None = None):
+def create_app(model, name: str, options: ServeOptions | None = None, compiler: ConstraintCompiler | None = None):
     """The Starlette app serving ``model`` under the id ``name`` with ``options`` (its limits, and the ``Host``
-    names answered: :attr:`ServeOptions.allowed_hosts`); its decoding loop starts with the app."""
+    names answered: :attr:`ServeOptions.allowed_hosts`); its decoding loop starts with the app. ``compiler``:
+    the :class:`~setdlm.decoding.constraint.ConstraintCompiler` of its structured outputs (bounds, cache,
+    compiling processes; default the library's)."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.requests import Request
@@ -42,7 +45,7 @@ def create_app(model, name: str, options: ServeOptions | None = None):
     page = resources.files("setdlm.serve").joinpath("static/index.html").read_text(encoding="utf-8")
     takes = family_settings(model.family)  # the page sends only these of its family-specific settings
 
-    handler = Completions(model, name, batcher, options)
+    handler = Completions(model, name, batcher, options, compiler)
 
     async def index(request: Request):
         return HTMLResponse(page)

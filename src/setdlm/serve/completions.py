@@ -29,9 +29,11 @@ from .tools import answer as tool_answer
 class Completions:
     """The completion endpoints of one served ``model`` (id ``name``) over its ``batcher``."""
 
-    def __init__(self, model, name: str, batcher: Batcher, options: ServeOptions):
+    def __init__(self, model, name: str, batcher: Batcher, options: ServeOptions,
+                 compiler: constraint.ConstraintCompiler | None = None):
         self.model, self.name, self.batcher, self.options = model, name, batcher, options
-        self.compilers = max(1, constraint.BOUNDS.workers)
+        self.compiler = compiler if compiler is not None else constraint.DEFAULT_COMPILER  # the app's constraints
+        self.compilers = max(1, self.compiler.bounds.workers)
         self.compiling = ThreadPoolExecutor(max_workers=self.compilers, thread_name_prefix="compile")
         self.waiting = 0  # requests with a constraint in or queued for ``compiling``
 
@@ -44,7 +46,7 @@ class Completions:
         try:
             with constraint.time_limit(deadline - time.monotonic()):
                 row = prepare(self.model, req.prompts[p], req.settings, width=self.batcher.width, seed=seed,
-                              suffix=req.suffix)
+                              suffix=req.suffix, compiler=self.compiler)
         except (ValueError, TypeError) as e:  # a constraint no output can meet names the field that asked it
             about = req.constraint_param if req.settings.constraint is not None and \
                 repr(req.settings.constraint) in str(e) else None
@@ -67,7 +69,7 @@ class Completions:
             try:
                 rows.append(await asyncio.get_running_loop().run_in_executor(
                     self.compiling, self._prepared, req, i,
-                    arrived + min(self.options.timeout, constraint.BOUNDS.seconds)))
+                    arrived + min(self.options.timeout, self.compiler.bounds.seconds)))
             finally:
                 self.waiting -= 1
         return rows
