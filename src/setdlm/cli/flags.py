@@ -120,6 +120,8 @@ def add_settings_flags(p, names, *, defaults: dict | None = None, notes: dict | 
             p.add_argument(flag, nargs=meta["nargs"], default=None, metavar=("START", "FACTOR"), help=help_)
         elif typing.get_origin(kinds[-1]) is tuple:  # stop, eos_token_id: repeatable
             p.add_argument(flag, action="append", type=typing.get_args(kinds[-1])[0], default=None, help=help_)
+        elif typing.get_origin(kinds[0]) is typing.Literal:  # cache_order, verify_layout: one of its values
+            p.add_argument(flag, choices=meta.get("choices", typing.get_args(kinds[0])), default=default, help=help_)
         else:
             p.add_argument(flag, type=kinds[0], choices=meta.get("choices"), default=default, help=help_)
 

@@ -45,8 +45,10 @@ from __future__ import annotations
 
 import difflib
 import math
+import typing
 import warnings
 from dataclasses import dataclass, field, fields
+from typing import Literal
 
 from ..family import using
 from ..errors import InputWarning, UserError
@@ -54,7 +56,9 @@ from .constraint import Constraint, as_constraint
 from .sampling import Sampling
 
 # speculate=True's verification layouts (setdlm.decoding.speculative.windowed_horizons)
-VERIFY_LAYOUTS = ("auto", "all", "last")
+VerifyLayout = Literal["auto", "all", "last"]
+VERIFY_LAYOUTS: tuple[VerifyLayout, ...] = typing.get_args(VerifyLayout)
+CacheOrder = Literal["position", "reveal"]  # SetDLM: the order of newly cached tokens (docs/method.md §4.5)
 # setting -> the families it applies to (the others are a ValueError when set): the family registry's
 # decode_settings (setdlm.family), read per setting
 SETTING_FAMILIES = {name: using("decode_settings", name) for name in ("window", "block_size", "threshold", "speculate")}
@@ -146,10 +150,10 @@ class DecodeSettings:
     threshold: float | None = field(default=None, metadata={"help": "setdlm/bd3lm/mdlm: also commit every mask "
                                                                      "with probability >= tau (default off)"})
     block_size: int | None = field(default=None, metadata={"help": "bd3lm/mdlm: block size (default the model's)"})
-    cache_order: str | None = field(default=None, metadata={
+    cache_order: CacheOrder | None = field(default=None, metadata={
         "help": "setdlm: order of newly cached tokens, position (default) or reveal",
         "choices": ("position", "reveal")})
-    speculate: bool | str | None = field(default=None, metadata={
+    speculate: bool | Literal["next_token"] | None = field(default=None, metadata={
         "help": "setdlm: lossless self-speculative decoding, the window w drafts and the left-to-right decode "
                 "verifies (the output of --window 1, in fewer forwards); a switch: to verify with the model's "
                 "next-token head instead, give --speculate-next-token (not both)",
@@ -157,7 +161,7 @@ class DecodeSettings:
                                  "verifies (a model "
                          "trained with --ar-weight > 0); the output is that AR decode's, in about 2w positions a "
                          "forward"}})
-    verify_layout: str = field(default="auto", metadata={
+    verify_layout: VerifyLayout = field(default="auto", metadata={
         "help": "setdlm --speculate: which horizons of a step carry a window of masks: auto (by batch size, "
                 "default), all (the next draft ready wherever the step ends) or last (the whole draft's only; "
                 "fewer positions a forward); the output is the same",

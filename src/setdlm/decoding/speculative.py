@@ -47,6 +47,8 @@ order (the ``window=1`` cache is in position order).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Literal
+
 import torch
 from torch import Tensor
 
@@ -55,6 +57,9 @@ from ..masks import speculative_step_mask, with_cache
 from .constrained import allowed_given_drafts
 from .sampling import process_logits, propose
 from .state import DecodeState, prefill as prefill_positions
+
+if TYPE_CHECKING:
+    from .settings import VerifyLayout
 
 
 def init(backbone, st: DecodeState) -> None:
@@ -110,7 +115,8 @@ ALL_HORIZONS_MASKS = 64  # "auto" never feeds more than this many masks per row 
 # a wide window costs about 3w positions a forward, not w + w² (a server's window=128 would be 16,512)
 
 
-def windowed_horizons(batch: int, window: int = 1, layout: str = "auto", all_up_to: int = ALL_HORIZONS_UP_TO) -> str:
+def windowed_horizons(batch: int, window: int = 1, layout: VerifyLayout = "auto",
+                      all_up_to: int = ALL_HORIZONS_UP_TO) -> Literal["all", "last"]:
     """"all" or "last" for a step of ``batch`` rows at window ``window`` under the setting ``layout``
     ("auto" picks "all" for batches of up to ``all_up_to`` rows whose window squared stays within
     :data:`ALL_HORIZONS_MASKS`)."""
