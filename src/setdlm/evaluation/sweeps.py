@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import cast
+from typing import Literal, cast
 
 from tqdm.auto import tqdm
 
@@ -52,7 +52,7 @@ class Setting:
     window: int | None = None  # SetDLM window w (the effective one: the default is D)
     batch_size: int = 1
     block_size: int | None = None  # BD3LM/MDLM decoding block (the effective one: the default is the model's)
-    speculate: bool | str = False  # SetDLM: lossless self-speculative decoding with window w (threshold off);
+    speculate: bool | Literal["next_token"] = False  # SetDLM: lossless self-speculative decoding with window w (threshold off);
     # "next_token": verified by the model's next-token head (a model trained with ar_weight > 0)
 
     def apply(self, base: DecodeSettings) -> DecodeSettings:
