@@ -378,7 +378,7 @@ def parse_configs(folder: Path, cfg: dict, family: str | None = None) -> tuple[T
         arch = TransformerConfig.from_dict(cfg["architecture"]) if kind == "dit" else dict(cfg["architecture"])
     except (TypeError, ValueError) as e:
         raise UserError(f"{path}: bad architecture: {e}") from None
-    vocab = arch.vocab_size if kind == "dit" else arch.get("vocab_size")
+    vocab = arch.vocab_size if isinstance(arch, TransformerConfig) else arch.get("vocab_size")
     if not isinstance(vocab, int) or vocab < 1:
         raise UserError(f"{path}: the architecture records no vocab_size")
     try:
@@ -486,6 +486,7 @@ def build_backbone(cfg: dict, arch: TransformerConfig | dict, dtype: torch.dtype
     """An untrained backbone of the checkpoint's architecture (weights to be loaded)."""
     if cfg.get("backbone", "dit") == "hf":
         return backbone_from_config(arch, dtype=dtype)
+    assert isinstance(arch, TransformerConfig)  # a DiT checkpoint's architecture (parse_configs)
     return Transformer(arch).to(dtype) if dtype is not None else Transformer(arch)
 
 
@@ -493,6 +494,8 @@ def count_parameters(cfg: dict, arch: TransformerConfig | dict) -> int:
     """The backbone's parameter count, computed without allocating it, before anything is built: 1- and
     2-layer copies of the architecture on the meta device give the embeddings and the per-layer count, so
     that ``n_layers: 1000000`` costs no more than ``n_layers: 2``."""
+    one: TransformerConfig | dict
+    two: TransformerConfig | dict
     if isinstance(arch, TransformerConfig):
         one, two = (dataclasses.replace(arch, n_layers=n) for n in (1, 2))
         layers = arch.n_layers
@@ -500,9 +503,10 @@ def count_parameters(cfg: dict, arch: TransformerConfig | dict) -> int:
         key = "n_layer" if "n_layer" in arch else "num_hidden_layers"  # GPT-2's name, the others'
         types = arch.get("layer_types")  # one entry per layer where the config lists them (Qwen3)
         one, two = ({**arch, key: n, **({"layer_types": types[:n]} if isinstance(types, list) else {})} for n in (1, 2))
-        layers = arch.get(key)
-        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
-            raise UserError(f"architecture.{key} must be a positive integer, got {layers!r}")
+        given = arch.get(key)
+        if not isinstance(given, int) or isinstance(given, bool) or given < 1:
+            raise UserError(f"architecture.{key} must be a positive integer, got {given!r}")
+        layers = given
     with torch.device("meta"):
         a, b = (sum(p.numel() for p in build_backbone(cfg, x).parameters()) for x in (one, two))
     return a + (layers - 1) * (b - a)
