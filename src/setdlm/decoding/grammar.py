@@ -213,6 +213,6 @@ def left_to_right(spec, cfg) -> bool:
     time, left to right (so that the CFG engine can serve it)?"""
     if cfg.speculate or spec.left_to_right:
         return True
-    if spec.decoder == "setdlm":
+    if "window" in spec.decode_settings:  # SetDLM: a window of one position
         return cfg.window == 1
-    return spec.decoder in ("bd3lm", "mdlm") and cfg.block_size == 1
+    return "block_size" in spec.decode_settings and cfg.block_size == 1  # BD3LM, MDLM: blocks of one position

@@ -52,8 +52,9 @@ class Setting:
     window: int | None = None  # SetDLM window w (the effective one: the default is D)
     batch_size: int = 1
     block_size: int | None = None  # BD3LM/MDLM decoding block (the effective one: the default is the model's)
-    speculate: bool | Literal["next_token"] = False  # SetDLM: lossless self-speculative decoding with window w (threshold off);
-    # "next_token": verified by the model's next-token head (a model trained with ar_weight > 0)
+    # SetDLM: lossless self-speculative decoding with window w (threshold off); "next_token": verified by the
+    # model's next-token head (a model trained with ar_weight > 0)
+    speculate: bool | Literal["next_token"] = False
 
     def apply(self, base: DecodeSettings) -> DecodeSettings:
         """``base`` with this setting's threshold, window, block size and speculation (the sweep owns those:
