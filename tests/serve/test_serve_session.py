@@ -1,6 +1,8 @@
 """Continuous batching is exact: a row decoded in a Session, joining and leaving a running batch between
 steps next to rows of other lengths and settings, gives what ``generate`` gives for it alone."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -151,7 +153,7 @@ def test_extend_joins_every_per_row_field():
     for name, v in vars(st).items():
         if isinstance(v, torch.Tensor) and name != "pos":  # pos: the canvas columns, shared by all rows
             assert v.shape[0] == 2, name
-    assert all(v.shape[0] == 2 for v in st.extra.values())
+    assert all(getattr(st.extra, f.name).shape[0] == 2 for f in dataclasses.fields(st.extra))
     assert st.cache.batch == 2 and len(st.traces) == 2 and st.seen.shape[0] == 2
 
 

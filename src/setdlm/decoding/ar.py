@@ -10,11 +10,20 @@ The threshold and window do not apply: one token per step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import cast
+
 import torch
+from torch import Tensor
 
 from ..errors import UserError
 from ..masks import decode_causal_mask
-from .state import DecodeState, forward, prefill as prefill_positions
+from .state import DecodeState, RowTensors, forward, prefill as prefill_positions
+
+
+@dataclass
+class ARRows(RowTensors):
+    cache_end: Tensor  # (B,) the positions before it are cached
 
 
 def init(backbone, st: DecodeState) -> None:
@@ -24,12 +33,13 @@ def init(backbone, st: DecodeState) -> None:
     st.cache = backbone.new_cache(st.batch, capacity=min(st.canvas, st.cfg.context_length) + 1)
     end = st.first_masked - 1  # (B,) cache everything before the last clean token
     prefill_positions(backbone, st, st.pos < end[:, None])
-    st.extra["cache_end"] = end
+    st.extra = ARRows(cache_end=end)
 
 
 def step(backbone, st: DecodeState) -> None:
     """Feed (and cache) the clean tokens up to the first MASK; commit the prediction for it."""
-    f, ce = st.first_masked, st.extra["cache_end"]
+    rows = cast(ARRows, st.extra)
+    f, ce = st.first_masked, rows.cache_end
     n = f - ce  # (B,) clean tokens to feed, >= 1
     T, ls = torch.stack([n.max(), n.min() - 1]).tolist()
     slot = torch.arange(T, device=st.device)
@@ -40,4 +50,4 @@ def step(backbone, st: DecodeState) -> None:
     last = (n - 1 - ls)[:, None, None].expand(-1, 1, logits.shape[-1])  # (B, 1, V)
     qvalid = torch.ones(st.batch, 1, dtype=torch.bool, device=st.device)
     st.commit(logits.gather(1, last), f[:, None], qvalid, slot_pos, valid)
-    st.extra["cache_end"] = f
+    rows.cache_end = f

@@ -15,10 +15,19 @@ On overflow the cache entries with the smallest positions are evicted (docs/meth
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import cast
+
 import torch
+from torch import Tensor
 
 from ..masks import decode_block_mask
-from .state import DecodeState, forward, prefill as prefill_positions
+from .state import DecodeState, RowTensors, forward, prefill as prefill_positions
+
+
+@dataclass
+class BD3LMRows(RowTensors):
+    cache_end: Tensor  # (B,) the positions before it are cached (the blocks done)
 
 
 def init(backbone, st: DecodeState) -> None:
@@ -27,12 +36,13 @@ def init(backbone, st: DecodeState) -> None:
     st.cache = backbone.new_cache(st.batch, capacity=min(st.canvas, st.cfg.context_length) + 2 * S_b)
     end = st.first_masked // S_b * S_b  # (B,) start of the first block with a MASK
     prefill_positions(backbone, st, st.pos < end[:, None], block_size=S_b)
-    st.extra["cache_end"] = end
+    st.extra = BD3LMRows(cache_end=end)
 
 
 def step(backbone, st: DecodeState) -> None:
     """Run the current block whole (after any completed, uncached blocks, which this forward caches)."""
-    S_b, ce = st.cfg.block_size, st.extra["cache_end"]
+    rows = cast(BD3LMRows, st.extra)
+    S_b, ce = st.cfg.block_size, rows.cache_end
     start = st.first_masked // S_b * S_b  # (B,) current block
     end = torch.minimum(start + S_b, st.length)
     c, n = start - ce, end - ce  # (B,) clean uncached tokens, all inputs
@@ -44,4 +54,4 @@ def step(backbone, st: DecodeState) -> None:
     logits = forward(backbone, st, slot_pos, new, keep=c, logits_start=ls, n_new=n)  # (B, T − ls, V)
     qpos = slot_pos[:, ls:]
     st.commit(logits, qpos, st.masked.gather(1, qpos), slot_pos, valid)
-    st.extra["cache_end"] = start
+    rows.cache_end = start

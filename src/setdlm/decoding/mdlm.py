@@ -11,11 +11,20 @@ computed. Requires prompt + generation <= L.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import cast
+
 import torch
+from torch import Tensor
 
 from ..errors import UserError
 from ..masks import decode_full_mask
-from .state import DecodeState, forward
+from .state import DecodeState, RowTensors, forward
+
+
+@dataclass
+class MDLMRows(RowTensors):
+    sub_block: Tensor  # (B, N+1) each target's semi-AR sub-block, -1 elsewhere
 
 
 def init(backbone, st: DecodeState) -> None:
@@ -24,12 +33,12 @@ def init(backbone, st: DecodeState) -> None:
         raise UserError(f"MDLM has no cache to slide: prompt + new tokens ({int(st.length.max())}) must be "
                         f"<= L={st.cfg.context_length}")
     rank = st.target.long().cumsum(-1) - 1  # (B, N+1) rank of each target position
-    st.extra["sub_block"] = torch.where(st.target, rank // st.cfg.block_size, -1)
+    st.extra = MDLMRows(sub_block=torch.where(st.target, rank // st.cfg.block_size, -1))
 
 
 def step(backbone, st: DecodeState) -> None:
     """One bidirectional forward over the whole canvas; commit in the current sub-block."""
-    N, sub = st.canvas, st.extra["sub_block"]
+    N, sub = st.canvas, cast(MDLMRows, st.extra).sub_block
     cur = sub.gather(1, st.first_masked[:, None])  # (B, 1)
     inb = st.masked & (sub == cur)  # (B, N+1) queries: the masks of the current sub-block
     q = int(inb.sum(-1).max())

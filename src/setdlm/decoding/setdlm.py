@@ -24,20 +24,30 @@ smallest positions are evicted (docs/method.md §4.5); remaining cached tokens s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import cast
+
 import torch
+from torch import Tensor
 
 from ..errors import UserError
 from ..masks import setdlm_step_mask
-from .state import DecodeState, forward, prefill as prefill_positions
+from .state import DecodeState, RowTensors, forward, prefill as prefill_positions
+
+
+@dataclass
+class SetDLMRows(RowTensors):
+    pending: Tensor  # (B, N+1) bool: committed last step, cached by the next forward
+    pend_key: Tensor  # (B, N+1) the order in which pending tokens enter the cache (position, or reveal rank)
 
 
 def init(backbone, st: DecodeState) -> None:
     """Cache every non-MASK token (prompt, or infilling context) in ascending position, causally."""
     st.cache = backbone.new_cache(st.batch, capacity=min(st.canvas, st.cfg.context_length) + 2 * st.cfg.window)
-    st.extra["pending"] = torch.zeros_like(st.masked)  # (B, N+1) committed last step, not yet cached
+    pending = torch.zeros_like(st.masked)  # (B, N+1) committed last step, not yet cached
     # sort keys of the step input: clean tokens by pend_key (position, or reveal rank), then the window's
     # masks by position, then everything else
-    st.extra["pend_key"] = st.pos.expand(st.batch, -1).clone()  # (B, N+1)
+    st.extra = SetDLMRows(pending=pending, pend_key=st.pos.expand(st.batch, -1).clone())  # (B, N+1) each
     st.shared["win_key"] = st.pos + (st.canvas + 1)  # (N+1,)
     st.shared["rest_key"] = st.pos + 2 * (st.canvas + 1)
     w = st.cfg.window
@@ -60,18 +70,19 @@ def reveal_rank(st: DecodeState, schedule, times: list[torch.Tensor] | None = No
             assert st.generators is not None, "cache_order='reveal' without times: the state has generators"
             t = schedule.sample_reveal_times(1, n[b], generator=st.generators[b], device=st.device)[0]  # (n_b,)
         key[b, st.target[b]] = -t  # ascending key = decreasing reveal time
-    st.extra["pend_key"] = key.argsort(dim=-1, stable=True).argsort(dim=-1)  # (B, N+1) integer ranks
+    cast(SetDLMRows, st.extra).pend_key = key.argsort(dim=-1, stable=True).argsort(dim=-1)  # (B, N+1) ranks
 
 
 def step(backbone, st: DecodeState) -> None:
     """One forward: cache last step's tokens, predict the window's masks, commit (docs/method.md §4.2, steps 1–4)."""
     w, N = st.cfg.window, st.canvas
-    pending, pos = st.extra["pending"], st.pos
+    rows = cast(SetDLMRows, st.extra)
+    pending, pos = rows.pending, st.pos
     win = st.masked & (pos < (st.first_masked + w)[:, None])  # (B, N+1) masks in [f, f + w)
     c = pending.sum(-1)  # (B,) clean inputs
     n = c + win.sum(-1)  # (B,) all inputs
     T, ls = torch.stack([n.max(), c.min()]).tolist()
-    key = torch.where(pending, st.extra["pend_key"], torch.where(win, st.shared["win_key"], st.shared["rest_key"]))
+    key = torch.where(pending, rows.pend_key, torch.where(win, st.shared["win_key"], st.shared["rest_key"]))
     slot = torch.arange(T, device=st.device)  # (T,)
     valid = slot < n[:, None]  # (B, T)
     slot_pos = torch.where(valid, key.topk(T, dim=-1, largest=False, sorted=True).indices, N)  # (B, T)
@@ -80,5 +91,5 @@ def step(backbone, st: DecodeState) -> None:
     logits = forward(backbone, st, slot_pos, new, keep=c, logits_start=ls, n_new=n)  # (B, T − ls, V)
     qvalid = (valid & (slot >= c[:, None]))[:, ls:]  # (B, T − ls) the mask slots
     write = st.commit(logits, slot_pos[:, ls:], qvalid, slot_pos, valid)
-    st.extra["pending"] = torch.zeros_like(pending).scatter_(1, write, True)
-    st.extra["pending"][:, N] = False
+    rows.pending = torch.zeros_like(pending).scatter_(1, write, True)
+    rows.pending[:, N] = False

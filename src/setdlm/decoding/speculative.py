@@ -47,7 +47,8 @@ order (the ``window=1`` cache is in position order).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 from torch import Tensor
@@ -56,10 +57,24 @@ from ..errors import UserError
 from ..masks import speculative_step_mask, with_cache
 from .constrained import allowed_given_drafts
 from .sampling import process_logits, propose
-from .state import DecodeState, prefill as prefill_positions
+from .state import DecodeState, RowTensors, prefill as prefill_positions
 
 if TYPE_CHECKING:
     from .settings import VerifyLayout
+
+
+@dataclass
+class DraftRows(RowTensors):
+    """Per row: where a draft waits to be verified, its tokens, and each generated position's uniform."""
+
+    drafted: Tensor  # (B, N+1) bool: positions holding a draft to verify
+    draft: Tensor  # (B, N+1) the draft tokens (where drafted)
+    u: Tensor  # (B, N+1) float64: each generated position's U[0, 1) draw (position_uniforms)
+
+
+@dataclass
+class SpeculativeRows(DraftRows):
+    pending: Tensor  # (B, N+1) bool: committed last step, cached by the next forward
 
 
 def init(backbone, st: DecodeState) -> None:
@@ -71,14 +86,12 @@ def init(backbone, st: DecodeState) -> None:
                         f"decode it reproduces evicts cache entries past L (docs/method.md §4.5)")
     w = st.cfg.window
     st.cache = backbone.new_cache(st.batch, capacity=min(st.canvas, L) + w * (w + 1))  # + one step's inputs
-    st.extra["pending"] = torch.zeros_like(st.masked)  # (B, N+1) committed last step, not yet cached
-    st.extra["drafted"] = torch.zeros_like(st.masked)  # (B, N+1) positions holding a draft to verify
-    st.extra["draft"] = torch.zeros_like(st.tokens)  # (B, N+1) the draft tokens (where drafted)
-    st.extra["u"] = _position_uniforms(st)  # (B, N+1)
+    st.extra = SpeculativeRows(drafted=torch.zeros_like(st.masked), draft=torch.zeros_like(st.tokens),
+                               u=position_uniforms(st), pending=torch.zeros_like(st.masked))
     prefill_positions(backbone, st, ~st.target & (st.pos < st.length[:, None]))
 
 
-def _position_uniforms(st: DecodeState) -> Tensor:
+def position_uniforms(st: DecodeState) -> Tensor:
     """(B, N+1) float64: the U[0, 1) draw of each generated position, taken from the row's generator one at a
     time in position order, as the ``window=1`` decode draws them (zeros when greedy)."""
     u = torch.zeros(st.batch, st.canvas + 1, dtype=torch.float64, device=st.device)
@@ -144,7 +157,8 @@ def step(backbone, st: DecodeState) -> None:
     """One forward: cache the pending token, verify the draft, commit the verified prefix plus the verifier's
     next token, keep the accepted drafts in the cache and take the next draft (module docstring)."""
     w, N, pos = st.cfg.window, st.canvas, st.pos
-    pending, drafted, draft = st.extra["pending"], st.extra["drafted"], st.extra["draft"]  # (B, N+1) each
+    rows = cast(SpeculativeRows, st.extra)
+    pending, drafted, draft = rows.pending, rows.drafted, rows.draft  # (B, N+1) each
     k = drafted.sum(-1)  # (B,) draft lengths: the drafts sit at the first k masked positions
     K = int(k.max())
     rank = st.masked.cumsum(-1) - 1  # (B, N+1) rank of each masked position
@@ -175,16 +189,17 @@ def step(backbone, st: DecodeState) -> None:
     else:  # every guess this forward made at the w − 1 positions after the last committed one
         take = (rank_q > acc[:, None]) & (rank_q < acc[:, None] + w)  # (B, Q)
     nxt = torch.where(q_ok & take, q_pos, N)  # (B, Q) the next draft
-    st.extra["pending"] = _flags(pending, last)
-    st.extra["drafted"] = _flags(drafted, nxt)
-    st.extra["draft"] = draft.scatter(1, nxt, tok)
+    rows.pending = _flags(pending, last)
+    rows.drafted = _flags(drafted, nxt)
+    rows.draft = draft.scatter(1, nxt, tok)
 
 
 def predict(st: DecodeState, logits: Tensor, q_pos: Tensor, q_ok: Tensor, horizon: Tensor) -> tuple[Tensor, Tensor]:
     """Token and confidence (B, Q) of each prediction of a step: ``logits`` (B, Q, V) for the positions ``q_pos``,
     each taking the drafts before its ``horizon`` as committed (constraints and penalties see them so), sampled
     with its position's uniform."""
-    drafted, draft, V = st.extra["drafted"], st.extra["draft"], logits.shape[-1]
+    rows = cast(DraftRows, st.extra)
+    drafted, draft, V = rows.drafted, rows.draft, logits.shape[-1]
     allowed = None if st.constraints is None else allowed_given_drafts(  # (B, Q, V) docs/decoding.md
         st.constraints, st.tokens, st.masked, drafted, draft, q_pos, q_ok, horizon, V)
     seen, gen_len = _seen(st, drafted, draft, horizon, V), _gen_len(st, drafted, q_pos)
@@ -192,7 +207,7 @@ def predict(st: DecodeState, logits: Tensor, q_pos: Tensor, q_ok: Tensor, horizo
         top = process_logits(logits, st.cfg.sampling, seen, gen_len, allowed).topk(st.cfg.top_logprobs, dim=-1)
         st.shared["step_top"] = (top.values, top.indices, q_pos, horizon, q_ok)
     return propose(logits, q_ok, st.cfg.sampling, st.generators, seen, gen_len, allowed=allowed,
-                   u=st.extra["u"].gather(1, q_pos))
+                   u=rows.u.gather(1, q_pos))
 
 
 def verify(st: DecodeState, kept: Tensor, v_pos: Tensor, v_ok: Tensor, v_tok: Tensor, v_conf: Tensor,
@@ -201,7 +216,8 @@ def verify(st: DecodeState, kept: Tensor, v_pos: Tensor, v_ok: Tensor, v_tok: Te
     accepted prefix and the verifier's next token committed, the cache cropped to ``kept`` (B,) entries (what it
     held before the forward and the pending token) plus the accepted drafts, the trace's draft fields. Returns the
     accepted drafts (B,) and what was committed (B, K+1)."""
-    drafted, draft = st.extra["drafted"], st.extra["draft"]  # (B, N+1) each
+    rows = cast(DraftRows, st.extra)
+    drafted, draft = rows.drafted, rows.draft  # (B, N+1) each
     h = torch.arange(v_pos.shape[1], device=v_pos.device)  # (K+1,)
     is_draft = drafted.gather(1, v_pos) & v_ok  # (B, K+1) verifiers whose position holds a draft
     d_tok = draft.gather(1, v_pos)

@@ -24,11 +24,13 @@ these are).
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from ..masks import with_cache
 from . import speculative_next_token
-from .speculative import predict, verify
+from .speculative import DraftRows, predict, verify
 from .state import DecodeState
 
 
@@ -41,7 +43,8 @@ def init(backbone, st: DecodeState) -> None:
 def step(backbone, st: DecodeState) -> None:
     """One base forward (verify, cache), the commit, one drafter pass (the next draft)."""
     N = st.canvas
-    drafted, draft = st.extra["drafted"], st.extra["draft"]  # (B, N+1) each
+    rows = cast(DraftRows, st.extra)
+    drafted, draft = rows.drafted, rows.draft  # (B, N+1) each
     f, end = st.first_masked[:, None], st.length[:, None]  # (B, 1) each
     k = drafted.sum(-1)  # (B,) draft lengths
     K = int(k.max())
@@ -71,5 +74,6 @@ def _next_draft(backbone, st: DecodeState, m, end) -> None:
     guess = backbone.drafter.vocab_map[logits.argmax(-1)]  # (B, w−1) token ids
     ok = live & (wpos[:, 1:] < end)  # (B, w−1)
     at = torch.where(ok, wpos[:, 1:], N)
-    st.extra["drafted"] = (pos > m) & (pos < end) & (pos < m + w) & live
-    st.extra["draft"] = st.extra["draft"].scatter(1, at, guess)
+    rows = cast(DraftRows, st.extra)
+    rows.drafted = (pos > m) & (pos < end) & (pos < m + w) & live
+    rows.draft = rows.draft.scatter(1, at, guess)

@@ -40,13 +40,14 @@ decode evicts entries past L, §4.5), and at least one token before the first MA
 from __future__ import annotations
 
 import functools
+from typing import cast
 
 import torch
 from torch import Tensor
 
 from ..errors import UserError
 from ..masks import speculative_step_mask, with_cache
-from .speculative import _position_uniforms, predict, verify
+from .speculative import DraftRows, position_uniforms, predict, verify
 from .state import DecodeState, prefill as prefill_positions
 
 
@@ -62,9 +63,8 @@ def start(backbone, st: DecodeState, room: int) -> None:
     check_rows(st)
     st.cache = backbone.new_cache(st.batch, capacity=min(st.canvas, st.cfg.context_length) + room)
     last = st.first_masked - 1  # (B,) the last clean token, fed by the first step (pending: always at f − 1)
-    st.extra["drafted"] = torch.zeros_like(st.masked)  # (B, N+1) positions holding a draft to verify
-    st.extra["draft"] = torch.zeros_like(st.tokens)  # (B, N+1) the draft tokens (where drafted)
-    st.extra["u"] = _position_uniforms(st)  # (B, N+1)
+    st.extra = DraftRows(drafted=torch.zeros_like(st.masked), draft=torch.zeros_like(st.tokens),
+                         u=position_uniforms(st))
     prefill_positions(backbone, st, st.pos < last[:, None])
 
 
@@ -92,7 +92,8 @@ def step(backbone, st: DecodeState) -> None:
     """One forward: cache the pending token and the draft, verify the draft with the next-token head, commit the
     verified prefix plus the head's next token, keep the accepted drafts cached, take the next draft."""
     w, N, pos = st.cfg.window, st.canvas, st.pos
-    drafted, draft = st.extra["drafted"], st.extra["draft"]  # (B, N+1) each
+    rows = cast(DraftRows, st.extra)
+    drafted, draft = rows.drafted, rows.draft  # (B, N+1) each
     # a row's masked positions are f, f+1, .. up to its end (init checked it; commits extend the prefix), the
     # pending token (the last committed, one per row) sits at f − 1 and the draft at f .. f+k−1: every slot's
     # position is arithmetic
@@ -123,8 +124,8 @@ def step(backbone, st: DecodeState) -> None:
     m_acc = v_pos.gather(1, acc[:, None])  # (B, 1) the verifier's own token, the last committed (N: none)
     whole = (acc == k)[:, None]  # (B, 1) the whole draft accepted: the window's masks are the next draft
     nxt = torch.where(whole & q_ok, q_pos, N)  # (B, w−1)
-    st.extra["drafted"] = torch.where(whole, (pos > m_acc) & (pos < end) & (pos < m_acc + w), drafted & (pos > m_acc))
-    st.extra["draft"] = draft.scatter(1, nxt, tok[:, K + 1:])  # else the drafts past the rejected one stay
+    rows.drafted = torch.where(whole, (pos > m_acc) & (pos < end) & (pos < m_acc + w), drafted & (pos > m_acc))
+    rows.draft = draft.scatter(1, nxt, tok[:, K + 1:])  # else the drafts past the rejected one stay
 
 
 @functools.lru_cache(maxsize=64)

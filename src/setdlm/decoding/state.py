@@ -15,7 +15,7 @@ compute.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -44,6 +44,21 @@ class DecodeConfig:
     tokenizer: object | None = None
     trace: bool = False
     top_logprobs: int = 0  # with ``trace``: each query's k most probable tokens (StepTrace.top; the server's logprobs)
+
+
+@dataclass
+class RowTensors:
+    """A decoder's own per-row tensors (first dim = rows), selected and joined with the state's rows: each
+    decoder declares them as the fields of a subclass (``SetDLMRows``: ``pending``, ``pend_key``, ...)."""
+
+    def select(self, rows: Tensor) -> RowTensors:
+        return replace(self, **{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+    def join(self, other: RowTensors) -> RowTensors:
+        if type(other) is not type(self):
+            raise ValueError(f"decoder state mismatch: {type(self).__name__} vs {type(other).__name__}")
+        return replace(self, **{f.name: torch.cat([getattr(self, f.name), getattr(other, f.name)])
+                                for f in fields(self)})
 
 
 @dataclass
@@ -92,7 +107,7 @@ class DecodeState:
         self.stop_checked = self.gen_start.clone()  # resolved prefix already searched for stop strings
         self.stop_end = torch.full((B,), N, dtype=torch.long, device=device)  # end of a found stop string
         self.seen: Tensor | None = None  # (B, V) counts for the repetition penalty, built on first use
-        self.extra: dict[str, Tensor] = {}  # decoder-specific per-row tensors, first dim = rows
+        self.extra = RowTensors()  # the decoder's own per-row tensors (its init sets its RowTensors subclass)
         self.shared: dict[str, Tensor] = {}  # tensors shared by all rows (the decoders add their own)
         self.cache = None
         self.forwards = 0  # steps so far (every row still here took part in all of them)
@@ -120,7 +135,7 @@ class DecodeState:
             setattr(self, name, getattr(self, name)[rows])
         if self.seen is not None:
             self.seen = self.seen[rows]
-        self.extra = {k: v[rows] for k, v in self.extra.items()}
+        self.extra = self.extra.select(rows)
         keep = rows.tolist()
         self.index = self.index[rows.cpu()]
         if self.generators is not None:
@@ -147,9 +162,7 @@ class DecodeState:
                     st.seen = st._initial_seen(V)
         if self.seen is not None:
             self.seen = torch.cat([self.seen, other.seen])
-        if self.extra.keys() != other.extra.keys():
-            raise ValueError(f"decoder state mismatch: {sorted(self.extra)} vs {sorted(other.extra)}")
-        self.extra = {k: torch.cat([v, other.extra[k]]) for k, v in self.extra.items()}
+        self.extra = self.extra.join(other.extra)
         self.index = torch.cat([self.index, other.index])
         if self.generators is not None:
             self.generators = self.generators + other.generators
