@@ -16,7 +16,7 @@ from setdlm.cli import main as cli
 from setdlm.training import DataOrder, TrainConfig, lr_at, train
 
 from support import subprocess_env, write_hamlet
-from support.gated_run import gated_run
+from support.gated_run import gated_run, reached
 
 TINY = dict(length=32, hidden_size=32, n_layers=2, n_heads=2, batch_size=8, lr=3e-3, warmup=5, eval_fraction=0.1,
             eval_max=32, eval_batch_size=8, log_every=5)
@@ -136,6 +136,15 @@ def _cmd(out, corpus, *extra):
     return [sys.executable, "-m", "setdlm.training", *args]
 
 
+def test_the_gate_fails_at_once_when_the_run_exits_first(tmp_path):
+    """A gated run that dies before its checkpoint (here at once, with code 3) fails the test when it exits, not
+    after the ten-minute hang guard."""
+    _, _, saved = gated_run(tmp_path, 1)
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    with pytest.raises(AssertionError, match="exited with code 3 before its step-1 checkpoint"):
+        reached(proc, saved, 1)
+
+
 def test_sigkill_then_resume_equals_uninterrupted(corpus, tmp_path):
     full, crashed = tmp_path / "full", tmp_path / "crashed"
     ref = subprocess.Popen(_cmd(full, corpus), env=subprocess_env(), stderr=subprocess.PIPE, text=True)
@@ -143,7 +152,7 @@ def test_sigkill_then_resume_equals_uninterrupted(corpus, tmp_path):
     cmd = _cmd(crashed, corpus)
     cmd[1:3] = [str(script)]  # the gated run instead of -m setdlm.training
     proc = subprocess.Popen(cmd, env=subprocess_env() | gate, stderr=subprocess.DEVNULL)
-    assert saved.wait(600), "the run never reached its step-10 checkpoint"  # a hang guard only
+    reached(proc, saved, 10)  # fails at once if the run exits first; a hang guard of 10 minutes
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
     killed_at = int((crashed / "latest").read_text().strip().split("-")[-1])

@@ -21,7 +21,7 @@ from setdlm.evaluation.likelihood import likelihood
 from setdlm.training import TrainConfig, consolidate, heldout_of, train
 
 from support import subprocess_env, write_hamlet
-from support.gated_run import gated_run
+from support.gated_run import gated_run, reached
 
 RUN = dict(family="setdlm", D=2, steps=20, length=32, hidden_size=32, n_layers=2, n_heads=2, batch_size=8, lr=3e-3,
            warmup=2, eval_every=10, save_every=5, log_every=1, eval_fraction=0.1, eval_max=16, eval_batch_size=8,
@@ -122,7 +122,7 @@ def test_sigkill_then_resume_equals_uninterrupted(runs, tmp_path):
     cmd = _torchrun(crashed, data)
     cmd[cmd.index("-m", 3):cmd.index("setdlm.training") + 1] = [str(script)]  # the gated run instead of -m setdlm.training
     proc = subprocess.Popen(cmd, env=subprocess_env() | gate, stderr=subprocess.DEVNULL)
-    assert saved.wait(600), "the run never reached its step-5 checkpoint"  # a hang guard only
+    reached(proc, saved, 5)  # fails at once if the run exits first; a hang guard of 10 minutes
     _kill_tree(proc.pid)
     assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
     killed_at = int((crashed / "latest").read_text().strip().split("-")[-1])

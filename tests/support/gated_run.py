@@ -6,6 +6,7 @@ The run is ``python -m setdlm.training`` with the training loop's ``save`` wrapp
 ``GATE_HOLD``, which nobody writes, until the test kills the run."""
 
 import os
+import subprocess
 import threading
 from pathlib import Path
 
@@ -35,3 +36,12 @@ def gated_run(folder: Path, step: int) -> tuple[Path, dict[str, str], threading.
     saved = threading.Event()
     threading.Thread(target=lambda: (ready.read_text(), saved.set()), daemon=True).start()
     return script, {"GATE_READY": str(ready), "GATE_HOLD": str(hold), "GATE_STEP": str(step)}, saved
+
+
+def reached(proc: subprocess.Popen, saved: threading.Event, step: int, timeout: float = 600) -> None:
+    """Wait until the gated run ``proc`` has saved its checkpoint of ``step`` and holds at the gate. A run that
+    exits first (a crash, or one that never reaches the gate) fails the test at once, with its exit code, not after
+    the hang guard's ``timeout``."""
+    threading.Thread(target=lambda: (proc.wait(), saved.set()), daemon=True).start()
+    assert saved.wait(timeout), f"the run never reached its step-{step} checkpoint (hang guard)"
+    assert proc.poll() is None, f"the run exited with code {proc.returncode} before its step-{step} checkpoint"
