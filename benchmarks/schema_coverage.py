@@ -109,7 +109,7 @@ def setdlm_side(schema, max_tokens: int) -> dict:
         return dict(row, reason="compile: " + _reason(e), error=str(e)[:300], compile_s=time.perf_counter() - t,
                     left_to_right="llguidance" if cfg else None)
     return dict(row, compiled=True, compile_s=time.perf_counter() - t, states=auto.states, edges=auto.src_tok.numel(),
-                left_to_right="setdlm")
+                nbytes=auto.nbytes, left_to_right="setdlm")
 
 
 def _reason(e: Exception) -> str:
@@ -274,6 +274,11 @@ def table(rows: list[dict], engines: list[str]) -> str:
         if times:
             q = statistics.quantiles(times, n=100, method="inclusive") if len(times) > 1 else [times[0]] * 99
             lines.append(f"\n{key}: p50 {q[49]:.3f} s, p90 {q[89]:.3f} s, p99 {q[98]:.3f} s, max {times[-1]:.3f} s")
+    sizes = sorted(r["nbytes"] for r in rows if r.get("compiled") and r.get("nbytes") is not None)
+    if sizes:  # the memory a compiled schema's automaton holds while it decodes
+        q = statistics.quantiles(sizes, n=100, method="inclusive") if len(sizes) > 1 else [sizes[0]] * 99
+        lines.append(f"\nautomaton memory: p50 {q[49] / 2**20:.2f} MiB, p90 {q[89] / 2**20:.2f} MiB, p99 "
+                     f"{q[98] / 2**20:.2f} MiB, max {sizes[-1] / 2**20:.2f} MiB")
     reasons = Counter(r.get("reason") for r in rows if not r.get("compiled"))
     lines.append("\nnot compiled, by the keyword named: " + ", ".join(f"`{k}` {v}" for k, v in reasons.most_common()))
     return "\n".join(lines)
