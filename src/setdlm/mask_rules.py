@@ -32,6 +32,7 @@ import contextlib
 import contextvars
 import functools
 import warnings
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -76,7 +77,8 @@ class MaskRule:
     caller knows it on the host (else read from ``valid`` once, a device sync on a GPU). A plain object, not a
     dataclass, so that wrappers that walk a forward's arguments (DDP, FSDP) pass it through untouched."""
 
-    def __init__(self, kind: str, valid: Tensor, set_ids: Tensor | None = None, unpadded: bool | None = None):
+    def __init__(self, kind: Literal["causal", "full", "sets"], valid: Tensor, set_ids: Tensor | None = None,
+                 unpadded: bool | None = None):
         if kind not in ("causal", "full", "sets") or (kind == "sets") != (set_ids is not None):
             raise ValueError(f"MaskRule: kind {kind!r} with{'out' if set_ids is None else ''} set ids")
         self.kind, self.valid, self.set_ids = kind, valid, set_ids

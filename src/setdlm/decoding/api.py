@@ -36,9 +36,9 @@ from .constrained import row_constraints
 from .grammar import left_to_right
 from .output import GenerationOutput
 from .settings import DecodeSettings, default_max_new_tokens, drafts, warn_unused_layout, warn_wide_window
-from .state import DecodeConfig, DecodeState, stop_index
+from .state import DecodeConfig, Decoder, DecodeState, Mode, stop_index
 
-DECODERS = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}  # by the registry's Family.decoder
+DECODERS: dict[str, Decoder] = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}  # by Family.decoder
 
 
 def generate(model, prompts, settings: DecodeSettings | None = None, *, seed: int | Sequence[int] | None = None,
@@ -279,7 +279,7 @@ def row_text(tokenizer, r, stops) -> str:
     return text
 
 
-def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: str, trace: bool,
+def decode_config(model, settings: DecodeSettings, *, mode: Mode, cache_order: str, trace: bool,
                   room: int | None = None) -> DecodeConfig:
     """The decoders' per-state configuration: ``settings`` checked against the model (stop strings need its
     tokenizer, EOS ids its vocabulary) with the family's defaults filled in (``window`` = ``D`` for SetDLM,
@@ -320,7 +320,7 @@ def decode_config(model, settings: DecodeSettings, *, mode: str, cache_order: st
                         verify_layout=settings.verify_layout)
 
 
-def decoder_of(fam, cfg: DecodeConfig):
+def decoder_of(fam, cfg: DecodeConfig) -> Decoder:
     """The decoder module (``init`` and ``step``) of a state: the family's, or the self-speculative SetDLM
     decoder when ``cfg.speculate`` (``decoding/speculative.py``; ``"next_token"``:
     ``decoding/speculative_next_token.py``)."""

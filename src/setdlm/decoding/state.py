@@ -16,6 +16,7 @@ compute.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
@@ -26,13 +27,26 @@ from .constrained import allowed_tokens, keep_jointly
 from .sampling import Sampling, commit_rule, process_logits, propose
 
 
+Mode = Literal["generate", "fill"]  # generate: new tokens after a prompt; fill: the MASKs of a canvas (infill)
+
+
+class Decoder(Protocol):
+    """A decoder (the modules ``setdlm.decoding.ar``, ``mdlm``, ``bd3lm``, ``setdlm``, ``speculative``,
+    ``speculative_next_token``, ``speculative_drafter``): ``init`` gives a new state its cache and per-row tensors
+    (its :class:`RowTensors`), ``step`` advances every row of the state by one forward."""
+
+    def init(self, backbone, st: DecodeState) -> None: ...
+
+    def step(self, backbone, st: DecodeState) -> None: ...
+
+
 @dataclass
 class DecodeConfig:
     """Everything a decoder needs besides the backbone and the rows."""
 
     sampling: Sampling
     context_length: int  # L: the cache never holds more than L − (new tokens) entries (docs/method.md §4.5)
-    mode: str = "generate"  # "generate" (stop on EOS / stop strings) or "fill" (stop when no MASK is left)
+    mode: Mode = "generate"  # "generate" (stop on EOS / stop strings) or "fill" (stop when no MASK is left)
     stop_on_eos: bool = True  # generate: a row ends at its first EOS (sampling.eos_token_ids)
     window: int = 1  # SetDLM positional window w
     block_size: int = 1  # BD3LM block S / MDLM sub-block
