@@ -32,7 +32,7 @@ import json
 import threading
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 from torch import Tensor
@@ -252,16 +252,14 @@ class Bounds:
     cache_bytes: int = 1 << 30
     workers: int = 2
 
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                raise UserError(f"{f.name} must be a positive number, got {v!r}")
+
 
 _SECONDS: contextvars.ContextVar[float | None] = contextvars.ContextVar("constraint_seconds", default=None)
-
-
-def _checked(bounds: Bounds) -> Bounds:
-    for name in ("seconds", "memory", "edges", "cache_bytes", "workers"):
-        v = getattr(bounds, name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise UserError(f"{name} must be a positive number, got {v!r}")
-    return bounds
 
 
 @contextlib.contextmanager
@@ -283,7 +281,7 @@ class ConstraintCompiler:
     process can differ; the library's calls (``generate``, :func:`automaton`) use :data:`DEFAULT_COMPILER`."""
 
     def __init__(self, bounds: Bounds | None = None):
-        self.bounds = _checked(bounds if bounds is not None else Bounds())
+        self.bounds = bounds if bounds is not None else Bounds()  # checked when made
         self.matchers = Matchers()
         self._cache: OrderedDict[tuple[str, str], TokenAutomaton] = OrderedDict()  # (pattern, vocab) -> automaton
         self._lock = threading.Lock()
@@ -293,7 +291,7 @@ class ConstraintCompiler:
     def set_bounds(self, **changes) -> Bounds:
         """Change the bounds (``set_bounds(seconds=5)``); returns the previous ones."""
         old = self.bounds
-        self.bounds = _checked(replace(old, **changes))
+        self.bounds = replace(old, **changes)  # a Bounds checks its values
         self._evict()
         return old
 
