@@ -38,7 +38,9 @@ setting                families            meaning
 
 Setting ``window``, ``threshold`` or ``block_size`` for a family it does not apply to, or a generate-only
 setting for ``fill``/``infill``, is a ``ValueError`` (:meth:`~DecodeSettings.check_for`); :func:`applicable`
-keeps those that apply, to sweep one setting over every family.
+keeps those that apply, to sweep one setting over every family. The fields whose metadata holds a
+:class:`RequestField` are those a request sets by name (the server's body, the lm-eval adapter's model_args:
+:mod:`setdlm.decoding.request`).
 """
 
 from __future__ import annotations
@@ -137,6 +139,27 @@ def family_settings(fam) -> list[str]:
         (["verify_layout"] if "speculate" in names else [])
 
 
+MAX_STOP = 16  # stop strings a request gives (lm-eval's until lists plus EOS reach 5)
+
+
+@dataclass(frozen=True)
+class RequestField:
+    """How a request gives a :class:`DecodeSettings` field, under the field's own name: the ``request``
+    metadata of the fields a request may set (the server's JSON body, the lm-eval adapter's model_args), read
+    by :func:`setdlm.decoding.request.request_settings` (docs/architecture.md). ``kind``: the JSON value it
+    takes (``"switch"``: a boolean, or one of the field's ``values``; ``"choice"``: a string that
+    DecodeSettings checks; ``"strings"``: a string or a list of ``low`` to ``high`` of them); ``low``, ``high``
+    (``"width"``: the canvas width the caller gives), ``low_open``: the bounds checked there, beyond
+    DecodeSettings' own; ``says``: what a value of the wrong type is told it must be, where DecodeSettings
+    checks the range itself."""
+
+    kind: Literal["number", "integer", "switch", "choice", "strings"]
+    low: float | None = None
+    high: float | Literal["width"] | None = None
+    low_open: bool = False
+    says: str | None = None
+
+
 def _positive_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
@@ -146,13 +169,16 @@ class DecodeSettings:
     """How to decode (see the module table for which family uses which field). Frozen and checked on
     construction: a bad value is a ``ValueError``/``TypeError`` naming the field."""
 
-    window: int | None = field(default=None, metadata={"help": "setdlm: sliding window w (default D)"})
-    threshold: float | None = field(default=None, metadata={"help": "setdlm/bd3lm/mdlm: also commit every mask "
-                                                                     "with probability >= tau (default off)"})
-    block_size: int | None = field(default=None, metadata={"help": "bd3lm/mdlm: block size (default the model's)"})
+    window: int | None = field(default=None, metadata={"help": "setdlm: sliding window w (default D)",
+                                                       "request": RequestField("integer", 1, "width")})
+    threshold: float | None = field(default=None, metadata={
+        "help": "setdlm/bd3lm/mdlm: also commit every mask with probability >= tau (default off)",
+        "request": RequestField("number", says="a number in (0, 1]")})
+    block_size: int | None = field(default=None, metadata={"help": "bd3lm/mdlm: block size (default the model's)",
+                                                           "request": RequestField("integer", 1, "width")})
     cache_order: CacheOrder | None = field(default=None, metadata={
         "help": "setdlm: order of newly cached tokens, position (default) or reveal",
-        "choices": ("position", "reveal")})
+        "choices": ("position", "reveal"), "request": RequestField("choice")})
     speculate: bool | Literal["next_token"] | None = field(default=None, metadata={
         "help": "setdlm: lossless self-speculative decoding, the window w drafts and the left-to-right decode "
                 "verifies (the output of --window 1, in fewer forwards); a switch: to verify with the model's "
@@ -160,24 +186,31 @@ class DecodeSettings:
         "values": {"next_token": "setdlm: speculate='next_token': the window drafts, the model's next-token head "
                                  "verifies (a model "
                          "trained with --ar-weight > 0); the output is that AR decode's, in about 2w positions a "
-                         "forward"}})
+                         "forward"},
+        "request": RequestField("switch")})
     verify_layout: VerifyLayout = field(default="auto", metadata={
         "help": "setdlm --speculate: which horizons of a step carry a window of masks: auto (by batch size, "
                 "default), all (the next draft ready wherever the step ends) or last (the whole draft's only; "
                 "fewer positions a forward); the output is the same",
-        "choices": VERIFY_LAYOUTS})
-    temperature: float = field(default=0.0, metadata={"help": "0 = greedy (default)"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling (1 = off)"})
-    top_k: int = field(default=0, metadata={"help": "top-k sampling (0 = off)"})
+        "choices": VERIFY_LAYOUTS, "request": RequestField("choice")})
+    temperature: float = field(default=0.0, metadata={"help": "0 = greedy (default)",
+                                                      "request": RequestField("number", 0, 2)})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling (1 = off)",
+                                                "request": RequestField("number", 0, 1, low_open=True)})
+    top_k: int = field(default=0, metadata={"help": "top-k sampling (0 = off)",
+                                            "request": RequestField("integer", 0, 2**63 - 1)})
     repetition_penalty: float = field(default=1.0, metadata={"help": "> 1 discourages repeats (the paper's "
-                                                                      "infilling: 1.2)"})
+                                                                      "infilling: 1.2)",
+                                                             "request": RequestField("number", says="a number > 0")})
     length_penalty: tuple[int, float] | None = field(default=None, metadata={
         "help": "START FACTOR: boost EOS after START generated tokens", "nargs": 2})
     max_new_tokens: int | None = field(default=None, metadata={"help": "tokens to generate per prompt"})
     eos_token_id: int | tuple[int, ...] | None = field(default=None, metadata={
         "help": "EOS token id (repeatable; default the tokenizer's)"})
-    ignore_eos: bool = field(default=False, metadata={"help": "do not stop at EOS: always max-new-tokens"})
-    stop: tuple[str, ...] = field(default=(), metadata={"help": "stop string (repeatable)"})
+    ignore_eos: bool = field(default=False, metadata={"help": "do not stop at EOS: always max-new-tokens",
+                                                      "request": RequestField("switch")})
+    stop: tuple[str, ...] = field(default=(), metadata={"help": "stop string (repeatable)",
+                                                         "request": RequestField("strings", 1, MAX_STOP)})
     constraint: Constraint | tuple[Constraint | None, ...] | None = field(default=None, metadata={
         "help": "regex(), json_schema() or choice(), a JSON Schema dict, a Pydantic model class or a list of choices: "
                 "every row's output matches it (or one per row)"})

@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 from ..batch import Batch
 from ..data.prompt import max_prompt_tokens, start_ids
 from ..decoding import generate
+from ..decoding.request import REQUEST_FIELDS, request_settings
 from ..decoding.settings import MAX_NEW_TOKENS, DecodeSettings, drafts
 from ..errors import UserError
 from ..formats.loading import load
@@ -75,22 +76,21 @@ def paper_user_turn(content: str) -> str:
 class SetDLMLM(LM):
     """A setdlm model (any family) for lm-eval. ``pretrained``: a checkpoint or run folder, a Hub id, or a
     folder / Hub id in the paper authors' layout. The decoding settings: ``settings`` (a
-    :class:`~setdlm.decoding.settings.DecodeSettings`, from Python) or the model_args ``window``,
-    ``threshold``, ``block_size``, ``cache_order``, ``max_new_tokens`` (default 256), not both. See the module
-    docstring and docs/pretrained.md for the requests and arguments. ``batch_size="auto"`` means 1; ``max_batch_size``
-    is accepted (lm-eval passes
-    it) and unused."""
+    :class:`~setdlm.decoding.settings.DecodeSettings`, from Python) or, not both, ``max_new_tokens`` (default
+    256) and as model_args every field a request sets by name (``window``, ``threshold``, ``block_size``,
+    ``cache_order``, ...: :data:`~setdlm.decoding.request.REQUEST_FIELDS`, read as the server reads a request's).
+    See the module docstring and docs/pretrained.md for the requests and arguments. ``batch_size="auto"`` means
+    1; ``max_batch_size`` is accepted (lm-eval passes it) and unused."""
 
-    def __init__(self, pretrained: str, *, settings: DecodeSettings | None = None, window: int | None = None,
-                 threshold: float | None = None, block_size: int | None = None, cache_order: str | None = None,
-                 max_new_tokens: int | None = None,
+    def __init__(self, pretrained: str, *, settings: DecodeSettings | None = None, max_new_tokens: int | None = None,
                  samples: int = 1, seed: int = 1234, batch_size: int | str = 1, max_batch_size: int | None = None,
                  device: str | None = None, dtype: str | None = None, ema: bool = False, add_bos: bool = True,
                  boxed: bool = False, gsm8k_paper: bool = False, enable_thinking: bool = True,
-                 tokenizer: str | None = None, base: str | None = None, D: int | None = None, **unused):
+                 tokenizer: str | None = None, base: str | None = None, D: int | None = None, **decoding):
         super().__init__()
+        unused = sorted(set(decoding) - set(REQUEST_FIELDS))
         if unused:
-            raise UserError(f"unknown setdlm model_args: {', '.join(sorted(unused))}")
+            raise UserError(f"unknown setdlm model_args: {', '.join(unused)}")
         if not (isinstance(samples, int) and samples >= 1):
             raise UserError(f"samples must be a positive integer, got {samples!r}")
         if dtype is not None and dtype not in _DTYPES:
@@ -103,9 +103,11 @@ class SetDLMLM(LM):
         self.name = str(pretrained)
         self._device = torch.device(device)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1  # "auto" → 1
-        given = {k: v for k, v in (("window", window), ("threshold", threshold), ("block_size", block_size),
-                                   ("cache_order", cache_order), ("max_new_tokens", max_new_tokens)) if v is not None}
-        # a DecodeSettings from Python, or its fields as model_args; per request: + max_gen_toks, until, sampling
+        # a DecodeSettings from Python, or its fields as model_args (read as the server reads a request's); per
+        # request: + max_gen_toks, until, sampling
+        given = request_settings(decoding, self.L)
+        if max_new_tokens is not None:
+            given["max_new_tokens"] = max_new_tokens
         self.settings = DecodeSettings.of(settings, given, "SetDLMLM")
         self.settings.check_for(self.model.family.family, drafts=drafts(self.model))
         self.max_new_tokens = self.settings.max_new_tokens or MAX_NEW_TOKENS  # no max_gen_toks; capped at the room
@@ -122,7 +124,7 @@ class SetDLMLM(LM):
 
     @property
     def decode_kw(self) -> dict:
-        """The model_args among the decoding settings (:class:`DecodeSettings`)."""
+        """The family-specific decoding settings (:class:`DecodeSettings`)."""
         return {k: getattr(self.settings, k) for k in ("window", "threshold", "block_size", "cache_order")}
 
     # -- tokens ---------------------------------------------------------------------------------------------
@@ -194,7 +196,8 @@ class SetDLMLM(LM):
                 for i in rows:
                     by_len.setdefault(max(1, min(max_new, self.L - len(prompts[i]))), []).append(i)
                 for n, part in by_len.items():
-                    settings = replace(self.settings, max_new_tokens=n, stop=tuple(until), **sampling)
+                    stop = tuple(dict.fromkeys((*self.settings.stop, *until)))  # the settings' own, and the task's
+                    settings = replace(self.settings, max_new_tokens=n, stop=stop, **sampling)
                     res = generate(self.model, [prompts[i] for i in part], settings, seed=self.seed)
                     for i, text in zip(part, res.texts):
                         out[i] = boxed_to_hashes(text) if self.boxed else text

@@ -12,12 +12,13 @@ UTF-8 JSON, holds a lone surrogate, an integer of more than 4300 digits or objec
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 
 from ..chat import ROLES, chat_prompt
 from ..data.prompt import check_prompt_fits, encode_prompts
+from ..decoding.request import REQUEST_FIELDS, is_int, request_settings, short
 from ..decoding.settings import DecodeSettings, default_max_new_tokens
+from ..errors import UserError
 from ..seeds import SEED_RANGE
 from .structured import BadStructure, constraint_of
 from .tools import BadTools, Tools, normalize, parse_tools
@@ -89,8 +90,8 @@ def read_body(raw: bytes, model_name: str) -> dict:
     name = body.get("model", model_name)
     if name is not None and name != model_name:
         if not isinstance(name, str):
-            raise APIError(400, f"model must be a string, got {_short(name)}", "model")
-        raise APIError(404, f"model {_short(name)} not found; this server serves {model_name!r}", "model",
+            raise APIError(400, f"model must be a string, got {short(name)}", "model")
+        raise APIError(404, f"model {short(name)} not found; this server serves {model_name!r}", "model",
                        code="model_not_found")
     return body
 
@@ -110,10 +111,10 @@ def parse_request(raw: bytes, *, chat: bool, model, model_name: str, width: int)
     stream = _get(body, "stream", bool, False)
     opts = body.get("stream_options")  # the last chunk always carries usage, as include_usage asks
     if opts is not None and not isinstance(opts, dict):
-        raise APIError(400, f"stream_options must be an object, got {_short(opts)}", "stream_options")
+        raise APIError(400, f"stream_options must be an object, got {short(opts)}", "stream_options")
     seed = body.get("seed")
-    if seed is not None and not (_is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
-        raise APIError(400, f"seed must be an integer in [-2**63, 2**64 - 1], got {_short(seed)}", "seed")
+    if seed is not None and not (is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
+        raise APIError(400, f"seed must be an integer in [-2**63, 2**64 - 1], got {short(seed)}", "seed")
     settings = _settings(body, max(max_tokens, 1), width, tools)
     logprobs = _logprobs(body, chat, settings)
     if echo is not None and logprobs is not None and not model.family.spec.ordered:
@@ -136,9 +137,9 @@ def _max_tokens(body: dict, chat: bool, width: int, fixed: int, echo: bool) -> i
     max_tokens = body.get(key)
     if max_tokens is None:
         return default_max_new_tokens("server", room=width - fixed)
-    if not _is_int(max_tokens) or max_tokens < (0 if echo else 1):
+    if not is_int(max_tokens) or max_tokens < (0 if echo else 1):
         raise APIError(400, f"{key} must be a positive integer{' (or 0 with echo)' if not chat else ''}, got "
-                            f"{_short(max_tokens)}", key)
+                            f"{short(max_tokens)}", key)
     if fixed + max_tokens > width:
         raise APIError(400, f"{key}={max_tokens} is too large: the "
                             f"prompt{' and suffix have' if body.get('suffix') else ' has'} "
@@ -157,8 +158,8 @@ def _n(body: dict, settings: DecodeSettings) -> int:
     n = body.get("n")
     if n is None:
         return 1
-    if not _is_int(n) or not 1 <= n <= MAX_N:
-        raise APIError(400, f"n must be an integer in [1, {MAX_N}], got {_short(n)}", "n")
+    if not is_int(n) or not 1 <= n <= MAX_N:
+        raise APIError(400, f"n must be an integer in [1, {MAX_N}], got {short(n)}", "n")
     copies = _get(body, "greedy_copies", bool, False)
     if n > 1 and settings.temperature == 0 and not copies:
         raise APIError(400, f"n={n} with greedy decoding (temperature 0) gives {n} identical choices: set a "
@@ -172,7 +173,7 @@ def _logprobs(body: dict, chat: bool, settings: DecodeSettings) -> int | None:
     lp, top = body.get("logprobs"), body.get("top_logprobs")
     if chat:
         if lp is not None and not isinstance(lp, bool):
-            raise APIError(400, f"logprobs must be a boolean for chat completions, got {_short(lp)}", "logprobs")
+            raise APIError(400, f"logprobs must be a boolean for chat completions, got {short(lp)}", "logprobs")
         if top is not None and not lp:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         k = (top or 0) if lp else None
@@ -186,8 +187,8 @@ def _logprobs(body: dict, chat: bool, settings: DecodeSettings) -> int | None:
         k, param = lp, "logprobs"
     if k is None:
         return None
-    if not _is_int(k) or not 0 <= k <= MAX_LOGPROBS:
-        raise APIError(400, f"{param} must be an integer in [0, {MAX_LOGPROBS}], got {_short(k)}", param)
+    if not is_int(k) or not 0 <= k <= MAX_LOGPROBS:
+        raise APIError(400, f"{param} must be an integer in [0, {MAX_LOGPROBS}], got {short(k)}", param)
     return k
 
 
@@ -212,8 +213,9 @@ COMPLETIONS_ONLY = ("prompt", "echo", "suffix", "best_of")
 CHAT_ONLY = ("messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
              "metadata", "store", "service_tier", "modalities", "audio", "prediction", "reasoning_effort",
              "web_search_options", "functions", "function_call", "verbosity", "prompt_cache_key", "safety_identifier")
-SETDLM_FIELDS = ("threshold", "window", "block_size", "cache_order", "repetition_penalty", "top_k", "ignore_eos",
-                 "speculate", "verify_layout", "regex", "choice", "greedy_copies")
+# setdlm's own: every DecodeSettings field a request sets by name that OpenAI has not (its request metadata,
+# setdlm.decoding.request), then the constraints besides response_format and greedy_copies
+SETDLM_FIELDS = (*(name for name in REQUEST_FIELDS if name not in BOTH), "regex", "choice", "greedy_copies")
 # field -> (the values it is honoured with, why any other is refused)
 REFUSED_UNLESS = {
     "best_of": ((None, 1), "best_of is not supported: n returns every sample, none is chosen for you"),
@@ -241,10 +243,10 @@ def check_fields(body: dict, chat: bool) -> None:
             other = "/v1/completions" if key in COMPLETIONS_ONLY else "/v1/chat/completions" if key in CHAT_ONLY \
                 else None
             where = f" (a field of {other})" if other else ""
-            raise APIError(400, f"unknown field {_short(key)}{where}: this endpoint does not take it", key)
+            raise APIError(400, f"unknown field {short(key)}{where}: this endpoint does not take it", key)
         if key in REFUSED_UNLESS and not any(body[key] == ok and type(body[key]) is type(ok) or body[key] is ok
                                              for ok in REFUSED_UNLESS[key][0]):
-            raise APIError(400, f"{REFUSED_UNLESS[key][1]} (got {_short(body[key])})", key)
+            raise APIError(400, f"{REFUSED_UNLESS[key][1]} (got {short(body[key])})", key)
 
 
 def _check_values(body: dict) -> None:
@@ -272,54 +274,20 @@ def _surrogate(text: str) -> int:
 
 
 TEMPERATURE_FLOOR = 1e-3
-MAX_STOP = 16  # stop strings per request (lm-eval's until lists plus EOS reach 5)
 
 
 def _settings(body: dict, max_tokens: int, width: int, tools: Tools | None = None) -> DecodeSettings:
-    """The request's :class:`DecodeSettings`: the API's own bounds and JSON types here (a window or block
-    wider than the canvas ``width`` is refused: it cannot be decoded), every value's range checked by
-    ``DecodeSettings`` itself; an error names the API field."""
-    s = {}
-    t = _number(body, "temperature", 0.0, 2.0, low_open=False)
-    if t is not None:  # below the floor: greedy (sampling is greedy there up to ties; 1e-300 would overflow)
-        s["temperature"] = float(t) if t >= TEMPERATURE_FLOOR else 0.0
-    p = _number(body, "top_p", 0.0, 1.0, low_open=True)
-    if p is not None:
-        s["top_p"] = float(p)
-    th = body.get("threshold")
-    if th is not None:
-        if not _is_number(th):
-            raise APIError(400, f"threshold must be a number in (0, 1], got {_short(th)}", "threshold")
-        s["threshold"] = float(th)
-    rp = body.get("repetition_penalty")
-    if rp is not None:  # its range is DecodeSettings' own check
-        if not _is_number(rp):
-            raise APIError(400, f"repetition_penalty must be a number > 0, got {_short(rp)}", "repetition_penalty")
-        s["repetition_penalty"] = float(rp)
-    for name, lo, hi in (("window", 1, width), ("block_size", 1, width), ("top_k", 0, 2**63 - 1)):
-        v = body.get(name)
-        if v is not None:
-            if not _is_int(v) or not lo <= v <= hi:
-                raise APIError(400, f"{name} must be an integer in [{lo}, {hi}], got {_short(v)}", name)
-            s[name] = v
-    for name in ("cache_order", "verify_layout"):  # their values are DecodeSettings' own check
-        if body.get(name) is not None:
-            s[name] = body[name]
-    stop = body.get("stop")
-    if stop is not None:
-        stops = [stop] if isinstance(stop, str) else stop
-        if not (isinstance(stops, list) and 1 <= len(stops) <= MAX_STOP
-                and all(isinstance(x, str) and x for x in stops)):
-            raise APIError(400, f"stop must be a non-empty string or a list of 1 to {MAX_STOP} of them, got "
-                                f"{_short(stop)}", "stop")
-        s["stop"] = stops
-    if _get(body, "ignore_eos", bool, False):
-        s["ignore_eos"] = True
-    spec = body.get("speculate")  # SetDLM self-speculative decoding (docs/decoding.md): true, or "next_token"
-    if spec == "next_token" or spec is True:
-        s["speculate"] = spec
-    elif spec not in (None, False):
-        raise APIError(400, f"speculate must be true, false or \"next_token\", got {_short(spec)}", "speculate")
+    """The request's :class:`DecodeSettings`: the fields a request sets by name read by
+    :func:`~setdlm.decoding.request.request_settings` (their JSON types and the API's bounds; a window or block
+    wider than the canvas ``width`` is refused: it cannot be decoded), the constraint of ``response_format``,
+    ``regex``, ``choice`` or ``tools``; every value's range checked by ``DecodeSettings`` itself; an error names
+    the API field."""
+    try:
+        s = request_settings(body, width)
+    except UserError as e:
+        raise APIError(400, str(e), e.fields[0]) from None
+    if s.get("temperature", 1.0) < TEMPERATURE_FLOOR:  # greedy: sampling is greedy there up to ties (and 1e-300
+        s["temperature"] = 0.0                         # would overflow)
     if s.get("verify_layout") not in (None, "auto") and s.get("speculate") is not True:  # nothing to lay out
         raise APIError(400, "verify_layout lays out the self-speculative decode's verification; it applies with "
                             "speculate=true only", "verify_layout")
@@ -372,7 +340,7 @@ def _prompt_ids(prompt, model, where: str) -> list[int]:
             raise APIError(400, f"{where} must not be empty", "prompt")
     elif isinstance(prompt, list):
         vocab = getattr(model.tokenizer, "vocab_size", None) or float("inf")
-        if not prompt or not all(_is_int(t) and 0 <= t < vocab for t in prompt):
+        if not prompt or not all(is_int(t) and 0 <= t < vocab for t in prompt):
             raise APIError(400, f"{where} must be a non-empty string or a non-empty list of token ids below the "
                                 f"vocabulary size {vocab}", "prompt")
         if model.family.mask_token_id in prompt:
@@ -392,7 +360,7 @@ def _suffix_ids(body: dict, model) -> list[int] | None:
     if suffix is None or suffix == "":
         return None
     if not isinstance(suffix, str):
-        raise APIError(400, f"suffix must be a string, got {_short(suffix)}", "suffix")
+        raise APIError(400, f"suffix must be a string, got {short(suffix)}", "suffix")
     if model.tokenizer is None:
         raise APIError(400, "this model has no tokenizer: a suffix needs one", "suffix")
     for name in ("stop", "ignore_eos", "cache_order"):
@@ -438,34 +406,10 @@ def _encode(model, prompt, param: str) -> list[int]:
         raise APIError(400, f"{param} cannot be encoded: {e}", param) from None
 
 
-def _short(v) -> str:
-    """A value for an error message, cut to 40 characters (a 4000-digit integer is not echoed)."""
-    r = repr(v)
-    return r if len(r) <= 40 else r[:37] + "..."
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _number(body: dict, name: str, lo: float, hi: float, *, low_open: bool):
-    v = body.get(name)
-    if v is None:
-        return None
-    if not _is_number(v) or not ((lo < v) if low_open else (lo <= v)) or v > hi:
-        interval = f"{'(' if low_open else '['}{lo:g}, {hi:g}]"
-        raise APIError(400, f"{name} must be a number in {interval}, got {_short(v)}", name)
-    return v
-
-
 def _get(body: dict, name: str, kind: type, default):
     v = body.get(name, default)
     if v is None:
         return default
     if not isinstance(v, kind):
-        raise APIError(400, f"{name} must be a {kind.__name__}, got {_short(v)}", name)
+        raise APIError(400, f"{name} must be a {kind.__name__}, got {short(v)}", name)
     return v

@@ -10,8 +10,9 @@ setdlm's tokenizers, ``transformers``' ids for a Hugging Face one); without, the
 from __future__ import annotations
 
 from ..data.prompt import follows_transformers
+from ..decoding.request import is_int
 from .logprobs import token_text
-from .schemas import APIError, _get, _is_int, _messages_ids, _prompt_ids, read_body
+from .schemas import APIError, _get, _messages_ids, _prompt_ids, read_body
 
 
 def _tokenizer(model):
@@ -47,6 +48,6 @@ def detokenize(model, name: str, raw: bytes, width: int) -> dict:
     tok = _tokenizer(model)
     ids = body.get("tokens")
     vocab = tok.vocab_size
-    if not (isinstance(ids, list) and all(_is_int(t) and 0 <= t < vocab for t in ids)):
+    if not (isinstance(ids, list) and all(is_int(t) and 0 <= t < vocab for t in ids)):
         raise APIError(400, f"tokens must be a list of token ids below the vocabulary size {vocab}", "tokens")
     return {"prompt": tok.decode(ids)}
