@@ -27,13 +27,13 @@ class QueueFull(Exception):
 
 @dataclass(eq=False)  # jobs are compared by identity (the queue finds and removes them)
 class Job:
-    """One choice of a request in flight (a request's choices share one ``queue``). Items put on it:
-    ``("step", RowStep, job)`` (every step when ``stream``, else only the last), ``("error", (status, message),
-    job)``. ``traces``: the row's steps so far (its logprobs are read from them)."""
+    """One choice of a request in flight (a request's choices share one ``queue``): the batcher puts its
+    :data:`Event` on it, a :class:`Stepped` (every step when ``stream``, else only the last) or a
+    :class:`Failed`. ``traces``: the row's steps so far (its logprobs are read from them)."""
 
     row: Row
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+    queue: asyncio.Queue[Event]
     deadline: float  # time.monotonic() after which the request is dropped
     stream: bool = False  # the client reads every step (SSE), not only the finished row
     choice: int = 0  # the choice's index in the answer
@@ -43,11 +43,42 @@ class Job:
     finished: bool = False  # its last event (done or error) was read
     traces: list = field(default_factory=list)  # the row's StepTrace of every step so far
 
-    def put(self, kind: str, item) -> None:
+    def put(self, event: Event) -> None:
+        """Hand ``event`` to the request's queue, from any thread."""
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, item, self))
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
         except RuntimeError:  # the client's event loop is gone
             pass
+
+    def fail(self, status: int, message: str) -> None:
+        """End the job with the error ``(status, message)`` (:class:`Failed`)."""
+        self.put(Failed(self, status, message))
+
+
+@dataclass(frozen=True)
+class Stepped:
+    """A step of ``job``'s row: its :class:`~setdlm.decoding.session.RowStep` (``step.done`` set on the last)."""
+
+    job: Job
+    step: RowStep
+
+
+@dataclass(frozen=True)
+class Failed:
+    """``job`` ended with an error, answered with ``status`` (the batcher's: 500, a decode that failed; 504, a
+    request past its deadline; 503, a server shutting down) and ``message``."""
+
+    job: Job
+    status: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Gone:
+    """The client went away (put by the request's own watcher): nothing more is read."""
+
+
+Event = Stepped | Failed | Gone  # what a request's queue holds; its readers match on the class
 
 
 class Batcher:
@@ -138,7 +169,7 @@ class Batcher:
             jobs = [*self._waiting, *list(self._jobs.values())]
         for job in jobs:
             if not job.cancelled:
-                job.put("error", (status, message))
+                job.fail(status, message)
                 self.cancel(job)
 
     def stats(self) -> dict:
@@ -169,7 +200,7 @@ class Batcher:
                 now = time.monotonic()
                 for job in [j for j in self._waiting if now > j.deadline]:
                     self._waiting.remove(job)
-                    job.put("error", (504, "the request timed out waiting in the queue"))
+                    job.fail(504, "the request timed out waiting in the queue")
                 room = self.max_batch - len(self._jobs) + sum(j.id in self._jobs for j in cancelled)
                 admit = [self._waiting.popleft() for _ in range(min(max(room, 0), len(self._waiting)))]
             for job in cancelled:
@@ -184,7 +215,7 @@ class Batcher:
                 if now > job.deadline:
                     self.session.cancel(rid)
                     del self._jobs[rid]
-                    job.put("error", (504, "the request timed out before it finished decoding"))
+                    job.fail(504, "the request timed out before it finished decoding")
             if not len(self.session):
                 continue
             try:
@@ -192,7 +223,7 @@ class Batcher:
             except Exception as e:  # the session fails only a failing group's rows; anything else fails the batch
                 for rid, job in self._jobs.items():
                     self.session.cancel(rid)
-                    job.put("error", (500, f"decoding failed: {type(e).__name__}: {e}"))
+                    job.fail(500, f"decoding failed: {type(e).__name__}: {e}")
                 self._jobs.clear()
                 continue
             self.row_steps += len(events)
@@ -204,10 +235,10 @@ class Batcher:
                     owner.traces.append(ev.trace)
                 if ev.error is not None:  # this row's decode failed; it left the session, the others go on
                     del self._jobs[ev.row]
-                    owner.put("error", (500, ev.error))
+                    owner.fail(500, ev.error)
                     continue
                 if owner.stream or ev.done is not None:
-                    owner.put("step", ev)
+                    owner.put(Stepped(owner, ev))
                 if ev.done is not None:
                     del self._jobs[ev.row]
 

@@ -18,7 +18,7 @@ from ..decoding import constraint
 from ..decoding.output import step_record
 from ..decoding.session import RowDone, prepare
 from ..seeds import derive_seed
-from .batching import Batcher, Job, QueueFull
+from .batching import Batcher, Event, Failed, Gone, Job, QueueFull, Stepped
 from .logprobs import Committed, TokenLogprob, chat_logprobs, completion_logprobs, prompt_logprobs
 from .options import ServeOptions
 from .responses import TextStream, choice, chunk, completion, extension, finish_reason, new_id, summary, usage
@@ -94,7 +94,7 @@ class Completions:
                 return StreamingResponse(self._echo_stream(req, rid, echoed), media_type="text/event-stream")
             return JSONResponse(self._echo_only(req, rid, echoed))
         rows = await self._rows(req, arrived)
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue[Event] = asyncio.Queue()
         jobs = [Job(row, loop, queue, deadline=time.monotonic() + self.options.timeout, stream=req.stream, choice=i)
                 for i, row in enumerate(rows)]
         try:
@@ -117,13 +117,13 @@ class Completions:
             if not job.finished:
                 self.batcher.cancel(job)
 
-    async def _watch_disconnect(self, request, jobs: list[Job], queue: asyncio.Queue):
+    async def _watch_disconnect(self, request, jobs: list[Job], queue: asyncio.Queue[Event]):
         """Wait for the ASGI disconnect message (the body is read, so ``receive`` has nothing else to say):
         a client that goes away, streaming or not, cancels its jobs, whose rows leave before the next step."""
         while (await request.receive())["type"] != "http.disconnect":
             pass
         self._cancel(jobs)
-        queue.put_nowait(("gone", None, None))
+        queue.put_nowait(Gone())
 
     # -- whole answers -----------------------------------------------------------------------------------------
 
@@ -186,7 +186,7 @@ class Completions:
             yield _sse(last)
         yield "data: [DONE]\n\n"
 
-    async def _stream(self, jobs: list[Job], queue: asyncio.Queue, req: CompletionRequest, rid: str,
+    async def _stream(self, jobs: list[Job], queue: asyncio.Queue[Event], req: CompletionRequest, rid: str,
                       watch: asyncio.Task, echoed):
         streams = {job.choice: _ChoiceStream(self, req, job, echoed) for job in jobs}
         try:
@@ -195,19 +195,20 @@ class Completions:
                     yield _sse(first)
             left, generated = len(jobs), 0
             while left:
-                kind, item, job = await queue.get()
-                if kind == "gone":
-                    return
-                if kind == "error":
-                    job.finished = True
-                    yield _sse(APIError(item[0], item[1], type="server_error").body())
-                    break
-                body = streams[job.choice].event(rid, item)
-                if item.done is not None:
-                    job.finished, left, generated = True, left - 1, generated + len(item.done.tokens)
-                    if not left:
-                        body["usage"] = usage(req.prompt_tokens, generated)
-                yield _sse(body)
+                match await queue.get():
+                    case Gone():
+                        return
+                    case Failed(job=job, status=status, message=message):
+                        job.finished = True
+                        yield _sse(APIError(status, message, type="server_error").body())
+                        break
+                    case Stepped(job=job, step=step):
+                        body = streams[job.choice].event(rid, step)
+                        if step.done is not None:
+                            job.finished, left, generated = True, left - 1, generated + len(step.done.tokens)
+                            if not left:
+                                body["usage"] = usage(req.prompt_tokens, generated)
+                        yield _sse(body)
             yield "data: [DONE]\n\n"
         finally:  # also when the client disconnects mid-stream (the generator is closed)
             watch.cancel()
@@ -280,19 +281,19 @@ class _ChoiceStream:
         return out
 
 
-async def _until_done(jobs: list[Job], queue: asyncio.Queue) -> list:
+async def _until_done(jobs: list[Job], queue: asyncio.Queue[Event]) -> list:
     """Wait for every job's last event; the finished rows in choice order."""
     done: dict[int, RowDone] = {}
     while len(done) < len(jobs):
-        kind, item, job = await queue.get()
-        if kind == "gone":
-            raise APIError(499, "the client closed the request")
-        if kind == "error":
-            job.finished = True
-            raise APIError(item[0], item[1], type="server_error")  # the batcher's errors: 500, 504
-        if kind == "step" and item.done is not None:
-            job.finished = True
-            done[job.choice] = item.done
+        match await queue.get():
+            case Gone():
+                raise APIError(499, "the client closed the request")
+            case Failed(job=job, status=status, message=message):  # the batcher's errors: 500, 503, 504
+                job.finished = True
+                raise APIError(status, message, type="server_error")
+            case Stepped(job=job, step=step) if step.done is not None:
+                job.finished = True
+                done[job.choice] = step.done
     return [done[job.choice] for job in jobs]
 
 
