@@ -15,6 +15,7 @@ import logging
 import socket
 import time
 from importlib import resources
+from typing import TYPE_CHECKING
 
 from ..decoding.constraint import ConstraintCompiler
 from ..decoding.settings import family_settings
@@ -27,91 +28,137 @@ from .guard import Guard, log, read_json_body
 from .options import ServeOptions
 from .schemas import APIError, parse_request
 
-
-def create_app(model, name: str, options: ServeOptions | None = None, compiler: ConstraintCompiler | None = None):
-    """The Starlette app serving ``model`` under the id ``name`` with ``options`` (its limits, and the ``Host``
-    names answered: :attr:`ServeOptions.allowed_hosts`); its decoding loop starts with the app. ``compiler``:
-    the :class:`~setdlm.decoding.constraint.ConstraintCompiler` of its structured outputs (bounds, cache,
-    compiling processes; default the library's)."""
+if TYPE_CHECKING:  # the optional extra setdlm[serve]: imported where used
     from starlette.applications import Starlette
-    from starlette.middleware import Middleware
     from starlette.requests import Request
-    from starlette.responses import HTMLResponse, JSONResponse, Response
-    from starlette.routing import Route
+    from starlette.responses import Response
 
-    options = options if options is not None else ServeOptions()
-    batcher = Batcher(model, options)
-    created = int(time.time())
-    page = resources.files("setdlm.serve").joinpath("static/index.html").read_text(encoding="utf-8")
-    takes = family_settings(model.family)  # the page sends only these of its family-specific settings
 
-    handler = Completions(model, name, batcher, options, compiler)
+class Server:
+    """One served model: ``model`` under the id ``name`` with ``options`` (its limits, and the ``Host`` names
+    answered: :attr:`ServeOptions.allowed_hosts`), its decoding loop (:class:`~setdlm.serve.batching.Batcher`)
+    and completion endpoints (:class:`~setdlm.serve.completions.Completions`); each route is a method.
+    ``compiler``: the :class:`~setdlm.decoding.constraint.ConstraintCompiler` of its structured outputs
+    (bounds, cache, compiling processes; default the library's). :meth:`app` is the Starlette app, whose
+    lifespan starts and stops the decoding loop."""
 
-    async def index(request: Request):
-        return HTMLResponse(page)
+    def __init__(self, model, name: str, options: ServeOptions | None = None,
+                 compiler: ConstraintCompiler | None = None):
+        self.model, self.name = model, name
+        self.options = options if options is not None else ServeOptions()
+        self.batcher = Batcher(model, self.options)
+        self.completions = Completions(model, name, self.batcher, self.options, compiler)
+        self.created = int(time.time())
+        self.page = resources.files("setdlm.serve").joinpath("static/index.html").read_text(encoding="utf-8")
+        self.takes = family_settings(model.family)  # the page sends only these of its family-specific settings
 
-    async def health(request: Request):
-        return JSONResponse({"status": "ok", "model": name, "family": model.family.family, "dtype": model.dtype,
-                             "context_length": batcher.width, **batcher.stats(), "compiling": handler.waiting})
+    # -- routes ------------------------------------------------------------------------------------------------
 
-    def card() -> dict:
-        return {"id": name, "object": "model", "created": created, "owned_by": "setdlm", "family": model.family.family,
-                "context_length": batcher.width, "max_model_len": batcher.width, "settings": takes}
+    async def index(self, request: Request) -> Response:
+        from starlette.responses import HTMLResponse  # the optional extra setdlm[serve], as in app()
 
-    async def models(request: Request):
-        return JSONResponse({"object": "list", "data": [card()]})
+        return HTMLResponse(self.page)
 
-    async def one_model(request: Request):
-        if request.path_params["model"] != name:
+    async def health(self, request: Request) -> Response:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"status": "ok", "model": self.name, "family": self.model.family.family,
+                             "dtype": self.model.dtype, "context_length": self.batcher.width, **self.batcher.stats(),
+                             "compiling": self.completions.waiting})
+
+    def card(self) -> dict:
+        """The served model as ``/v1/models`` lists it."""
+        return {"id": self.name, "object": "model", "created": self.created, "owned_by": "setdlm",
+                "family": self.model.family.family, "context_length": self.batcher.width,
+                "max_model_len": self.batcher.width, "settings": self.takes}
+
+    async def models(self, request: Request) -> Response:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"object": "list", "data": [self.card()]})
+
+    async def one_model(self, request: Request) -> Response:
+        from starlette.responses import JSONResponse
+
+        if request.path_params["model"] != self.name:
             raise APIError(404, f"model {request.path_params['model'][:80]!r} not found; this server serves "
-                                f"{name!r}", "model", code="model_not_found")
-        return JSONResponse(card())
+                                f"{self.name!r}", "model", code="model_not_found")
+        return JSONResponse(self.card())
 
-    def tokenizer_route(fn):
-        """``POST`` ``fn(model, name, body, width)`` in a worker thread (vLLM's ``/tokenize``, ``/detokenize``)."""
-        async def route(request: Request):
-            raw = await read_json_body(request, options.max_body)
-            if raw is None:
-                return Response(status_code=400)
-            return JSONResponse(await asyncio.to_thread(fn, model, name, raw, batcher.width))
-        return route
+    async def tokenize(self, request: Request) -> Response:
+        return await self._tokenizer(request, tokens.tokenize)
 
-    async def complete(request: Request, chat: bool):
-        raw = await read_json_body(request, options.max_body)
+    async def detokenize(self, request: Request) -> Response:
+        return await self._tokenizer(request, tokens.detokenize)
+
+    async def _tokenizer(self, request: Request, fn) -> Response:
+        """``fn(model, name, body, width)`` in a worker thread (vLLM's ``/tokenize``, ``/detokenize``)."""
+        from starlette.responses import JSONResponse, Response
+
+        raw = await read_json_body(request, self.options.max_body)
+        if raw is None:
+            return Response(status_code=400)
+        return JSONResponse(await asyncio.to_thread(fn, self.model, self.name, raw, self.batcher.width))
+
+    async def completion(self, request: Request) -> Response:
+        return await self._complete(request, chat=False)
+
+    async def chat_completion(self, request: Request) -> Response:
+        return await self._complete(request, chat=True)
+
+    async def _complete(self, request: Request, chat: bool) -> Response:
+        from starlette.responses import Response
+
+        raw = await read_json_body(request, self.options.max_body)
         if raw is None:  # the client went away mid-body (logged); there is no one to answer
             return Response(status_code=400)
         arrived = time.monotonic()
-        req = await asyncio.to_thread(parse_request, raw, chat=chat, model=model, model_name=name,
-                                      width=batcher.width)  # tokenizing a long prompt blocks no one
-        return await handler.answer(request, req, arrived)
+        req = await asyncio.to_thread(parse_request, raw, chat=chat, model=self.model, model_name=self.name,
+                                      width=self.batcher.width)  # tokenizing a long prompt blocks no one
+        return await self.completions.answer(request, req, arrived)
 
-    async def completions(request: Request):
-        return await complete(request, chat=False)
-
-    async def chat_completions(request: Request):
-        return await complete(request, chat=True)
+    # -- the app -----------------------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def lifespan(app):
-        batcher.start()
+    async def lifespan(self, app: Starlette):
+        self.batcher.start()
         try:
             yield
         finally:
-            batcher.stop()
-            handler.compiling.shutdown(wait=False, cancel_futures=True)
+            self.batcher.stop()
+            self.completions.compiling.shutdown(wait=False, cancel_futures=True)
 
-    routes = [Route("/", index), Route("/favicon.ico", _favicon), Route("/health", health), Route("/v1/models", models),
-              Route("/v1/models/{model:path}", one_model),
-              Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-              Route("/tokenize", tokenizer_route(tokens.tokenize), methods=["POST"]),
-              Route("/detokenize", tokenizer_route(tokens.detokenize), methods=["POST"])]
-    guard = Middleware(Guard, allowed=options.allowed_hosts, api_key=options.api_key)
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[guard],
-                    # starlette types every handler as taking any Exception; _api_error gets the APIErrors only
-                    exception_handlers={APIError: _api_error, 404: _not_found, 405: _not_found})  # type: ignore[dict-item]
-    app.state.batcher, app.state.name, app.state.family = batcher, name, model.family.family
-    return app
+    def routes(self) -> list:
+        from starlette.routing import Route
+
+        return [Route("/", self.index), Route("/favicon.ico", _favicon), Route("/health", self.health),
+                Route("/v1/models", self.models), Route("/v1/models/{model:path}", self.one_model),
+                Route("/v1/completions", self.completion, methods=["POST"]),
+                Route("/v1/chat/completions", self.chat_completion, methods=["POST"]),
+                Route("/tokenize", self.tokenize, methods=["POST"]),
+                Route("/detokenize", self.detokenize, methods=["POST"])]
+
+    def app(self) -> Starlette:
+        """The Starlette app of these routes behind the :class:`~setdlm.serve.guard.Guard` (Starlette and
+        uvicorn come with the optional extra ``setdlm[serve]``)."""
+        from starlette.applications import Starlette
+        from starlette.middleware import Middleware
+
+        guard = Middleware(Guard, allowed=self.options.allowed_hosts, api_key=self.options.api_key)
+        app = Starlette(routes=self.routes(), lifespan=self.lifespan, middleware=[guard],
+                        # starlette types every handler as taking any Exception; _api_error gets the APIErrors only
+                        exception_handlers={APIError: _api_error, 404: _not_found, 405: _not_found})  # type: ignore[dict-item]
+        app.state.batcher, app.state.name, app.state.family = self.batcher, self.name, self.model.family.family
+        return app
+
+
+def create_app(model, name: str, options: ServeOptions | None = None,
+               compiler: ConstraintCompiler | None = None) -> Starlette:
+    """The Starlette app serving ``model`` under the id ``name`` with ``options`` (its limits, and the ``Host``
+    names answered: :attr:`ServeOptions.allowed_hosts`); its decoding loop starts with the app. ``compiler``:
+    the :class:`~setdlm.decoding.constraint.ConstraintCompiler` of its structured outputs (bounds, cache,
+    compiling processes; default the library's). The app of a :class:`Server`."""
+    return Server(model, name, options, compiler).app()
 
 
 async def _favicon(request):  # the page names none (its icon is empty); other clients ask anyway
@@ -170,7 +217,7 @@ def server_class():
     neither an error nor ``[DONE]``."""
     import uvicorn  # the optional extra setdlm[serve], as Starlette in create_app
 
-    class Server(uvicorn.Server):
+    class UvicornServer(uvicorn.Server):
         async def startup(self, sockets=None):
             await super().startup(sockets)
             app = self.config.app
@@ -196,7 +243,7 @@ def server_class():
                 if timer is not None:
                     timer.cancel()
 
-    return Server
+    return UvicornServer
 
 
 def check_listen(host: str, port: int) -> None:
