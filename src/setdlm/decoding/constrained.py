@@ -151,6 +151,10 @@ class RowConstraint:
         hi = self._last_committed(holes)
         return bool((self._forward(tokens, holes, hi)[-1] & self._reach(self.end - hi)).any())
 
+    def complete(self, tokens: list[int], holes: list[bool]) -> bool:
+        """Is the region, all of it committed, a match? Always: every step kept the canvas completable."""
+        return True
+
     def allowed(self, tokens: list[int], holes: list[bool], queries: list[int], V: int) -> Tensor:
         """(Q, V) bool: the tokens that keep the canvas completable at each query position (holes of the
         region; a query outside the region allows everything)."""

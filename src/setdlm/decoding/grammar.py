@@ -17,8 +17,13 @@ setdlm's own reason. Without llguidance everything is as it was.
 :class:`~setdlm.decoding.constrained.RowConstraint` (``allowed``, ``allowed_now``, ``completable``): it
 consumes each token the decode commits, in order (EOS ends the output; the positions after it are padding),
 and a speculative decode's drafts are consumed tentatively and rolled back. The allowed set keeps a prefix
-of a valid document; unlike the automaton's, it does not know whether the document can close within
-``max_new_tokens``, so such a row may end with ``finish_reason`` ``"length"`` and an unfinished document.
+of a valid document; the matcher alone does not know whether the document can still close within
+``max_new_tokens``, as the automaton's reachability does. So each row keeps a *closing*: a token sequence
+from the committed prefix to an accepting end (found greedily and checked on a copy of the matcher, so it
+is an upper bound on the shortest one), and once the positions left come within :data:`RESERVE` tokens of
+it, the row writes it, token by token (docs/decoding.md "Two engines"). A request whose empty output has no
+closing within ``max_new_tokens`` is refused before decoding; a row that still ends unfinished (one token
+grew the closing past the reserve) reports it (:meth:`GrammarRow.complete`), never as a whole document.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -33,6 +39,8 @@ from torch import Tensor
 from ..errors import UserError
 
 ENGINE = "llguidance"
+RESERVE = 8  # tokens: a row writes its closing once the positions left are at most its length plus this
+CLOSERS = (b"}", b"]", b'"', b"0")  # the closing's preferred tokens, first allowed first (then the longest)
 LEFT_TO_RIGHT = "only left-to-right decodes (AR, window=1, speculate, block_size=1) can use the CFG engine"
 
 
@@ -63,6 +71,27 @@ def schema_grammar(schema_text: str, whitespace: str | None = None) -> tuple[str
     return grammar, ""
 
 
+@dataclass(frozen=True)
+class TokenInfo:
+    """A vocabulary as a row's mask and closing read it: ``text`` (n,) the tokens with bytes, ``length`` (n,)
+    their bytes' lengths (0 for whitespace alone, which a closing takes last), ``closers`` the ids of
+    :data:`CLOSERS` (those the vocabulary has), in that order."""
+
+    text: Tensor
+    length: Tensor
+    closers: tuple[int, ...]
+
+    @staticmethod
+    def of(pieces: list[bytes | None]) -> TokenInfo:
+        first: dict[bytes, int] = {}
+        for i, p in enumerate(pieces):
+            if p in CLOSERS:
+                first.setdefault(p, i)
+        return TokenInfo(torch.tensor([p is not None for p in pieces], dtype=torch.bool),
+                         torch.tensor([len(p) if p and p.strip() else 0 for p in pieces], dtype=torch.long),
+                         tuple(first[c] for c in CLOSERS if c in first))
+
+
 class Matchers:
     """llguidance's tokenizers (per tokenizer and EOS) and a fresh matcher per grammar to copy (the 64 last
     used), held by a :class:`~setdlm.decoding.constraint.ConstraintCompiler`."""
@@ -71,7 +100,18 @@ class Matchers:
         self.keep = keep
         self._tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {eos: LLTokenizer}
         self._fresh: OrderedDict = OrderedDict()  # (grammar, vocabulary digest, eos) -> a fresh matcher
+        self._tokens: OrderedDict = OrderedDict()  # vocabulary digest -> TokenInfo (the 4 last used)
         self._lock = threading.Lock()
+
+    def token_info(self, pieces: list[bytes | None], digest: str) -> TokenInfo:
+        """What a row's mask and closing read of the tokens ``pieces`` (their ``digest``), kept per vocabulary."""
+        with self._lock:
+            if digest not in self._tokens:
+                self._tokens[digest] = TokenInfo.of(pieces)
+                while len(self._tokens) > 4:
+                    self._tokens.popitem(last=False)
+            self._tokens.move_to_end(digest)
+            return self._tokens[digest]
 
     def matcher(self, grammar: str, tokenizer, pieces: list[bytes | None], digest: str, eos: int):
         """A fresh matcher of ``grammar`` over ``tokenizer``'s tokens (``pieces``, their ``digest``): a copy of
@@ -119,7 +159,8 @@ class GrammarRow:
     def __init__(self, constraint, tokenizer, pieces: list[bytes | None], digest: str, start: int, end: int,
                  eos_ids: tuple[int, ...], matchers: Matchers):
         self.constraint, self.start, self.end, self.eos = constraint, start, end, tuple(eos_ids)
-        self.text = torch.tensor([p is not None for p in pieces], dtype=torch.bool)  # (n,) tokens with bytes
+        self.info = matchers.token_info(pieces, digest)
+        self.text = self.info.text  # (n,) tokens with bytes
         # llguidance's own EOS: a special token (its bit is dropped: EOS is ``eos_ids``, allowed where it accepts)
         eos = min(i for i, p in enumerate(pieces) if p is None) if self.text.numel() > int(self.text.sum()) else 0
         self.m = matchers.matcher(constraint.grammar, tokenizer, pieces, digest, eos)
@@ -128,6 +169,7 @@ class GrammarRow:
             raise UserError(f"{constraint!r}: the CFG engine ({ENGINE}) failed: {why}", fields=(constraint.kind,))
         self.p = start  # first hole of the region: the tokens before it are consumed
         self.done = False  # an EOS was committed: the rest is padding
+        self.close: list[int] | None = None  # a closing from the state at p (None: not known)
 
     def __copy__(self) -> GrammarRow:
         new = object.__new__(GrammarRow)
@@ -139,23 +181,62 @@ class GrammarRow:
         return RuntimeError(f"{ENGINE} {what}: {(self.m.get_error() or 'no error reported').splitlines()[0]}")
 
     def _fold_prefix(self, tokens: list[int], holes: list[bool]) -> None:
-        """Consume the committed tokens after ``p`` (they never change again)."""
+        """Consume the committed tokens after ``p`` (they never change again); the closing goes on where the
+        token is its first."""
         while self.p < self.end and not holes[self.p - self.start]:
             t = tokens[self.p - self.start]
             if not self.done and t in self.eos:
                 self.done = True
             elif not self.done and not self.m.consume_token(t):
                 raise self._fail(f"rejected the committed token {t}")
+            self.close = self.close[1:] if self.close and self.close[0] == t else None
             self.p += 1
 
+    def _closing(self, limit: int) -> list[int] | None:
+        """Tokens that take the matcher from its state to an accepting one, at most ``limit`` of them, or None
+        when none is found: each step takes the token the matcher forces, else the first of :data:`CLOSERS` it
+        allows, else the longest token it allows (whitespace last); checked on a copy of the matcher, so what
+        it returns is a completion (an upper bound on the shortest one)."""
+        m, out = self.m.deep_copy(), list[int]()
+        while not m.is_accepting():
+            if len(out) >= limit or m.is_error():
+                return None
+            forced = m.compute_ff_tokens()
+            if forced and forced[0] < self.text.numel() and int(self.info.length[forced[0]]):
+                t = forced[0]
+            else:
+                bits = self._bits(m)
+                t = next((c for c in self.info.closers if bits[c]), -1)
+                if t < 0:
+                    if not bool(bits.any()):
+                        return None
+                    t = int(torch.argmax(torch.where(bits, self.info.length, -1)))  # the first longest
+            if not m.consume_token(t):
+                return None
+            out.append(t)
+        return out
+
     def completable(self, tokens: list[int], holes: list[bool]) -> bool:
-        """False only when the matcher failed (a grammar past llguidance's limits); whether the document closes
-        within the region is not known (module docstring)."""
-        return not self.m.is_error()
+        """Is a closing known from the committed prefix (folded) within the region? A canvas with committed
+        tokens past the first hole (not one a left-to-right decode makes) is only checked for the matcher's
+        failure."""
+        if self.m.is_error():
+            return False
+        if not all(holes[self.p - self.start:]):
+            return True
+        if self.close is None:
+            self.close = self._closing(self.end - self.p)
+        return self.close is not None
+
+    def complete(self, tokens: list[int], holes: list[bool]) -> bool:
+        """Is the region, all of it committed, a whole document: did an EOS end it, or does the matcher accept?"""
+        self._fold_prefix(tokens, holes)
+        return self.done or self.m.is_accepting()
 
     def allowed(self, tokens: list[int], holes: list[bool], queries: list[int], V: int) -> Tensor:
         """(Q, V) bool: at the first hole, the tokens the matcher allows after the committed prefix (EOS where it
-        accepts); a left-to-right decode asks nothing else (any other query inside the region is an error)."""
+        accepts), or the closing's next token once the positions left come within :data:`RESERVE` of its
+        length; a left-to-right decode asks nothing else (any other query inside the region is an error)."""
         self._fold_prefix(tokens, holes)
         if any(self.p < q < self.end for q in queries):
             raise RuntimeError(f"the CFG engine ({ENGINE}) serves left-to-right decodes only: a query past the "
@@ -181,7 +262,7 @@ class GrammarRow:
         if run and not self.m.consume_tokens(run):
             raise self._fail("rejected a draft it had validated")
         try:
-            row = self._mask(V)
+            row = self._row(self.end - h, V, tentative=bool(run))
         finally:
             if run and not self.m.rollback(len(run)):
                 raise self._fail("could not roll back a draft")
@@ -190,13 +271,35 @@ class GrammarRow:
                 mask[k] = row
         return mask
 
+    def _row(self, left: int, V: int, tentative: bool) -> Tensor:
+        """(V,) bool: the closing's next token (EOS where it is empty) when ``left`` positions are at most its
+        length plus :data:`RESERVE`, else the matcher's set (:meth:`_mask`). ``tentative``: the matcher holds
+        drafts (the closing of the committed prefix is not theirs)."""
+        close = self._closing(left) if tentative or self.close is None else self.close
+        if not tentative:
+            self.close = close
+        if close is None or left - len(close) > RESERVE:
+            return self._mask(V)
+        out = torch.zeros(V, dtype=torch.bool)
+        if close:
+            out[close[0]] = True
+        else:
+            out[torch.tensor([e for e in self.eos if e < V], dtype=torch.long)] = True
+        return out
+
+    def _bits(self, m) -> Tensor:
+        """(n,) bool: the text tokens matcher ``m`` allows now."""
+        raw = torch.frombuffer(bytearray(m.compute_bitmask()), dtype=torch.uint8)
+        bits = ((raw[:, None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten().bool()  # little-endian bits
+        n = self.text.numel()
+        return bits[:n] & self.text
+
     def _mask(self, V: int) -> Tensor:
         """(V,) bool: the matcher's tokens now, text tokens only, and EOS iff it accepts."""
-        raw = torch.frombuffer(bytearray(self.m.compute_bitmask()), dtype=torch.uint8)
-        bits = ((raw[:, None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten().bool()  # little-endian bits
+        bits = self._bits(self.m)
         n = min(V, self.text.numel())
         out = torch.zeros(V, dtype=torch.bool)
-        out[:n] = bits[:n] & self.text[:n]
+        out[:n] = bits[:n]
         eos = torch.tensor([e for e in self.eos if e < V], dtype=torch.long)
         out[eos] = self.m.is_accepting()
         if not bool(out.any()):

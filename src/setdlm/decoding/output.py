@@ -48,7 +48,9 @@ class GenerationOutput:
     tokens: list[list[int]]
     sequences: list[list[int]]
     texts: list[str] | None
-    finish_reason: list[str]  # "eos" | "stop" | "length" (max_new_tokens reached) | "done" (all masks filled)
+    # "eos" | "stop" | "length" (max_new_tokens reached) | "done" (all masks filled) | "unfinished" (a constrained
+    # output cut at max_new_tokens before its document closed: not a match; docs/decoding.md "Two engines")
+    finish_reason: list[str]
     nfe: int  # backbone forwards, prefill excluded (a batched forward counts once)
     row_nfe: list[int]  # forwards each row took part in
     row_committed: list[int]  # tokens each row committed (including any past its EOS or stop string)

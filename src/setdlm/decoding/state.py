@@ -79,7 +79,7 @@ class RowTensors:
 class RowResult:
     tokens: list[int]
     sequence: list[int]
-    finish_reason: str
+    finish_reason: str  # "eos" | "stop" | "length" | "unfinished" | "done" (GenerationOutput's)
     nfe: int
     committed: int
     trace: list[StepTrace] | None
@@ -327,6 +327,10 @@ class DecodeState:
             reason, end = "eos", eos + 1
         else:
             reason, end = "length", length
+            rc = self.constraints[b] if self.constraints is not None else None
+            if rc is not None and not rc.complete(self.tokens[b, rc.start:rc.end].tolist(),
+                                                  self.masked[b, rc.start:rc.end].tolist()):
+                reason = "unfinished"  # cut before its constraint's document closed (docs/decoding.md "Two engines")
         row = self.tokens[b, :length].tolist()
         tgt = self.target[b, :length].tolist()
         tokens = [t for i, (t, g) in enumerate(zip(row, tgt)) if g and i < end]
