@@ -134,7 +134,9 @@ def without_end_mark(pattern: str, where: str) -> str:
 
 class Compiler:
     """Processes running :mod:`setdlm.decoding.compile_worker`, at most ``bounds.workers`` at once; one
-    that passes its time is killed, one that outgrows its memory dies alone."""
+    that passes its time is killed, one that outgrows its memory dies alone. :meth:`run` replies as the worker
+    does, or ``("bound", message, which)``: ``which`` the bound passed, ``"seconds"`` or ``"memory"``, or
+    ``"wait"`` (no compiler was free in time: the load's doing, not the pattern's)."""
 
     def __init__(self):
         self._idle: list[subprocess.Popen] = []
@@ -145,13 +147,13 @@ class Compiler:
 
     def run(self, digest: str, pieces, pattern: str, seconds: float, bounds) -> tuple:
         if seconds <= 0:
-            return ("bound", "waited past its time bound for a free compiler")
+            return ("bound", "waited past its time bound for a free compiler", "wait")
         deadline = time.monotonic() + seconds
         with self._free:
             while self._busy >= bounds.workers:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._free.wait(left):
-                    return ("bound", f"waited {seconds:g} s for a free compiler (time bound)")
+                    return ("bound", f"waited {seconds:g} s for a free compiler (time bound)", "wait")
             self._busy += 1
             proc = self._idle.pop() if self._idle else None
         try:
@@ -191,11 +193,11 @@ class Compiler:
         except TimeoutError:
             proc.kill()
             self._retire(proc)
-            return ("bound", f"took more than the time bound ({seconds:g} s)")
+            return ("bound", f"took more than the time bound ({seconds:g} s)", "seconds")
         except (EOFError, BrokenPipeError):
             self._retire(proc)
             return ("bound", f"outgrew the memory bound ({memory >> 20} MiB) and failed "
-                             f"(exit {proc.returncode})")
+                             f"(exit {proc.returncode})", "memory")
         return pickle.loads(body)
 
     @staticmethod

@@ -45,6 +45,7 @@ from .schema_strings import strip_anchors
 from .token_bytes import vocabulary
 
 DEFAULT_MAX_DEPTH = 3  # JSON Schema: depth to which recursive references are unrolled
+REFUSALS_KEPT = 256  # a ConstraintCompiler keeps its last refusals, so a schema past a bound fails fast again
 _META = set("\\.+*?()|[]{}^$#&-~")  # characters a literal escapes (Rust regex syntax)
 
 
@@ -284,6 +285,8 @@ class ConstraintCompiler:
         self.bounds = bounds if bounds is not None else Bounds()  # checked when made
         self.matchers = Matchers()
         self._cache: OrderedDict[tuple[str, str], TokenAutomaton] = OrderedDict()  # (pattern, vocab) -> automaton
+        # (pattern, vocab) -> (which bound, its value then, the error): the REFUSALS_KEPT last refusals
+        self._refused: OrderedDict[tuple[str, str], tuple[str, float, UserError]] = OrderedDict()
         self._lock = threading.Lock()
         self._vocabs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> vocabulary()
         self._workers = Compiler()
@@ -331,7 +334,20 @@ class ConstraintCompiler:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        auto = self._compile(constraint, pattern, pieces, digest)
+            refused = self._refused.get(key)
+        if refused is not None and refused[1] >= self._limit(refused[0]):
+            e = refused[2]
+            raise type(e)(str(e), fields=e.fields)  # as compiling again would: the bound is no larger now
+        try:
+            auto = self._compile(constraint, pattern, pieces, digest)
+        except UserError as e:
+            which = getattr(e, "bound", None)
+            if which is not None:
+                with self._lock:
+                    self._refused[key] = (which, self._limit(which), e)
+                    while len(self._refused) > REFUSALS_KEPT:
+                        self._refused.popitem(last=False)
+            raise
         with self._lock:
             self._cache[key] = auto
         self._evict()
@@ -348,26 +364,41 @@ class ConstraintCompiler:
             while self._cache and total > self.bounds.cache_bytes:
                 total -= self._cache.popitem(last=False)[1].nbytes
 
+    def _limit(self, which: str) -> float:
+        """The bound ``which`` (``"seconds"``: what this call may take, ``"memory"``, ``"edges"``) has now; any
+        other refusal (a pattern the tokens cannot spell, not a regex) stands whatever the bounds: infinity."""
+        bounds = self.bounds
+        if which == "seconds":
+            return bounds.seconds if _SECONDS.get() is None else min(bounds.seconds, _SECONDS.get())
+        return float(getattr(bounds, which)) if which in ("memory", "edges") else float("inf")
+
     def _compile(self, constraint: Constraint, pattern: str, pieces: list[bytes | None], digest: str
                  ) -> TokenAutomaton:
-        bounds = self.bounds
-        seconds = bounds.seconds if _SECONDS.get() is None else min(bounds.seconds, _SECONDS.get())
+        """The automaton, or the refusal: a :class:`UserError` whose ``bound`` names what a later call may
+        take from the cache of refusals (``"seconds"``, ``"memory"``, ``"edges"``, ``"always"``); a wait for a
+        free compiler is not kept."""
         where = constraint.kind
-        reply = self._workers.run(digest, pieces, f"({without_end_mark(pattern, where)})\\x{{FFFF}}", seconds,
-                                  bounds)
+        reply = self._workers.run(digest, pieces, f"({without_end_mark(pattern, where)})\\x{{FFFF}}",
+                                  self._limit("seconds"), self.bounds)
+        error: UserError
         if reply[0] == "bound":
-            raise CompileBound(f"{where}: compiling {constraint!r} {reply[1]}; simplify it (fewer alternatives, "
-                               f"smaller repetition counts, less nesting) or lower max_tokens", fields=(where,))
+            error = CompileBound(f"{where}: compiling {constraint!r} {reply[1]}; simplify it (fewer alternatives, "
+                                 f"smaller repetition counts, less nesting) or lower max_tokens", fields=(where,))
+            error.bound = None if reply[2] == "wait" else reply[2]
+            raise error
         if reply[0] == "error":
             kind, message = reply[1], reply[2]
             if kind == "incompatible":
-                raise UserError(f"{where}: {constraint!r} cannot be spelled with this tokenizer's tokens: {message}",
-                                fields=(where,))
-            if kind == "size":
-                raise CompileBound(f"{where}: compiling {constraint!r} exceeds the size bound ({message}); simplify "
-                                   f"it or lower max_tokens", fields=(where,))
-            error = CompileBound if where == "json_schema" else UserError  # a schema's regex is ours: a size limit
-            raise error(f"{where}: {constraint!r}: invalid regular expression: {message}", fields=(where,))
+                error = UserError(f"{where}: {constraint!r} cannot be spelled with this tokenizer's tokens: "
+                                  f"{message}", fields=(where,))
+            elif kind == "size":
+                error = CompileBound(f"{where}: compiling {constraint!r} exceeds the size bound ({message}); "
+                                     f"simplify it or lower max_tokens", fields=(where,))
+            else:
+                cls = CompileBound if where == "json_schema" else UserError  # a schema's regex is ours: a size limit
+                error = cls(f"{where}: {constraint!r}: invalid regular expression: {message}", fields=(where,))
+            error.bound = "edges" if kind == "size" else "always"
+            raise error
         return _tables(*reply[1:], V=len(pieces))
 
 
