@@ -37,6 +37,7 @@ import torch
 import setdlm
 from setdlm.data.tasks import reasoning_split
 from setdlm.decoding import DecodeSettings
+from setdlm.evaluation.passes import EvalRun
 from setdlm.evaluation.reasoning import reasoning
 from setdlm.training import TrainConfig, train
 
@@ -77,7 +78,7 @@ def select(runs: list[Path], n: int, windows: list[int], batch_size: int, every:
             row = {}
             for w in (windows if head else [1]):
                 knobs = {"speculate": "next_token", "window": w} if head else {}
-                r = reasoning(model, problems, DecodeSettings(**knobs), batch_size=batch_size, progress=False)
+                r = reasoning(model, problems, DecodeSettings(**knobs), EvalRun(batch_size=batch_size, progress=False))
                 row["accuracy"] = r.accuracy  # the same at every window (the head's AR decode)
                 row[f"tokens_per_forward_w{w}"] = r.run.tokens_per_step
             rows[ck.name] = row

@@ -36,6 +36,7 @@ def agreement(ref: list[list[int]], got: list[list[int]]) -> tuple[float, float]
 def shipped(name: str, args) -> list[str]:
     from setdlm.data import build_dataset, read_source
     from setdlm.evaluation.likelihood import likelihood
+    from setdlm.evaluation.passes import EvalRun
     from setdlm.evaluation.reasoning import reasoning
     from setdlm.evaluation import TaskSpec, task_examples
 
@@ -51,7 +52,8 @@ def shipped(name: str, args) -> list[str]:
     for q, m in models.items():
         nll = likelihood(m, rows.batches(16), seed=1, progress=False).nats_per_token
         pos, whole = agreement(greedy["fp32"], greedy[q])
-        acc = f"{100 * reasoning(m, examples, progress=False).accuracy:.0f}%" if name.startswith("arith") else "-"
+        acc = (f"{100 * reasoning(m, examples, run=EvalRun(progress=False)).accuracy:.0f}%"
+               if name.startswith("arith") else "-")
         out.append(f"| {name} | {q} | {nll:.4f} | {100 * pos:.1f}% / {100 * whole:.0f}% | {acc} |")
     return out
 

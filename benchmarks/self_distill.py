@@ -33,6 +33,7 @@ import setdlm
 from setdlm.data.tasks import reasoning_split
 from setdlm.decoding import DecodeSettings
 from setdlm.evaluation.metrics import answer_matches
+from setdlm.evaluation.passes import EvalRun
 from setdlm.evaluation.reasoning import reasoning
 from setdlm.training import TrainConfig, knobs_for, train
 
@@ -51,7 +52,7 @@ def make_data(out: Path, shipped: str, n: int, batch_size: int, correct_only: bo
     model = setdlm.load(shipped)
     problems = reasoning_split("train", n, level="medium", seed=0)  # the corpus reasoning-medium's first n
     fast = lossless(model, 6 if model.family.ar_weight > 0 else 4)
-    result = reasoning(model, problems, DecodeSettings(**fast), batch_size=batch_size)
+    result = reasoning(model, problems, DecodeSettings(**fast), EvalRun(batch_size=batch_size))
     kept = [(e, p) for e, p in zip(problems, result.predictions) if not correct_only or answer_matches(p, e.answer)]
     path = out / "data.jsonl"
     with path.open("w") as f:
@@ -79,7 +80,8 @@ def compare(out: Path, shipped: str, checkpoint: str, n: int, windows: list[int]
         model = setdlm.load(name)
         rows = {}
         for w in (windows if model.family.family == "setdlm" else [1]):
-            r = reasoning(model, problems, DecodeSettings(**lossless(model, w)), batch_size=batch_size, clock="cpu", progress=False)
+            r = reasoning(model, problems, DecodeSettings(**lossless(model, w)),
+                          EvalRun(batch_size=batch_size, clock="cpu", progress=False))
             rows[w] = {"accuracy": r.accuracy, "tokens_per_forward": r.run.tokens_per_step}
             print(f"{name}: window {w}: accuracy {100 * r.accuracy:.1f}%, "
                   f"{r.run.tokens_per_step:.2f} tokens per forward")

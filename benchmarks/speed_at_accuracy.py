@@ -37,7 +37,7 @@ import torch
 import setdlm
 from setdlm.data.tasks import reasoning_split
 from setdlm.decoding import generate
-from setdlm.evaluation.passes import interleave, prompt_ids
+from setdlm.evaluation.passes import EvalRun, interleave, prompt_ids
 from setdlm.evaluation.reasoning import reasoning_steps
 
 MODELS = {"AR": "arith-ar", "BD3LM S=4": "arith-bd3lm-s4", "SetDLM S<=8": "arith-setdlm-smax8"}
@@ -128,7 +128,8 @@ def positions_per_forward(model, examples, settings: dict) -> float:
 
 def run_batch(models: dict, examples, batch: int, plan: list[tuple], clock: str) -> list[dict]:
     """Every mode of ``plan`` at one batch size, side by side; one dict per mode."""
-    passes = [reasoning_steps(models[key], examples, batch_size=batch, clock=clock, progress=False, **settings)
+    passes = [reasoning_steps(models[key], examples, None, EvalRun(batch_size=batch, clock=clock, progress=False),
+                              **settings)
               for _, key, settings, _ in plan]
     passes = [with_prefill_in(p, models[f"{key}@prefill"].backbone) if MIXED in label else p
               for p, (label, key, _, _) in zip(passes, plan)]

@@ -10,7 +10,7 @@ import torch
 import setdlm
 import setdlm.cli
 from setdlm import evaluation
-from setdlm.evaluation import metrics, passes, reports, sweeps
+from setdlm.evaluation import metrics, passes, reports, sweeps, throughput
 from setdlm.evaluation.infill import infill
 from setdlm.evaluation.reasoning import reasoning
 from setdlm.evaluation import TaskSpec
@@ -19,6 +19,8 @@ from setdlm.data.sources import infill_from_source
 from setdlm.data.tasks import infill_examples, reasoning_split, split_of
 from setdlm.decoding import DecodeSettings
 from setdlm.errors import UserError
+from setdlm.evaluation.sweeps import BenchSpec
+from setdlm.evaluation.passes import EvalRun
 
 from support import assert_one_line_error, png_size, run, task_tokenizer, tiny
 
@@ -105,7 +107,7 @@ def test_bench_runs_each_checkpoint_in_each_precision_side_by_side(ckpts, tmp_pa
     for p in doc["points"]:
         name, dtype = p["model"].rsplit(" ", 1)
         model = setdlm.load(ckpts["ar" if name == "ar-run" else "setdlm"], dtype=dtype)
-        want = reasoning(model, examples, max_new_tokens=8, progress=False)
+        want = reasoning(model, examples, max_new_tokens=8, run=EvalRun(progress=False))
         assert p["result"]["correct"] == want.to_dict()["correct"] and p["nfe"] == want.to_dict()["nfe_per_example"]
     assert "| ar-run bfloat16 | ar |" in stdout
 
@@ -115,10 +117,10 @@ def test_bench_points_match_the_library(ckpts):
     models = [("setdlm", setdlm.load(ckpts["setdlm"]))]
     examples, skipped = evaluation.task_examples(TaskSpec("reasoning", level="easy", n=4), [m for _, m in models])
     assert skipped == 0 and examples == reasoning_split("test", 4, level="easy")
-    pts = sweeps.sweep(models, "reasoning", examples, thresholds=[0.5], batch_sizes=[2], warmup=2, progress=False,
-                      max_new_tokens=8)
-    ref = reasoning(models[0][1], examples, batch_size=2, threshold=0.5, warmup=1, max_new_tokens=8,
-                             progress=False)
+    pts = sweeps.sweep(models, "reasoning", examples,
+                       bench=BenchSpec(thresholds=[0.5], batch_sizes=[2], warmup=2, progress=False), max_new_tokens=8)
+    ref = reasoning(models[0][1], examples, run=EvalRun(batch_size=2, warmup=1, progress=False), threshold=0.5,
+                    max_new_tokens=8)
     (p,) = pts
     assert p.setting == sweeps.Setting(threshold=0.5, window=2, batch_size=2)
     assert (p.quality, p.nfe, p.tokens_per_step) == (ref.accuracy, ref.run.nfe_per_example, ref.run.tokens_per_step)
@@ -190,7 +192,7 @@ def test_python_entry_points_are_what_the_cli_runs(ckpts, tmp_path, capsys):
     assert held["tokens"] == 278 and held["nelbo"] != got["nelbo"]
     res = evaluation.evaluate_checkpoint(ckpts["setdlm"], "reasoning", level="easy", n=3, max_new_tokens=8, threshold=0.5)
     ref = reasoning(setdlm.load(ckpts["setdlm"]), reasoning_split("test", 3, level="easy"),
-                             threshold=0.5, max_new_tokens=8, progress=False)
+                             threshold=0.5, max_new_tokens=8, run=EvalRun(progress=False))
     assert res["accuracy"] == ref.accuracy and res["decode"] == {"threshold": 0.5, "max_new_tokens": 8}
     assert {k: res[k] for k in DETERMINISTIC} == {k: ref.to_dict()[k] for k in DETERMINISTIC}
     made = evaluation.bench_checkpoints([ckpts["ar"], ckpts["setdlm"]], "likelihood", tmp_path / "l", data=ckpts["text"],
@@ -200,7 +202,8 @@ def test_python_entry_points_are_what_the_cli_runs(ckpts, tmp_path, capsys):
     for call, needle in [(lambda: evaluation.evaluate_checkpoint(ckpts["ar"], "bogus"), "unknown task 'bogus'"),
                          (lambda: evaluation.evaluate_checkpoint(ckpts["ar"], "reasoning", window=2),
                           "window applies to setdlm models, not to this 'ar' model"),
-                         (lambda: evaluation.bench_checkpoints([ckpts["ar"]], "likelihood", tmp_path / "x", warmup=1),
+                         (lambda: evaluation.bench_checkpoints([ckpts["ar"]], "likelihood", tmp_path / "x",
+                                                               bench=BenchSpec(warmup=1)),
                           "apply to the decoding tasks")]:
         with pytest.raises(ValueError, match=needle):
             call()
@@ -214,28 +217,28 @@ def test_one_settings_object_through_evaluate_and_bench(ckpts, tmp_path):
     model = setdlm.load(ckpts["setdlm"])
     examples = reasoning_split("test", 3, level="easy")
     s = DecodeSettings(threshold=0.5, max_new_tokens=7, cache_order="reveal")
-    a = reasoning(model, examples, s, batch_size=1, seed=1, progress=False)
-    b = reasoning(model, examples, threshold=0.5, max_new_tokens=7, cache_order="reveal", batch_size=1,
-                           seed=1, progress=False)
+    a = reasoning(model, examples, s, run=EvalRun(batch_size=1, seed=1, progress=False))
+    b = reasoning(model, examples, threshold=0.5, max_new_tokens=7, cache_order="reveal",
+                  run=EvalRun(batch_size=1, seed=1, progress=False))
     assert a.max_new_tokens == 7 and a.predictions == b.predictions and a.run.nfe == b.run.nfe
     longest = max(len(passes.prompt_ids(model, e)) for e in examples)
-    assert reasoning(model, examples, progress=False).max_new_tokens == model.family.length - longest
+    assert reasoning(model, examples, run=EvalRun(progress=False)).max_new_tokens == model.family.length - longest
     with pytest.raises(ValueError, match="give settings= or the keyword settings"):
-        reasoning(model, examples, s, threshold=0.9, progress=False)
+        reasoning(model, examples, s, threshold=0.9, run=EvalRun(progress=False))
     stories = infill_from_source(ckpts["text"], "train", 2, sentences=5, hidden=1)
     with pytest.raises(ValueError, match="max_new_tokens applies to generate only"):
-        infill(model, stories, DecodeSettings(max_new_tokens=4), progress=False)
-    stats = passes.throughput(model, examples, DecodeSettings(max_new_tokens=5, ignore_eos=True), warmup=1,
-                                progress=False)
+        infill(model, stories, DecodeSettings(max_new_tokens=4), run=EvalRun(progress=False))
+    stats = throughput.throughput(model, examples, DecodeSettings(max_new_tokens=5, ignore_eos=True),
+                                  run=EvalRun(warmup=1, progress=False))
     assert stats.tokens == 2 * 5  # two timed calls of one example, 5 tokens each
 
     pts = sweeps.sweep([("m", model)], "reasoning", examples, DecodeSettings(max_new_tokens=7, cache_order="reveal"),
-                      thresholds=[0.5], warmup=1, seed=1, progress=False)
+                      bench=BenchSpec(thresholds=[0.5], warmup=1, progress=False), seed=1)
     (p,) = pts
     assert p.result["max_new_tokens"] == 7 and {k: p.result[k] for k in DETERMINISTIC} == {
         k: a.to_dict()[k] for k in DETERMINISTIC}
     with pytest.raises(ValueError, match=r"the sweep sets threshold: give it as thresholds=\[...\]"):
-        sweeps.sweep([("m", model)], "reasoning", examples, s, thresholds=[0.5], progress=False)
+        sweeps.sweep([("m", model)], "reasoning", examples, s, bench=BenchSpec(thresholds=[0.5], progress=False))
     res = evaluation.evaluate_checkpoint(ckpts["setdlm"], "reasoning", DecodeSettings(threshold=0.5, max_new_tokens=7),
                                     level="easy", n=3)
     kw = evaluation.evaluate_checkpoint(ckpts["setdlm"], "reasoning", level="easy", n=3, threshold=0.5, max_new_tokens=7)
@@ -266,7 +269,7 @@ def test_eval_reasoning_matches_the_library(ckpts, tmp_path, capsys):
     assert got == json.loads((tmp_path / "r.json").read_text())
     model = setdlm.load(ckpts["setdlm"])
     examples = reasoning_split("test", 5, level="easy", seed=0)
-    ref = reasoning(model, examples, batch_size=2, threshold=0.5, max_new_tokens=12, progress=False)
+    ref = reasoning(model, examples, run=EvalRun(batch_size=2, progress=False), threshold=0.5, max_new_tokens=12)
     assert got["task"] == "reasoning" and got["data"] == "generated:easy" and got["split"] == "test"
     assert (got["accuracy"], got["correct"], got["max_new_tokens"]) == (ref.accuracy, ref.correct, 12)
     assert {k: got[k] for k in DETERMINISTIC} == {k: ref.to_dict()[k] for k in DETERMINISTIC}
@@ -281,7 +284,7 @@ def test_eval_reasoning_reads_gsm8k_jsonl(ckpts, tmp_path, capsys):
     data.write_text("".join(json.dumps(e.to_dict()) + "\n" for e in examples))
     code, stdout, err = run(["eval", ckpts["ar"], "--task", "reasoning", "--data", str(data)], capsys)
     assert code == 0, err
-    ref = reasoning(setdlm.load(ckpts["ar"]), examples, progress=False)
+    ref = reasoning(setdlm.load(ckpts["ar"]), examples, run=EvalRun(progress=False))
     got = json.loads(stdout)
     assert got["n"] == 3 and got["data"] == str(data) and got["accuracy"] == ref.accuracy
     assert got["generated_tokens"] == ref.run.generated_tokens
@@ -298,7 +301,7 @@ def test_eval_in_bfloat16_decodes_with_bfloat16_weights(ckpts, tmp_path, capsys)
     assert code == 0, err
     model = setdlm.load(ckpts["ar"], dtype="bfloat16")
     assert next(model.backbone.parameters()).dtype == torch.bfloat16
-    ref = reasoning(model, examples, progress=False)
+    ref = reasoning(model, examples, run=EvalRun(progress=False))
     got = json.loads(stdout)
     assert got["dtype"] == "bfloat16" and got["accuracy"] == ref.accuracy
     assert got["generated_tokens"] == ref.run.generated_tokens
@@ -316,7 +319,7 @@ def test_eval_infill_matches_the_library(ckpts, tmp_path, capsys):
     got = json.loads(stdout)
     model = setdlm.load(ckpts["setdlm"])
     examples = infill_from_source(ckpts["text"], "train", 4, sentences=5, hidden=3)
-    ref = infill(model, examples, window=3, progress=False)
+    ref = infill(model, examples, window=3, run=EvalRun(progress=False))
     assert (got["rouge1"], got["rouge2"], got["rougeL"]) == (ref.rouge1, ref.rouge2, ref.rougeL)
     assert {k: got[k] for k in DETERMINISTIC} == {k: ref.to_dict()[k] for k in DETERMINISTIC}
     assert got["decode"]["window"] == 3 and got["skipped_too_long"] == 0

@@ -17,6 +17,7 @@ from setdlm.formats.checkpoint import save
 from setdlm.data.sources import read_source
 from setdlm.data.tasks import reasoning_split
 from setdlm.data.tokenizers import char_tokenizer, train_bpe
+from setdlm.evaluation.passes import EvalRun
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_SHAPES = {"ar": {}, "bd3lm-s4": dict(block_size=4), "setdlm-smax8": dict(D=4, M=8)}
@@ -128,7 +129,7 @@ def test_shipped_models_are_the_trained_ones():
 
     problems = reasoning_split("test", 30, level="medium", seed=0)
     for name in ("arith-ar", "arith-setdlm-smax8"):
-        acc = reasoning(setdlm.load(name), problems, batch_size=30, progress=False).accuracy
+        acc = reasoning(setdlm.load(name), problems, run=EvalRun(batch_size=30, progress=False)).accuracy
         assert acc >= 0.15, (name, acc)
     m = setdlm.load("shakespeare-setdlm-smax8")
     text = read_source("shakespeare").texts[0][-20_000:]

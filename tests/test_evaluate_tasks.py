@@ -14,8 +14,10 @@ from setdlm.decoding import applicable, generate
 from setdlm.decoding import infill as decode_infill
 from setdlm.evaluation.infill import infill, infill_steps
 from setdlm.evaluation.metrics import exact_match, rouge
-from setdlm.evaluation.passes import fits, infill_row, interleave, prompt_ids, throughput
+from setdlm.evaluation.passes import fits, infill_row, interleave, prompt_ids
+from setdlm.evaluation.throughput import throughput
 from setdlm.evaluation.reasoning import reasoning, reasoning_steps
+from setdlm.evaluation.passes import EvalRun
 
 from support import Counting, SlowStart, scripted, task_tokenizer, tiny
 
@@ -45,12 +47,12 @@ def test_reasoning_scores_a_scripted_model(family):
     P = len(prompt_ids(tiny(family, TOK), PROBLEMS[0]))
     assert all(len(prompt_ids(tiny(family, TOK), e)) == P for e in PROBLEMS)
     model = scripted(tiny(family, TOK), _script(P, "3+4=7\n#### 7"), filler=TOK.encode("x")[0])
-    for kw in ({}, {**applicable(family, threshold=0.5), "batch_size": 2}):
-        res = reasoning(model, PROBLEMS, progress=False, **kw)
+    for kw, batch in (({}, None), (applicable(family, threshold=0.5), 2)):
+        res = reasoning(model, PROBLEMS, run=EvalRun(batch_size=batch, progress=False), **kw)
         assert res.predictions == ("3+4=7\n#### 7",) * 5
         assert res.correct == 3 and res.accuracy == pytest.approx(0.6) and res.run.n == 5
         assert res.run.generated_tokens == 5 * (len("3+4=7\n#### 7") + 1)  # EOS included, prompt excluded
-    fast = reasoning(model, PROBLEMS, progress=False, **applicable(family, threshold=0.5, window=4))
+    fast = reasoning(model, PROBLEMS, run=EvalRun(progress=False), **applicable(family, threshold=0.5, window=4))
     if family != "ar":  # a confident model commits several tokens per step under a threshold
         assert fast.run.tokens_per_step > 1.5 and fast.run.nfe_per_example < len("3+4=7\n#### 7") + 1
 
@@ -61,7 +63,7 @@ def test_reasoning_cuts_the_completion_at_eos():
                      + [TOK.eos_token_id] + TOK.encode("#### 7"), filler=TOK.encode("x")[0])
     raw = generate(model, [prompt_ids(model, e) for e in PROBLEMS], max_new_tokens=12, ignore_eos=True)
     assert all("#### 7" in t for t in raw.texts)  # would score 3/5 without the cut
-    res = reasoning(model, PROBLEMS, max_new_tokens=12, ignore_eos=True, progress=False)
+    res = reasoning(model, PROBLEMS, max_new_tokens=12, ignore_eos=True, run=EvalRun(progress=False))
     assert res.predictions == ("x\n",) * 5 and res.correct == 0
     assert res.run.generated_tokens == 5 * 12  # ignore_eos: every row used its whole budget
 
@@ -75,14 +77,14 @@ def test_reasoning_equals_a_direct_decode_at_any_batch_size(family):
     prompts = [[TOK.bos_token_id] + TOK.encode(e.question + "\n") for e in problems]
     budget = 128 - max(map(len, prompts))  # default: what the longest prompt leaves of L
     ref = generate(model, prompts, max_new_tokens=budget)
-    res = reasoning(model, problems, batch_size=len(problems), progress=False)
+    res = reasoning(model, problems, run=EvalRun(batch_size=len(problems), progress=False))
     assert res.max_new_tokens == budget and list(res.predictions) == ref.texts
     assert res.accuracy == exact_match(ref.texts, [e.answer for e in problems])
     assert (res.run.nfe, res.run.generated_tokens) == (ref.nfe, ref.num_tokens)
     assert res.run.tokens_per_step == ref.tokens_per_step
     assert res.run.nfe_per_example == sum(ref.row_nfe) / len(problems)
-    one = reasoning(model, problems, batch_size=1, progress=False)
-    three = reasoning(model, problems, batch_size=3, progress=False)
+    one = reasoning(model, problems, run=EvalRun(batch_size=1, progress=False))
+    three = reasoning(model, problems, run=EvalRun(batch_size=3, progress=False))
     assert one.predictions == three.predictions == res.predictions
     assert one.run.nfe_per_example == three.run.nfe_per_example == res.run.nfe_per_example
     assert one.run.nfe == sum(ref.row_nfe)  # at batch 1 the run's NFE is the sum of the rows'
@@ -108,38 +110,38 @@ def test_interleave_alternates_passes_call_by_call():
 def test_interleaved_passes_equal_the_same_evaluations_alone():
     """Running reasoning and infilling passes side by side changes none of their results or counts."""
     problems = reasoning_split("test", 5, level="easy", seed=3)
-    plan = [(tiny("ar", TOK), {"batch_size": 1}), (tiny("setdlm", TOK), {"threshold": 0.5, "batch_size": 2}),
-            (tiny("bd3lm", TOK), {"batch_size": 3})]
-    together = interleave([reasoning_steps(m, problems, progress=False, **kw) for m, kw in plan])
-    for (m, kw), got in zip(plan, together):
-        alone = reasoning(m, problems, progress=False, **kw)
+    plan = [(tiny("ar", TOK), {}, 1), (tiny("setdlm", TOK), {"threshold": 0.5}, 2), (tiny("bd3lm", TOK), {}, 3)]
+    together = interleave([reasoning_steps(m, problems, run=EvalRun(batch_size=b, progress=False), **kw)
+                           for m, kw, b in plan])
+    for (m, kw, b), got in zip(plan, together):
+        alone = reasoning(m, problems, run=EvalRun(batch_size=b, progress=False), **kw)
         assert got.predictions == alone.predictions and got.correct == alone.correct
         assert (got.run.nfe, got.run.generated_tokens, got.run.n) == (alone.run.nfe, alone.run.generated_tokens, 5)
     stories = [STORY, InfillExample("Ann sat down.", " She was tired.", " Then she slept.")]
     models = [tiny("setdlm", TOK), tiny("mdlm", TOK)]
-    together = interleave([infill_steps(m, stories, batch_size=1, progress=False) for m in models])
+    together = interleave([infill_steps(m, stories, run=EvalRun(batch_size=1, progress=False)) for m in models])
     for m, got in zip(models, together):
-        alone = infill(m, stories, batch_size=1, progress=False)
+        alone = infill(m, stories, run=EvalRun(batch_size=1, progress=False))
         assert got.predictions == alone.predictions and got.rougeL == alone.rougeL and got.run.nfe == alone.run.nfe
 
 
 def test_reasoning_rejects_bad_input():
     model = tiny("setdlm", TOK, L=64)
     with pytest.raises(ValueError, match="no examples"):
-        reasoning(model, [], progress=False)
+        reasoning(model, [], run=EvalRun(progress=False))
     with pytest.raises(ValueError, match="expected ReasoningExample examples, got InfillExample"):
-        reasoning(model, [STORY], progress=False)
+        reasoning(model, [STORY], run=EvalRun(progress=False))
     long = ReasoningExample("x" * 70, "#### 1", 1)
     with pytest.raises(ValueError, match="prompt 0 is 72 tokens long.*L=64"):
-        reasoning(model, [long], progress=False)
+        reasoning(model, [long], run=EvalRun(progress=False))
     model = tiny("setdlm", TOK)
     with pytest.raises(ValueError, match="warmup=2 leaves none of the 2 decoding calls"):
-        reasoning(model, PROBLEMS[:2], batch_size=1, warmup=2, progress=False)
+        reasoning(model, PROBLEMS[:2], run=EvalRun(batch_size=1, warmup=2, progress=False))
     with pytest.raises(ValueError, match="batch_size must be a positive integer, got 0"):
-        reasoning(model, PROBLEMS[:2], batch_size=0, progress=False)
+        reasoning(model, PROBLEMS[:2], run=EvalRun(batch_size=0, progress=False))
     nobody = Model(model.backbone, model.family, None)
     with pytest.raises(ValueError, match="needs the model's tokenizer"):
-        reasoning(nobody, PROBLEMS, progress=False)
+        reasoning(nobody, PROBLEMS, run=EvalRun(progress=False))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -154,7 +156,7 @@ def test_infill_of_the_true_middle_scores_rouge_one(family):
     pre, m, suf = infill_row(model, STORY)
     truth = pre + TOK.encode(STORY.middle) + TOK.encode(STORY.suffix)
     assert m == len(STORY.middle) and pre[0] == TOK.bos_token_id
-    res = infill(scripted(model, truth, filler=0), [STORY] * 3, batch_size=2, progress=False,
+    res = infill(scripted(model, truth, filler=0), [STORY] * 3, run=EvalRun(batch_size=2, progress=False),
                  **applicable(family, threshold=0.5))
     assert res.predictions == (STORY.middle,) * 3
     assert (res.rouge1, res.rouge2, res.rougeL) == (1.0, 1.0, 1.0)
@@ -168,7 +170,7 @@ def test_infill_equals_a_direct_decode(family):
     model = tiny(family, TOK)
     stories = [STORY, InfillExample("It rained.", " We stayed in and read books.", " The sun came out at noon.")]
     kw = dict(repetition_penalty=1.5)
-    res = infill(model, stories, progress=False, **kw)
+    res = infill(model, stories, run=EvalRun(progress=False), **kw)
     pres = [[TOK.bos_token_id] + TOK.encode(s.prefix) for s in stories]
     sufs = [[] if family == "ar" else TOK.encode(s.suffix) for s in stories]
     ref = decode_infill(model, pres, sufs, [len(s.middle) for s in stories], **kw)
@@ -213,7 +215,7 @@ def test_throughput_excludes_the_warmup_calls():
 
     def timed(warmup):
         model = Model(SlowStart(base.backbone, slow, delay), base.family, TOK)
-        return throughput(model, prompts, warmup=warmup, max_new_tokens=6, progress=False)
+        return throughput(model, prompts, run=EvalRun(warmup=warmup, progress=False), max_new_tokens=6)
 
     warm = timed(2)
     assert warm.calls == 3 and warm.warmup == 2
@@ -221,10 +223,10 @@ def test_throughput_excludes_the_warmup_calls():
     cold = timed(0)
     assert cold.seconds >= slow * delay and cold.calls == 5
     model = Model(SlowStart(base.backbone, slow, delay), base.family, TOK)
-    cpu = throughput(model, prompts, warmup=0, max_new_tokens=6, clock="cpu", progress=False)
+    cpu = throughput(model, prompts, run=EvalRun(warmup=0, clock='cpu', progress=False), max_new_tokens=6)
     assert cpu.seconds < 0.5 * slow * delay and cpu.tokens == cold.tokens  # CPU time: sleeping is not work
     with pytest.raises(ValueError, match="clock must be one of wall, cpu, got 'gpu'"):
-        throughput(base, prompts, warmup=0, max_new_tokens=2, clock="gpu", progress=False)
+        throughput(base, prompts, run=EvalRun(warmup=0, clock='gpu', progress=False), max_new_tokens=2)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -234,7 +236,7 @@ def test_throughput_counts_generated_tokens_and_the_decoders_nfe(family):
     P = len(prompt_ids(tiny(family, TOK), PROBLEMS[0]))
     model = scripted(tiny(family, TOK), _script(P, "3+4=7\n#### 7"), filler=TOK.encode("x")[0])
     kw = dict(threshold=0.5) if family != "ar" else {}
-    stats = throughput(model, PROBLEMS, warmup=2, progress=False, **kw)
+    stats = throughput(model, PROBLEMS, run=EvalRun(warmup=2, progress=False), **kw)
     direct = [generate(model, [prompt_ids(model, e)], max_new_tokens=128 - P, **kw) for e in PROBLEMS[2:]]
     assert stats.tokens == sum(o.num_tokens for o in direct) == 3 * (len("3+4=7\n#### 7") + 1)
     assert stats.nfe == sum(o.nfe for o in direct)
@@ -252,29 +254,29 @@ def test_throughput_prompts_and_batches():
     model = tiny("setdlm", TOK)
     prompts = ["Ann has", "Bo", "Cara has four", "Dan"]
     ids = [[TOK.bos_token_id] + TOK.encode(p) for p in prompts]
-    a = throughput(model, prompts, warmup=0, batch_size=2, max_new_tokens=5, progress=False)
-    b = throughput(model, ids, warmup=0, batch_size=2, max_new_tokens=5, progress=False)
+    a = throughput(model, prompts, run=EvalRun(warmup=0, batch_size=2, progress=False), max_new_tokens=5)
+    b = throughput(model, ids, run=EvalRun(warmup=0, batch_size=2, progress=False), max_new_tokens=5)
     assert (a.tokens, a.nfe, a.calls) == (b.tokens, b.nfe, b.calls) == (20, 10, 2)
     assert a.tokens_per_step == 1.0  # 20 tokens, 20 row-forwards (10 batched forwards of 2 rows)
     assert a.aggregate == pytest.approx(a.tokens / a.seconds)
-    stories = throughput(model, [STORY] * 3, warmup=1, progress=False)
+    stories = throughput(model, [STORY] * 3, run=EvalRun(warmup=1, progress=False))
     assert stories.tokens == 2 * len(STORY.middle) and stories.calls == 2
     with pytest.raises(ValueError, match="max_new_tokens does not apply to infilling"):
-        throughput(model, [STORY] * 3, warmup=1, max_new_tokens=4, progress=False)
+        throughput(model, [STORY] * 3, run=EvalRun(warmup=1, progress=False), max_new_tokens=4)
     with pytest.raises(ValueError, match="item 1 is neither an example, a string nor a list of token ids"):
-        throughput(model, ["ok", 3.5], warmup=0, progress=False)
+        throughput(model, ["ok", 3.5], run=EvalRun(warmup=0, progress=False))
     with pytest.raises(ValueError, match="no prompts or examples"):
-        throughput(model, [], progress=False)
+        throughput(model, [], run=EvalRun(progress=False))
 
 
 def test_results_serialise_to_json():
     import json
 
     model = tiny("setdlm", TOK)
-    r = reasoning(model, PROBLEMS[:2], max_new_tokens=4, progress=False)
+    r = reasoning(model, PROBLEMS[:2], max_new_tokens=4, run=EvalRun(progress=False))
     d = json.loads(json.dumps(r.to_dict()))
     assert d["accuracy"] == r.accuracy and d["nfe"] == r.run.nfe and d["speed"]["tokens"] == r.run.generated_tokens
     assert "predictions" not in d
-    i = infill(model, [STORY], progress=False).to_dict()
+    i = infill(model, [STORY], run=EvalRun(progress=False)).to_dict()
     assert set(i) >= {"rouge1", "rouge2", "rougeL", "tokens_per_step", "nfe_per_example", "speed"}
     assert torch.isfinite(torch.tensor(json.loads(json.dumps(i))["speed"]["mean"]))

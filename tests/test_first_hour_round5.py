@@ -16,6 +16,7 @@ from setdlm.data.tasks import reasoning_split
 from setdlm.evaluation.reasoning import reasoning
 from setdlm.cli import command
 from setdlm.lm import Model
+from setdlm.evaluation.passes import EvalRun
 
 from support import assert_one_line_error, make_model, run, save_tiny
 
@@ -57,7 +58,7 @@ def test_eval_shows_the_tokens_of_a_call_on_a_terminal(tmp_path, monkeypatch):
     monkeypatch.setattr("sys.stderr", err)
     model = setdlm.load(_long_context(tmp_path))
     examples = reasoning_split("test", 1, level="easy")
-    reasoning(model, examples, max_new_tokens=40, ignore_eos=True, batch_size=1)
+    reasoning(model, examples, max_new_tokens=40, ignore_eos=True, run=EvalRun(batch_size=1))
     text = err.getvalue()
     assert "ar decoding:" in text and "/40 [" in text and "tok/s" in text  # the call's bar, in tokens
 

@@ -359,8 +359,8 @@ def test_evaluation_never_reaches_the_training_code(mods, imports):
 
 _EVAL_CHILD = r"""
 import json, sys
-from setdlm.evaluation import evaluate_checkpoint
-res = evaluate_checkpoint("shakespeare-ar", data=sys.argv[1], batch_size=4)
+from setdlm.evaluation import EvalRun, evaluate_checkpoint
+res = evaluate_checkpoint("shakespeare-ar", data=sys.argv[1], run=EvalRun(batch_size=4))
 print(json.dumps({"nelbo": res["nelbo"], "training": sorted(m for m in sys.modules
                                                              if m.startswith("setdlm.training"))}))
 """

@@ -10,12 +10,13 @@ import torch
 
 import setdlm
 from setdlm import evaluation
-from setdlm.evaluation import passes
+from setdlm.evaluation import passes, throughput
 from setdlm.evaluation.parallel import parallel
 from setdlm.data import read_source
 from setdlm.data.parallel import PARALLEL_TASKS, ParallelExample, _latin_squares, parallel_split
 from setdlm.data.prompt import encode_prompt
 from setdlm.data.tasks import split_of
+from setdlm.evaluation.passes import EvalRun
 
 from support import assert_one_line_error, run, scripted, task_tokenizer, tiny
 
@@ -75,16 +76,17 @@ def test_evaluate_parallel_scores_what_the_decoder_writes(family, threshold):
     copy = ParallelExample("copy", ("1", "2", "3", "4", "5", "6", "7", "8"), "1 2 3 4 5 6 7 8")
     script = encode_prompt(TOK, sq.prompt) + TOK.encode(other) + [TOK.eos_token_id]
     model = scripted(tiny(family, TOK), script, TOK.eos_token_id)
-    res = parallel(model, [sq, copy], threshold=threshold, batch_size=1, progress=False)
+    res = parallel(model, [sq, copy], threshold=threshold, run=EvalRun(batch_size=1, progress=False))
     assert res.predictions[0] == other and (res.correct, res.accuracy) == (1, 0.5)
     assert res.per_task == {"copy": 0.0, "latin": 1.0}
     assert res.to_dict()["per_task"] == res.per_task and res.to_dict()["accuracy"] == 0.5
     assert (res.run.tokens_per_step > 1.5) == (threshold is not None)
-    stats = passes.throughput(model, [sq, copy], threshold=threshold, warmup=1, progress=False)  # times copy
-    alone = parallel(model, [copy], threshold=threshold, progress=False)
+    stats = throughput.throughput(model, [sq, copy], threshold=threshold,
+                                  run=EvalRun(warmup=1, progress=False))  # times copy
+    alone = parallel(model, [copy], threshold=threshold, run=EvalRun(progress=False))
     assert stats.calls == 1 and stats.tokens == alone.run.generated_tokens
     with pytest.raises(ValueError, match="expected ParallelExample examples"):
-        parallel(model, [object()], progress=False)
+        parallel(model, [object()], run=EvalRun(progress=False))
 
 
 def test_builtin_sources_train_on_the_train_split(tmp_path, capsys):
@@ -125,7 +127,7 @@ def test_bench_and_eval_parallel(ckpts, tmp_path, capsys):
     assert doc["task"] == "parallel" and doc["data"] == "generated:parallel" and doc["block_sizes"] == [None, 8]
     examples = parallel_split("test", 8)
     model = setdlm.load(ckpts["bd3lm"])
-    ref = parallel(model, examples, threshold=0.5, block_size=8, max_new_tokens=12, progress=False)
+    ref = parallel(model, examples, threshold=0.5, block_size=8, max_new_tokens=12, run=EvalRun(progress=False))
     (p,) = [p for p in doc["points"] if p["family"] == "bd3lm" and p["threshold"] == 0.5 and p["block_size"] == 8]
     assert p["result"]["per_task"] == ref.per_task and p["tokens_per_step"] == ref.run.tokens_per_step
     assert {(a["model"], a["window"], a["block_size"]) for a in doc["aup"]} == {

@@ -93,6 +93,7 @@ def score(root: Path) -> None:
     import torch
 
     import setdlm
+    from setdlm.evaluation.passes import EvalRun
     from setdlm.evaluation.reasoning import reasoning
     from setdlm.data.tasks import reasoning_split
 
@@ -106,7 +107,7 @@ def score(root: Path) -> None:
         if (size, model) in done or not ckpt.is_dir():
             continue
         net = setdlm.load(str(ckpt))
-        r = reasoning(net, examples, batch_size=32, seed=0, progress=False)
+        r = reasoning(net, examples, run=EvalRun(batch_size=32, seed=0, progress=False))
         bound = json.loads(subprocess.run(["setdlm", "eval", str(ckpt)], check=True, capture_output=True,
                                           text=True).stdout).get("ppl")
         row = {"size": size, "model": model, "params": sum(p.numel() for p in net.backbone.parameters()),

@@ -37,8 +37,9 @@ from runs import ADAPT, FAMILIES, steps_of  # noqa: E402
 
 import setdlm  # noqa: E402
 from setdlm.evaluation.infill import infill  # noqa: E402
-from setdlm.evaluation.passes import fits, interleave, throughput_steps  # noqa: E402
+from setdlm.evaluation.passes import EvalRun, fits, interleave  # noqa: E402
 from setdlm.evaluation.reasoning import reasoning  # noqa: E402
+from setdlm.evaluation.throughput import throughput_steps  # noqa: E402
 from setdlm.data.sources import infill_from_source  # noqa: E402
 from setdlm.data.tasks import reasoning_split  # noqa: E402
 from setdlm.decoding import DecodeSettings  # noqa: E402
@@ -106,7 +107,7 @@ def eval_lm(run: str, done: set, quick: bool) -> None:
 
 
 def speed_pass(task: str, run: str, model, tau, quick: bool, infill_pool=None):
-    """The batch-1 timing of one configuration as an :func:`setdlm.evaluation.passes.throughput_steps` pass (run it
+    """The batch-1 timing of one configuration as an :func:`setdlm.evaluation.throughput.throughput_steps` pass (run it
     with :func:`speed`, or several side by side with ``interleave``): (a) 64 tokens after each of
     the first ``LM_PROMPTS`` held-out prompts, (b) the first ``N_SPEED`` test problems, (c) the first
     ``WARMUP + N_INFILL_SPEED`` examples of ``infill_pool``; the first ``WARMUP`` calls untimed."""
@@ -124,7 +125,7 @@ def speed_pass(task: str, run: str, model, tau, quick: bool, infill_pool=None):
         items = infill_pool[: (12 if quick else WARMUP + N_INFILL_SPEED)]
         more = {"repetition_penalty": 1.2}
     return throughput_steps(model, items, decode_settings(model, task, tau, **more),
-                                     warmup=2 if quick else WARMUP, progress=False, clock=CLOCK)
+                            EvalRun(warmup=2 if quick else WARMUP, progress=False, clock=CLOCK))
 
 
 def speed(steps) -> dict:
@@ -144,8 +145,7 @@ def eval_reason(run: str, done: set, quick: bool) -> None:
         setting = "off" if tau is None else f"tau={tau}"
         if ("reason", run, setting) in done:
             continue
-        acc = reasoning(model, problems, decode_settings(model, "reason", tau), batch_size=50,
-                                 progress=False)
+        acc = reasoning(model, problems, decode_settings(model, "reason", tau), EvalRun(batch_size=50, progress=False))
         record({"task": "reason", "run": run, "setting": setting, "family": model.family.family,
                 "threshold": tau, "accuracy": acc.accuracy, "n": len(problems),
                 "tokens_per_step_acc": acc.run.tokens_per_step,
@@ -168,7 +168,7 @@ def eval_infill(runs: list[str], done: set, quick: bool) -> None:
         if ("infill", run, "off") in done:
             continue
         res = infill(model, examples, decode_settings(model, "infill", None, repetition_penalty=1.2),
-                              batch_size=16, progress=False)
+                     EvalRun(batch_size=16, progress=False))
         record({"task": "infill", "run": run, "setting": "off", "family": model.family.family,
                 "rouge1": res.rouge1, "rouge2": res.rouge2, "rougeL": res.rougeL, "n": len(examples),
                 **speed(speed_pass("infill", run, model, None, quick, examples))})

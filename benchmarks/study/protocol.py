@@ -133,6 +133,7 @@ def curves(root: Path, only: list[str] | None, split: str, steps: list[int] | No
     import torch
 
     import setdlm
+    from setdlm.evaluation.passes import EvalRun
     from setdlm.evaluation.reasoning import reasoning
     from setdlm.data.tasks import reasoning_split
     from setdlm.decoding import DecodeSettings
@@ -160,8 +161,7 @@ def curves(root: Path, only: list[str] | None, split: str, steps: list[int] | No
             kw = {} if tau is None else {"threshold": tau}
             if model.family.family == "mdlm":
                 kw["block_size"] = 32
-            r = reasoning(model, examples, settings=DecodeSettings(**kw), batch_size=32, seed=0,
-                                   progress=False)
+            r = reasoning(model, examples, DecodeSettings(**kw), EvalRun(batch_size=32, seed=0, progress=False))
             row = {"run": family, "step": step, "setting": setting, "split": split, "accuracy": r.accuracy,
                    "nfe_per_example": r.run.nfe_per_example, "tokens_per_step": r.run.tokens_per_step}
             if tau is None:

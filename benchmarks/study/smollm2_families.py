@@ -72,6 +72,7 @@ def last_heldout(run: Path) -> dict:
 
 
 def score(args, name: str, model, done: set, extra: dict, steps: int | None = None) -> None:
+    from setdlm.evaluation.passes import EvalRun
     from setdlm.evaluation.reasoning import reasoning
     from setdlm.data.tasks import reasoning_split
     from setdlm.decoding import DecodeSettings
@@ -86,8 +87,8 @@ def score(args, name: str, model, done: set, extra: dict, steps: int | None = No
         if model.family.family == "mdlm":
             kw["block_size"] = 32
         t0 = time.perf_counter()
-        r = reasoning(model, examples, settings=DecodeSettings(**kw), batch_size=args.eval_batch, seed=0,
-                               progress=False)
+        r = reasoning(model, examples, DecodeSettings(**kw),
+                      EvalRun(batch_size=args.eval_batch, seed=0, progress=False))
         row = {"run": name, "steps": steps, "setting": setting, "split": "test", "n": len(examples),
                "accuracy": r.accuracy, "nfe_per_example": r.run.nfe_per_example,
                "tokens_per_step": r.run.tokens_per_step, "decode_s": round(time.perf_counter() - t0, 2),

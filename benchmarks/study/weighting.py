@@ -100,6 +100,7 @@ def finetune(root: Path, lam: float, steps: int = A.BUDGET) -> None:
 def score(root: Path, lam: float, steps: int = A.BUDGET) -> None:
     """Validation accuracy, threshold off and 0.9 (tokens per forward), and the unweighted bound."""
     import setdlm
+    from setdlm.evaluation.passes import EvalRun
     from setdlm.evaluation.reasoning import reasoning
     from setdlm.data.tasks import reasoning_split
 
@@ -112,7 +113,7 @@ def score(root: Path, lam: float, steps: int = A.BUDGET) -> None:
     row = {"model": "D4", "lam": lam, "steps": steps, "split": "validation", "n": len(examples),
            "bound_ppl": bound, "checkpoint": str(ckpt.relative_to(root))}
     for tau in (None, 0.9):
-        r = reasoning(net, examples, batch_size=32, seed=0, progress=False, threshold=tau)
+        r = reasoning(net, examples, run=EvalRun(batch_size=32, seed=0, progress=False), threshold=tau)
         key = "tau_off" if tau is None else "tau_0.9"
         row[f"accuracy_{key}"], row[f"tokens_per_step_{key}"] = r.accuracy, r.run.tokens_per_step
     with open(OUT, "a") as f:

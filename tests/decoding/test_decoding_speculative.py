@@ -18,6 +18,7 @@ from setdlm.errors import InputWarning
 from setdlm.evaluation import TaskSpec, reports, sweeps, task_examples
 from setdlm.evaluation.reasoning import reasoning
 from setdlm.masks import describe, speculative_step_mask
+from setdlm.evaluation.passes import EvalRun
 
 from support import (MASK, PROMPTS, CharTokenizer, active_rows, assert_cache_clean, recorded, run,
                      session_results, setdlm_training_logits, tiny_model)
@@ -245,8 +246,8 @@ def test_bench_sweeps_speculation_beside_the_windows(tmp_path, capsys, layout):
     assert spec.tokens_per_step == pytest.approx(1 / spec.forwards_per_token)
     model = setdlm.load("arith-setdlm-smax8")
     examples, _ = task_examples(TaskSpec("reasoning", n=6), [model])
-    a = reasoning(model, examples, window=1, progress=False)
-    b = reasoning(model, examples, speculate=True, verify_layout=layout, progress=False)
+    a = reasoning(model, examples, window=1, run=EvalRun(progress=False))
+    b = reasoning(model, examples, speculate=True, verify_layout=layout, run=EvalRun(progress=False))
     assert a.predictions == b.predictions and b.run.nfe_per_example < a.run.nfe_per_example
     with pytest.raises(ValueError, match="give speculate=True to the sweep"):
         sweeps.sweep([("m", model)], "reasoning", examples, DecodeSettings(speculate=True, verify_layout=layout))

@@ -19,6 +19,7 @@ from setdlm.decoding.session import Session
 from setdlm.family import FamilyConfig
 from setdlm.objectives import ar_loss, compute_loss
 from setdlm.training import TrainConfig
+from setdlm.evaluation.passes import EvalRun
 
 from support import (MASK, PROMPTS, CharTokenizer, active_rows, assert_cache_clean, recorded, session_results, tiny,
                      tiny_model)
@@ -280,8 +281,8 @@ def test_bench_sweeps_the_next_token_decode_of_the_shipped_model(tmp_path, capsy
     model = setdlm.load("arith-setdlm-smax8-ar")
     ar = Model(model.backbone, FamilyConfig("ar", model.family.length, model.family.mask_token_id), model.tokenizer)
     examples, _ = task_examples(TaskSpec("reasoning", n=6), [model])
-    ref = reasoning(ar, examples, progress=False)
-    fast = reasoning(model, examples, speculate="next_token", window=4, progress=False)
+    ref = reasoning(ar, examples, run=EvalRun(progress=False))
+    fast = reasoning(model, examples, speculate="next_token", window=4, run=EvalRun(progress=False))
     assert fast.predictions == ref.predictions and ref.to_dict()["correct"] == head4.result["correct"]
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from setdlm.decoding.settings import DecodeSettings
 from setdlm.evaluation.examples import generated
-from setdlm.evaluation.passes import DecodingRun, check_examples, completion_steps
+from setdlm.evaluation.passes import DecodingRun, EvalRun, check_examples, completion_steps
 from setdlm.evaluation.registry import Task, register
 
 
@@ -51,20 +51,17 @@ def toy_examples(spec, models):
                      "use a model with a longer context")
 
 
-def toy_steps(model, examples, settings: DecodeSettings | None = None, *, batch_size: int = 32, warmup: int = 0,
-              clock: str = "wall", seed: int | None = None, progress: bool = True, **knobs):
+def toy_steps(model, examples, settings: DecodeSettings | None = None, run: EvalRun | None = None, **knobs):
     settings = DecodeSettings.of(settings, knobs, "toy")
     examples = check_examples(examples, ToyExample)
-    predictions, run, budget = yield from completion_steps(model, examples, settings, "toy", seed=seed,
-                                                           batch_size=batch_size, warmup=warmup,
-                                                           progress=progress, clock=clock)
+    predictions, decoded, budget = yield from completion_steps(model, examples, settings, "toy", run)
     score = sum(agreement(p, e.completion) for p, e in zip(predictions, examples)) / len(examples)
-    return ToyResult(score, budget, run, tuple(predictions))
+    return ToyResult(score, budget, decoded, tuple(predictions))
 
 
 TOY = register(Task(
     name="toy", title="reversed words", quality="agreement", header="agreement (%)",
     source=lambda spec: "generated:toy", fields=("n",), options=("clock", "predictions"), mode="generate",
-    examples=toy_examples, steps=toy_steps,
+    examples=toy_examples, steps=toy_steps, example=ToyExample,
     prediction=lambda e, p: {"prompt": e.prompt, "reference": e.completion, "prediction": p,
                              "agreement": agreement(p, e.completion)}))

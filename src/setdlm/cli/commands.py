@@ -53,7 +53,7 @@ from .options import GenerateOptions, InfillOptions, ModelChoice, generate_rows,
 from .train import add_train_commands
 from ..evaluation import evaluate_checkpoint
 from ..outputs import check_file
-from ..evaluation import bench_checkpoints
+from ..evaluation import BenchSpec, EvalRun, LoadOptions, bench_checkpoints
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -97,9 +97,9 @@ def _eval(args) -> int:
     settings, spec = decode_settings(args), task_spec(args)
     if args.output is not None:
         check_file(args.output)
-    result = evaluate_checkpoint(args.checkpoint, spec, settings, clock=args.clock, batch_size=args.batch_size,
-                                 bf16=args.bf16, ema=args.ema, device=args.device, dtype=args.dtype,
-                                 quantize=args.quantize, predictions=args.predictions)
+    run = EvalRun(batch_size=args.batch_size, clock=args.clock)
+    result = evaluate_checkpoint(args.checkpoint, spec, settings, run, bf16=args.bf16, predictions=args.predictions,
+                                 load=_load_options(args))
     line = json.dumps(result)
     if args.output:
         write_text(args.output, line + "\n")
@@ -128,14 +128,17 @@ def _bench(args) -> int:
     """Sweep decoding settings over checkpoints: Markdown table, Pareto plot (PNG) and raw numbers (JSON)."""
 
     settings, spec = decode_settings(args), task_spec(args)
-    run = bench_checkpoints(args.checkpoints, spec, args.out, settings, title=args.title,
-                            thresholds=args.thresholds, windows=args.windows, batch_sizes=args.batch_sizes,
-                            block_sizes=args.block_sizes, warmup=args.warmup, sweep_speculate=args.sweep_speculate,
-                            clock=args.clock, ema=args.ema, device=args.device, dtype=args.dtype,
-                            quantize=args.quantize)
+    bench = BenchSpec(thresholds=args.thresholds, windows=args.windows, batch_sizes=args.batch_sizes,
+                      block_sizes=args.block_sizes, warmup=args.warmup, sweep_speculate=args.sweep_speculate,
+                      clock=args.clock, title=args.title)
+    run = bench_checkpoints(args.checkpoints, spec, args.out, settings, bench, load=_load_options(args))
     print(run.table, end="")
     print(f"wrote {', '.join(map(str, run.files))}", file=sys.stderr)
     return 0
+
+
+def _load_options(args) -> LoadOptions:
+    return LoadOptions(ema=args.ema, device=args.device, dtype=args.dtype, quantize=args.quantize)
 
 
 def _add_bench(sub) -> None:

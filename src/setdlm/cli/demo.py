@@ -18,7 +18,7 @@ from pathlib import Path
 from ..data.tasks import extract_answer
 from ..decoding import DecodeSettings
 from ..errors import UserError
-from ..evaluation import TaskSpec, reports, sweeps, task_examples
+from ..evaluation import EvalRun, TaskSpec, reports, sweeps, task_examples
 from ..evaluation.infill import infill
 from ..evaluation.reasoning import reasoning
 from ..formats.loading import load
@@ -70,8 +70,8 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
 
     _rule("2. A hidden line of held-out Shakespeare, infilled by SetDLM S<=8 (w = M = 8)")
     (ex,), _ = task_examples(TaskSpec("infill", data="shakespeare", split="test", n=1, hidden=1, seed=0), [lm])
-    filled = infill(lm, [ex], DecodeSettings(window=lm.family.M, repetition_penalty=1.2), batch_size=1,
-                    progress=False)
+    filled = infill(lm, [ex], DecodeSettings(window=lm.family.M, repetition_penalty=1.2),
+                    EvalRun(batch_size=1, progress=False))
     print(f"{ex.prefix.strip()}\n  >>> {filled.predictions[0].strip()} <<<\n{ex.suffix.strip()}")
     print(f"[original line: {ex.middle.strip()!r}; ROUGE-L {100 * filled.rougeL:.1f}]")
     result["infill"] = filled.predictions[0]
@@ -79,7 +79,7 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
     _rule("3. An arithmetic word problem, solved by SetDLM S<=8")
     solver = get(REASON[-1])
     problems, _ = task_examples(TaskSpec("reasoning", level="medium", split="test", n=n, seed=0), [solver])
-    r = reasoning(solver, problems, DecodeSettings(cache_order="reveal"), batch_size=n, progress=False)
+    r = reasoning(solver, problems, DecodeSettings(cache_order="reveal"), EvalRun(batch_size=n, progress=False))
     ok = [extract_answer(p) == e.answer for p, e in zip(r.predictions, problems)]
     exact = [p.strip() == e.solution.strip() for p, e in zip(r.predictions, problems)]
     # the first problem it solves step by step, else the first it answers right, else the first
@@ -92,7 +92,7 @@ def run_demo(models: str | Path | None = None, out: str | Path = "demo", n: int 
     _rule(f"4. Live: the same {n} problems, batch 1, on this machine")
     reasoners = [(name, get(name)) for name in REASON]
     points = sweeps.sweep(reasoners, "reasoning", problems, DecodeSettings(cache_order="reveal"),
-                         thresholds=(None, 0.9, 0.7), warmup=2, progress=progress)
+                          sweeps.BenchSpec(thresholds=(None, 0.9, 0.7), warmup=2, progress=progress))
     print(reports.markdown_table(points))
     result["table"] = [p.to_dict() for p in points]
     out = Path(out)

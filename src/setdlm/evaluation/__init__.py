@@ -9,10 +9,11 @@ One concept per module:
 * :mod:`~setdlm.evaluation.likelihood`, :mod:`~setdlm.evaluation.reasoning`, :mod:`~setdlm.evaluation.infill`,
   :mod:`~setdlm.evaluation.parallel` — one task each, registered by its own file (the estimator
   ``likelihood``, ``reasoning``, ``infill``, ``parallel`` and their ``*_steps`` live there);
-* :mod:`~setdlm.evaluation.passes` — the decoding passes the tasks share, ``interleave`` and ``throughput``;
+* :mod:`~setdlm.evaluation.passes` — the decoding passes the tasks share, how one runs (:class:`EvalRun`) and
+  ``interleave``; :mod:`~setdlm.evaluation.throughput` — decoding speed the paper's way;
 * :mod:`~setdlm.evaluation.metrics` — exact match, ROUGE, likelihood and throughput summaries, AUP;
-* :mod:`~setdlm.evaluation.sweeps` and :mod:`~setdlm.evaluation.reports` — ``setdlm bench``'s sweeps, and its
-  table, plot and JSON;
+* :mod:`~setdlm.evaluation.sweeps` and :mod:`~setdlm.evaluation.reports` — ``setdlm bench``'s sweeps
+  (:class:`BenchSpec`), and its table, plot and JSON;
 * :mod:`~setdlm.evaluation.examples` and :mod:`~setdlm.evaluation.runs` — examples that fit, and checkpoints
   by path;
 * :mod:`~setdlm.evaluation.harness` — the lm-evaluation-harness adapter (``python -m setdlm.evaluation.harness``;
@@ -27,8 +28,10 @@ from .spec import TaskSpec
 from . import likelihood, reasoning, infill, parallel  # noqa: F401  (each registers its task, in this order)
 from .examples import task_examples, write_predictions
 from .likelihood import checkpoint_likelihood, heldout_rows, training_args
-from .runs import BenchRun, bench_checkpoints, evaluate_checkpoint, labels
+from .passes import EvalRun
+from .sweeps import BenchSpec
+from .runs import BenchRun, LoadOptions, bench_checkpoints, evaluate_checkpoint, labels
 
 __all__ = ["TaskSpec", "Task", "REGISTRY", "get_task", "register", "task_examples", "write_predictions",
            "checkpoint_likelihood", "heldout_rows", "training_args", "evaluate_checkpoint", "bench_checkpoints",
-           "BenchRun", "labels"]
+           "BenchRun", "labels", "EvalRun", "BenchSpec", "LoadOptions"]

@@ -17,7 +17,7 @@ from ..decoding.settings import DecodeSettings
 from ..lm import Model
 from .examples import from_pool
 from .metrics import rouge
-from .passes import DecodingRun, check_examples, drain, fill_steps
+from .passes import DecodingRun, EvalRun, check_examples, drain, fill_steps
 from .registry import Task, register
 
 
@@ -36,9 +36,8 @@ class InfillResult:
         return {"rouge1": self.rouge1, "rouge2": self.rouge2, "rougeL": self.rougeL, **self.run.to_dict()}
 
 
-def infill(model: Model, examples: Sequence[InfillExample], settings: DecodeSettings | None = None, *,
-           batch_size: int = 32, eos: bool = False, warmup: int = 0, clock: str = "wall", seed: int | None = None,
-           progress: bool = True, **knobs) -> InfillResult:
+def infill(model: Model, examples: Sequence[InfillExample], settings: DecodeSettings | None = None,
+           run: EvalRun | None = None, *, eos: bool = False, **knobs) -> InfillResult:
     """ROUGE-1/2/L of ``model``'s infilling of the hidden middles (``setdlm.data.tasks.infill_examples``).
 
     Rows are ``[BOS] prefix [MASK]×m suffix`` with ``m`` the middle's token count (the oracle length), the
@@ -46,26 +45,25 @@ def infill(model: Model, examples: Sequence[InfillExample], settings: DecodeSett
     whole document (ROCStories), wrong for windows cut out of a longer text. AR models see the prefix
     only. Decoded by :func:`setdlm.decoding.infill` with ``settings`` (or its fields as keywords:
     ``window``, ``threshold``, ``block_size``, ``repetition_penalty``, ...; the generate-only ones are a
-    ``ValueError``) and ``seed``. ``warmup`` and ``clock`` as in :func:`reasoning`. Needs the
+    ``ValueError``). ``run`` as in :func:`setdlm.evaluation.reasoning.reasoning`. Needs the
     ``rouge-score`` package (extra ``eval``).
     """
-    return drain(infill_steps(model, examples, settings, batch_size=batch_size, eos=eos, warmup=warmup,
-                               clock=clock, seed=seed, progress=progress, **knobs))
+    return drain(infill_steps(model, examples, settings, run, eos=eos, **knobs))
 
 
-def infill_steps(model: Model, examples: Sequence[InfillExample], settings: DecodeSettings | None = None, *,
-                 batch_size: int = 32, eos: bool = False, warmup: int = 0, clock: str = "wall",
-                 seed: int | None = None, progress: bool = True, **knobs) -> Generator[None, None, InfillResult]:
+def infill_steps(model: Model, examples: Sequence[InfillExample], settings: DecodeSettings | None = None,
+                 run: EvalRun | None = None, *, eos: bool = False,
+                 **knobs) -> Generator[None, None, InfillResult]:
     """:func:`infill` as a generator that yields after every decoding call and returns the result
     (:func:`~setdlm.evaluation.passes.interleave`)."""
+    run = EvalRun.of(run, knobs, "infill")
     settings = DecodeSettings.of(settings, knobs, "infill")
     examples = check_examples(examples, InfillExample)
-    outs, run = yield from fill_steps(model, examples, settings, seed=seed, eos=eos, batch_size=batch_size,
-                                         warmup=warmup, progress=progress, clock=clock,
-                                         desc=f"{model.family.family} infill")
+    outs, decoded = yield from fill_steps(model, examples, settings, seed=run.seed, eos=eos,
+                                          desc=f"{model.family.family} infill", **run.options(batch_size=32, warmup=0))
     predictions = [t for o in outs for t in o.texts]
     scores = rouge(predictions, [e.middle for e in examples])
-    return InfillResult(**scores, run=run, predictions=tuple(predictions))
+    return InfillResult(**scores, run=decoded, predictions=tuple(predictions))
 
 
 def infill_examples(spec, models: Sequence[Model]) -> tuple[list[InfillExample], int]:
@@ -86,4 +84,5 @@ INFILL = register(Task(
     name="infill", title="ROUGE of infilled sentences", quality="rougeL", header="ROUGE-L (×100)",
     source=lambda spec: "shakespeare", fields=("split", "n", "hidden", "eos"), options=("clock", "predictions"),
     mode="fill", examples=infill_examples, steps=infill_steps, args=lambda spec: {"eos": spec.eos},
-    prediction=_prediction, notes={"data": "a text file, folder or built-in corpus (default: shakespeare)"}))
+    prediction=_prediction, example=InfillExample,
+    notes={"data": "a text file, folder or built-in corpus (default: shakespeare)"}))

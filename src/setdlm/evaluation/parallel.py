@@ -16,7 +16,7 @@ from ..decoding.settings import DecodeSettings
 from ..errors import UserError
 from ..lm import Model
 from .examples import generated
-from .passes import DecodingRun, check_examples, completion_steps, drain
+from .passes import DecodingRun, EvalRun, check_examples, completion_steps, drain
 from .registry import Task, register
 
 
@@ -37,32 +37,28 @@ class ParallelResult:
                 "max_new_tokens": self.max_new_tokens, **self.run.to_dict()}
 
 
-def parallel(model: Model, examples: Sequence[ParallelExample], settings: DecodeSettings | None = None, *,
-             batch_size: int = 32, warmup: int = 0, clock: str = "wall", seed: int | None = None,
-             progress: bool = True, **knobs) -> ParallelResult:
+def parallel(model: Model, examples: Sequence[ParallelExample], settings: DecodeSettings | None = None,
+             run: EvalRun | None = None, **knobs) -> ParallelResult:
     """Exact accuracy of ``model`` on parallel-dependency examples (:func:`setdlm.data.parallel.parallel_split`):
-    each decoded as :func:`reasoning` decodes a problem (``[BOS] prompt``, the same ``settings``, budget,
-    ``warmup``, ``clock`` and ``seed``), the completion cut at its first EOS and checked by
+    each decoded as :func:`reasoning` decodes a problem (``[BOS] prompt``, the same ``settings``, budget and
+    ``run``), the completion cut at its first EOS and checked by
     :meth:`~setdlm.data.parallel.ParallelExample.correct`; ``per_task`` splits the accuracy by task."""
-    return drain(parallel_steps(model, examples, settings, batch_size=batch_size, warmup=warmup, clock=clock,
-                                 seed=seed, progress=progress, **knobs))
+    return drain(parallel_steps(model, examples, settings, run, **knobs))
 
 
-def parallel_steps(model: Model, examples: Sequence[ParallelExample], settings: DecodeSettings | None = None, *,
-                   batch_size: int = 32, warmup: int = 0, clock: str = "wall", seed: int | None = None,
-                   progress: bool = True, **knobs) -> Generator[None, None, ParallelResult]:
+def parallel_steps(model: Model, examples: Sequence[ParallelExample], settings: DecodeSettings | None = None,
+                   run: EvalRun | None = None, **knobs) -> Generator[None, None, ParallelResult]:
     """:func:`parallel` as a generator that yields after every decoding call
     (:func:`~setdlm.evaluation.passes.interleave`)."""
+    run = EvalRun.of(run, knobs, "parallel")
     settings = DecodeSettings.of(settings, knobs, "parallel")
     examples = check_examples(examples, ParallelExample)
-    predictions, run, budget = yield from completion_steps(model, examples, settings, "parallel", seed=seed,
-                                                            batch_size=batch_size, warmup=warmup, progress=progress,
-                                                            clock=clock)
+    predictions, decoded, budget = yield from completion_steps(model, examples, settings, "parallel", run)
     right = [e.correct(p) for p, e in zip(predictions, examples)]
     per_task = {t: sum(r for r, e in zip(right, examples) if e.task == t) / sum(e.task == t for e in examples)
                 for t in PARALLEL_TASKS if any(e.task == t for e in examples)}
     return ParallelResult(accuracy=sum(right) / len(examples), correct=sum(right), per_task=per_task,
-                          max_new_tokens=budget, run=run, predictions=tuple(predictions))
+                          max_new_tokens=budget, run=decoded, predictions=tuple(predictions))
 
 
 def parallel_examples(spec, models: Sequence[Model]) -> tuple[list[ParallelExample], int]:
@@ -88,4 +84,4 @@ PARALLEL = register(Task(
     name="parallel", title="exact accuracy on the parallel-dependency suite", quality="accuracy",
     header="accuracy (%)", source=lambda spec: "generated:parallel", fields=("split", "n"),
     options=("clock", "predictions"), mode="generate", check=_check, examples=parallel_examples,
-    steps=parallel_steps, prediction=_prediction))
+    steps=parallel_steps, prediction=_prediction, example=ParallelExample))

@@ -7,9 +7,8 @@ or :func:`fill_steps` (``[BOS] prefix [MASK]×m suffix`` filled at the oracle le
 what they return. Every pass is a generator that yields after each decoding call, so that :func:`interleave`
 can alternate passes call by call; :func:`drain` runs one to its end.
 
-``throughput`` — decoding speed the paper's way (docs/method.md §4.10, §7.20): one example per call at batch 1,
-the first ``warmup`` calls excluded, mean ± std of per-call generated tokens / second (prompt tokens never
-count; the latency includes the prefill), plus the aggregate rate, the number to compare at batch > 1.
+How a pass runs (rows per call, warm-up calls, clock, seed, a progress bar) is one :class:`EvalRun`, which
+every task's evaluation and :func:`setdlm.evaluation.throughput.throughput` take (docs/evaluation.md).
 
 Every pass times its calls: ``DecodingRun.speed`` holds the same statistics over the calls after ``warmup``,
 so one pass gives quality and speed (``setdlm bench`` sweeps settings this way). NFE and tokens/step are always
@@ -20,10 +19,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import asdict, dataclass, replace
-from typing import Any, TypeVar
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Literal, TypeVar
 
-import torch
 from tqdm.auto import tqdm
 
 from .. import decoding  # decoding.generate / decoding.infill looked up per call (a test or a profiler may wrap them)
@@ -137,6 +135,57 @@ class DecodingRun:
 
 
 CLOCKS = ("wall", "cpu")
+Clock = Literal["wall", "cpu"]  # what a decoding call's seconds measure
+
+
+def _whole(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+@dataclass(frozen=True)
+class EvalRun:
+    """How a decoding pass runs, the same for every task (docs/evaluation.md, "From Python"): ``batch_size``
+    rows per decoding call, the first ``warmup`` calls left out of the speed statistics, each call timed by
+    the decoder's ``"wall"`` clock or this process's ``"cpu"`` time (steady on a shared CPU; with several torch
+    threads it adds up their time), ``seed`` of the sampling, a progress bar or not. Unset (None): the call's
+    default, 32 rows and no warm-up for a task's evaluation (``reasoning``, ``infill``, ...), 1 row and 50
+    calls for ``throughput``, the wall clock. Checked when built: a bad value is a ``UserError`` naming it."""
+
+    batch_size: int | None = None
+    warmup: int | None = None
+    clock: Clock | None = None
+    seed: int | None = None
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.batch_size is not None and not _whole(self.batch_size, 1):
+            raise UserError(f"batch_size must be a positive integer, got {self.batch_size!r}", fields=("batch_size",))
+        if self.warmup is not None and not _whole(self.warmup, 0):
+            raise UserError(f"warmup must be a non-negative integer, got {self.warmup!r}", fields=("warmup",))
+        if self.clock is not None and self.clock not in CLOCKS:
+            raise UserError(f"clock must be one of {', '.join(CLOCKS)}, got {self.clock!r}", fields=("clock",))
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise UserError(f"seed must be an integer, got {self.seed!r}", fields=("seed",))
+        if not isinstance(self.progress, bool):
+            raise UserError(f"progress must be True or False, got {self.progress!r}", fields=("progress",))
+
+    @staticmethod
+    def of(run: EvalRun | None, knobs: dict, what: str) -> EvalRun:
+        """``run`` (None: ``EvalRun()``); an EvalRun field among the decoding settings' keywords ``knobs`` of
+        ``what`` is a ``TypeError`` that says where it goes now."""
+        named = [f.name for f in fields(EvalRun) if f.name in knobs]
+        if named:
+            raise TypeError(f"{what}() takes {named[0]} in run=EvalRun({named[0]}=...), not as a keyword")
+        if run is not None and not isinstance(run, EvalRun):
+            raise TypeError(f"run must be an EvalRun, got {type(run).__name__}")
+        return EvalRun() if run is None else run
+
+    def options(self, batch_size: int, warmup: int) -> dict[str, Any]:
+        """The keywords of :func:`decode_steps` (``batch_size``, ``warmup``, ``clock``, ``progress``), the given
+        defaults (and the wall clock) for the unset ones."""
+        return {"batch_size": batch_size if self.batch_size is None else self.batch_size,
+                "warmup": warmup if self.warmup is None else self.warmup, "clock": self.clock or "wall",
+                "progress": self.progress}
 
 
 def drain(steps: Generator[Any, None, R]) -> R:
@@ -149,19 +198,14 @@ def drain(steps: Generator[Any, None, R]) -> R:
 
 
 def decode_steps(n: int, call: Callable[[int, int], GenerationOutput], *, batch_size: int, warmup: int,
-                 progress: bool, desc: str, clock: str
+                 progress: bool, desc: str, clock: Clock
                  ) -> Generator[None, None, tuple[list[GenerationOutput], DecodingRun]]:
     """Decode examples ``[0, n)`` in consecutive calls of ``batch_size`` (``call(lo, hi)`` returns the
     ``GenerationOutput`` of examples lo..hi-1); speed statistics skip the first ``warmup`` calls. A call's
     time is the decoder's wall time (``clock="wall"``) or the CPU time of this process during the call.
     A generator that yields after every call (so that :func:`interleave` can alternate passes) and returns
-    ``(outputs, run)``; the arguments are checked before the first call."""
-    if not (isinstance(batch_size, int) and batch_size >= 1):
-        raise UserError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if not (isinstance(warmup, int) and warmup >= 0):
-        raise UserError(f"warmup must be a non-negative integer, got {warmup!r}")
-    if clock not in CLOCKS:
-        raise UserError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    ``(outputs, run)``; the arguments are checked (as :class:`EvalRun`'s) before the first call."""
+    EvalRun(batch_size=batch_size, warmup=warmup, clock=clock)  # checked as an EvalRun's
     calls = -(-n // batch_size)
     if warmup >= calls:
         raise UserError(f"warmup={warmup} leaves none of the {calls} decoding calls ({n} examples at batch size "
@@ -236,22 +280,23 @@ def _texts(outs: list, tok, eos_ids: Sequence[int]) -> list[str]:
 
 
 
-def completion_steps(model: Model, examples: list, settings: DecodeSettings, what: str, *, seed: int | None, **opts):
-    """Decode each example's completion from its prompt (:func:`prompt_ids`); returns ``(predictions, run,
-    budget)``, every prediction cut at its first EOS. ``opts``: ``batch_size``, ``warmup``, ``progress``,
-    ``clock`` of :func:`decode_steps`."""
+def completion_steps(model: Model, examples: list, settings: DecodeSettings, what: str, run: EvalRun | None = None):
+    """Decode each example's completion from its prompt (:func:`prompt_ids`) as ``run`` says (unset: 32 rows
+    a call, no warm-up); returns ``(predictions, decoding run, budget)``, every prediction cut at its first EOS."""
 
     tok = tokenizer(model)
     prompts = [prompt_ids(model, e) for e in examples]
-    outs, run, budget = yield from generate_steps(model, prompts, settings, seed=seed,
-                                                  desc=f"{model.family.family} {what}", **opts)
-    return _texts(outs, tok, eos_ids(model, settings.eos_token_id)), run, budget
+    run = EvalRun.of(run, {}, what)
+    outs, decoded, budget = yield from generate_steps(model, prompts, settings, seed=run.seed,
+                                                      desc=f"{model.family.family} {what}",
+                                                      **run.options(batch_size=32, warmup=0))
+    return _texts(outs, tok, eos_ids(model, settings.eos_token_id)), decoded, budget
 
 
-def interleave(passes: Sequence[Generator], *, progress: Callable[[], None] | None = None) -> list:
+def interleave(passes: Sequence[Generator[Any, None, Any]], *, progress: Callable[[], None] | None = None) -> list:
     """Run evaluation passes (a task's ``*_steps``, e.g. :func:`setdlm.evaluation.reasoning.reasoning_steps`,
-    or :func:`throughput_steps`) side by side: one decoding call of each in turn, the order rotated by one
-    every round, until all are done;
+    or :func:`setdlm.evaluation.throughput.throughput_steps`) side by side: one decoding call of each in turn, the
+    order rotated by one every round, until all are done;
     returns their results in the order given. Timing them this way makes a drift of the machine's speed (a
     shared host, thermal throttling) hit every pass alike, so that their speed ratios are fair.
     ``progress`` is called after every call."""
@@ -272,57 +317,3 @@ def interleave(passes: Sequence[Generator], *, progress: Callable[[], None] | No
                 progress()
         r += 1
     return results
-
-
-def throughput(model: Model, items: Sequence, settings: DecodeSettings | None = None, *, warmup: int = 50,
-               batch_size: int = 1, eos: bool = False, clock: str = "wall", seed: int | None = None,
-               progress: bool = True, **knobs) -> ThroughputStats:
-    """Decoding speed the paper's way: ``batch_size`` items per call (1 for the paper's numbers), the first
-    ``warmup`` calls excluded; ``mean ± std`` of per-call tokens/s and the ``aggregate`` rate (compare that
-    one at batch > 1). Only generated tokens count (an EOS that ends a row included, the prompt never);
-    the latency of a call includes its prefill. NFE and tokens/step are the decoder's counts.
-
-    ``items``: reasoning problems or parallel-suite examples (decoded as :mod:`~setdlm.evaluation.reasoning` does),
-    infilling
-    examples (as :mod:`~setdlm.evaluation.infill`), or prompts: strings (encoded as ``[BOS] + text``) or token-id lists
-    (as given).
-    ``settings`` (or its fields as keywords) go to the decoder (``ignore_eos=True`` makes every row generate
-    ``max_new_tokens``; default min(256, what the longest prompt leaves of the context)). ``clock="cpu"`` times by CPU
-    time instead of wall time (see :func:`setdlm.evaluation.reasoning.reasoning`).
-    """
-    return drain(throughput_steps(model, items, settings, warmup=warmup, batch_size=batch_size, eos=eos,
-                                   clock=clock, seed=seed, progress=progress, **knobs))
-
-
-def throughput_steps(model: Model, items: Sequence, settings: DecodeSettings | None = None, *, warmup: int = 50,
-                     batch_size: int = 1, eos: bool = False, clock: str = "wall", seed: int | None = None,
-                     progress: bool = True, **knobs) -> Generator[None, None, ThroughputStats]:
-    """:func:`throughput` as a generator that yields after every decoding call and returns the statistics
-    (:func:`interleave`)."""
-    settings = DecodeSettings.of(settings, knobs, "throughput")
-    items = list(items)
-    if not items:
-        raise UserError("no prompts or examples to time")
-    opts: dict[str, Any] = dict(seed=seed, batch_size=batch_size, warmup=warmup, progress=progress, clock=clock,
-                                desc=f"{model.family.family} throughput")
-    if isinstance(items[0], InfillExample):
-        if settings.max_new_tokens is not None:
-            raise UserError("max_new_tokens does not apply to infilling: the oracle length of each middle is used")
-        examples = check_examples(items, InfillExample)
-        return (yield from fill_steps(model, examples, settings, eos=eos, **opts))[1].speed
-    if isinstance(items[0], (ReasoningExample, ParallelExample)):
-        prompts = [prompt_ids(model, e) for e in check_examples(items, type(items[0]))]
-    else:
-        prompts = [_prompt(model, p, i) for i, p in enumerate(items)]
-    return (yield from generate_steps(model, prompts, settings, **opts))[1].speed
-
-
-def _prompt(model: Model, p, i: int) -> list[int]:
-    if isinstance(p, str):
-        tok = tokenizer(model)
-        return encode_prompt(tok, p)
-    if isinstance(p, torch.Tensor):
-        p = p.tolist()
-    if not (isinstance(p, (list, tuple)) and all(isinstance(t, int) and t >= 0 for t in p)):
-        raise UserError(f"item {i} is neither an example, a string nor a list of token ids: {str(p)[:40]!r}")
-    return list(p)

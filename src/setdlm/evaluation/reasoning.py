@@ -18,7 +18,7 @@ from ..decoding.settings import DecodeSettings
 from ..errors import UserError
 from ..lm import Model
 from .examples import from_pool, generated
-from .passes import DecodingRun, check_examples, completion_steps, drain
+from .passes import DecodingRun, EvalRun, check_examples, completion_steps, drain
 from .registry import Task, register
 
 
@@ -38,36 +38,32 @@ class ReasoningResult:
                 **self.run.to_dict()}
 
 
-def reasoning(model: Model, examples: Sequence[ReasoningExample], settings: DecodeSettings | None = None, *,
-              batch_size: int = 32, warmup: int = 0, clock: str = "wall", seed: int | None = None,
-              progress: bool = True, **knobs) -> ReasoningResult:
+def reasoning(model: Model, examples: Sequence[ReasoningExample], settings: DecodeSettings | None = None,
+              run: EvalRun | None = None, **knobs) -> ReasoningResult:
     """Exact-match accuracy of ``model`` on reasoning problems (``setdlm.data.tasks``), decoded in batches.
 
     Each prompt is ``[BOS] question "\\n"``, decoded by :func:`setdlm.decoding.generate` with ``settings`` (a
     :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields as keywords: ``window``,
-    ``threshold``, ``block_size``, ``temperature``, ``cache_order``, ``stop``, ...) and ``seed``. Every row
+    ``threshold``, ``block_size``, ``temperature``, ``cache_order``, ``stop``, ...). Every row
     gets ``max_new_tokens`` (default: min(256, what the longest prompt leaves of the context L)). A completion is cut
-    at its first EOS and is correct when the integer after its first ``####`` equals the answer. Speed
-    statistics (``result.run.speed``) skip the first ``warmup`` calls; accuracy counts every example.
-    ``clock``: time calls by wall clock (``"wall"``, the paper's) or by this process's CPU time (``"cpu"``:
-    steady on a CPU shared with other jobs; with several torch threads it adds up their time).
+    at its first EOS and is correct when the integer after its first ``####`` equals the answer. ``run``
+    (:class:`~setdlm.evaluation.passes.EvalRun`; default 32 rows a call, no warm-up, the wall clock): the batch
+    size, the warm-up calls that speed statistics (``result.run.speed``) skip (accuracy counts every example),
+    the clock that times the calls, the sampling ``seed`` and the progress bar.
     """
-    return drain(reasoning_steps(model, examples, settings, batch_size=batch_size, warmup=warmup, clock=clock,
-                                  seed=seed, progress=progress, **knobs))
+    return drain(reasoning_steps(model, examples, settings, run, **knobs))
 
 
-def reasoning_steps(model: Model, examples: Sequence[ReasoningExample], settings: DecodeSettings | None = None, *,
-                    batch_size: int = 32, warmup: int = 0, clock: str = "wall", seed: int | None = None,
-                    progress: bool = True, **knobs) -> Generator[None, None, ReasoningResult]:
+def reasoning_steps(model: Model, examples: Sequence[ReasoningExample], settings: DecodeSettings | None = None,
+                    run: EvalRun | None = None, **knobs) -> Generator[None, None, ReasoningResult]:
     """:func:`reasoning` as a generator that yields after every decoding call and returns the result, so
     that several evaluations can be alternated call by call (:func:`~setdlm.evaluation.passes.interleave`)."""
+    run = EvalRun.of(run, knobs, "reasoning")
     settings = DecodeSettings.of(settings, knobs, "reasoning")
     examples = check_examples(examples, ReasoningExample)
-    predictions, run, budget = yield from completion_steps(model, examples, settings, "reasoning", seed=seed,
-                                                            batch_size=batch_size, warmup=warmup, progress=progress,
-                                                            clock=clock)
+    predictions, decoded, budget = yield from completion_steps(model, examples, settings, "reasoning", run)
     correct = sum(extract_answer(p) == e.answer for p, e in zip(predictions, examples))
-    return ReasoningResult(accuracy=correct / len(examples), correct=correct, max_new_tokens=budget, run=run,
+    return ReasoningResult(accuracy=correct / len(examples), correct=correct, max_new_tokens=budget, run=decoded,
                            predictions=tuple(predictions))
 
 
@@ -103,5 +99,5 @@ REASONING = register(Task(
     name="reasoning", title="exact-match accuracy on arithmetic word problems", quality="accuracy",
     header="accuracy (%)", source=lambda spec: f"generated:{spec.level or 'medium'}",
     fields=("level", "split", "n"), options=("clock", "predictions"), mode="generate", check=_check,
-    examples=reasoning_examples, steps=reasoning_steps, prediction=_prediction,
+    examples=reasoning_examples, steps=reasoning_steps, prediction=_prediction, example=ReasoningExample,
     notes={"data": "GSM8K-format JSONL (default: generated problems)"}))

@@ -20,15 +20,48 @@ A new task is one file that builds a :class:`Task` and calls :func:`register` (`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
+from ..decoding.settings import DecodeSettings
 from ..errors import UserError
+from ..lm import Model
+from .passes import DecodingRun, EvalRun
 
 SPEC_FIELDS = ("level", "split", "n", "hidden", "eos")  # the TaskSpec fields that pick examples for some tasks
 OPTIONS = ("clock", "predictions", "bf16")  # the evaluation options that apply to some tasks
 MODES = ("generate", "fill")  # how a decoding task decodes (DecodeSettings.check_for's modes)
+
+
+class TaskResult(Protocol):
+    """What a decoding task's pass returns (besides its ``quality`` attribute, named by ``Task.quality``)."""
+
+    @property
+    def run(self) -> DecodingRun: ...  # what decoding cost, its speed included
+
+    @property
+    def predictions(self) -> tuple[str, ...]: ...  # one per example, in order
+
+    def to_dict(self) -> dict: ...  # the numbers, JSON-ready (predictions left out)
+
+
+class Steps(Protocol):
+    """A decoding task's pass: ``(model, examples, settings, run, **args)`` (``args``: the task's own, from
+    ``Task.args``), a generator that decodes and scores the examples, yields after every decoding call and returns
+    a :class:`TaskResult`."""
+
+    def __call__(self, model: Model, examples: Sequence[Any], settings: DecodeSettings | None = None,
+                 run: EvalRun | None = None, **args: Any) -> Generator[None, None, TaskResult]: ...
+
+
+class Measure(Protocol):
+    """A task that does not decode: ``(model, checkpoint, spec, *, batch_size, bf16)`` -> its JSON-ready result
+    (the ``quality`` key included)."""
+
+    def __call__(self, model: Model, checkpoint: str | Path, spec: Any, *, batch_size: int | None,
+                 bf16: bool) -> dict: ...
 
 
 def _no_check(spec) -> None:
@@ -54,14 +87,13 @@ class Task:
     mode: str | None = None  # "generate" or "fill": the decode settings that apply; None: it does not decode
     percent: bool = True  # quality is a fraction in [0, 1], shown ×100 (False: shown as measured)
     check: Callable[[Any], None] = _no_check  # TaskSpec -> None: the task's own checks of its fields
-    examples: Callable | None = None  # (TaskSpec, models) -> (examples that fit every model, number skipped)
-    steps: Callable | None = None  # (model, examples, settings, *, batch_size, warmup, clock, seed, progress,
-    #   **args) -> a generator that decodes and scores the examples (yields after every decoding call) and
-    #   returns a result with .run, .predictions, .to_dict() and the ``quality`` attribute
+    # (TaskSpec, models) -> (examples that fit every model, number skipped)
+    examples: Callable[[Any, Sequence[Model]], tuple[list[Any], int]] | None = None
+    steps: Steps | None = None  # decodes and scores the examples (a generator over the decoding calls)
     args: Callable[[Any], dict] = _no_args  # TaskSpec -> the task's own keyword arguments of ``steps``
-    prediction: Callable | None = None  # (example, prediction) -> one row of the --predictions JSONL file
-    measure: Callable | None = None  # a task that does not decode: (model, checkpoint, TaskSpec, *,
-    #   batch_size, bf16) -> its JSON-ready result (the ``quality`` key included)
+    prediction: Callable[[Any, str], dict] | None = None  # (example, prediction) -> a --predictions JSONL row
+    measure: Measure | None = None  # a task that does not decode: its result for a checkpoint
+    example: type | None = None  # the class of its examples: throughput decodes a list of them as ``mode`` says
     notes: dict = field(default_factory=dict)  # TaskSpec field -> what it means for this task (the flags' help)
 
     @property
@@ -107,6 +139,12 @@ def using(kind: str, name: str) -> tuple[str, ...]:
 def decoding() -> tuple[str, ...]:
     """The tasks that decode, in registration order."""
     return tuple(t.name for t in REGISTRY.values() if t.decodes)
+
+
+def task_of(item: object) -> Task | None:
+    """The first registered task whose examples (``Task.example``) ``item`` is one of; None for any other item
+    (a prompt)."""
+    return next((t for t in REGISTRY.values() if t.example is not None and isinstance(item, t.example)), None)
 
 
 def generating() -> tuple[str, ...]:

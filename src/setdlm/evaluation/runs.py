@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -21,26 +22,55 @@ from ..decoding.settings import DecodeSettings
 from ..data.tasks import LEVELS
 from ..errors import InputWarning, UserError
 from ..formats.loading import check_dtype, load
+from ..lm import Model
 from ..outputs import check_file, check_folder, write_text
 from . import reports, sweeps
 from .examples import task_examples, write_predictions
 from .likelihood import training_args
-from .passes import CLOCKS, drain
+from .passes import EvalRun, drain
 from .registry import decoding, using
 from .spec import TaskSpec
+from .sweeps import BenchSpec
 
 
-def _check_options(spec: TaskSpec, *, clock: str | None, batch_size: int | None, bf16: bool,
-                   predictions: str | Path | None) -> None:
-    """The options of an evaluation that apply to some tasks only (``Task.options``), and their values."""
-    for name, given in (("clock", clock is not None), ("bf16", bf16), ("predictions", predictions is not None)):
+@dataclass(frozen=True)
+class LoadOptions:
+    """How an evaluation loads its checkpoints (:func:`setdlm.load`'s options): the ``ema`` weights, the
+    ``device``, the ``dtype`` of the weights (bench: several, each checkpoint in each, side by side; docs/decoding.md
+    "Precision"), a CPU ``quantize`` scheme. The dtypes are checked when built."""
+
+    ema: bool = False
+    device: str = "cpu"
+    dtype: str | torch.dtype | Sequence[str | torch.dtype] | None = None
+    quantize: str | None = None
+
+    def __post_init__(self):
+        for d in self.dtypes:
+            check_dtype(d)
+
+    @property
+    def dtypes(self) -> list:
+        """The dtypes, one or several; ``[None]`` (as stored) when none is given."""
+        if self.dtype is None or isinstance(self.dtype, (str, torch.dtype)):
+            return [self.dtype]
+        return list(self.dtype) or [None]  # [] as None: as stored
+
+    def load(self, checkpoint: str | Path, dtype: str | torch.dtype | None = None):
+        """``checkpoint`` loaded with these options, in ``dtype`` (one of :attr:`dtypes`)."""
+        return load(checkpoint, ema=self.ema, device=self.device, dtype=check_dtype(dtype), quantize=self.quantize)
+
+
+def _check_options(spec: TaskSpec, run: EvalRun, *, bf16: bool, predictions: str | Path | None) -> None:
+    """The options of an evaluation that apply to some tasks only (``Task.options``)."""
+    for name, given in (("clock", run.clock is not None), ("bf16", bf16), ("predictions", predictions is not None)):
         if given and name not in spec.entry.options:
             raise UserError(f"{name} applies to task {'/'.join(using('options', name))}, not {spec.task}",
                             fields=(name, "task"))
-    if clock is not None and clock not in CLOCKS:
-        raise UserError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}", fields=("clock",))
-    if batch_size is not None and not (isinstance(batch_size, int) and batch_size >= 1):
-        raise UserError(f"batch_size must be a positive integer, got {batch_size!r}", fields=("batch_size",))
+    if run.warmup is not None and not spec.decoding:
+        raise UserError(f"warmup applies to task {'/'.join(decoding())}, not {spec.task}", fields=("warmup", "task"))
+    if run.seed is not None:
+        raise UserError("the seed of an evaluation by path is the TaskSpec's: leave the EvalRun's seed unset",
+                        fields=("seed",))
 
 
 def decode_record(settings: DecodeSettings, **task) -> dict:
@@ -52,43 +82,48 @@ def decode_record(settings: DecodeSettings, **task) -> dict:
 
 
 def evaluate_checkpoint(checkpoint: str | Path, task: TaskSpec | str = "likelihood",
-                        settings: DecodeSettings | None = None, *, clock: str | None = None,
-                        batch_size: int | None = None, bf16: bool = False, ema: bool = False, device: str = "cpu",
-                        predictions: str | Path | None = None, quantize: str | None = None, dtype: str | None = None,
+                        settings: DecodeSettings | None = None, run: EvalRun | None = None, *, bf16: bool = False,
+                        predictions: str | Path | None = None, load: LoadOptions | None = None,
                         **keywords) -> dict:
     """Evaluate a checkpoint (folder, run folder or shipped name) on ``task`` and return the JSON-ready result
     that ``setdlm eval`` prints.
 
     ``task``: a :class:`TaskSpec`, or a task name and the TaskSpec fields as keywords (``data=``,
     ``level=``, ``n=``, ...). A task that does not decode (likelihood:
-    :func:`~setdlm.evaluation.likelihood.checkpoint_likelihood`, with ``data``, ``batch_size``, ``seed``,
+    :func:`~setdlm.evaluation.likelihood.checkpoint_likelihood`, with ``data``, ``run.batch_size``, ``seed``,
     ``bf16``) gives its ``measure``. A decoding task (reasoning / parallel / infill / a registered one): the
     examples of :func:`~setdlm.evaluation.examples.task_examples` decoded and scored by the task's ``steps``
     (e.g. :func:`setdlm.evaluation.reasoning.reasoning`) with ``settings`` (a
     :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields as keywords: ``threshold=``,
-    ``window=``, ``max_new_tokens=``, ...), each example's prediction written to ``predictions`` (JSONL)
-    when given. Bad values are :class:`~setdlm.errors.UserError`\\ s raised before any loading."""
+    ``window=``, ``max_new_tokens=``, ...) and ``run`` (an :class:`~setdlm.evaluation.passes.EvalRun`: its
+    ``batch_size``, default 32, its ``clock`` and progress bar; the seed is the TaskSpec's), each example's
+    prediction written to ``predictions`` (JSONL) when given. ``load``: how the checkpoint is loaded
+    (:class:`LoadOptions`). Bad values are :class:`~setdlm.errors.UserError`\\ s raised before any loading."""
 
     spec, knobs = TaskSpec.of(task, keywords)
+    run = EvalRun.of(run, knobs, "evaluate_checkpoint")
     settings = DecodeSettings.of(settings, knobs, "evaluate_checkpoint")
     spec.check_settings(settings)
-    _check_options(spec, clock=clock, batch_size=batch_size, bf16=bf16, predictions=predictions)
+    _check_options(spec, run, bf16=bf16, predictions=predictions)
     if predictions is not None:
         check_file(predictions, "predictions")
-    model = load(checkpoint, ema=ema, device=device, dtype=dtype, quantize=quantize)
+    load = LoadOptions() if load is None else load
+    if len(load.dtypes) > 1:
+        raise UserError("evaluate_checkpoint loads one dtype; setdlm bench compares several", fields=("dtype",))
+    model = load.load(checkpoint, load.dtypes[0])
     entry = spec.entry
-    if not entry.decodes:
-        return entry.measure(model, checkpoint, spec, batch_size=batch_size, bf16=bf16)
+    if entry.measure is not None:  # a task that does not decode (registry.register)
+        return entry.measure(model, checkpoint, spec, batch_size=run.batch_size, bf16=bf16)
+    assert entry.steps is not None  # a decoding task (registry.register)
     settings = sweeps.fixed_settings(settings, {}, [model], spec.task, "evaluate_checkpoint")
     if spec.data is None:
         warn_other_data(spec, training_args(checkpoint).get("data"))
     examples, skipped = task_examples(spec, [model])
     task_args = entry.args(spec)
-    result = drain(entry.steps(model, examples, settings, batch_size=batch_size or 32, warmup=0,
-                               clock=clock or "wall", seed=spec.seed, progress=True, **task_args))
+    result = drain(entry.steps(model, examples, settings, replace(run, seed=spec.seed), **task_args))
     if predictions is not None:
         write_predictions(predictions, examples, result, spec.task)
-    decode = decode_record(settings, clock=clock, seed=spec.seed, **task_args)
+    decode = decode_record(settings, clock=run.clock, seed=spec.seed, **task_args)
     return {"task": spec.task, "family": model.family.family, "dtype": model.dtype, "data": spec.source,
             "split": spec.split or "test", "skipped_too_long": skipped, "decode": decode, **result.to_dict()}
 
@@ -131,71 +166,67 @@ class BenchRun:
 
 
 def bench_checkpoints(checkpoints: Sequence[str | Path], task: TaskSpec | str, out: str | Path,
-                      settings: DecodeSettings | None = None, *, title: str | None = None,
-                      thresholds: Sequence[float | None] | None = None, windows: Sequence[int | None] | None = None,
-                      batch_sizes: Sequence[int] | None = None, block_sizes: Sequence[int | None] | None = None,
-                      warmup: int | None = None, clock: str | None = None, ema: bool = False, device: str = "cpu",
-                      sweep_speculate: bool = False, quantize: str | None = None,
-                      dtype: str | Sequence[str] | None = None, **keywords) -> BenchRun:
+                      settings: DecodeSettings | None = None, bench: BenchSpec | None = None, *,
+                      load: LoadOptions | None = None, **keywords) -> BenchRun:
     """Benchmark checkpoints on ``task`` (a :class:`TaskSpec`, or a task name and its fields as keywords)
     and write ``out``/bench.md, bench.json and bench.png (what ``setdlm bench`` runs).
-    A decoding task: :func:`setdlm.evaluation.sweeps.sweep` over ``thresholds`` (default
-    :data:`setdlm.evaluation.sweeps.THRESHOLDS`), ``windows`` (None = D), ``block_sizes`` (None = the model's)
+    A decoding task: :func:`setdlm.evaluation.sweeps.sweep` over ``bench``'s lists (a
+    :class:`~setdlm.evaluation.sweeps.BenchSpec`: ``thresholds``, default
+    :data:`setdlm.evaluation.sweeps.THRESHOLDS`, ``windows`` (None = D), ``block_sizes`` (None = the model's)
     and ``batch_sizes`` (default 1), with ``sweep_speculate`` also each SetDLM window's self-speculative
-    decode, the first ``warmup`` examples untimed (default 50, at most a quarter of the examples), the other
+    decode), the first ``bench.warmup`` examples untimed (default 50, at most a quarter of the examples), the other
     decoding settings fixed (``settings``, a :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields
     as keywords); a task that does not decode (likelihood): its measure per checkpoint (on ``data`` or each
-    run's held-out rows). ``dtype``: the precision of the weights (:func:`setdlm.load`), or several: each
-    checkpoint in each, side by side, labelled ``NAME bfloat16`` (docs/decoding.md "Precision"). Every setting is
-    checked before any model is loaded."""
+    run's held-out rows). ``load`` (:class:`LoadOptions`): its ``dtype`` may be several: each checkpoint in
+    each, side by side, labelled ``NAME bfloat16`` (docs/decoding.md "Precision"). Every setting is checked
+    before any model is loaded."""
 
     spec, knobs = TaskSpec.of(task, keywords)
     settings = DecodeSettings.of(settings, knobs, "bench_checkpoints")
-    swept = (thresholds, windows, batch_sizes, block_sizes, warmup is not None, sweep_speculate)
-    if not spec.decoding and any(swept):
+    bench = BenchSpec() if bench is None else bench
+    if not spec.decoding and bench.given:
         names = ("thresholds", "windows", "block_sizes", "batch_sizes", "warmup", "sweep_speculate")
         raise UserError(f"{', '.join(names[:-1])} and {names[-1]} apply to the decoding tasks "
                         f"({'/'.join(decoding())})", fields=names)
     spec.check_settings(settings)
-    _check_options(spec, clock=clock, batch_size=None, bf16=False, predictions=None)
+    _check_options(spec, EvalRun(clock=bench.clock), bf16=False, predictions=None)
     folder = check_folder(out)
     if spec.decoding:
-        sweeps.check_sweep(thresholds or sweeps.THRESHOLDS, windows or [None], batch_sizes or [1],
-                           50 if warmup is None else warmup, block_sizes or [None])
         sweeps.check_unswept(settings)
-    single = dtype is None or isinstance(dtype, (str, torch.dtype))
-    dtypes = [check_dtype(d) for d in ([dtype] if single else dtype)] or [None]  # [] as None: as stored
-    names, per = labels(checkpoints), len(checkpoints)
-    if len(dtypes) > 1:  # each checkpoint in each precision, side by side, a curve each: "NAME bfloat16"
-        names = [f"{n} {str(d).removeprefix('torch.')}" for d in dtypes for n in names]
-        checkpoints = [c for _ in dtypes for c in checkpoints]
-    models = [load(c, ema=ema, device=device, dtype=dtypes[i // per], quantize=quantize)
-              for i, c in enumerate(checkpoints)]
-    meta = {"task": spec.task, "checkpoints": dict(zip(names, map(str, checkpoints))),
-            "families": {lab: m.family.to_dict() for lab, m in zip(names, models)},
-            "dtypes": {lab: m.dtype for lab, m in zip(names, models)}}
-    entry = spec.entry
-    if not entry.decodes:
+    loaded = _load_all(checkpoints, LoadOptions() if load is None else load)
+    meta: dict[str, Any] = {"task": spec.task, "checkpoints": {lab: str(c) for lab, c, _ in loaded},
+                            "families": {lab: m.family.to_dict() for lab, _, m in loaded},
+                            "dtypes": {lab: m.dtype for lab, _, m in loaded}}
+    entry, models = spec.entry, [(lab, m) for lab, _, m in loaded]
+    if entry.measure is not None:  # a task that does not decode (registry.register)
         points = [sweeps.measured_point(lab, m, spec.task, entry.measure(m, c, spec, batch_size=None, bf16=False))
-                  for c, lab, m in zip(checkpoints, names, models)]
+                  for lab, c, m in loaded]
         meta["data"] = spec.source
     else:
-        settings = sweeps.fixed_settings(settings, {}, models, spec.task)
-        examples, skipped = task_examples(spec, models)
-        warmup = min(50, len(examples) // 4) if warmup is None else warmup
-        thresholds, windows = list(thresholds or sweeps.THRESHOLDS), list(windows or [None])
-        batch_sizes, block_sizes = list(batch_sizes or [1]), list(block_sizes or [None])
+        settings = sweeps.fixed_settings(settings, {}, [m for _, m in models], spec.task)
+        examples, skipped = task_examples(spec, [m for _, m in models])
+        warmup = min(50, len(examples) // 4) if bench.warmup is None else bench.warmup
         task_args = entry.args(spec)
-        points = sweeps.sweep(list(zip(names, models)), spec.task, examples, settings, thresholds=thresholds,
-                              windows=windows, batch_sizes=batch_sizes, block_sizes=block_sizes, warmup=warmup,
-                              clock=clock or "wall", seed=spec.seed, speculate=sweep_speculate, task_args=task_args)
-        fixed = decode_record(settings, clock=clock, seed=spec.seed, **task_args)
+        points = sweeps.sweep(models, spec.task, examples, settings, replace(bench, warmup=warmup),
+                              task_args=task_args, seed=spec.seed)
+        fixed = decode_record(settings, clock=bench.clock, seed=spec.seed, **task_args)
         meta.update(data=spec.source, split=spec.split or "test", examples=len(examples), skipped_too_long=skipped,
-                    warmup=warmup, thresholds=thresholds, windows=windows, block_sizes=block_sizes,
-                    batch_sizes=batch_sizes, speculate=sweep_speculate, decode=fixed)
+                    warmup=warmup, **{n: bench.grid(n) for n in ("thresholds", "windows", "block_sizes",
+                                                                 "batch_sizes")},
+                    speculate=bench.sweep_speculate, decode=fixed)
     table = reports.markdown_table(points)
     folder.mkdir(parents=True, exist_ok=True)
     md = write_text(folder / "bench.md", table, "out")
     js = reports.write_json(points, folder / "bench.json", **meta)
-    png = reports.plot(points, folder / "bench.png", title=title)
+    png = reports.plot(points, folder / "bench.png", title=bench.title)
     return BenchRun(points, table, (md, js, png))
+
+
+def _load_all(checkpoints: Sequence[str | Path], load: LoadOptions) -> list[tuple[str, str | Path, Model]]:
+    """``(label, checkpoint, model)`` for each checkpoint in each of ``load``'s dtypes (labelled ``NAME bfloat16``
+    when there are several)."""
+    dtypes, names, per = load.dtypes, labels(checkpoints), len(checkpoints)
+    if len(dtypes) > 1:  # each checkpoint in each precision, side by side, a curve each: "NAME bfloat16"
+        names = [f"{n} {str(check_dtype(d)).removeprefix('torch.')}" for d in dtypes for n in names]
+        checkpoints = [c for _ in dtypes for c in checkpoints]
+    return [(lab, c, load.load(c, dtypes[i // per])) for i, (lab, c) in enumerate(zip(names, checkpoints))]

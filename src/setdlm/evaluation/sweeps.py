@@ -33,7 +33,7 @@ from ..errors import UserError
 from ..family import REGISTRY as FAMILY_REGISTRY
 from ..formats.drafted import DraftedBackbone
 from ..lm import Model
-from .passes import interleave
+from .passes import Clock, EvalRun, interleave
 from .registry import decoding, get_task
 
 THRESHOLDS = (None, 0.99, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)  # docs/method.md §5.2: None = off (τ = 1e6)
@@ -70,7 +70,9 @@ SWEPT = ("threshold", "window", "block_size")  # the DecodeSettings fields a swe
 
 def check_sweep(thresholds: Sequence[float | None], windows: Sequence[int | None], batch_sizes: Sequence[int],
                 warmup: int = 0, block_sizes: Sequence[int | None] = (None,)) -> None:
-    """The sweep's settings, checked without any model (so ``setdlm bench`` fails before loading one)."""
+    """The sweep's settings, checked without any model (so ``setdlm bench`` fails before loading one); a bad
+    one is a ``UserError`` whose message names its list (``fields`` left empty: the command line prints these
+    messages as they are, docs/errors.md)."""
     for t in thresholds:  # the ranges of DecodeSettings, named as the sweep's lists
         try:
             DecodeSettings(threshold=t)
@@ -87,10 +89,60 @@ def check_sweep(thresholds: Sequence[float | None], windows: Sequence[int | None
         except ValueError:
             raise UserError(f"block sizes must be positive integers (or None for the model's), got {s!r}") from None
     for b in batch_sizes:
-        if not (isinstance(b, int) and b >= 1):
+        if not (isinstance(b, int) and not isinstance(b, bool) and b >= 1):
             raise UserError(f"batch sizes must be positive integers, got {b!r}")
-    if not (isinstance(warmup, int) and warmup >= 0):
+    if not (isinstance(warmup, int) and not isinstance(warmup, bool) and warmup >= 0):
         raise UserError(f"warmup must be a non-negative integer, got {warmup!r}")
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """What a sweep (``setdlm bench``, :func:`sweep`, :func:`setdlm.evaluation.bench_checkpoints`) runs: the
+    lists it sweeps, ``warmup`` examples timed but not counted, the ``clock`` (as
+    :class:`~setdlm.evaluation.passes.EvalRun`'s), the plot's ``title``, a progress bar over its calls or not.
+    Unset (None): ``thresholds`` :data:`THRESHOLDS`, ``windows`` the model's D, ``block_sizes`` the model's,
+    ``batch_sizes`` 1, ``warmup`` 50 (bench_checkpoints: at most a quarter of the examples), the wall clock,
+    the task as title. Checked when built: a bad value is a ``UserError`` naming it (in its message for the
+    lists and ``warmup``, as :func:`check_sweep` words it)."""
+
+    thresholds: Sequence[float | None] | None = None  # τ; None in the list: off
+    windows: Sequence[int | None] | None = None  # SetDLM w; None in the list: D
+    batch_sizes: Sequence[int] | None = None
+    block_sizes: Sequence[int | None] | None = None  # BD3LM/MDLM; None in the list: the model's
+    warmup: int | None = None
+    sweep_speculate: bool = False  # also each SetDLM window's self-speculative decode (sweep_settings)
+    clock: Clock | None = None
+    title: str | None = None
+    progress: bool = True
+
+    def __post_init__(self):
+        for name in ("thresholds", "windows", "batch_sizes", "block_sizes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, str) or not isinstance(value, Sequence)):
+                raise UserError(f"{name} must be a list, got {value!r}", fields=(name,))
+        check_sweep(self.grid("thresholds"), self.grid("windows"), self.grid("batch_sizes"), self.warmup or 0,
+                    self.grid("block_sizes"))
+        EvalRun(clock=self.clock)  # checked as an EvalRun's
+        for name in ("sweep_speculate", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"{name} must be True or False, got {getattr(self, name)!r}", fields=(name,))
+
+    def grid(self, name: str) -> list:
+        """The list ``name`` (``thresholds``, ``windows``, ``batch_sizes``, ``block_sizes``), its default when
+        unset or empty."""
+        return list(getattr(self, name) or _GRID[name])
+
+    @property
+    def given(self) -> tuple[str, ...]:
+        """The fields given that only a decoding task's sweep takes (all but ``clock``, ``title`` and
+        ``progress``)."""
+        swept = ("thresholds", "windows", "block_sizes", "batch_sizes")
+        return (*(n for n in swept if getattr(self, n)), *(("warmup",) if self.warmup is not None else ()),
+                *(("sweep_speculate",) if self.sweep_speculate else ()))
+
+
+_GRID: dict[str, Sequence] = {"thresholds": THRESHOLDS, "windows": (None,), "batch_sizes": (1,),
+                              "block_sizes": (None,)}
 
 
 def sweep_settings(model: Model, thresholds: Sequence[float | None] = THRESHOLDS,
@@ -162,39 +214,41 @@ def _point(label: str, model: Model, task: str, setting: Setting, result) -> Ben
 
 
 def sweep(models: Sequence[tuple[str, Model]], task: str, examples: Sequence, settings: DecodeSettings | None = None,
-          *, thresholds: Sequence[float | None] = THRESHOLDS, windows: Sequence[int | None] = (None,),
-          batch_sizes: Sequence[int] = (1,), block_sizes: Sequence[int | None] = (None,), warmup: int = 50,
-          task_args: dict | None = None, clock: str = "wall", seed: int | None = None, progress: bool = True,
-          speculate: bool = False, **knobs) -> list[BenchPoint]:
+          bench: BenchSpec | None = None, *, task_args: dict | None = None, seed: int | None = None,
+          **knobs) -> list[BenchPoint]:
     """Evaluate every ``(label, model)`` on ``examples`` of a decoding ``task`` (reasoning problems,
-    parallel-suite examples, infilling examples, or a registered task's) at every applicable setting. Speed
-    skips the first ``warmup`` examples (rounded up to whole calls at batch > 1); quality counts every
-    example. The settings run side by side (:func:`setdlm.evaluation.passes.interleave`): one decoding call of
-    each in turn, so that a drift of the machine's speed does not favour the settings timed first.
+    parallel-suite examples, infilling examples, or a registered task's) at every applicable setting of
+    ``bench`` (a :class:`BenchSpec`: the thresholds, windows, block and batch sizes, ``sweep_speculate``). Speed
+    skips the first ``bench.warmup`` examples (default 50; rounded up to whole calls at batch > 1); quality counts
+    every example. The settings run side by side (:func:`setdlm.evaluation.passes.interleave`): one decoding call
+    of each in turn, so that a drift of the machine's speed does not favour the settings timed first.
     ``settings`` (a :class:`~setdlm.decoding.settings.DecodeSettings`, or its fields as keywords:
     ``max_new_tokens``, ``temperature``, ``cache_order``, ``repetition_penalty``, ...) are the same for every
-    point, bar the swept ``threshold``, ``window`` and ``block_size``; ``speculate`` adds each SetDLM window's
-    self-speculative decode (:func:`sweep_settings`); ``task_args`` (the task's own arguments, e.g. infill's
-    ``{"eos": True}``), ``clock`` and ``seed`` go to the task's ``steps``."""
+    point, bar the swept ``threshold``, ``window`` and ``block_size``; ``sweep_speculate`` adds each SetDLM
+    window's self-speculative decode (:func:`sweep_settings`); ``task_args`` (the task's own arguments, e.g.
+    infill's ``{"eos": True}``), ``bench.clock`` and ``seed`` go to the task's ``steps``."""
     steps = get_task(task).steps  # None exactly for the tasks that do not decode (registry.register)
     if steps is None:
         raise UserError(f"sweep task must be one of {', '.join(decoding())}, got {task!r} "
                         "(a task that does not decode: measured_point)")
     if not models:
         raise UserError("no models to benchmark")
+    bench = BenchSpec() if bench is None else bench
     base = fixed_settings(settings, knobs, [m for _, m in models], task)
-    check_sweep(thresholds, windows, batch_sizes, warmup, block_sizes)
+    batch_sizes, warmup = bench.grid("batch_sizes"), 50 if bench.warmup is None else bench.warmup
     plan = [(label, model, s) for label, model in models
-            for s in sweep_settings(model, thresholds, windows, batch_sizes, block_sizes, speculate=speculate)]
+            for s in sweep_settings(model, bench.grid("thresholds"), bench.grid("windows"), batch_sizes,
+                                    bench.grid("block_sizes"), speculate=bench.sweep_speculate)]
     n = len(examples)
     for b in batch_sizes:  # fail before the sweep starts, not in its middle
         if -(-warmup // b) >= -(-n // b):
             raise UserError(f"warmup={warmup} examples leave none of the {n} examples to time at batch size {b}")
-    passes = [steps(model, examples, s.apply(base), batch_size=s.batch_size, warmup=-(-warmup // s.batch_size),
-                          clock=clock, seed=seed, progress=False, **(task_args or {})) for _, model, s in plan]
+    passes = [steps(model, examples, s.apply(base), EvalRun(batch_size=s.batch_size, warmup=-(-warmup // s.batch_size),
+                                                             clock=bench.clock, seed=seed, progress=False),
+                    **(task_args or {})) for _, model, s in plan]
     calls = sum(-(-n // s.batch_size) for _, _, s in plan)
     with tqdm(total=calls, desc=f"bench {task} ({len(plan)} settings side by side)", unit="call",
-              disable=None if progress else True) as bar:
+              disable=None if bench.progress else True) as bar:
         results = interleave(passes, progress=lambda: bar.update(1))
     return [_point(label, model, task, s, r) for (label, model, s), r in zip(plan, results)]
 
