@@ -82,6 +82,16 @@ def test_load_options_check_the_dtypes():
     assert caught.value.fields == ("dtype",)
 
 
+@pytest.mark.parametrize("name", ["quantize", "dtype", "ema", "device"])
+def test_a_load_option_given_as_a_keyword_says_where_it_goes(name):
+    from setdlm.evaluation import bench_checkpoints
+
+    with pytest.raises(TypeError, match=rf"takes {name} in load=LoadOptions\({name}=\.\.\.\)"):
+        evaluate_checkpoint("no-such-checkpoint", "reasoning", **{name: "int8"})
+    with pytest.raises(TypeError, match=rf"bench_checkpoints\(\) takes {name} in load=LoadOptions"):
+        bench_checkpoints(["no-such-checkpoint"], "reasoning", "out", **{name: "int8"})
+
+
 def test_an_evaluation_by_path_refuses_what_its_task_sets_before_loading():
     with pytest.raises(UserError, match="the TaskSpec's") as caught:
         evaluate_checkpoint("no-such-checkpoint", "reasoning", run=EvalRun(seed=1))

@@ -78,9 +78,9 @@ def test_setdlm_models_lists_the_drafter(capsys):
 def test_eval_with_the_drafter_scores_what_the_base_scores():
     """``setdlm eval smollm2-135m-draft --speculate-next-token`` decodes the base's own tokens: the same
     predictions and accuracy as the base's plain decode, in fewer forwards."""
-    from setdlm.evaluation.runs import evaluate_checkpoint
+    from setdlm.evaluation.runs import LoadOptions, evaluate_checkpoint
 
-    kw = dict(n=3, level="medium", max_new_tokens=32, quantize="int8")
+    kw = dict(n=3, level="medium", max_new_tokens=32, load=LoadOptions(quantize="int8"))
     base = evaluate_checkpoint("smollm2-135m", "reasoning", **kw)
     drafted = evaluate_checkpoint(NAME, "reasoning", speculate="next_token", **kw)
     assert drafted["accuracy"] == base["accuracy"] and drafted["decode"]["speculate"] == "next_token"

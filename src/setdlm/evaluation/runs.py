@@ -55,6 +55,15 @@ class LoadOptions:
             return [self.dtype]
         return list(self.dtype) or [None]  # [] as None: as stored
 
+    @staticmethod
+    def of(load: LoadOptions | None, knobs: dict, what: str) -> LoadOptions:
+        """``load`` (None: ``LoadOptions()``); a LoadOptions field among the keywords ``knobs`` of ``what`` (the
+        way these options were once given) is a ``TypeError`` that says where it goes now."""
+        named = [f.name for f in fields(LoadOptions) if f.name in knobs]
+        if named:
+            raise TypeError(f"{what}() takes {named[0]} in load=LoadOptions({named[0]}=...), not as a keyword")
+        return LoadOptions() if load is None else load
+
     def load(self, checkpoint: str | Path, dtype: str | torch.dtype | None = None):
         """``checkpoint`` loaded with these options, in ``dtype`` (one of :attr:`dtypes`)."""
         return load(checkpoint, ema=self.ema, device=self.device, dtype=check_dtype(dtype), quantize=self.quantize)
@@ -102,12 +111,12 @@ def evaluate_checkpoint(checkpoint: str | Path, task: TaskSpec | str = "likeliho
 
     spec, knobs = TaskSpec.of(task, keywords)
     run = EvalRun.of(run, knobs, "evaluate_checkpoint")
+    load = LoadOptions.of(load, knobs, "evaluate_checkpoint")
     settings = DecodeSettings.of(settings, knobs, "evaluate_checkpoint")
     spec.check_settings(settings)
     _check_options(spec, run, bf16=bf16, predictions=predictions)
     if predictions is not None:
         check_file(predictions, "predictions")
-    load = LoadOptions() if load is None else load
     if len(load.dtypes) > 1:
         raise UserError("evaluate_checkpoint loads one dtype; setdlm bench compares several", fields=("dtype",))
     model = load.load(checkpoint, load.dtypes[0])
@@ -182,6 +191,7 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: TaskSpec | str, o
     before any model is loaded."""
 
     spec, knobs = TaskSpec.of(task, keywords)
+    load = LoadOptions.of(load, knobs, "bench_checkpoints")
     settings = DecodeSettings.of(settings, knobs, "bench_checkpoints")
     bench = BenchSpec() if bench is None else bench
     if not spec.decoding and bench.given:
@@ -193,7 +203,7 @@ def bench_checkpoints(checkpoints: Sequence[str | Path], task: TaskSpec | str, o
     folder = check_folder(out)
     if spec.decoding:
         sweeps.check_unswept(settings)
-    loaded = _load_all(checkpoints, LoadOptions() if load is None else load)
+    loaded = _load_all(checkpoints, load)
     meta: dict[str, Any] = {"task": spec.task, "checkpoints": {lab: str(c) for lab, c, _ in loaded},
                             "families": {lab: m.family.to_dict() for lab, _, m in loaded},
                             "dtypes": {lab: m.dtype for lab, _, m in loaded}}
