@@ -66,6 +66,8 @@ class HFBackbone(nn.Module):
         self.hf = hf_model
         self.grad_checkpointing = False  # recompute each layer in the backward pass (setdlm train --grad-checkpointing)
         self.wide_attention = False  # float64 attention (set by setdlm.formats.quantize: see setdlm.model.attention)
+        # int8: each decoder layer as one compiled op, the same numbers (set by setdlm.formats.fused.prepare)
+        self.fused_layers: list | None = None
         self.training = hf_model.training  # wrapping changes no mode (dropout stays off for an eval model)
         self.kind = kind
         self.n_layers = cfg.num_hidden_layers
@@ -146,11 +148,30 @@ class HFBackbone(nn.Module):
         x = base.embed_tokens(input_ids)  # (B, T, d)
         cos, sin = base.rotary_emb(x, position_ids)  # (B, T, hd) each, the model's own RoPE variant
         cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, hd)
+        fused = self._fused(x, cos, step, cache)
         for i, layer in enumerate(base.layers):
-            x = self._run_layer(self._llama_layer, layer, i, x, cos, sin, step, cache)
+            if fused is not None:  # the same layer as one op (setdlm.formats.fused), the same bits
+                x = fused[i](x, cos, sin, cache.k[i], cache.v[i], step.flat_write_idx(self.n_kv_heads, cache.capacity),
+                             step.width, step.additive_mask(torch.float64))
+            else:
+                x = self._run_layer(self._llama_layer, layer, i, x, cos, sin, step, cache)
             if taps is not None and i in taps:
                 taps[i] = x
         return x
+
+    def _fused(self, x: Tensor, cos: Tensor, step, cache: KVCache | None) -> list | None:
+        """:attr:`fused_layers` where this forward is one they compute (as :meth:`_llama_layer` would, on the
+        path of fused int8 projections and float64 attention): a decode against a contiguous cache, float32
+        activations, a boolean mask or none; else None."""
+        if self.fused_layers is None or cache is None or cache.static or self.training or not self.wide_attention:
+            return None
+        if x.dtype != torch.float32 or cos.dtype != torch.float32 or isinstance(step.mask, MaskRule):
+            return None
+        if step.mask is not None and step.mask.dtype != torch.bool:
+            return None
+        if not all(t.is_contiguous() for t in (*cache.k[: self.n_layers], *cache.v[: self.n_layers])):
+            return None
+        return self.fused_layers
 
     def _llama_layer(self, layer: nn.Module, i: int, x: Tensor, cos: Tensor, sin: Tensor, step,
                      cache: KVCache | None) -> Tensor:

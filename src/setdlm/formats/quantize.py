@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputWarning, UserError
+from .fused import prepare as prepare_fused
 
 QUANTIZATIONS = ("int8", "int4", "gguf")  # "gguf": the file's own types (setdlm.formats.gguf_quant)
 INT4_GROUP = 32
@@ -319,6 +320,7 @@ def finish(backbone: nn.Module, quantize: str) -> None:
     line naming the engines that run."""
     check_kernels(backbone)
     widen_attention(backbone)
+    prepare_fused(backbone)
     backbone.quantization = quantize
     engines = sorted({f"{m.kind}: {m.engine}" for m in backbone.modules() if isinstance(m, QuantizedLinear)})
     backbone.quantization_engine = "; ".join(engines)
