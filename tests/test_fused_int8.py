@@ -16,6 +16,7 @@ import torch
 from setdlm import FamilyConfig, Model
 from setdlm.decoding import generate
 from setdlm.formats import hf
+from setdlm.formats import quantize as quantize_module
 from setdlm.formats.fused import fused_op
 from setdlm.formats.quantize import quantize
 from setdlm.masks import causal_mask
@@ -32,38 +33,41 @@ def _int8(kind="llama", seed=0):
     return quantize(hf.HFBackbone(tiny_hf(kind, seed=seed, dtype=torch.float32)), "int8")
 
 
-def _steps(bb, fused: bool, T: int):
+@pytest.fixture
+def unfused(monkeypatch):
+    """``_int8`` as it quantizes without the op: whole int8 products, the Python layer."""
+    def make(kind="llama", seed=0):
+        with monkeypatch.context() as m:
+            m.setattr(quantize_module, "prepare_fused", lambda backbone: None)
+            return _int8(kind, seed)
+    return make
+
+
+def _steps(bb, T: int):
     """A ragged batch of 3 rows: a prefill (row lengths 9, 6, 4 under a padded causal mask), then 3 steps of T
     tokens each; the logits of every forward and the cache."""
-    keep = bb.fused_layers
-    bb.fused_layers = keep if fused else None
-    try:
-        g = torch.Generator().manual_seed(1)
-        cache, lengths = bb.new_cache(3, 16), torch.tensor([9, 6, 4])
-        ids = torch.randint(0, 100, (3, 9), generator=g)
-        pos = torch.arange(9).expand(3, 9)
-        valid = pos < lengths[:, None]  # (3, 9)
-        mask = causal_mask(valid)  # (3, 1, 9, 9)
-        outs = [bb(ids, pos, mask, cache, keep=lengths)]
-        for _ in range(3):
-            start = cache.lengths.clone()
-            pos = start[:, None] + torch.arange(T)  # (3, T)
-            seen = torch.arange(cache.width)[None] < start[:, None]  # (3, C)
-            tri = torch.ones(T, T, dtype=torch.bool).tril()[None, None].expand(3, 1, T, T)
-            mask = torch.cat([seen[:, None, None].expand(3, 1, T, -1), tri], -1)  # (3, 1, T, C + T)
-            outs.append(bb(torch.randint(0, 100, (3, T), generator=g), pos, mask, cache))
-        return outs, cache
-    finally:
-        bb.fused_layers = keep
+    g = torch.Generator().manual_seed(1)
+    cache, lengths = bb.new_cache(3, 16), torch.tensor([9, 6, 4])
+    ids = torch.randint(0, 100, (3, 9), generator=g)
+    pos = torch.arange(9).expand(3, 9)
+    outs = [bb(ids, pos, causal_mask(pos < lengths[:, None]), cache, keep=lengths)]  # mask (3, 1, 9, 9)
+    for _ in range(3):
+        start = cache.lengths.clone()
+        pos = start[:, None] + torch.arange(T)  # (3, T)
+        seen = torch.arange(cache.width)[None] < start[:, None]  # (3, C)
+        tri = torch.ones(T, T, dtype=torch.bool).tril()[None, None].expand(3, 1, T, T)
+        mask = torch.cat([seen[:, None, None].expand(3, 1, T, -1), tri], -1)  # (3, 1, T, C + T)
+        outs.append(bb(torch.randint(0, 100, (3, T), generator=g), pos, mask, cache))
+    return outs, cache
 
 
 @needs_build
 @pytest.mark.parametrize("T", [1, 3])
-def test_fused_layer_gives_the_python_layers_bits(T):
-    bb = _int8()
-    assert bb.fused_layers is not None and len(bb.fused_layers) == 2
+def test_fused_layer_gives_the_python_layers_bits(T, unfused):
+    fused, plain = _int8(), unfused()
+    assert fused.fused_layers is not None and len(fused.fused_layers) == 2 and plain.fused_layers is None
     with torch.no_grad():
-        (a, ca), (b, cb) = _steps(bb, True, T), _steps(bb, False, T)
+        (a, ca), (b, cb) = _steps(fused, T), _steps(plain, T)
     for x, y in zip(a, b):
         assert torch.equal(x, y)
     assert torch.equal(ca.lengths, cb.lengths)
@@ -72,15 +76,12 @@ def test_fused_layer_gives_the_python_layers_bits(T):
 
 
 @needs_build
-def test_fused_decode_equals_python_decode_batched_and_alone():
-    model = Model(_int8(seed=3), FamilyConfig("ar", 32, MASK))
+def test_fused_decode_equals_python_decode_batched_and_alone(unfused):
+    fused, plain = (Model(bb, FamilyConfig("ar", 32, MASK)) for bb in (_int8(seed=3), unfused(seed=3)))
     prompts = [[5, 6, 7, 8, 9], [11, 12], [20, 21, 22, 23]]
-    fused = generate(model, prompts, max_new_tokens=12)
-    keep, model.backbone.fused_layers = model.backbone.fused_layers, None
-    plain = generate(model, prompts, max_new_tokens=12)
-    model.backbone.fused_layers = keep
-    alone = [generate(model, [p], max_new_tokens=12).tokens[0] for p in prompts]
-    assert fused.tokens == plain.tokens == alone
+    out = generate(fused, prompts, max_new_tokens=12)
+    alone = [generate(fused, [p], max_new_tokens=12).tokens[0] for p in prompts]
+    assert out.tokens == generate(plain, prompts, max_new_tokens=12).tokens == alone
 
 
 @needs_build
