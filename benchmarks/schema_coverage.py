@@ -87,9 +87,9 @@ def setdlm_side(schema, max_tokens: int) -> dict:
     """accepted / compiled by setdlm's own automaton (what set decodes use), the refusal's keyword and message, times
     and sizes; ``left_to_right``: the engine an AR / ``window=1`` / speculative decode gets (``"setdlm"``, or
     ``"llguidance"`` where the automaton is refused or passes a compile bound and llguidance compiles the schema;
-    None: refused), as :mod:`setdlm.decoding.constrained` picks it."""
-    from setdlm.decoding.constraint import CompileBound, automaton, json_schema
-    from setdlm.decoding.grammar import schema_grammar
+    None: refused), as :mod:`setdlm.decoding.structured.enforce` picks it."""
+    from setdlm.decoding.structured.constraint import CompileBound, automaton, json_schema
+    from setdlm.decoding.structured.cfg import schema_grammar
 
     row: dict = {"accepted": False, "compiled": False, "left_to_right": None}
     t = time.perf_counter()
@@ -188,8 +188,8 @@ def generate_outputs(schemas: list, rows: list[dict], args) -> None:
 
     from setdlm.decoding import generate
     from setdlm.decoding.api import eos_ids
-    from setdlm.decoding.constrained import row_constraints
-    from setdlm.decoding.constraint import json_schema
+    from setdlm.decoding.structured.enforce import row_constraints
+    from setdlm.decoding.structured.constraint import json_schema
 
     model, knobs, prompt = _model(args.model, args.max_tokens, args.quantize)
     ltr = model.family.spec.left_to_right
@@ -322,7 +322,7 @@ def main() -> None:
     schemas = schemas[:args.limit] if args.limit else schemas
     k, n = (int(x) for x in args.shard.split("/"))
     schemas = schemas[k::n]
-    import setdlm.decoding.constraint  # noqa: F401 (imported once here, not in each child)
+    import setdlm.decoding.structured.constraint  # noqa: F401 (imported once here, not in each child)
 
     for name in args.engines:
         __import__(name)

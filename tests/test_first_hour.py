@@ -264,7 +264,7 @@ def test_model_fill_exists_as_the_readme_says():
 
 def test_constraint_takes_a_schema_a_pydantic_class_or_choices():
     pydantic = pytest.importorskip("pydantic")
-    from setdlm.decoding.constraint import choice, json_schema
+    from setdlm.decoding.structured.constraint import choice, json_schema
     from setdlm.decoding.settings import DecodeSettings
 
     class Answer(pydantic.BaseModel):

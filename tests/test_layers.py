@@ -102,3 +102,17 @@ def test_the_architecture_page_shows_these_floors():
         cell = rows[i].split("|")[2]
         missing = [p for p in parts if f"`{p}`" not in cell and f"`setdlm.{p}`" not in cell]
         assert not missing, f"floor {i} of docs/architecture.md does not name {missing}"
+
+
+STRUCTURED = "setdlm.decoding.structured"  # structured outputs: on floor 2, below the decoders beside it
+
+
+def test_structured_outputs_sit_below_the_decoders(imports):
+    """``setdlm.decoding.structured`` (constraints, their compilation, the schema-to-regex writer, the CFG engine)
+    imports nothing else of ``setdlm.decoding``: the decoders (``api``, ``state``, ``session``, ...) use it, and it
+    stays a library of its own that a decoder's change cannot pull into a cycle (issue #47)."""
+    own = [m for m in imports if m == STRUCTURED or m.startswith(STRUCTURED + ".")]
+    assert {f"{STRUCTURED}.constraint", f"{STRUCTURED}.enforce", f"{STRUCTURED}.schema.regex"} <= set(own)
+    bad = [f"{m}:{line} imports {t}" for m in own for t, _, line in imports[m]["module"] + imports[m]["function"]
+           if t.startswith("setdlm.decoding") and not (t == STRUCTURED or t.startswith(STRUCTURED + "."))]
+    assert not bad, "setdlm.decoding.structured imports the decoders:\n" + "\n".join(bad)

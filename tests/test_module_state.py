@@ -28,7 +28,8 @@ REGISTRIES = {
     ("data/builtin.py", "BUILTIN"): "the built-in data sources (setdlm.data.register_builtin)",
 }
 # module state still to move into an object that whoever decodes owns: every entry here is a known defect, and the
-# list only shrinks (the structured-output bounds and caches moved into setdlm.decoding.constraint.ConstraintCompiler)
+# list only shrinks (the structured-output bounds and caches moved into
+# setdlm.decoding.structured.constraint.ConstraintCompiler)
 PENDING: set[tuple[str, str]] = set()
 
 

@@ -12,7 +12,7 @@ pytest.importorskip("outlines_core")
 
 from setdlm.data.tokenizers import char_tokenizer  # noqa: E402
 from setdlm.decoding import generate  # noqa: E402
-from setdlm.decoding import constraint as C  # noqa: E402
+from setdlm.decoding.structured import constraint as C  # noqa: E402
 from setdlm.errors import UserError  # noqa: E402
 
 from support import tiny  # noqa: E402

@@ -16,8 +16,8 @@ jsonschema = pytest.importorskip("jsonschema")
 from setdlm import Model  # noqa: E402
 from setdlm.data.tokenizers import char_tokenizer, train_bpe  # noqa: E402
 from setdlm.decoding import generate  # noqa: E402
-from setdlm.decoding.constraint import json_schema, set_bounds  # noqa: E402
-from setdlm.decoding.token_bytes import token_bytes  # noqa: E402
+from setdlm.decoding.structured.constraint import json_schema, set_bounds  # noqa: E402
+from setdlm.decoding.structured.token_bytes import token_bytes  # noqa: E402
 from setdlm.decoding.session import Session  # noqa: E402
 from setdlm.errors import UserError  # noqa: E402
 from setdlm.family import FamilyConfig  # noqa: E402

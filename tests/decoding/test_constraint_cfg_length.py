@@ -15,7 +15,8 @@ pytest.importorskip("jsonschema")
 
 from setdlm import Model  # noqa: E402
 from setdlm.decoding import generate  # noqa: E402
-from setdlm.decoding.constraint import Bounds, CompileBound, ConstraintCompiler, json_schema, regex, time_limit  # noqa: E402
+from setdlm.decoding.structured.constraint import (  # noqa: E402
+    Bounds, CompileBound, ConstraintCompiler, json_schema, regex, time_limit)
 from setdlm.decoding.session import Session  # noqa: E402
 from setdlm.errors import UserError  # noqa: E402
 from setdlm.family import FamilyConfig  # noqa: E402

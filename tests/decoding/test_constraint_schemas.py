@@ -14,8 +14,8 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from setdlm.data.tokenizers import char_tokenizer  # noqa: E402
 from setdlm.decoding import generate  # noqa: E402
-from setdlm.decoding.constraint import json_schema  # noqa: E402
-from setdlm.decoding.schema_numbers import integer_regex  # noqa: E402
+from setdlm.decoding.structured.constraint import json_schema  # noqa: E402
+from setdlm.decoding.structured.schema.numbers import integer_regex  # noqa: E402
 from setdlm.errors import UserError  # noqa: E402
 
 from support import tiny  # noqa: E402

@@ -18,7 +18,7 @@ jsonschema = pytest.importorskip("jsonschema")
 from setdlm import FamilyConfig, Model  # noqa: E402
 from setdlm.data.tokenizers import char_tokenizer  # noqa: E402
 from setdlm.decoding import generate  # noqa: E402
-from setdlm.decoding.constraint import json_schema  # noqa: E402
+from setdlm.decoding.structured.constraint import json_schema  # noqa: E402
 from setdlm.errors import UserError  # noqa: E402
 
 from support import tiny  # noqa: E402

@@ -18,9 +18,9 @@ from setdlm import load  # noqa: E402
 from setdlm.data.tasks import reasoning_split  # noqa: E402
 from setdlm.data.tokenizers import char_tokenizer, train_bpe  # noqa: E402
 from setdlm.decoding import fill, generate, infill  # noqa: E402
-from setdlm.decoding.constrained import RowConstraint, keep_jointly  # noqa: E402
-from setdlm.decoding.constraint import automaton, choice, json_object, json_schema, regex  # noqa: E402
-from setdlm.decoding.token_bytes import token_bytes  # noqa: E402
+from setdlm.decoding.structured.enforce import RowConstraint, keep_jointly  # noqa: E402
+from setdlm.decoding.structured.constraint import automaton, choice, json_object, json_schema, regex  # noqa: E402
+from setdlm.decoding.structured.token_bytes import token_bytes  # noqa: E402
 from setdlm.decoding.settings import DecodeSettings  # noqa: E402
 
 from support import tiny  # noqa: E402
@@ -417,7 +417,7 @@ def test_decoding_takes_the_schema_and_the_command_line_reads_its_file(tmp_path)
     """No file is read inside decoding: ``json_schema`` takes a dict or its text (a path is not JSON); the
     command line's ``--json-schema FILE`` is read by ``setdlm.cli.options.constraint_from_flags``."""
     from setdlm.cli.options import constraint_from_flags
-    from setdlm.decoding import constraint
+    from setdlm.decoding.structured import constraint
     from setdlm.errors import UserError, as_flags
 
     schema = {"type": "string", "enum": ["ab", "c"]}

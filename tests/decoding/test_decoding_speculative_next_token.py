@@ -156,7 +156,7 @@ def test_eos_stop_strings_and_max_new_tokens_end_rows_as_the_ar_decode():
 def test_a_constraint_gives_the_constrained_ar_decode():
     pytest.importorskip("outlines_core")
     from setdlm.data.tokenizers import char_tokenizer
-    from setdlm.decoding.constraint import regex
+    from setdlm.decoding.structured.constraint import regex
 
     tok = char_tokenizer(["abcdefghij the cat"])
     m = tiny("setdlm", tok)

@@ -165,7 +165,7 @@ def test_page_marks_the_positions_a_regex_constraint_chose(tmp_path):
     from selenium.webdriver.common.by import By
 
     from setdlm.data.tokenizers import char_tokenizer
-    from setdlm.decoding.constraint import regex
+    from setdlm.decoding.structured.constraint import regex
 
     from support import tiny
 

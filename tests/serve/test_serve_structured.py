@@ -21,8 +21,8 @@ jsonschema = pytest.importorskip("jsonschema")
 from setdlm.data.tokenizers import char_tokenizer  # noqa: E402
 from setdlm.chat import chat_prompt  # noqa: E402
 from setdlm.decoding import generate  # noqa: E402
-from setdlm.decoding import constraint as C  # noqa: E402
-from setdlm.decoding.constraint import json_schema, regex  # noqa: E402
+from setdlm.decoding.structured import constraint as C  # noqa: E402
+from setdlm.decoding.structured.constraint import json_schema, regex  # noqa: E402
 
 from support import running, tiny  # noqa: E402
 

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from ..chat import chat_prompt
 from ..data.inputs import read_text
 from ..data.prompt import check_text
-from ..decoding import constraint, generate, infill
+from ..decoding import generate, infill
 from ..decoding.output import trace_rows
 from ..decoding.settings import DecodeSettings, drafts
+from ..decoding.structured import constraint
 from ..errors import UserError
 from ..formats import pretrained
 from ..formats.loading import load
@@ -43,7 +44,7 @@ class ModelChoice:
 
 def constraint_from_flags(regex: str | None = None, json_schema: str | None = None,
                           choice: list[str] | None = None):
-    """The :class:`~setdlm.decoding.constraint.Constraint` of ``--regex``, ``--json-schema`` (inline JSON, or
+    """The :class:`~setdlm.decoding.structured.constraint.Constraint` of ``--regex``, ``--json-schema`` (inline JSON, or
     the path of a file holding it: read here, decoding takes the text) or ``--choice``, at most one of them;
     None for none."""
     given = [n for n, v in (("regex", regex), ("json_schema", json_schema), ("choice", choice)) if v]

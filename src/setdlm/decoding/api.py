@@ -32,11 +32,11 @@ from ..errors import InputWarning, UserError
 from ..resources import check_fits
 from ..seeds import check_seed
 from . import ar, bd3lm, mdlm, setdlm, speculative, speculative_drafter, speculative_next_token
-from .constrained import row_constraints
-from .grammar import left_to_right
 from .output import GenerationOutput
 from .settings import DecodeSettings, default_max_new_tokens, drafts, warn_unused_layout, warn_wide_window
 from .state import DecodeConfig, Decoder, DecodeState, Mode, stop_index
+from .structured.cfg import left_to_right
+from .structured.enforce import row_constraints
 
 DECODERS: dict[str, Decoder] = {"ar": ar, "mdlm": mdlm, "bd3lm": bd3lm, "setdlm": setdlm}  # by Family.decoder
 

@@ -30,12 +30,12 @@ import torch
 from ..data.prompt import check_prompt_fits, encode_prompts
 from ..errors import UserError
 from .api import decode_config, decoder_of, device_of, needs_seed, row_seeds, row_text, start
-from .constrained import RowConstraint, row_constraints
-from .constraint import ConstraintCompiler
-from .grammar import GrammarRow, left_to_right
 from .output import StepTrace
 from .settings import DecodeSettings, default_max_new_tokens, drafts
 from .state import DecodeConfig, DecodeState
+from .structured.cfg import GrammarRow, left_to_right
+from .structured.constraint import ConstraintCompiler
+from .structured.enforce import RowConstraint, row_constraints
 
 
 @dataclass
@@ -83,7 +83,7 @@ class Session:
     """Rows of ``model`` decoded step by step; :meth:`add` rows at any time, call :meth:`step` to advance.
 
     Not thread-safe: one thread drives a session (the server's decoding loop). Puts the backbone in eval
-    mode. ``compiler``: the :class:`~setdlm.decoding.constraint.ConstraintCompiler` that compiles its rows'
+    mode. ``compiler``: the :class:`~setdlm.decoding.structured.constraint.ConstraintCompiler` that compiles its rows'
     constraints (default the library's)."""
 
     def __init__(self, model, *, width: int | None = None, compiler: ConstraintCompiler | None = None):

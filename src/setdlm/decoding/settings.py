@@ -54,8 +54,8 @@ from typing import Literal
 
 from ..family import using
 from ..errors import InputWarning, UserError
-from .constraint import Constraint, as_constraint
 from .sampling import Sampling
+from .structured.constraint import Constraint, as_constraint
 
 # speculate=True's verification layouts (setdlm.decoding.speculative.windowed_horizons)
 VerifyLayout = Literal["auto", "all", "last"]

@@ -55,9 +55,9 @@ from torch import Tensor
 
 from ..errors import UserError
 from ..masks import speculative_step_mask, with_cache
-from .constrained import allowed_given_drafts
 from .sampling import process_logits, propose
 from .state import DecodeState, RowTensors, prefill as prefill_positions
+from .structured.enforce import allowed_given_drafts
 
 if TYPE_CHECKING:
     from .settings import VerifyLayout

@@ -23,8 +23,8 @@ from torch import Tensor
 
 from ..masks import decode_block_mask, with_cache
 from .output import StepTrace
-from .constrained import allowed_tokens, keep_jointly
 from .sampling import Sampling, commit_rule, process_logits, propose
+from .structured.enforce import allowed_tokens, keep_jointly
 
 
 Mode = Literal["generate", "fill"]  # generate: new tokens after a prompt; fill: the MASKs of a canvas (infill)

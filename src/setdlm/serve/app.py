@@ -17,8 +17,8 @@ import time
 from importlib import resources
 from typing import TYPE_CHECKING
 
-from ..decoding.constraint import ConstraintCompiler
 from ..decoding.settings import family_settings
+from ..decoding.structured.constraint import ConstraintCompiler
 from ..errors import UserError
 from ..formats.loading import load
 from . import tokens
@@ -38,7 +38,7 @@ class Server:
     """One served model: ``model`` under the id ``name`` with ``options`` (its limits, and the ``Host`` names
     answered: :attr:`ServeOptions.allowed_hosts`), its decoding loop (:class:`~setdlm.serve.batching.Batcher`)
     and completion endpoints (:class:`~setdlm.serve.completions.Completions`); each route is a method.
-    ``compiler``: the :class:`~setdlm.decoding.constraint.ConstraintCompiler` of its structured outputs
+    ``compiler``: the :class:`~setdlm.decoding.structured.constraint.ConstraintCompiler` of its structured outputs
     (bounds, cache, compiling processes; default the library's). :meth:`app` is the Starlette app, whose
     lifespan starts and stops the decoding loop."""
 
@@ -156,7 +156,7 @@ def create_app(model, name: str, options: ServeOptions | None = None,
                compiler: ConstraintCompiler | None = None) -> Starlette:
     """The Starlette app serving ``model`` under the id ``name`` with ``options`` (its limits, and the ``Host``
     names answered: :attr:`ServeOptions.allowed_hosts`); its decoding loop starts with the app. ``compiler``:
-    the :class:`~setdlm.decoding.constraint.ConstraintCompiler` of its structured outputs (bounds, cache,
+    the :class:`~setdlm.decoding.structured.constraint.ConstraintCompiler` of its structured outputs (bounds, cache,
     compiling processes; default the library's). The app of a :class:`Server`."""
     return Server(model, name, options, compiler).app()
 

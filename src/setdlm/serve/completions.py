@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from ..decoding import constraint
+from ..decoding.structured import constraint
 from ..decoding.output import step_record
 from ..decoding.session import RowDone, prepare
 from ..seeds import derive_seed

@@ -2,13 +2,13 @@
 ``response_format`` (``{"type": "json_schema", "json_schema": {"schema": {...}}}``, ``{"type":
 "json_object"}`` or ``{"type": "text"}``), or the extra fields ``regex`` (a regular expression) and
 ``choice`` (a list of strings), on both endpoints, become the row's
-:class:`~setdlm.decoding.constraint.Constraint`. A bad one is a :class:`BadStructure` naming the field,
+:class:`~setdlm.decoding.structured.constraint.Constraint`. A bad one is a :class:`BadStructure` naming the field,
 which ``schemas`` answers as a 400.
 """
 
 from __future__ import annotations
 
-from ..decoding import constraint as c
+from ..decoding.structured import constraint as c
 
 
 class BadStructure(ValueError):

@@ -24,7 +24,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from ..decoding import constraint as c
+from ..decoding.structured import constraint as c
 
 TEXT_ANSWER = {"type": "object", "properties": {"content": {"type": "string"}}, "required": ["content"],
                "additionalProperties": False}

@@ -1,8 +1,8 @@
 """Compiling a constraint's regular expression to a token automaton apart from the caller, bounded
-(docs/decoding.md "Bounds"): :class:`Compiler` keeps processes running :mod:`setdlm.decoding.compile_worker`
+(docs/decoding.md "Bounds"): :class:`Compiler` keeps processes running :mod:`setdlm.decoding.structured.worker`
 and kills one past its time; :func:`cut_repetitions` cuts counted repetitions to what the output can
 hold; :func:`without_end_mark` takes the end mark out of a pattern's classes. The bounds themselves and
-the cache are :mod:`setdlm.decoding.constraint`'s."""
+the cache are :mod:`setdlm.decoding.structured.constraint`'s."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from ..errors import UserError
+from ...errors import UserError
 
 
 def cut_repetitions(pattern: str, max_bytes: int) -> str:
@@ -111,7 +111,7 @@ def regex_atoms(pattern: str):
 
 
 def without_end_mark(pattern: str, where: str) -> str:
-    """``pattern`` with U+FFFF (the end mark of :mod:`setdlm.decoding.compile_worker`) taken out of every
+    """``pattern`` with U+FFFF (the end mark of :mod:`setdlm.decoding.structured.worker`) taken out of every
     class: ``.``, ``[...]`` and ``\\D \\W \\S \\p \\P`` each intersected with ``[^\\x{FFFF}]``."""
     out = []
     for i, atom in regex_atoms(pattern):
@@ -133,7 +133,7 @@ def without_end_mark(pattern: str, where: str) -> str:
 
 
 class Compiler:
-    """Processes running :mod:`setdlm.decoding.compile_worker`, at most ``bounds.workers`` at once; one
+    """Processes running :mod:`setdlm.decoding.structured.worker`, at most ``bounds.workers`` at once; one
     that passes its time is killed, one that outgrows its memory dies alone. :meth:`run` replies as the worker
     does, or ``("bound", message, which)``: ``which`` the bound passed, ``"seconds"`` or ``"memory"``, or
     ``"wait"`` (no compiler was free in time: the load's doing, not the pattern's)."""
@@ -177,7 +177,7 @@ class Compiler:
                 self._free.notify()
 
     def _spawn(self, memory: int) -> subprocess.Popen:
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
         proc = subprocess.Popen([sys.executable, "-P", script, str(int(memory))], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         proc.seen, proc.memory = [], memory

@@ -10,7 +10,7 @@ import math
 from decimal import Decimal
 from fractions import Fraction
 
-from ..errors import UserError
+from ....errors import UserError
 
 MAX_LISTED = 1000  # multiples of multipleOf listed at most
 NUMBER_PRECISION = 6  # fraction digits of a bounded number

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 
-from ..errors import UserError
+from ....errors import UserError
 
 ANNOTATION_ONLY = {"$defs", "definitions", "$id", "id", "$schema", "$anchor", "$dynamicAnchor", "$vocabulary",
                    "$comment", "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",

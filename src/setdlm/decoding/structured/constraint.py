@@ -7,7 +7,7 @@ whole output must match):
 * :func:`regex` — a regular expression (the syntax of Rust's ``regex`` crate, which outlines-core uses;
   for the common subset it is Python's ``re``);
 * :func:`json_schema` — a JSON Schema (a dict or its JSON text), turned into the regular expression of
-  JSON documents that validate against it (:mod:`setdlm.decoding.schema_regex`); recursive references
+  JSON documents that validate against it (:mod:`setdlm.decoding.structured.schema.regex`); recursive references
   are unrolled to ``max_depth`` (default 3), free-form values (``{"type": "object"}``, ``{}``) nest arrays
   and objects 2 levels; :func:`json_object` is any JSON object, nested at most ``max_depth`` (default 2)
   levels;
@@ -15,9 +15,9 @@ whole output must match):
 
 A :class:`ConstraintCompiler` compiles a constraint for a tokenizer (:func:`automaton`: the library's default
 one): outlines-core (optional extra ``constrain``) builds the deterministic automaton over the tokenizer's tokens
-(each token read as its bytes, :mod:`setdlm.decoding.token_bytes`), which is turned into the tensors the canvas
-reachability of :mod:`setdlm.decoding.constrained` needs. It runs in a separate process
-(:mod:`setdlm.decoding.compile_worker`) under the compiler's :class:`Bounds` (time, memory, size), with the
+(each token read as its bytes, :mod:`setdlm.decoding.structured.token_bytes`), which is turned into the tensors
+the canvas reachability of :mod:`setdlm.decoding.structured.enforce` needs. It runs in a separate process
+(:mod:`setdlm.decoding.structured.worker`) under the compiler's :class:`Bounds` (time, memory, size), with the
 counted repetitions cut to what ``max_tokens`` tokens can hold (docs/decoding.md "Bounds"). Results are cached
 per (pattern, tokenizer vocabulary) in the compiler, the cache bounded by bytes. Only tokenizers whose text is
 the concatenation of their tokens' bytes are supported: byte-level BPE and character tokenizers (every
@@ -37,11 +37,11 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from torch import Tensor
 
-from ..errors import UserError
+from ...errors import UserError
+from .cfg import ENGINE, LEFT_TO_RIGHT, Matchers, llguidance, schema_grammar
 from .compiler import Compiler, cut_repetitions, without_end_mark
-from .grammar import ENGINE, LEFT_TO_RIGHT, Matchers, llguidance, schema_grammar
-from .schema_regex import check_nesting, schema_regex
-from .schema_strings import strip_anchors
+from .schema.regex import check_nesting, schema_regex
+from .schema.strings import strip_anchors
 from .token_bytes import vocabulary
 
 DEFAULT_MAX_DEPTH = 3  # JSON Schema: depth to which recursive references are unrolled
@@ -66,7 +66,7 @@ class Constraint:
     @property
     def engine(self) -> str:
         """Which engine enforces it: ``"setdlm"`` (the token automaton, every decode) or ``"llguidance"``
-        (the CFG engine, left-to-right decodes only: :mod:`setdlm.decoding.grammar`)."""
+        (the CFG engine, left-to-right decodes only: :mod:`setdlm.decoding.structured.cfg`)."""
         return "setdlm" if self.pattern is not None else "llguidance"
 
     def __repr__(self) -> str:
@@ -104,7 +104,7 @@ def json_schema(schema, *, max_depth: int = DEFAULT_MAX_DEPTH, whitespace: str |
     tokens of the JSON text (default an optional space). A schema that is not valid JSON, not a valid JSON
     Schema, or asks what the token automaton cannot enforce is a ``ValueError`` naming the keyword and path;
     except, with ``cfg`` None (default) and llguidance installed, one that llguidance compiles: then the
-    constraint serves left-to-right decodes only (``engine`` ``"llguidance"``, :mod:`setdlm.decoding.grammar`).
+    constraint serves left-to-right decodes only (``engine`` ``"llguidance"``, :mod:`setdlm.decoding.structured.cfg`).
     ``cfg=False``: setdlm's automaton or the error."""
     _outlines()  # outlines-core is needed: one clear line when it is missing
     if isinstance(schema, str):
@@ -162,9 +162,9 @@ def as_constraint(value) -> Constraint | None:
         return json_schema(value.model_json_schema())
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
         return choice(list(value))
-    raise TypeError("constraint must be made by setdlm.decoding.constraint.regex/json_schema/choice, or be a JSON "
-                    "Schema (dict), a Pydantic model class or a list of choices (strings); or a list of those, one "
-                    f"per row, None for a free row; got {value!r}")
+    raise TypeError("constraint must be made by setdlm.decoding.structured.constraint.regex/json_schema/choice, or be "
+                    "a JSON Schema (dict), a Pydantic model class or a list of choices (strings); or a list of those, "
+                    f"one per row, None for a free row; got {value!r}")
 
 
 def _escape(text: str) -> str:
@@ -207,7 +207,7 @@ class TokenAutomaton:
     * by token: ``tok_ptr`` (V+1,), ``tok_src``, ``tok_dst`` (E,) — where one token leads;
 
     and ``pair_src``, ``pair_dst`` (P,): the distinct state pairs joined by some token. EOS is not among the
-    tokens; :mod:`setdlm.decoding.constrained` adds it (from accepting states) itself."""
+    tokens; :mod:`setdlm.decoding.structured.enforce` adds it (from accepting states) itself."""
 
     initial: int
     final: Tensor
@@ -220,7 +220,7 @@ class TokenAutomaton:
     pair_src: Tensor
     pair_dst: Tensor
     vocab_size: int
-    reach: dict = field(default_factory=dict)  # EOS ids -> list of R_k tensors (constrained.py), grown lazily
+    reach: dict = field(default_factory=dict)  # EOS ids -> list of R_k tensors (enforce.py), grown lazily
 
     @property
     def nbytes(self) -> int:
@@ -277,7 +277,7 @@ def time_limit(seconds: float):
 class ConstraintCompiler:
     """Compiles constraints to token automata for tokenizers (docs/decoding.md "Bounds"), and owns what that
     needs: its :class:`Bounds`, its cache of automata per (pattern, vocabulary) bounded by bytes, its compiling
-    processes, the tokenizers' bytes and the CFG engine's matchers (:class:`setdlm.decoding.grammar.Matchers`).
+    processes, the tokenizers' bytes and the CFG engine's matchers (:class:`setdlm.decoding.structured.cfg.Matchers`).
     Whoever decodes holds one (a :class:`~setdlm.decoding.session.Session`, the server's app), so two in one
     process can differ; the library's calls (``generate``, :func:`automaton`) use :data:`DEFAULT_COMPILER`."""
 
@@ -299,7 +299,8 @@ class ConstraintCompiler:
         return old
 
     def vocabulary(self, tokenizer) -> tuple[list[bytes | None], str, int]:
-        """:func:`setdlm.decoding.token_bytes.vocabulary` of ``tokenizer``, kept while the tokenizer lives."""
+        """:func:`setdlm.decoding.structured.token_bytes.vocabulary` of ``tokenizer``, kept while the tokenizer
+        lives."""
         try:
             return self._vocabs[tokenizer]
         except (KeyError, TypeError):

@@ -1,5 +1,5 @@
 """Strings of a JSON Schema as regular expressions of their JSON text (docs/decoding.md "JSON Schema"):
-``pattern`` made safe inside a JSON string, lengths, ``format`` (:mod:`setdlm.decoding.schema_formats`),
+``pattern`` made safe inside a JSON string, lengths, ``format`` (:mod:`setdlm.decoding.structured.schema.formats`),
 strings other than a finite set (a property name not declared, a value not in an excluded ``enum``), and
 literals (a value's JSON text, with the schema's whitespace)."""
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 import re
 
-from .compiler import regex_atoms
-from .schema_formats import format_regex, undefined
-from .schema_merge import Unsatisfiable, refuse
+from ..compiler import regex_atoms
+from .formats import format_regex, undefined
+from .merge import Unsatisfiable, refuse
 
 _JSON_UNSAFE = r'"\\\x00-\x1F\x7F-\x9F'  # characters a JSON string's text holds only escaped (and C1 controls)
 CHAR = rf"[^{_JSON_UNSAFE}]"

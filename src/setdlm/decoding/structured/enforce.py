@@ -3,7 +3,7 @@
 
 A row's constrained *region* is a span ``[start, end)`` of its canvas (generate: the ``max_new_tokens``
 generated positions; fill/infill: from the first to the last MASK, context between gaps included). Its
-tokens must spell a word of the constraint's token automaton ``A`` (:mod:`setdlm.decoding.constraint`),
+tokens must spell a word of the constraint's token automaton ``A`` (:mod:`setdlm.decoding.structured.constraint`),
 extended for EOS: from an accepting state, EOS leads to a sink ``DONE`` that reads any token, so the
 output may end early at an accepting state and the positions after its EOS are padding. Without EOS
 (``ignore_eos``, fill, no EOS id) the region must be a word of exactly ``end − start`` tokens.
@@ -32,15 +32,15 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from ..errors import UserError
+from ...errors import UserError
+from .cfg import ENGINE, LEFT_TO_RIGHT, GrammarRow, schema_grammar
 from .constraint import DEFAULT_COMPILER, CompileBound, Constraint, ConstraintCompiler, TokenAutomaton
-from .grammar import ENGINE, LEFT_TO_RIGHT, GrammarRow, schema_grammar
 
 
 class RowConstraint:
     """One row's constraint on its canvas region ``[start, end)``, with EOS (``eos_ids``) ending the
     output early at an accepting state when ``eos_ids`` is non-empty. ``engine``: ``"setdlm"`` (its token
-    automaton; :class:`~setdlm.decoding.grammar.GrammarRow`'s is ``"llguidance"``)."""
+    automaton; :class:`~setdlm.decoding.structured.cfg.GrammarRow`'s is ``"llguidance"``)."""
 
     engine = "setdlm"
 
@@ -208,7 +208,7 @@ def row_constraints(constraints, sequences: list[list[int]], targets: list[list[
     has one), each checked satisfiable before any decoding: a ``ValueError`` naming the row otherwise.
     Generate: the region is the generated positions and EOS (``eos_ids``) may end it early; fill: from
     the first to the last MASK, exactly that many tokens, the context between gaps included. A decode that
-    commits ``left_to_right`` takes a :class:`~setdlm.decoding.grammar.GrammarRow` (llguidance) for a JSON
+    commits ``left_to_right`` takes a :class:`~setdlm.decoding.structured.cfg.GrammarRow` (llguidance) for a JSON
     Schema only the CFG engine compiles, or whose automaton passes a compile bound (generate with EOS).
     ``compiler``: whose bounds, cache and processes compile them (default the library's, ``DEFAULT_COMPILER``)."""
     if constraints is None or all(c is None for c in constraints):

@@ -6,8 +6,8 @@ refused, naming ``oneOf`` and its path."""
 
 from __future__ import annotations
 
-from .schema_merge import TYPES, intersect_types, json_type, merge, refuse, search, types_of
-from .schema_strings import STRING_KEYWORDS
+from .merge import TYPES, intersect_types, json_type, merge, refuse, search, types_of
+from .strings import STRING_KEYWORDS
 
 NUMERIC = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 _IMPLIED = {"string": STRING_KEYWORDS, "number": NUMERIC,

@@ -1,8 +1,8 @@
 """The process that compiles a constraint's regular expression to a token automaton with outlines-core,
 apart from the caller, under a memory bound (docs/decoding.md "Constrained decoding", "Bounds").
 
-It is run as a script (``python -P compile_worker.py MEMORY_BYTES``; it imports nothing of setdlm, only
-outlines-core) by :mod:`setdlm.decoding.compiler`, which kills it when the time bound passes; a
+It is run as a script (``python -P worker.py MEMORY_BYTES``; it imports nothing of setdlm, only
+outlines-core) by :mod:`setdlm.decoding.structured.compiler`, which kills it when the time bound passes; a
 compilation that outgrows the memory bound ends in an allocation failure here, not in the caller. It
 exits when its stdin closes (the caller ended it, or exited).
 

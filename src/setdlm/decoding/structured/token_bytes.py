@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from ..errors import UserError
+from ...errors import UserError
 
 
 def token_bytes(tokenizer) -> list[bytes | None]:

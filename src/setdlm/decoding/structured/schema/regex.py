@@ -4,12 +4,12 @@
 The expression is written here, keyword by keyword, as a regular language of valid documents: the whole
 language of the schema where it is regular and small, a named subset of it where it is not (a subset is
 what every output needs: each validates). Each subschema is first brought to one flat node
-(:mod:`setdlm.decoding.schema_merge`: ``$ref`` and ``allOf`` merged, drafts 4-2020-12 read alike,
+(:mod:`setdlm.decoding.structured.schema.merge`: ``$ref`` and ``allOf`` merged, drafts 4-2020-12 read alike,
 ``if``/``then``/``else`` and ``not`` as unions); then
 
 * types: a list of types, or none (the types its keywords are about), as the union of one value per type;
-* numbers (:mod:`setdlm.decoding.schema_numbers`), strings and formats (:mod:`setdlm.decoding.schema_strings`,
-  :mod:`setdlm.decoding.schema_formats`);
+* numbers (:mod:`setdlm.decoding.structured.schema.numbers`), strings and formats
+  (:mod:`setdlm.decoding.structured.schema.strings`, :mod:`setdlm.decoding.structured.schema.formats`);
 * objects: declared properties in their order, the required ones present (linear in the number of
   properties: ``(a,)?(b,)?r(,c)?``, or with none required ``(a,)?N | a``), property names that a
   ``patternProperties`` pattern or ``propertyNames`` admit, ``additionalProperties`` keys that are none of
@@ -32,14 +32,14 @@ from __future__ import annotations
 import json
 import urllib.parse
 
-from ..errors import UserError
-from .schema_merge import (MAX_BRANCHES, Unsatisfiable, alt, both, excluded, json_type, merge, negate,
+from ....errors import UserError
+from .merge import (MAX_BRANCHES, Unsatisfiable, alt, both, excluded, json_type, merge, negate,
                            normalize, not_strings, refuse, types_of)
-from .schema_numbers import number_regex
-from .schema_objects import array_regex, object_regex
-from .schema_oneof import node_types
-from .schema_strings import json_literal
-from .schema_strings import string_regex
+from .numbers import number_regex
+from .objects import array_regex, object_regex
+from .oneof import node_types
+from .strings import json_literal
+from .strings import string_regex
 
 MAX_NESTING = 64  # levels of a schema (a deeper one is refused, never a RecursionError)
 MAX_PATTERN = 4_000_000  # characters of a schema's regular expression
@@ -257,7 +257,7 @@ class Writer:
                 merged = [(dict(merge(option, bf, w), _branch=[b]), path) for bf, b, path in group]
                 merged = [(m, path) for (m, path), (bf, _, _) in zip(merged, group) if not self.dead(m, bf, path)]
                 if kind == "oneOf" and len(merged) > 1:
-                    from .schema_oneof import separate
+                    from .oneof import separate
 
                     merged = list(zip(separate(self, [m for m, _ in merged], w), [p for _, p in merged]))
                 grown += merged

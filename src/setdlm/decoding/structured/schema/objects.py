@@ -1,12 +1,13 @@
 """Objects and arrays of a JSON Schema as regular expressions (docs/decoding.md "JSON Schema"), written by
-:class:`setdlm.decoding.schema_regex.Writer` for a flat node (:mod:`setdlm.decoding.schema_merge`)."""
+:class:`setdlm.decoding.structured.schema.regex.Writer` for a flat node
+(:mod:`setdlm.decoding.structured.schema.merge`)."""
 
 from __future__ import annotations
 
 import json
 
-from .schema_merge import Unsatisfiable, alt, both, merge, refuse, search
-from .schema_strings import except_strings, json_literal, key_regex, literal
+from .merge import Unsatisfiable, alt, both, merge, refuse, search
+from .strings import except_strings, json_literal, key_regex, literal
 
 SCALAR = {"type": ["string", "number", "boolean", "null"]}  # a required name nothing declares
 MAX_DEPENDENCIES = 3  # optional keys with dependencies written both ways (the others are left out)

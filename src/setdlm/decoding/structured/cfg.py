@@ -1,12 +1,12 @@
 """The CFG engine of left-to-right decodes: llguidance's matcher for the JSON Schemas setdlm's own token
 automaton refuses (docs/decoding.md "Two engines").
 
-setdlm's own engine (:mod:`setdlm.decoding.constraint`, :mod:`setdlm.decoding.constrained`) writes a schema as
-a regular language and compiles it to a token automaton, whose reachability tells which tokens keep a canvas
-with holes anywhere completable: what a set decode, committing several positions at once and out of order,
-needs. Some schemas are not regular languages, or not small ones (``multipleOf`` without bounds, a pattern with
-lengths, recursion whose unrolled regex passes the size bound, an automaton past the compile bounds); those it
-refuses. A decode that commits left to
+setdlm's own engine (:mod:`setdlm.decoding.structured.constraint`, :mod:`setdlm.decoding.structured.enforce`)
+writes a schema as a regular language and compiles it to a token automaton, whose reachability tells which
+tokens keep a canvas with holes anywhere completable: what a set decode, committing several positions at once
+and out of order, needs. Some schemas are not regular languages, or not small ones (``multipleOf`` without
+bounds, a pattern with lengths, recursion whose unrolled regex passes the size bound, an automaton past the
+compile bounds); those it refuses. A decode that commits left to
 right (AR, SetDLM ``window=1``, ``speculate=True`` or ``"next_token"``, ``block_size=1``) only ever asks one
 question: which tokens may follow the committed prefix. A context-free engine answers it. With the optional
 ``llguidance`` package (``pip install 'setdlm[constrain]'``; imported only when used) such decodes take the
@@ -14,7 +14,7 @@ schemas it compiles (its ``validate_grammar`` clean), and a set decode of one is
 setdlm's own reason. Without llguidance everything is as it was.
 
 :class:`GrammarRow` is one row's matcher behind the interface the decoders call on a
-:class:`~setdlm.decoding.constrained.RowConstraint` (``allowed``, ``allowed_now``, ``completable``): it
+:class:`~setdlm.decoding.structured.enforce.RowConstraint` (``allowed``, ``allowed_now``, ``completable``): it
 consumes each token the decode commits, in order (EOS ends the output; the positions after it are padding),
 and a speculative decode's drafts are consumed tentatively and rolled back. The allowed set keeps a prefix
 of a valid document; the matcher alone does not know whether the document can still close within
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..errors import UserError
+from ...errors import UserError
 
 ENGINE = "llguidance"
 RESERVE = 8  # tokens: a row writes its closing once the positions left are at most its length plus this
@@ -94,7 +94,7 @@ class TokenInfo:
 
 class Matchers:
     """llguidance's tokenizers (per tokenizer and EOS) and a fresh matcher per grammar to copy (the 64 last
-    used), held by a :class:`~setdlm.decoding.constraint.ConstraintCompiler`."""
+    used), held by a :class:`~setdlm.decoding.structured.constraint.ConstraintCompiler`."""
 
     def __init__(self, keep: int = 64):
         self.keep = keep
