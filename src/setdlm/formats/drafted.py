@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from ..drafter import DrafterConfig, SetDrafter
 from ..errors import UserError
 from ..model import KVCache, begin_step, end_step
-from .checkpoint import write_folder
+from .atomic import write_folder
 from .hf import HFBackbone
 
 FORMAT = "setdlm-drafter"
@@ -37,7 +37,7 @@ class DraftedBackbone(nn.Module):
 
     def __init__(self, base: HFBackbone, drafter: SetDrafter):
         super().__init__()
-        if base.kind == "gpt2":
+        if not base.runner.rotary:
             raise UserError("a set drafter needs a Llama/Qwen base (rotary positions); GPT-2 is not supported")
         c = drafter.config
         if max(c.feature_layers) >= base.n_layers:

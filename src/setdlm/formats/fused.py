@@ -58,7 +58,7 @@ def prepare(backbone: nn.Module) -> None:
     layers (:attr:`HFBackbone.fused_layers`), where each layer is one the op computes: projections fused and
     int8 without bias, no per-head q/k norm (Qwen3), SiLU gate, RMSNorm. Leaves any other backbone alone."""
     for m in backbone.modules():
-        if isinstance(m, HFBackbone) and m.kind != "gpt2":
+        if isinstance(m, HFBackbone) and m.runner.rotary:
             hf_model: Any = m.hf.model
             hf_layers = hf_model.layers
             args = [_layer_args(layer) for layer in hf_layers]

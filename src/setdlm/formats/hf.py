@@ -15,7 +15,9 @@ boolean mask goes to :func:`setdlm.model.attention` unchanged, and the cache boo
 the DiT uses (:func:`~setdlm.model.begin_step`, :meth:`~setdlm.model.KVCache.update`,
 :func:`~setdlm.model.end_step`): per-row lengths, append at each row's offset, ``keep=`` crop. The cache
 stores the KV heads (GQA); they are expanded to the query heads only for the attention product. Only the
-submodule names (``q_proj``, ``c_attn``, ...), stable across ``transformers`` releases, are relied upon.
+submodule names (``q_proj``, ``c_attn``, ...), stable across ``transformers`` releases, are relied upon. Each
+architecture's forward is one runner (:class:`LlamaRunner`, :class:`GPT2Runner`; :data:`RUNNERS`), chosen once
+from ``config.model_type`` when the backbone is built.
 
 Unsupported on purpose (ValueError): sliding-window layers (Qwen2 ``use_sliding_window``), GPT-2 cross
 attention, other architectures.
@@ -61,8 +63,8 @@ class HFBackbone(nn.Module):
         layer_types = getattr(cfg, "layer_types", None) or ()
         if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in layer_types:
             raise UserError(f"{kind} config uses sliding-window attention, which the adapter does not support")
-        if kind == "gpt2" and getattr(cfg, "add_cross_attention", False):
-            raise UserError("GPT-2 config has add_cross_attention=True; the adapter supports decoder-only models")
+        runner = RUNNERS[kind]
+        runner.check(cfg)
         self.hf = hf_model
         self.grad_checkpointing = False  # recompute each layer in the backward pass (setdlm train --grad-checkpointing)
         self.wide_attention = False  # float64 attention (set by setdlm.formats.quantize: see setdlm.model.attention)
@@ -70,14 +72,9 @@ class HFBackbone(nn.Module):
         self.fused_layers: list | None = None
         self.training = hf_model.training  # wrapping changes no mode (dropout stays off for an eval model)
         self.kind = kind
+        self.runner = runner  # the forward of this architecture, chosen once (LlamaRunner, GPT2Runner)
         self.n_layers = cfg.num_hidden_layers
-        if kind == "gpt2":
-            self.n_kv_heads = cfg.num_attention_heads
-            self.head_dim = cfg.hidden_size // cfg.num_attention_heads
-        else:
-            attn = hf_model.model.layers[0].self_attn
-            self.head_dim = attn.head_dim
-            self.n_kv_heads = attn.k_proj.out_features // attn.head_dim
+        self.n_kv_heads, self.head_dim = runner.kv_heads(hf_model)
 
     @property
     def vocab_size(self) -> int:
@@ -109,14 +106,9 @@ class HFBackbone(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
         step = begin_step(cache, position_ids, attn_mask)
-        if self.kind == "gpt2":
-            x = self._gpt2_layers(input_ids, position_ids, step, cache)  # (B, T, d)
-            norm = self.hf.transformer.ln_f
-        else:
-            x = self._llama_layers(input_ids, position_ids, step, cache)  # (B, T, d)
-            norm = self.hf.model.norm
+        x = self.runner.layers(self, input_ids, position_ids, step, cache)  # (B, T, d)
         end_step(cache, step, keep)
-        h = rms_norm(norm, x[:, logits_start:]) if self.kind != "gpt2" else norm(x[:, logits_start:])  # (B, T', d)
+        h = self.runner.final_norm(self, x[:, logits_start:])  # (B, T', d)
         return self.hf.lm_head(h)  # (B, T', V)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, layer: int, step, cache: KVCache | None,
@@ -142,22 +134,19 @@ class HFBackbone(nn.Module):
 
     def _llama_layers(self, input_ids: Tensor, position_ids: Tensor, step, cache: KVCache | None,
                       taps: dict[int, Tensor | None] | None = None) -> Tensor:
-        """The decoder layers' output (B, T, d); ``taps``: {layer index: None} filled with those layers' outputs
-        (a drafter's features, :mod:`setdlm.formats.drafted`)."""
-        base = self.hf.model
-        x = base.embed_tokens(input_ids)  # (B, T, d)
-        cos, sin = base.rotary_emb(x, position_ids)  # (B, T, hd) each, the model's own RoPE variant
-        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, hd)
-        fused = self._fused(x, cos, step, cache)
-        for i, layer in enumerate(base.layers):
-            if fused is not None:  # the same layer as one op (setdlm.formats.fused), the same bits
-                x = fused[i](x, cos, sin, cache.k[i], cache.v[i], step.flat_write_idx(self.n_kv_heads, cache.capacity),
-                             step.width, step.additive_mask(torch.float64))
-            else:
-                x = self._run_layer(self._llama_layer, layer, i, x, cos, sin, step, cache)
-            if taps is not None and i in taps:
-                taps[i] = x
-        return x
+        """The Llama-family decoder layers' output (B, T, d) (:meth:`LlamaRunner.layers`; ``taps``: a drafter's
+        features, :mod:`setdlm.formats.drafted`)."""
+        return LlamaRunner.layers(self, input_ids, position_ids, step, cache, taps)
+
+    def fuse_projections(self) -> None:
+        """Each Llama/Qwen layer's q/k/v projections become one linear layer (``qkv_proj``) and its MLP's gate
+        and up projections another (``gate_up_proj``), the originals removed: fewer, wider matrix products per
+        step. Used before quantizing (:func:`setdlm.formats.quantize.quantize`), where each output channel is computed
+        from the same quantized input row either way, so the fused layers give the same numbers bit for bit;
+        a float model is left unfused (a wider float product may round differently). After this the wrapped
+        model decodes through this backbone only (its own ``forward`` would miss the removed layers). GPT-2's
+        ``c_attn`` is already fused and its MLP has no gate: nothing to do."""
+        self.runner.fuse(self.hf)
 
     def _fused(self, x: Tensor, cos: Tensor, step, cache: KVCache | None) -> list | None:
         """:attr:`fused_layers` where this forward is one they compute (as :meth:`_llama_layer` would, on the
@@ -173,8 +162,56 @@ class HFBackbone(nn.Module):
             return None
         return self.fused_layers
 
-    def _llama_layer(self, layer: nn.Module, i: int, x: Tensor, cos: Tensor, sin: Tensor, step,
-                     cache: KVCache | None) -> Tensor:
+    def _run_layer(self, fn, *args) -> Tensor:
+        """``fn(*args)``, under activation checkpointing when :attr:`grad_checkpointing` is on, the
+        backbone trains and no cache is written (a recomputation would append to the cache twice)."""
+        cache = args[-1]
+        if self.grad_checkpointing and self.training and cache is None and torch.is_grad_enabled():
+            return checkpoint(fn, *args, use_reentrant=False)  # RNG state replayed
+        return fn(*args)
+
+
+class LlamaRunner:
+    """The forward of the Llama family (Llama, Qwen2, Qwen3; docs/method.md §3.2, §7.18): token embeddings, rotary
+    positions (the model's own variant), RMSNorm, q/k/v/o projections (Qwen3: per-head q/k norms), a gated MLP.
+    Its layers can be fused (:meth:`HFBackbone.fuse_projections`) and, int8-quantized, run as one compiled op
+    (:mod:`setdlm.formats.fused`); a set drafter reads its layers (:mod:`setdlm.formats.drafted`)."""
+
+    rotary = True  # positions by RoPE: the fused int8 layer and a set drafter apply
+
+    @staticmethod
+    def check(cfg) -> None:
+        """Nothing beyond what every architecture checks (sliding windows, in :class:`HFBackbone`)."""
+
+    @staticmethod
+    def kv_heads(hf_model: nn.Module) -> tuple[int, int]:
+        """(KV heads, head size) of the cache."""
+        attn = hf_model.model.layers[0].self_attn
+        return attn.k_proj.out_features // attn.head_dim, attn.head_dim
+
+    @staticmethod
+    def layers(b: HFBackbone, input_ids: Tensor, position_ids: Tensor, step, cache: KVCache | None,
+               taps: dict[int, Tensor | None] | None = None) -> Tensor:
+        """The decoder layers' output (B, T, d); ``taps``: {layer index: None} filled with those layers' outputs
+        (a drafter's features, :mod:`setdlm.formats.drafted`)."""
+        base = b.hf.model
+        x = base.embed_tokens(input_ids)  # (B, T, d)
+        cos, sin = base.rotary_emb(x, position_ids)  # (B, T, hd) each, the model's own RoPE variant
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, hd)
+        fused = b._fused(x, cos, step, cache)
+        for i, layer in enumerate(base.layers):
+            if fused is not None:  # the same layer as one op (setdlm.formats.fused), the same bits
+                x = fused[i](x, cos, sin, cache.k[i], cache.v[i], step.flat_write_idx(b.n_kv_heads, cache.capacity),
+                             step.width, step.additive_mask(torch.float64))
+            else:
+                x = b._run_layer(LlamaRunner.layer, b, layer, i, x, cos, sin, step, cache)
+            if taps is not None and i in taps:
+                taps[i] = x
+        return x
+
+    @staticmethod
+    def layer(b: HFBackbone, layer: nn.Module, i: int, x: Tensor, cos: Tensor, sin: Tensor, step,
+              cache: KVCache | None) -> Tensor:
         """One Llama/Qwen decoder layer on x (B, T, d) → (B, T, d)."""
         B, T, _ = x.shape
         a = layer.self_attn
@@ -202,7 +239,7 @@ class HFBackbone(nn.Module):
             q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, H, T, hd)
             k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, Hkv, T, hd)
         scale = getattr(a, "scaling", a.head_dim ** -0.5)
-        y = self._attend(q, k, v, i, step, cache, scale, getattr(a, "attention_dropout", 0.0))
+        y = b._attend(q, k, v, i, step, cache, scale, getattr(a, "attention_dropout", 0.0))
         x = x + a.o_proj(y)
         h, mlp = rms_norm(layer.post_attention_layernorm, x), layer.mlp
         if "gate_up_proj" in mlp._modules:  # fused (fuse_projections): the same as LlamaMLP's forward
@@ -210,54 +247,75 @@ class HFBackbone(nn.Module):
             return x + mlp.down_proj(mlp.act_fn(gate) * up)
         return x + mlp(h)
 
-    def fuse_projections(self) -> None:
-        """Each Llama/Qwen layer's q/k/v projections become one linear layer (``qkv_proj``) and its MLP's gate
-        and up projections another (``gate_up_proj``), the originals removed: fewer, wider matrix products per
-        step. Used before quantizing (:func:`setdlm.formats.quantize.quantize`), where each output channel is computed
-        from the same quantized input row either way, so the fused layers give the same numbers bit for bit;
-        a float model is left unfused (a wider float product may round differently). After this the wrapped
-        model decodes through this backbone only (its own ``forward`` would miss the removed layers)."""
-        if self.kind == "gpt2":
-            return  # GPT-2's c_attn is already fused; its MLP has no gate
-        for layer in self.hf.model.layers:
+    @staticmethod
+    def final_norm(b: HFBackbone, x: Tensor) -> Tensor:
+        return rms_norm(b.hf.model.norm, x)
+
+    @staticmethod
+    def fuse(hf_model: nn.Module) -> None:
+        """q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj`` (:meth:`HFBackbone.fuse_projections`)."""
+        for layer in hf_model.model.layers:
             a, mlp = layer.self_attn, layer.mlp
             a.qkv_sizes = [a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features]
             a.qkv_proj = _concat_linear(a.q_proj, a.k_proj, a.v_proj)
             mlp.gate_up_proj = _concat_linear(mlp.gate_proj, mlp.up_proj)
             del a.q_proj, a.k_proj, a.v_proj, mlp.gate_proj, mlp.up_proj
 
-    def _run_layer(self, fn, *args) -> Tensor:
-        """``fn(*args)``, under activation checkpointing when :attr:`grad_checkpointing` is on, the
-        backbone trains and no cache is written (a recomputation would append to the cache twice)."""
-        cache = args[-1]
-        if self.grad_checkpointing and self.training and cache is None and torch.is_grad_enabled():
-            return checkpoint(fn, *args, use_reentrant=False)  # RNG state replayed
-        return fn(*args)
 
-    def _gpt2_layers(self, input_ids: Tensor, position_ids: Tensor, step, cache: KVCache | None) -> Tensor:
-        base = self.hf.transformer
+class GPT2Runner:
+    """The forward of GPT-2 (docs/method.md §3.2): learned absolute positions, LayerNorm, a fused ``c_attn``
+    projection, an ungated MLP; its KV heads are its attention heads."""
+
+    rotary = False
+
+    @staticmethod
+    def check(cfg) -> None:
+        if getattr(cfg, "add_cross_attention", False):
+            raise UserError("GPT-2 config has add_cross_attention=True; the adapter supports decoder-only models")
+
+    @staticmethod
+    def kv_heads(hf_model: nn.Module) -> tuple[int, int]:
+        cfg = hf_model.config
+        return cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+
+    @staticmethod
+    def layers(b: HFBackbone, input_ids: Tensor, position_ids: Tensor, step, cache: KVCache | None) -> Tensor:
+        base = b.hf.transformer
         n_pos = base.wpe.num_embeddings
         if position_ids.numel() and (int(position_ids.max()) >= n_pos or int(position_ids.min()) < 0):
             raise UserError(f"GPT-2 position ids must lie in [0, {n_pos}), got max {int(position_ids.max())}")
         x = base.drop(base.wte(input_ids) + base.wpe(position_ids))  # (B, T, d) learned absolute positions
         for i, block in enumerate(base.h):
-            x = self._run_layer(self._gpt2_block, block, i, x, step, cache)
+            x = b._run_layer(GPT2Runner.block, b, block, i, x, step, cache)
         return x
 
-    def _gpt2_block(self, block: nn.Module, i: int, x: Tensor, step, cache: KVCache | None) -> Tensor:
+    @staticmethod
+    def block(b: HFBackbone, block: nn.Module, i: int, x: Tensor, step, cache: KVCache | None) -> Tensor:
         """One GPT-2 block on x (B, T, d) → (B, T, d)."""
         B, T, d = x.shape
-        H, hd = d // self.head_dim, self.head_dim
-        cfg = self.hf.config
+        H, hd = d // b.head_dim, b.head_dim
+        cfg = b.hf.config
         a = block.attn
         q, k, v = a.c_attn(block.ln_1(x)).split(d, dim=2)  # (B, T, d) each
         q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
         scale = hd ** -0.5 if cfg.scale_attn_weights else 1.0
         if cfg.scale_attn_by_inverse_layer_idx:
             scale /= float(i + 1)
-        y = self._attend(q, k, v, i, step, cache, scale, a.attn_dropout.p)
+        y = b._attend(q, k, v, i, step, cache, scale, a.attn_dropout.p)
         x = x + a.resid_dropout(a.c_proj(y))
         return x + block.mlp(block.ln_2(x))
+
+    @staticmethod
+    def final_norm(b: HFBackbone, x: Tensor) -> Tensor:
+        return b.hf.transformer.ln_f(x)
+
+    @staticmethod
+    def fuse(hf_model: nn.Module) -> None:
+        """GPT-2's ``c_attn`` is already fused; its MLP has no gate."""
+
+
+# one runner per architecture, chosen once per backbone from config.model_type
+RUNNERS: dict[str, type[LlamaRunner] | type[GPT2Runner]] = {**{t: LlamaRunner for t in LLAMA_LIKE}, "gpt2": GPT2Runner}
 
 
 def rms_norm(norm: nn.Module, x: Tensor) -> Tensor:
