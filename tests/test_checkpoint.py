@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 import setdlm
-from setdlm.formats import checkpoint as ckpt
+from setdlm.formats import checkpoint as ckpt, optim_state
 from setdlm.data import char_tokenizer
 from setdlm.family import FamilyConfig
 from setdlm.lm import Model
@@ -77,7 +77,7 @@ def test_optimizer_state_roundtrip_bitwise(tmp_path):
         m.backbone(torch.tensor([[1, 2, 3]])).sum().backward()
         opt.step()
     ckpt.save(tmp_path / "ck", m, training_state={"step": 2}, optimizer_state=opt.state_dict())
-    state, osd = ckpt.load_training_state(tmp_path / "ck")
+    state, osd = optim_state.load_training_state(tmp_path / "ck")
     assert state == {"step": 2}
     fresh = torch.optim.AdamW(m.backbone.parameters(), lr=1e-3)
     fresh.load_state_dict(osd)

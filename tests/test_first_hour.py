@@ -232,7 +232,7 @@ def test_cli_errors_spell_flags_not_python(capsys):
 
 
 def test_messages_agree_in_number(capsys, tmp_path):
-    from setdlm.formats.hub import model_card
+    from setdlm.formats.card import model_card
     from setdlm.serve.schemas import parse_request
 
     assert_one_line_error(*run(["generate", "--max-new-tokens", "1000000000000", "--prompt", "x"], capsys)[::2],

@@ -17,7 +17,8 @@ import setdlm  # noqa: E402
 from setdlm import FamilyConfig, Model  # noqa: E402
 from setdlm.errors import as_flags  # noqa: E402
 from setdlm.formats.hf import HFBackbone, adapt, setdlm_tokenizer  # noqa: E402
-from setdlm.formats.hub import HubUnreachableError, bench_table, is_hub_id, model_card  # noqa: E402
+from setdlm.formats.card import bench_table, model_card  # noqa: E402
+from setdlm.formats.hub import HubUnreachableError, is_hub_id  # noqa: E402
 from setdlm.masks import causal_mask  # noqa: E402
 from setdlm.objectives import Batch, compute_loss  # noqa: E402
 from support import tiny_hf, tiny_tokenizer  # noqa: E402

@@ -54,15 +54,15 @@ def test_exporting_a_truncated_sharded_checkpoint_is_one_line(tmp_path, capsys):
     EOFError in a traceback (and DCP logged more tracebacks)."""
     import torch.distributed.checkpoint as dcp
 
-    from setdlm.formats import checkpoint as ckpt
+    from setdlm.formats import layout
     from setdlm.cli import main
 
     folder = Path(save_tiny(tmp_path / "ck"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dcp.save({"model": setdlm.load(folder).backbone.state_dict()}, checkpoint_id=folder / ckpt.SHARDED)
-    (folder / ckpt.WEIGHTS).unlink()
-    shard = next((folder / ckpt.SHARDED).glob("*.distcp"))
+        dcp.save({"model": setdlm.load(folder).backbone.state_dict()}, checkpoint_id=folder / layout.SHARDED)
+    (folder / layout.WEIGHTS).unlink()
+    shard = next((folder / layout.SHARDED).glob("*.distcp"))
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])
     capsys.readouterr()
@@ -71,7 +71,7 @@ def test_exporting_a_truncated_sharded_checkpoint_is_one_line(tmp_path, capsys):
     assert out == "" and err.count("\n") == 1 and "Traceback" not in err, err
     assert "its sharded weights cannot be read (EOFError" in err and "truncated or corrupt" in err
     shard.write_bytes(data)
-    assert main(["export", str(folder)]) == 0 and (folder / ckpt.WEIGHTS).is_file()  # the whole file exports
+    assert main(["export", str(folder)]) == 0 and (folder / layout.WEIGHTS).is_file()  # the whole file exports
 
 
 def test_a_json_schema_folder_is_named_a_folder(tmp_path, capsys):

@@ -111,15 +111,17 @@ def test_resume_reads_each_checkpoint_file_once(corpus, tmp_path, monkeypatch):
     is read once and passed on: checks, tokenizer and backbone all come from that one read)."""
     from collections import Counter
 
-    from setdlm.formats import checkpoint as ckpt
+    from setdlm.formats import checkpoint, layout, optim_state, safety
 
     run = tmp_path / "r"
     train(TrainConfig(out=str(run), data=corpus, steps=2, **TINY))
     reads = Counter()
-    for name in ("read_json", "read_tensors"):
-        real = getattr(ckpt, name)
-        monkeypatch.setattr(ckpt, name, lambda path, *a, _real=real, **k: reads.update([Path(path).name]) or
-                            _real(path, *a, **k))
+    for module in (checkpoint, layout, optim_state, safety):  # each module that reads through them
+        for name in ("read_json", "read_tensors"):
+            if hasattr(module, name):
+                real = getattr(module, name)
+                monkeypatch.setattr(module, name, lambda path, *a, _real=real, **k: reads.update([Path(path).name])
+                                    or _real(path, *a, **k))
     res = train(TrainConfig(out=str(run), data=corpus, steps=3, resume=True, **TINY))
     assert res.resumed_from == 2 and res.step == 3
     assert reads == Counter({"config.json": 1, "model.safetensors": 1, "training_state.json": 1,

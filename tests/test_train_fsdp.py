@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 import setdlm
-from setdlm.formats import checkpoint as ckpt
+from setdlm.formats import checkpoint as ckpt, layout
 from setdlm.evaluation.likelihood import likelihood
 from setdlm.training import TrainConfig, consolidate, heldout_of, train
 
@@ -83,7 +83,7 @@ def test_two_processes_train_the_one_process_run(runs):
     assert state["strategy"] == "fsdp" and state["world_size"] == 2 and state["data"]["rows_seen"] == 20 * 8
     assert sorted(p.name for p in (fsdp / "checkpoints/step-00000020/sharded").iterdir()) == \
         [".metadata", "__0_0.distcp", "__1_0.distcp"]  # one shard file per process, no gathered weights
-    assert not (fsdp / "checkpoints/step-00000020" / ckpt.WEIGHTS).exists()
+    assert not (fsdp / "checkpoints/step-00000020" / layout.WEIGHTS).exists()
     losses, heldout = _log(fsdp)
     ref = [r for r in alone.history if "split" not in r]
     assert [r["step"] for r in losses] == list(range(1, 21))  # logged once, not once per process
@@ -133,9 +133,9 @@ def test_sigkill_then_resume_equals_uninterrupted(runs, tmp_path):
     assert f"resuming from {crashed}/checkpoints/step-{killed_at:08d} at step {killed_at}" in resumed.stderr
     consolidate(crashed)
     full = root / "fsdp/checkpoints/step-00000020"
-    if not (full / ckpt.WEIGHTS).exists():
+    if not (full / layout.WEIGHTS).exists():
         consolidate(full)
-    for name in (ckpt.WEIGHTS, ckpt.EMA_WEIGHTS):
+    for name in (layout.WEIGHTS, layout.EMA_WEIGHTS):
         a, b = load_file(full / name), load_file(crashed / "checkpoints/step-00000020" / name)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
     (la, ea), (lb, eb) = _log(root / "fsdp"), _log(crashed)

@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from runs import train_command  # noqa: E402
 
 import setdlm  # noqa: E402
-from setdlm.formats.checkpoint import read_config, resolve  # noqa: E402
+from setdlm.formats.checkpoint import read_config  # noqa: E402
+from setdlm.formats.layout import resolve  # noqa: E402
 from setdlm.formats.pretrained import root  # noqa: E402
 
 RUNS = Path("runs/study")

@@ -11,7 +11,7 @@ from dataclasses import fields
 
 from ..errors import UserError
 from ..family import FAMILIES
-from ..formats import checkpoint as ckpt
+from ..formats import layout
 from ..presets import PRESETS
 from ..training import consolidate
 from ..training.sharded import is_sharded
@@ -63,9 +63,9 @@ def run_export(args: argparse.Namespace) -> int:
     """Convert an FSDP run's sharded checkpoints into the single-file weights that setdlm.load reads (one
     process, no GPU; a run folder exports its latest checkpoint; a plain run's is loadable as it is)."""
     for folder in args.folders:
-        plain = ckpt.resolve(folder)
-        if not is_sharded(plain) and (plain / ckpt.WEIGHTS).is_file():  # a plain (not FSDP) run: nothing to do
-            print(f"{plain}: already single-file weights ({ckpt.WEIGHTS}), which setdlm.load, setdlm generate and "
+        plain = layout.resolve(folder)
+        if not is_sharded(plain) and (plain / layout.WEIGHTS).is_file():  # a plain (not FSDP) run: nothing to do
+            print(f"{plain}: already single-file weights ({layout.WEIGHTS}), which setdlm.load, setdlm generate and "
                   "setdlm eval read as they are; nothing to export", file=sys.stderr)
             print(plain)
             continue

@@ -27,7 +27,8 @@ from ..batch import Batch
 from ..data import build_dataset, read_source
 from ..data.dataset import TokenDataset, heldout_split
 from ..errors import UserError
-from ..formats.checkpoint import is_checkpoint, read_config
+from ..formats.checkpoint import read_config
+from ..formats.layout import is_checkpoint
 from ..formats.loading import locate
 from ..lm import Model
 from ..objectives import compute_loss

@@ -52,7 +52,10 @@ from ..errors import UserError
 from ..family import FamilyConfig
 from ..lm import Model
 from ..model import TransformerConfig, Transformer
-from .checkpoint import check_model_size, refuse_pickle, expected_shapes, load_weights, resolve, save, read_config
+from .backbones import DIT, HF, BackboneFormat, check_model_size, expected_shapes, load_weights
+from .checkpoint import read_config, save
+from .layout import resolve
+from .safety import refuse_pickle
 from .hf import HFBackbone, backbone_from_config
 from .hub import HubUnreachableError, is_hub_id, snapshot, snapshot_checkpoint
 
@@ -223,13 +226,14 @@ def _read_weight_file(f: Path) -> dict[str, Tensor]:
     return {k.replace("_orig_mod.", ""): v for k, v in part.items() if isinstance(v, Tensor)}
 
 
-def backbone_kind(cfg: dict, sd: dict) -> str:
-    """``"dit"`` or ``"hf"`` (AutoModelFromPreTrained around a transformers causal LM)."""
+def backbone_kind(cfg: dict, sd: dict) -> BackboneFormat:
+    """The backbone format of :data:`setdlm.formats.backbones.REGISTRY` the folder holds: the DiT, or
+    ``HF`` (AutoModelFromPreTrained around a transformers causal LM)."""
     target = str((cfg.get("backbone_config") or cfg.get("backbone_config_passed") or {}).get("_target_", ""))
     if "automodel" in target.lower() or any(k.startswith("backbone.model.") for k in sd):
-        return "hf"
+        return HF
     if target.endswith("DIT") or is_reference_state_dict(sd):
-        return "dit"
+        return DIT
     raise UserError(f"unsupported reference backbone {target or '(no _target_)'!r}: only the DiT and "
                     "AutoModelFromPreTrained (Qwen3) checkpoints load into setdlm")
 
@@ -460,9 +464,9 @@ def load_reference_model(path: str | Path, *, name: str | None = None, tokenizer
     name = name or folder.name
     sd = read_reference_weights(folder)
     kind = backbone_kind(cfg, sd)
-    if kind == "dit":
+    if kind is DIT:
         mc, fam = reference_configs(cfg, name, D=D, M=M)
-        check_model_size(folder / "config.json", {"backbone": "dit"}, mc)
+        check_model_size(folder / "config.json", DIT, mc)
         backbone: nn.Module = Transformer(mc)
         backbone.load_state_dict(convert_reference_state_dict(sd, mc))
         vocab = mc.vocab_size
@@ -477,7 +481,7 @@ def load_reference_model(path: str | Path, *, name: str | None = None, tokenizer
     if not 0 <= fam.mask_token_id < vocab:
         raise UserError(f"mask_token_id {fam.mask_token_id} is outside the model's vocabulary of {vocab}")
     tok = None if tokenizer is _NO_TOKENIZER else reference_tokenizer(
-        folder, cfg, name, tokenizer=tokenizer, base=base if kind == "hf" else None, mask_token_id=fam.mask_token_id)
+        folder, cfg, name, tokenizer=tokenizer, base=base if kind is HF else None, mask_token_id=fam.mask_token_id)
     if tok is not None and tok.vocab_size > vocab:
         raise UserError(f"the tokenizer has {tok.vocab_size} tokens, more than the model's vocabulary of {vocab}")
     if dtype is not None:

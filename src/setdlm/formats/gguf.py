@@ -28,7 +28,9 @@ from pathlib import Path
 from ..errors import UserError
 from ..family import FamilyConfig
 from ..lm import Model
-from .checkpoint import is_checkpoint, partial_folder, remove_partial, save
+from .atomic import partial_folder, remove_partial
+from .checkpoint import save
+from .layout import is_checkpoint
 from .hf import adapt, setdlm_tokenizer
 
 MAGIC = b"GGUF"

@@ -1,5 +1,5 @@
 """The Hugging Face Hub as an optional extra (``pip install 'setdlm[hf]'``): load a checkpoint by repo id,
-push a checkpoint folder, write its model card (docs/method.md §9.3; the checkpoint layout of
+push a checkpoint folder (docs/method.md §9.3; the checkpoint layout of
 :mod:`setdlm.formats.checkpoint`).
 
 * :func:`snapshot` — a Hub id → a local folder in the Hugging Face cache. With network it downloads (only
@@ -10,8 +10,6 @@ push a checkpoint folder, write its model card (docs/method.md §9.3; the checkp
   and ``Model.save(..., push_to_hub=...)`` call it).
 * :func:`hub_reachable`, :func:`is_connection_failure`, :class:`HubUnreachableError` — the network checks
   every Hub access shares (here, :func:`snapshot`, :func:`setdlm.formats.hf.load_pretrained`, the authors' base models).
-* :func:`model_card` — the ``README.md`` every checkpoint carries: family, schedule, architecture,
-  tokenizer, training data and arguments, and a results table when given.
 
 ``huggingface_hub`` is imported inside the functions; everything else in setdlm works without it.
 """
@@ -22,12 +20,11 @@ import json
 import os
 import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..errors import UserError
-from ..family import FamilyConfig
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 # files a checkpoint needs to load: not the optimizer state, not the authors' Python sources
@@ -147,84 +144,3 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
                              commit_message=commit_message or "Upload setdlm checkpoint",
                              ignore_patterns=["optimizer.safetensors", "training_state.json", ".*"])
     return str(getattr(info, "commit_url", info))
-
-
-# ---------------------------------------------------------------------------------------------------------
-# model card
-# ---------------------------------------------------------------------------------------------------------
-
-def _table(rows: Sequence[Mapping]) -> str:
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-
-    def fmt(v) -> str:
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def bench_table(bench) -> str:
-    """Markdown for ``bench``: a string (inserted as is), a mapping ``{metric: value}``, or a list of row
-    mappings (one table row each, columns = the union of their keys)."""
-    if bench is None:
-        return ""
-    if isinstance(bench, str):
-        return bench.strip()
-    if isinstance(bench, Mapping):
-        return _table([{"metric": k, "value": v} for k, v in bench.items()])
-    rows = list(bench)
-    if not all(isinstance(r, Mapping) for r in rows):
-        raise UserError("bench must be a markdown string, a {metric: value} mapping or a list of row mappings")
-    return _table(rows)
-
-
-def _family(fam: dict):
-    """The :class:`~setdlm.family.FamilyConfig` of config.json's ``family`` (its registry entry: ``.spec``)."""
-    return FamilyConfig.from_dict(fam)
-
-
-def model_card(config: Mapping, *, bench=None, repo_id: str | None = None) -> str:
-    """The README.md of a checkpoint whose ``config.json`` is ``config`` (see :mod:`setdlm.formats.checkpoint`)."""
-    fam = config["family"]
-    family = _family(fam)
-    arch = config["architecture"]
-    training = config.get("training") or {}
-    source = config.get("source") or {}
-    tok = config.get("tokenizer") or {}
-    data = training.get("data")
-    tags = list(dict.fromkeys(["setdlm", "diffusion-language-model", fam["family"]]))
-    front = ["---", "library_name: setdlm", "pipeline_tag: text-generation", "tags:"] + [f"- {t}" for t in tags]
-    if isinstance(data, str) and data.startswith("hf:"):
-        front += ["datasets:", f"- {data[3:].split(':')[0].split('@')[0]}"]
-    front.append("---")
-    if config.get("backbone") == "hf":
-        backbone = (f"Hugging Face `{arch.get('model_type')}` causal LM ({arch.get('num_hidden_layers')} layers, "
-                    f"hidden {arch.get('hidden_size')}, vocabulary {arch.get('vocab_size')})")
-    else:
-        backbone = (f"setdlm DiT ({arch['n_layers']} layers, hidden {arch['hidden_size']}, {arch['n_heads']} heads, "
-                    f"vocabulary {arch['vocab_size']})")
-    name = repo_id or source.get("name") or "setdlm model"
-    lines = front + ["", f"# {name}", "",
-                     f"{'An' if family.spec.title[0] in 'aeiou' else 'A'} {family.spec.title} language model in the "
-                     "[setdlm](https://pypi.org/project/setdlm/) format.", "",
-                     "| | |", "|---|---|", f"| family | `{fam['family']}` |",
-                     f"| schedule | {family.spec.describe(family)} |", f"| backbone | {backbone} |",
-                     f"| tokenizer | {tok.get('kind', '?')}, {tok.get('vocab_size', '?')} tokens, MASK id "
-                     f"{fam['mask_token_id']} |", f"| weights | {config.get('dtype', '?')}"
-                     f"{', EMA weights included' if config.get('ema') else ''} |"]
-    if source.get("command"):  # trained here: the command that reproduces it
-        lines.append(f"| made by | {source.get('name', '?')}: `{source['command']}` |")
-    elif source:
-        lines.append(f"| converted from | {source.get('name', '?')} ({source.get('layout', '?')}) |")
-    if training:
-        lines += ["", "## Training", "", "| argument | value |", "|---|---|"]
-        keys = ("data", "init_from", "preset", "steps", "batch_size", "lr", "lr_schedule", "warmup", "ema", "seed")
-        lines += [f"| {k} | `{training[k]}` |" for k in keys if training.get(k) not in (None, "")]
-    table = bench_table(bench)
-    if table:
-        lines += ["", "## Results", "", table]
-    ref = repo_id or "PATH"
-    lines += ["", "## Use", "", "```python", "import setdlm", "", f'model = setdlm.load("{ref}")',
-              'out = model.generate(["Once upon a time"], max_new_tokens=64)', "print(out.texts[0])", "```", ""]
-    return "\n".join(lines)

@@ -9,7 +9,7 @@
 3. a Hugging Face Hub id ``"user/repo"`` that is not a local path (:func:`setdlm.formats.hub.snapshot_checkpoint`
    downloads the files loading needs);
 4. a local folder: a checkpoint, or a training run folder whose ``latest`` names one
-   (:func:`setdlm.formats.checkpoint.resolve`).
+   (:func:`setdlm.formats.layout.resolve`).
 
 The folder found is read by :func:`setdlm.formats.checkpoint.read` (whose parts become a :class:`~setdlm.lm.Model`
 here) when it is in our format (``config.json`` with ``"format": "setdlm"``), else by
@@ -30,6 +30,8 @@ from ..errors import UserError
 from ..lm import Model
 from ..resources import native_bf16, resolve_device
 from . import checkpoint, convert, drafted, gguf, hub, pretrained
+from .layout import is_checkpoint, resolve
+from .safety import PICKLE_SUFFIXES, check_safetensors, refuse_pickle
 from .gguf_quant import keep_file_quantization
 from .hf import HFBackbone, load_pretrained, setdlm_tokenizer
 from .quantize import check_quantize, quantize as quantize_backbone
@@ -67,7 +69,7 @@ def locate(path: str | Path, *, revision: str | None = None, ema: bool = False) 
     if near is not None:
         raise UserError(f"no model {str(path)!r}: no such folder and no shipped model of that name; did you mean "
                         f"{near!r}? (`setdlm models` lists the shipped models)")
-    return checkpoint.resolve(p)
+    return resolve(p)
 
 
 def load(path: str | Path, *, ema: bool = False, family: str | None = None, device=None,
@@ -152,19 +154,19 @@ def load_for_training(name_or_path: str):
         raise UserError(f"{name_or_path!r}: no such folder, and not a shipped model, a packaged GGUF model or a "
                          "Hub id")
     folder = locate(name_or_path)
-    if checkpoint.is_checkpoint(folder) or convert.is_reference_folder(folder):
+    if is_checkpoint(folder) or convert.is_reference_folder(folder):
         model = load(folder, dtype=torch.float32)
         if not isinstance(model.tokenizer, Tokenizer):
             raise UserError(f"{name_or_path!r}: no tokenizer found with the weights")
         return model.backbone.train(), model.tokenizer
     if folder.is_dir():  # a local folder or a Hub snapshot: check the weights before transformers reads them
         weights = sorted(folder.glob("*.safetensors"))
-        pickles = [f for f in folder.iterdir() if f.suffix in checkpoint.PICKLE_SUFFIXES]
+        pickles = [f for f in folder.iterdir() if f.suffix in PICKLE_SUFFIXES]
         if not weights and pickles:
-            checkpoint.refuse_pickle(pickles[0])
+            refuse_pickle(pickles[0])
             raise UserError(f"{pickles[0]}: setdlm loads safetensors weights only; convert it to safetensors")
         for f in weights:
-            checkpoint.check_safetensors(f)
+            check_safetensors(f)
     try:
         import transformers  # noqa: F401 (checked here, so the error can say how to install it)
     except ImportError:

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from ..drafter import DrafterConfig, SetDrafter, draft_vocabulary, window_loss
 from ..errors import UserError
-from ..formats.checkpoint import write_folder
+from ..formats.atomic import write_folder
 from ..formats.drafted import DraftedBackbone, base_features, is_drafter_folder, read_drafter, save_drafter
 from ..formats.loading import load
 from ..resources import native_bf16

@@ -18,6 +18,7 @@ from typing import TextIO
 
 from ..errors import UserError
 from ..formats import checkpoint as ckpt
+from ..formats import layout
 from ..outputs import write_text_atomic
 from .config import TrainConfig, config_fields
 
@@ -90,16 +91,16 @@ def check_out_dir(cfg: TrainConfig) -> Path | None:
     out, resume = Path(cfg.out), cfg.checkpointing.resume
     if out.exists() and not out.is_dir():
         raise UserError(f"out {cfg.out!r} exists and is not a folder")
-    if ckpt.is_checkpoint(out):
+    if layout.is_checkpoint(out):
         raise UserError(f"out {cfg.out!r} is a checkpoint folder, not a run folder; choose another out",
                         fields=("out",))
     for parent in out.absolute().parents:
-        if (parent / ckpt.LATEST).is_file() and (parent / "checkpoints").is_dir():
+        if (parent / layout.LATEST).is_file() and (parent / "checkpoints").is_dir():
             raise UserError(f"out {cfg.out!r} lies inside the training run {str(parent)!r}; choose a folder "
                             "outside it", fields=("out",))
-    latest = ckpt.latest_checkpoint(out) if out.is_dir() else None
+    latest = layout.latest_checkpoint(out) if out.is_dir() else None
     if latest is None and out.is_dir() and any((out / "checkpoints").glob("step-*")):
-        raise UserError(f"{out / ckpt.LATEST}: missing, but {out} holds checkpoints; repair or remove it")
+        raise UserError(f"{out / layout.LATEST}: missing, but {out} holds checkpoints; repair or remove it")
     if latest is not None and not resume:
         raise UserError(f"out {cfg.out!r} already holds a training run; pass resume=True or choose another folder",
                         fields=("out", "resume"))
@@ -130,12 +131,12 @@ def resume_config(out: str | Path, **given) -> TrainConfig:
     run), and ``resume=True``. A run killed before its first checkpoint has nothing to resume: it starts
     from scratch with the given arguments (``preset`` default ``tiny``), and says so."""
     given = {k: v for k, v in given.items() if k not in ("out", "resume")}
-    latest = ckpt.latest_checkpoint(out) if Path(out).is_dir() else None
+    latest = layout.latest_checkpoint(out) if Path(out).is_dir() else None
     if latest is None:  # train() says so
         return TrainConfig.from_preset(given.pop("preset", "tiny"), **given, out=str(out), resume=True)
     saved = ckpt.read_config(latest).get("training") or {}
     if not saved:
-        raise UserError(f"{latest / ckpt.CONFIG}: records no training arguments, so the run cannot resume")
+        raise UserError(f"{latest / layout.CONFIG}: records no training arguments, so the run cannot resume")
     saved = {k: v for k, v in saved.items() if k != "allow_data_change"}  # given each time, never carried over
     return TrainConfig.from_record(saved, **given, out=str(out), resume=True)
 
@@ -194,7 +195,7 @@ def prune(out: Path, keep: int) -> None:
 def interrupted_note(out: str) -> str:
     """What a Ctrl-C of a run into ``out`` leaves behind, and how to continue it."""
     try:
-        latest = ckpt.latest_checkpoint(out)
+        latest = layout.latest_checkpoint(out)
     except ValueError:
         latest = None
     if latest is None:

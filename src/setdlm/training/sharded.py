@@ -22,7 +22,7 @@ from torch import nn
 
 from ..errors import UserError
 from ..formats import checkpoint as ckpt
-from ..model import TransformerConfig
+from ..formats import atomic, backbones, layout
 from .distributed import Dist
 
 
@@ -43,7 +43,7 @@ def save_sharded(dst: Path, model, net: nn.Module, optimizer, ema: dict | None, 
     if not dist.is_main:  # rank 0 names the temporary folder that all write into
         where = [""]  # a placeholder: rank 0's broadcast fills in the temporary folder
         torch.distributed.broadcast_object_list(where, 0)
-        dcp.save(state, checkpoint_id=Path(where[0]) / ckpt.SHARDED)
+        dcp.save(state, checkpoint_id=Path(where[0]) / layout.SHARDED)
         torch.distributed.barrier()
         return dst
     config = ckpt.model_config_dict(model, training_args)
@@ -51,10 +51,10 @@ def save_sharded(dst: Path, model, net: nn.Module, optimizer, ema: dict | None, 
 
     def fill(tmp: Path) -> None:
         torch.distributed.broadcast_object_list([str(tmp)], 0)
-        dcp.save(state, checkpoint_id=tmp / ckpt.SHARDED)
+        dcp.save(state, checkpoint_id=tmp / layout.SHARDED)
         ckpt.write_description(tmp, model, config, training_state)
 
-    ckpt.write_folder(dst, fill)
+    atomic.write_folder(dst, fill)
     torch.distributed.barrier()
     return dst
 
@@ -65,21 +65,23 @@ def load_sharded(folder: Path, net: nn.Module, optimizer, ema: dict | None) -> N
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     state = _state(net, optimizer, ema)
-    dcp.load(state, checkpoint_id=folder / ckpt.SHARDED)
+    dcp.load(state, checkpoint_id=folder / layout.SHARDED)
     set_state_dict(net, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
 def is_sharded(folder: Path) -> bool:
-    return (Path(folder) / ckpt.SHARDED).is_dir()
+    return (Path(folder) / layout.SHARDED).is_dir()
 
 
 def read_skeleton(folder: Path, config: dict) -> ckpt.Stored:
     """The backbone (freshly initialised, to be filled by :func:`load_sharded`), family and tokenizer that a
     sharded checkpoint's ``config.json`` describes."""
     arch, fam = ckpt.parse_configs(folder, config)
-    vocab = arch.vocab_size if isinstance(arch, TransformerConfig) else arch["vocab_size"]
+    fmt = backbones.format_named(config)
+    vocab = fmt.vocab_size(arch)
+    assert isinstance(vocab, int)  # parse_configs checked it
     tokenizer = ckpt.load_checkpoint_tokenizer(folder, config, vocab, fam)
-    return ckpt.Stored(ckpt.build_backbone(config, arch), fam, tokenizer)
+    return ckpt.Stored(fmt.build(arch, None), fam, tokenizer)
 
 
 def consolidate(path: str | Path) -> Path:
@@ -89,12 +91,12 @@ def consolidate(path: str | Path) -> Path:
     import torch.distributed.checkpoint as dcp  # half a second to import: only FSDP runs and export need it
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
-    folder = ckpt.resolve(path)
+    folder = layout.resolve(path)
     if not is_sharded(folder):
-        raise UserError(f"{folder}: not a sharded checkpoint (no {ckpt.SHARDED}/ folder)")
+        raise UserError(f"{folder}: not a sharded checkpoint (no {layout.SHARDED}/ folder)")
     config = ckpt.read_config(folder)
     backbone = read_skeleton(folder, config).backbone
-    weights = ckpt.unique_state_dict(backbone)
+    weights = backbones.unique_state_dict(backbone)
     state = {"model": backbone.state_dict()}
     if config.get("ema"):
         state["ema"] = {k: torch.empty_like(v, dtype=torch.float32) for k, v in weights.items()}
@@ -103,7 +105,7 @@ def consolidate(path: str | Path) -> Path:
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         logging.disable(logging.CRITICAL)
         try:  # no process group: this process reads every shard
-            dcp.load(state, checkpoint_id=folder / ckpt.SHARDED)
+            dcp.load(state, checkpoint_id=folder / layout.SHARDED)
         except (Exception, CheckpointException) as e:  # EOFError, pickle's or DCP's errors on a cut or damaged file
             cause = next(iter(getattr(e, "failures", {}).values()), e)  # DCP wraps each rank's error
             cause = cause[0] if isinstance(cause, tuple) and cause else cause  # (exception, traceback)
@@ -112,7 +114,7 @@ def consolidate(path: str | Path) -> Path:
                             "checkpoint is truncated or corrupt; export an earlier one") from None
         finally:
             logging.disable(disabled)
-    files = {ckpt.WEIGHTS: weights, **({ckpt.EMA_WEIGHTS: state["ema"]} if "ema" in state else {})}
+    files = {layout.WEIGHTS: weights, **({layout.EMA_WEIGHTS: state["ema"]} if "ema" in state else {})}
     for name, tensors in files.items():
         tmp = folder / f".{name}.tmp-{os.getpid()}"
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})

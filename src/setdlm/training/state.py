@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from ..backbone import Backbone
 from ..formats import checkpoint as ckpt
+from ..formats import backbones, layout, optim_state, safety
 from ..evaluation.likelihood import likelihood
 from ..lm import Model
 from ..model import Transformer
@@ -38,7 +39,7 @@ class TrainState:
         self.backbone = backbone.to(dist.device).train()
         # same gradients, less activation memory (nn.Module.__setattr__ is typed for tensors and submodules only)
         self.backbone.grad_checkpointing = cfg.system.grad_checkpointing  # type: ignore[assignment]
-        names = list(ckpt.unique_state_dict(self.backbone))  # before sharding: tied weights once
+        names = list(backbones.unique_state_dict(self.backbone))  # before sharding: tied weights once
         net = wrap(self.backbone, dist, cfg.system.bf16)  # under fsdp the backbone itself, sharded in place
         o = cfg.optim
         fused = dist.device.type == "cuda" and not dist.sharded  # one kernel for the whole update on a GPU
@@ -59,17 +60,17 @@ class TrainState:
 
     def _restore(self, folder: Path, net: nn.Module) -> None:
         if is_sharded(folder):
-            state, opt = ckpt.read_json(folder / ckpt.STATE, "the checkpoint cannot resume training"), None
+            state, opt = layout.read_json(folder / layout.STATE, "the checkpoint cannot resume training"), None
             load_sharded(folder, net, self.optimizer, self.ema)
         else:
-            state, opt = ckpt.load_training_state(folder)
+            state, opt = optim_state.load_training_state(folder)
         check_same_data(folder, state.get("data_sha256"), self.setup, self.cfg.checkpointing.allow_data_change)
         if opt is not None:
             self.optimizer.load_state_dict(opt)
         self.step = int(state["step"])
         if self.ema is not None and not is_sharded(folder):
-            expected = ckpt.expected_shapes(self.backbone)
-            ema = ckpt.read_tensors(folder / ckpt.EMA_WEIGHTS, expected, " (the run was configured with EMA)")
+            expected = backbones.expected_shapes(self.backbone)
+            ema = safety.read_tensors(folder / layout.EMA_WEIGHTS, expected, " (the run was configured with EMA)")
             self.ema = {k: v.float().to(self.dist.device) for k, v in ema.items()}
 
     def train_step(self) -> tuple[float, float, int]:
@@ -151,7 +152,7 @@ class TrainState:
             ckpt.save(out / name, model, ema=self.ema, training_args=cfg.to_dict(), training_state=state,
                       optimizer_state=self.optimizer.state_dict())
         if dist.is_main:
-            write_text_atomic(out / ckpt.LATEST, name + "\n")
+            write_text_atomic(out / layout.LATEST, name + "\n")
         if dist.active and not dist.sharded:
             torch.distributed.barrier()
         return out / name
