@@ -25,7 +25,7 @@ from ..drafter import DrafterConfig, SetDrafter
 from ..errors import UserError
 from ..model import KVCache, begin_step, end_step
 from .atomic import write_folder
-from .hf import HFBackbone
+from .hf import HFBackbone, LlamaRunner
 
 FORMAT = "setdlm-drafter"
 
@@ -125,7 +125,7 @@ def base_features(base: HFBackbone, input_ids: Tensor, attn_mask: Tensor | None,
     x = hf.embed_tokens(input_ids)
     cos, sin = hf.rotary_emb(x, pos)
     for i, layer in enumerate(hf.layers[: max(layers) + 1]):
-        x = base._llama_layer(layer, i, x, cos[:, None], sin[:, None], step, None)
+        x = LlamaRunner.layer(base, layer, i, x, cos[:, None], sin[:, None], step, None)
         if i in taps:
             taps[i] = x
     return [taps[i] for i in layers]

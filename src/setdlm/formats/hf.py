@@ -149,7 +149,7 @@ class HFBackbone(nn.Module):
         self.runner.fuse(self.hf)
 
     def _fused(self, x: Tensor, cos: Tensor, step, cache: KVCache | None) -> list | None:
-        """:attr:`fused_layers` where this forward is one they compute (as :meth:`_llama_layer` would, on the
+        """:attr:`fused_layers` where this forward is one they compute (as :meth:`LlamaRunner.layer` would, on the
         path of fused int8 projections and float64 attention): a decode against a contiguous cache, float32
         activations, a boolean mask or none; else None."""
         if self.fused_layers is None or cache is None or cache.static or self.training or not self.wide_attention:
