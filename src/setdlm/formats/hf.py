@@ -199,10 +199,11 @@ class LlamaRunner:
         cos, sin = base.rotary_emb(x, position_ids)  # (B, T, hd) each, the model's own RoPE variant
         cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, hd)
         fused = b._fused(x, cos, step, cache)
+        if fused is not None:  # the step's cache rows and float64 mask, made once for every layer
+            flat, mask = step.flat_write_idx(b.n_kv_heads, cache.capacity), step.additive_mask(torch.float64)
         for i, layer in enumerate(base.layers):
             if fused is not None:  # the same layer as one op (setdlm.formats.fused), the same bits
-                x = fused[i](x, cos, sin, cache.k[i], cache.v[i], step.flat_write_idx(b.n_kv_heads, cache.capacity),
-                             step.width, step.additive_mask(torch.float64))
+                x = fused[i](x, cos, sin, cache.k[i], cache.v[i], flat, step.width, mask)
             else:
                 x = b._run_layer(LlamaRunner.layer, b, layer, i, x, cos, sin, step, cache)
             if taps is not None and i in taps:
