@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import NoReturn
 
 from ....errors import UserError
 
@@ -43,7 +44,7 @@ class Unsatisfiable(Exception):
                          fields=("json_schema",))
 
 
-def refuse(key: str, where: str, why: str):
+def refuse(key: str, where: str, why: str) -> NoReturn:
     raise UserError(f"json_schema: {key!r} at {where} cannot be enforced by the token automaton: {why}",
                     fields=("json_schema",))
 
@@ -189,7 +190,9 @@ def _merge_objects(out: dict, a: dict, b: dict, where: str) -> None:
 
 
 def _may_match(pattern: str, name: str, where: str) -> bool:
-    return search(pattern, name, where)
+    """Whether ``pattern`` matches ``name``; a pattern Python cannot read counts as no match, so the other side's
+    ``additionalProperties`` still checks the property (the stricter merge)."""
+    return search(pattern, name, where) is True
 
 
 def search(pattern: str, name: str, where: str) -> bool | None:
@@ -254,7 +257,8 @@ def json_type(v, integers: bool = False) -> str:
         return "boolean"
     if isinstance(v, (int, float)):
         return "integer" if integers and (isinstance(v, int) or v.is_integer()) else "number"
-    return {str: "string", list: "array", dict: "object"}[type(v)]
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return names[type(v)]
 
 
 def excluded(raw) -> list:

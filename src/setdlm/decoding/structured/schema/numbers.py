@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 from fractions import Fraction
+from typing import NoReturn
 
 from ....errors import UserError
 
@@ -18,7 +19,7 @@ INTEGER = "-?(?:0|[1-9][0-9]*)"
 NUMBER = "-?(?:0|[1-9][0-9]*)(?:\\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 
 
-def _refuse(key: str, where: str, why: str):
+def _refuse(key: str, where: str, why: str) -> NoReturn:
     raise UserError(f"json_schema: {key!r} at {where} cannot be enforced by the token automaton: {why}",
                     fields=("json_schema",))
 

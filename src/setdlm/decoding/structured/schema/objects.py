@@ -181,14 +181,15 @@ def _dependencies(w, flat: dict, deps: list[str], where: str) -> str:
     without = merge(rest, {"properties": {key: False}}, where)
     options = [with_key] if key in flat.get("required", []) else \
         [without, with_key] if len(deps) <= MAX_DEPENDENCIES else [without]
-    out, first = [], None
+    out: list[str] = []
+    failed: list[Unsatisfiable] = []
     for option in options:
         try:
             out.append(w.written(option, where))
         except Unsatisfiable as e:
-            first = first or e
-    if not out:
-        raise first
+            failed.append(e)
+    if not out:  # every option failed (there is at least one): the first one's reason
+        raise failed[0]
     return alt(out)
 
 
@@ -219,11 +220,11 @@ def array_regex(w, flat: dict, where: str) -> str:
     k = len(elems) if hi is None else min(len(elems), hi)
     tail = ""
     if rest is not None and (hi is None or hi > k):
-        a, b = max(lo - k, 0), "" if hi is None else hi - k
+        a, b = max(lo - k, 0), None if hi is None else hi - k
         if k:
-            tail = f"(?:{sep}(?:{rest})){{{a},{b}}}"
+            tail = f"(?:{sep}(?:{rest})){{{a},{'' if b is None else b}}}"
         else:
-            tail = f"(?:{rest})(?:{sep}(?:{rest})){{{max(a - 1, 0)},{'' if b == '' else b - 1}}}"
+            tail = f"(?:{rest})(?:{sep}(?:{rest})){{{max(a - 1, 0)},{'' if b is None else b - 1}}}"
             tail = tail if a else f"(?:{tail})?"
     body = tail
     for i in range(k - 1, -1, -1):
@@ -251,7 +252,7 @@ def _unique(w, flat: dict, prefix: list, items, lo: int, hi, where: str) -> str:
     if prefix:
         refuse("uniqueItems", where, "uniqueItems with prefixItems (or items as a list) is not written here")
     sub = w.flatten(items, f"{where}/items") if isinstance(items, dict) else None
-    values = None
+    values: list | None = None
     if sub is not None and not sub.get("_unions"):
         only_type = set(sub) <= {"type", "_raw", "_refs", "_unions"}
         if "enum" in sub:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
+from typing import Protocol
 
 from ....errors import UserError
 from .merge import (MAX_BRANCHES, Unsatisfiable, alt, both, excluded, json_type, merge, negate,
@@ -88,6 +89,14 @@ def _empty(flat: dict) -> bool:
                    and not any(v == x and type(v) is type(x) for x in out) for v in flat["enum"])
 
 
+class _Validator(Protocol):
+    """What :meth:`Writer.valid` uses of a ``jsonschema`` validator (jsonschema ships no type information)."""
+
+    def evolve(self, *, schema: object) -> _Validator: ...
+
+    def is_valid(self, instance: object) -> bool: ...
+
+
 class Writer:
     """Writes the regex of the subschemas of ``root``, following local references (a recursive one at most
     ``max_depth`` times along a path), with ``ws`` between a document's tokens."""
@@ -97,7 +106,7 @@ class Writer:
         self.stack: dict[str, int] = {}  # references being written -> how many times along this path
         self.reentries = 0
         self.cache: dict = {}
-        self._validator = None
+        self._validator: _Validator | None = None  # made on the first enum checked
 
     # -- one subschema ------------------------------------------------------------------------------------
 
@@ -230,14 +239,15 @@ class Writer:
             raise Unsatisfiable("type", where, "the merged subschemas have no type in common")
         if "enum" in flat:
             return alt([json_literal(v, self.ws) for v in self.enum_values(flat, where)])
-        out, first = [], None
+        out: list[str] = []
+        failed: list[Unsatisfiable] = []
         for t in node_types(flat):
             try:
                 out.append(self.of_type(t, flat, where))
             except Unsatisfiable as e:
-                first = first or e
-        if not out:
-            raise first
+                failed.append(e)
+        if not out:  # the first type's reason; none where ``type`` names no JSON type (a schema never checked)
+            raise failed[0] if failed else Unsatisfiable("type", where, f"no JSON type in {flat.get('type')!r}")
         return alt(out)
 
     def union(self, flat: dict, unions: list, where: str) -> str:

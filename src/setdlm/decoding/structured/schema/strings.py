@@ -113,7 +113,7 @@ def lengths_implied(pattern: str, lo: int, hi: int | None) -> bool:
     """Whether every string of ``pattern`` (read by Python's parser, the common syntax) already has between
     ``lo`` and ``hi`` characters."""
     try:
-        short, long = re._parser.parse(pattern).getwidth()
+        short, long = re._parser.parse(pattern).getwidth()  # type: ignore[attr-defined]  # CPython 3.11's parser, unstubbed
     except (re.error, AttributeError, RecursionError, OverflowError):
         return False
     return short >= lo and (hi is None or long <= hi)
