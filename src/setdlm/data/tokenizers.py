@@ -62,8 +62,8 @@ class Tokenizer:
         self.prompt_end = prompt_end or None
         self.tokens = {"bos": bos, "eos": eos, "pad": pad, "mask": mask, "unk": unk}
         for role, tok in self.tokens.items():
-            if tok is not None and backend.token_to_id(tok) is None:
-                raise UserError(f"{role} token {tok!r} is not in the tokenizer's vocabulary")
+            if tok is not None:
+                _token_id(backend, tok, role)
         if mask is None:  # diffusion needs a MASK token: add one
             name = MASK
             while backend.token_to_id(name) is not None:
@@ -72,7 +72,7 @@ class Tokenizer:
             self.tokens["mask"] = name
         backend.encode_special_tokens = True  # text never becomes a special token
         if self.prompt == "bos" and bos is not None and backend.post_processor is None:
-            backend.post_processor = bos_processor(bos, backend.token_to_id(bos))
+            backend.post_processor = bos_processor(bos, _token_id(backend, bos, "bos"))
         self._chars = _char_table(backend, self.special_ids) if kind == "char" else None
         self._with_specials: _HFTokenizer | None = None
 
@@ -88,7 +88,10 @@ class Tokenizer:
 
     @property
     def mask_token_id(self) -> int:
-        return self._id("mask")
+        mask = self.tokens["mask"]
+        if mask is None:  # __init__ adds one; only a caller that cleared ``tokens["mask"]`` gets here
+            raise UserError("the tokenizer has no MASK token")
+        return _token_id(self.backend, mask, "mask")
 
     @property
     def bos_token_id(self) -> int | None:
@@ -110,7 +113,7 @@ class Tokenizer:
         """Token ids of ``text``; ``add_special_tokens``: apply the tokenizer's post-processor (a Hugging Face
         tokenizer's BOS/EOS as its ``add_bos_token``/``add_eos_token`` say; setdlm's own have none)."""
         if self._chars is not None:
-            return self._encode_chars(text).tolist()
+            return self._encode_chars(text, self._chars).tolist()
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_special(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -125,15 +128,23 @@ class Tokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         if self._chars is not None:
-            return [self._encode_chars(t).tolist() for t in texts]
+            return [self._encode_chars(t, self._chars).tolist() for t in texts]
         return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
 
-    def _encode_chars(self, text: str) -> np.ndarray:
-        """Character tokenizer, vectorised: the same ids as the backend (tested), ~100x faster."""
-        cps, ids = self._chars
+    def _encode_chars(self, text: str, chars: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """Character tokenizer, vectorised over ``chars`` (:func:`_char_table`): the same ids as the backend
+        (tested), ~100x faster. A character outside the table is the UNK token; without one (a loaded folder
+        naming none), the backend encodes the text (its model's own unknown token, or its error)."""
+        cps, ids = chars
         cp = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")  # (n,) code points
         pos = np.searchsorted(cps, cp).clip(max=len(cps) - 1)
-        return np.where(cps[pos] == cp, ids[pos], self._id("unk"))
+        known = cps[pos] == cp
+        unk = self._id("unk")
+        if unk is not None:
+            return np.where(known, ids[pos], unk)
+        if known.all():
+            return ids[pos]
+        return np.array(self.backend.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         ids = [int(i) for i in ids]
@@ -185,6 +196,14 @@ def bos_processor(bos: str, bos_id: int) -> processors.TemplateProcessing:
     """The post-processor of a tokenizer whose prompts start with BOS: ``[BOS] + ids`` (a pair: ``[BOS] + a +
     b``), what ``transformers`` applies with ``add_special_tokens=True`` (setdlm's string path, docs/pretrained.md)."""
     return processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B:1", special_tokens=[(bos, bos_id)])
+
+
+def _token_id(backend: _HFTokenizer, tok: str, role: str) -> int:
+    """The id of special token ``tok`` (its ``role``), or a :class:`UserError` where it is not in the vocabulary."""
+    i = backend.token_to_id(tok)
+    if i is None:
+        raise UserError(f"{role} token {tok!r} is not in the tokenizer's vocabulary")
+    return i
 
 
 def _char_table(backend: _HFTokenizer, special: set[int]) -> tuple[np.ndarray, np.ndarray]:
