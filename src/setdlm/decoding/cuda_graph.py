@@ -25,10 +25,16 @@ host inside its forward (GPT-2's position check does: graph GPT-2 models eagerly
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
+from ..backbone import Backbone
 from ..model import KVCache, mask_to_buffer
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
 
 
 def bucket(n: int) -> int:
@@ -39,23 +45,24 @@ def bucket(n: int) -> int:
 class _Graph:
     """One captured forward and the buffers it reads and writes."""
 
+    graph: torch.cuda.CUDAGraph  # set by GraphedBackbone._capture, which alone makes a _Graph
+    out: Tensor  # the logits the graph writes (set with ``graph``)
+
     def __init__(self, ids: Tensor, pos: Tensor, mask: Tensor, keep: Tensor):
         self.ids, self.pos, self.mask, self.keep = ids.clone(), pos.clone(), mask.clone(), keep.clone()
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.out: Tensor | None = None
 
 
 class GraphedBackbone(nn.Module):
     """A backbone whose cached decoding forwards use a static-capacity cache, captured in CUDA graphs on CUDA
     (module docstring). ``capture``: None = on CUDA devices only; False = static cache, eager (the CPU)."""
 
-    def __init__(self, inner: nn.Module, capture: bool | None = None):
+    def __init__(self, inner: Backbone, capture: bool | None = None):
         super().__init__()
-        self.inner = inner
+        self.inner: Backbone = inner  # an nn.Module honouring the contract: registered as a submodule
         self.capture = capture
         self.graphs: dict[tuple, _Graph] = {}
         self.seen: set[tuple] = set()  # shapes run once: a shape is captured the second time it comes
-        self.pool = None  # one memory pool shared by the graphs
+        self.pool: _POOL_HANDLE | None = None  # one memory pool shared by the graphs
         self.replays = 0  # forwards served by a replayed graph (for tests and benchmarks)
         self.train(inner.training)
 
@@ -79,6 +86,9 @@ class GraphedBackbone(nn.Module):
         B, T = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
+        if attn_mask is None:  # the cache's width (contract coordinates) is read from the mask's shape
+            raise ValueError("GraphedBackbone: a forward with a static cache needs the decoder's attention mask "
+                             f"(B, 1|H, {T}, C+{T})")
         C = attn_mask.shape[-1] - T  # the caller's cache width (contract coordinates), known from the shape
         if C + T > cache.capacity:  # outgrown: the next bucket (the storage moves, so graphs are captured anew)
             cache._ensure(bucket(C + T))
