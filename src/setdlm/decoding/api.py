@@ -32,9 +32,9 @@ from ..errors import InputWarning, UserError
 from ..resources import check_fits
 from ..seeds import check_seed
 from . import ar, bd3lm, mdlm, setdlm, speculative, speculative_drafter, speculative_next_token
-from .output import GenerationOutput
+from .output import GenerationOutput, StepTrace
 from .settings import DecodeSettings, default_max_new_tokens, drafts, warn_unused_layout, warn_wide_window
-from .state import DecodeConfig, Decoder, DecodeState, Mode, stop_index
+from .state import DecodeConfig, Decoder, DecodeState, Mode, RowResult, stop_index
 from .structured.cfg import left_to_right
 from .structured.enforce import row_constraints
 
@@ -216,18 +216,18 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
     try:
         with torch.inference_mode():
             for lo in range(0, B, bs):
-                rows = list(range(lo, min(lo + bs, B)))
-                gens = None if seeds is None else [torch.Generator(device=device).manual_seed(seeds[i]) for i in rows]
-                st = DecodeState([sequences[i] for i in rows], [targets[i] for i in rows], cfg, index=rows,
+                chunk = list(range(lo, min(lo + bs, B)))
+                gens = None if seeds is None else [torch.Generator(device=device).manual_seed(seeds[i]) for i in chunk]
+                st = DecodeState([sequences[i] for i in chunk], [targets[i] for i in chunk], cfg, index=chunk,
                                  generators=gens, device=device,
-                                 constraints=None if constraints is None else [constraints[i] for i in rows])
+                                 constraints=None if constraints is None else [constraints[i] for i in chunk])
                 _decode_chunk(backbone, st, fam, times, None if bar.disable else bar, n_targets)
                 results.update(st.results)
                 forwards += st.forwards
     except KeyboardInterrupt:  # Ctrl-C: keep the rows that had finished
         done = {**results, **(st.results if st is not None else {})}
-        texts = {i: row_text(model.tokenizer, r, stops) for i, r in done.items()} if model.tokenizer else None
-        raise DecodingInterrupted({i: r.tokens for i, r in done.items()}, texts, B) from None
+        done_texts = {i: row_text(model.tokenizer, r, stops) for i, r in done.items()} if model.tokenizer else None
+        raise DecodingInterrupted({i: r.tokens for i, r in done.items()}, done_texts, B) from None
     finally:
         backbone.train(was_training)
         bar.close()
@@ -240,7 +240,17 @@ def _run(model, sequences, targets, settings: DecodeSettings, *, mode, seed, bat
                             finish_reason=[r.finish_reason for r in rows], nfe=forwards,
                             row_nfe=[r.nfe for r in rows], row_committed=[r.committed for r in rows],
                             seconds=seconds,
-                            trace=[r.trace for r in rows] if trace else None)
+                            trace=_traces(rows) if trace else None)
+
+
+def _traces(rows: list[RowResult]) -> list[list[StepTrace]]:
+    """Each row's steps, of a call decoded with ``trace`` (every row then has them)."""
+    out = []
+    for r in rows:
+        if r.trace is None:
+            raise RuntimeError("a row decoded with trace=True has no trace")
+        out.append(r.trace)
+    return out
 
 
 class DecodingInterrupted(KeyboardInterrupt):

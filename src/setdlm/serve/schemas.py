@@ -388,9 +388,10 @@ def _messages_ids(body: dict, model, tools: Tools | None = None) -> list[int]:
     if not template:
         raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions with a prompt",
                        "messages")
-    extra = {"tools": list(tools.listed)} if tools is not None else {}
     try:  # the library's chat path (setdlm.chat): template special tokens as their ids, no extra BOS
-        ids = chat_prompt(model.tokenizer, normalize(msgs, template), **extra)
+        messages = normalize(msgs, template)
+        ids = chat_prompt(model.tokenizer, messages) if tools is None else \
+            chat_prompt(model.tokenizer, messages, tools=list(tools.listed))
     except BadTools as e:
         raise APIError(400, str(e), e.param) from None
     except ValueError as e:
