@@ -250,7 +250,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float | None = None,
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | MaskRule | None, *, scale: float | None = None,
               dropout_p: float = 0.0, wide: bool = False) -> Tensor:
     """The one place the attention kernel is chosen: PyTorch SDPA with a boolean mask, scale 1/√hd unless
     given, optional dropout on the attention probabilities (pretrained backbones that train with it).

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
@@ -38,7 +39,8 @@ from torch.utils.checkpoint import checkpoint
 from ..data.tokenizers import ROLES, Tokenizer
 from ..errors import UserError
 from ..mask_rules import MaskRule
-from ..model import KVCache, apply_rope, attention, begin_step, end_step
+from ..model import CacheStep, KVCache, apply_rope, attention, begin_step, end_step
+from .hf_modules import GPT2Block, LlamaLayer, Norm, Projection, causal_lm, gpt2, llama
 from .hub import HubUnreachableError, hub_reachable, is_connection_failure
 
 LLAMA_LIKE = ("llama", "qwen2", "qwen3")
@@ -55,7 +57,7 @@ class HFBackbone(nn.Module):
 
     def __init__(self, hf_model: nn.Module):
         super().__init__()
-        cfg = hf_model.config
+        cfg = causal_lm(hf_model).config
         kind = getattr(cfg, "model_type", None)
         if kind not in SUPPORTED_MODEL_TYPES:
             raise UserError(f"unsupported model_type {kind!r}; the adapter supports "
@@ -69,16 +71,16 @@ class HFBackbone(nn.Module):
         self.grad_checkpointing = False  # recompute each layer in the backward pass (setdlm train --grad-checkpointing)
         self.wide_attention = False  # float64 attention (set by setdlm.formats.quantize: see setdlm.model.attention)
         # int8: each decoder layer as one compiled op, the same numbers (set by setdlm.formats.fused.prepare)
-        self.fused_layers: list | None = None
+        self.fused_layers: list[Callable[..., Tensor]] | None = None
         self.training = hf_model.training  # wrapping changes no mode (dropout stays off for an eval model)
         self.kind = kind
         self.runner = runner  # the forward of this architecture, chosen once (LlamaRunner, GPT2Runner)
-        self.n_layers = cfg.num_hidden_layers
+        self.n_layers: int = cfg.num_hidden_layers
         self.n_kv_heads, self.head_dim = runner.kv_heads(hf_model)
 
     @property
     def vocab_size(self) -> int:
-        return self.hf.get_output_embeddings().out_features
+        return causal_lm(self.hf).get_output_embeddings().out_features
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -109,9 +111,9 @@ class HFBackbone(nn.Module):
         x = self.runner.layers(self, input_ids, position_ids, step, cache)  # (B, T, d)
         end_step(cache, step, keep)
         h = self.runner.final_norm(self, x[:, logits_start:])  # (B, T', d)
-        return self.hf.lm_head(h)  # (B, T', V)
+        return causal_lm(self.hf).lm_head(h)  # (B, T', V)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, layer: int, step, cache: KVCache | None,
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, layer: int, step: CacheStep, cache: KVCache | None,
                 scale: float, dropout_p: float) -> Tensor:
         """Cache the new keys/values (KV heads), attend with the step's boolean mask. q: (B, H, T, hd);
         k, v: (B, Hkv, T, hd) → (B, T, H·hd).
@@ -132,7 +134,7 @@ class HFBackbone(nn.Module):
                       wide=wide).to(dtype)  # GQA inside
         return y.transpose(1, 2).reshape(B, T, H * hd)  # (B, T, H·hd)
 
-    def _llama_layers(self, input_ids: Tensor, position_ids: Tensor, step, cache: KVCache | None,
+    def _llama_layers(self, input_ids: Tensor, position_ids: Tensor, step: CacheStep, cache: KVCache | None,
                       taps: dict[int, Tensor | None] | None = None) -> Tensor:
         """The Llama-family decoder layers' output (B, T, d) (:meth:`LlamaRunner.layers`; ``taps``: a drafter's
         features, :mod:`setdlm.formats.drafted`)."""
@@ -148,10 +150,11 @@ class HFBackbone(nn.Module):
         ``c_attn`` is already fused and its MLP has no gate: nothing to do."""
         self.runner.fuse(self.hf)
 
-    def _fused(self, x: Tensor, cos: Tensor, step, cache: KVCache | None) -> list | None:
-        """:attr:`fused_layers` where this forward is one they compute (as :meth:`LlamaRunner.layer` would, on the
-        path of fused int8 projections and float64 attention): a decode against a contiguous cache, float32
-        activations, a boolean mask or none; else None."""
+    def _fused(self, x: Tensor, cos: Tensor, step: CacheStep,
+               cache: KVCache | None) -> tuple[list[Callable[..., Tensor]], KVCache] | None:
+        """(:attr:`fused_layers`, the cache) where this forward is one they compute (as :meth:`LlamaRunner.layer`
+        would, on the path of fused int8 projections and float64 attention): a decode against a contiguous cache,
+        float32 activations, a boolean mask or none; else None."""
         if self.fused_layers is None or cache is None or cache.static or self.training or not self.wide_attention:
             return None
         if x.dtype != torch.float32 or cos.dtype != torch.float32 or isinstance(step.mask, MaskRule):
@@ -160,9 +163,9 @@ class HFBackbone(nn.Module):
             return None
         if not all(t.is_contiguous() for t in (*cache.k[: self.n_layers], *cache.v[: self.n_layers])):
             return None
-        return self.fused_layers
+        return self.fused_layers, cache
 
-    def _run_layer(self, fn, *args) -> Tensor:
+    def _run_layer(self, fn: Callable[..., Tensor], *args: object) -> Tensor:
         """``fn(*args)``, under activation checkpointing when :attr:`grad_checkpointing` is on, the
         backbone trains and no cache is written (a recomputation would append to the cache twice)."""
         cache = args[-1]
@@ -186,24 +189,25 @@ class LlamaRunner:
     @staticmethod
     def kv_heads(hf_model: nn.Module) -> tuple[int, int]:
         """(KV heads, head size) of the cache."""
-        attn = hf_model.model.layers[0].self_attn
+        attn = llama(hf_model).model.layers[0].self_attn
         return attn.k_proj.out_features // attn.head_dim, attn.head_dim
 
     @staticmethod
-    def layers(b: HFBackbone, input_ids: Tensor, position_ids: Tensor, step, cache: KVCache | None,
+    def layers(b: HFBackbone, input_ids: Tensor, position_ids: Tensor, step: CacheStep, cache: KVCache | None,
                taps: dict[int, Tensor | None] | None = None) -> Tensor:
         """The decoder layers' output (B, T, d); ``taps``: {layer index: None} filled with those layers' outputs
         (a drafter's features, :mod:`setdlm.formats.drafted`)."""
-        base = b.hf.model
+        base = llama(b.hf).model
         x = base.embed_tokens(input_ids)  # (B, T, d)
         cos, sin = base.rotary_emb(x, position_ids)  # (B, T, hd) each, the model's own RoPE variant
         cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, hd)
         fused = b._fused(x, cos, step, cache)
         if fused is not None:  # the step's cache rows and float64 mask, made once for every layer
-            flat, mask = step.flat_write_idx(b.n_kv_heads, cache.capacity), step.additive_mask(torch.float64)
+            ops, kv = fused
+            flat, mask = step.flat_write_idx(b.n_kv_heads, kv.capacity), step.additive_mask(torch.float64)
         for i, layer in enumerate(base.layers):
             if fused is not None:  # the same layer as one op (setdlm.formats.fused), the same bits
-                x = fused[i](x, cos, sin, cache.k[i], cache.v[i], flat, step.width, mask)
+                x = ops[i](x, cos, sin, kv.k[i], kv.v[i], flat, step.width, mask)
             else:
                 x = b._run_layer(LlamaRunner.layer, b, layer, i, x, cos, sin, step, cache)
             if taps is not None and i in taps:
@@ -211,7 +215,7 @@ class LlamaRunner:
         return x
 
     @staticmethod
-    def layer(b: HFBackbone, layer: nn.Module, i: int, x: Tensor, cos: Tensor, sin: Tensor, step,
+    def layer(b: HFBackbone, layer: LlamaLayer, i: int, x: Tensor, cos: Tensor, sin: Tensor, step: CacheStep,
               cache: KVCache | None) -> Tensor:
         """One Llama/Qwen decoder layer on x (B, T, d) → (B, T, d)."""
         B, T, _ = x.shape
@@ -250,12 +254,12 @@ class LlamaRunner:
 
     @staticmethod
     def final_norm(b: HFBackbone, x: Tensor) -> Tensor:
-        return rms_norm(b.hf.model.norm, x)
+        return rms_norm(llama(b.hf).model.norm, x)
 
     @staticmethod
     def fuse(hf_model: nn.Module) -> None:
         """q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj`` (:meth:`HFBackbone.fuse_projections`)."""
-        for layer in hf_model.model.layers:
+        for layer in llama(hf_model).model.layers:
             a, mlp = layer.self_attn, layer.mlp
             a.qkv_sizes = [a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features]
             a.qkv_proj = _concat_linear(a.q_proj, a.k_proj, a.v_proj)
@@ -276,12 +280,13 @@ class GPT2Runner:
 
     @staticmethod
     def kv_heads(hf_model: nn.Module) -> tuple[int, int]:
-        cfg = hf_model.config
+        cfg = causal_lm(hf_model).config
         return cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
 
     @staticmethod
-    def layers(b: HFBackbone, input_ids: Tensor, position_ids: Tensor, step, cache: KVCache | None) -> Tensor:
-        base = b.hf.transformer
+    def layers(b: HFBackbone, input_ids: Tensor, position_ids: Tensor, step: CacheStep,
+               cache: KVCache | None) -> Tensor:
+        base = gpt2(b.hf).transformer
         n_pos = base.wpe.num_embeddings
         if position_ids.numel() and (int(position_ids.max()) >= n_pos or int(position_ids.min()) < 0):
             raise UserError(f"GPT-2 position ids must lie in [0, {n_pos}), got max {int(position_ids.max())}")
@@ -291,11 +296,11 @@ class GPT2Runner:
         return x
 
     @staticmethod
-    def block(b: HFBackbone, block: nn.Module, i: int, x: Tensor, step, cache: KVCache | None) -> Tensor:
+    def block(b: HFBackbone, block: GPT2Block, i: int, x: Tensor, step: CacheStep, cache: KVCache | None) -> Tensor:
         """One GPT-2 block on x (B, T, d) → (B, T, d)."""
         B, T, d = x.shape
         H, hd = d // b.head_dim, b.head_dim
-        cfg = b.hf.config
+        cfg = causal_lm(b.hf).config
         a = block.attn
         q, k, v = a.c_attn(block.ln_1(x)).split(d, dim=2)  # (B, T, d) each
         q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
@@ -308,7 +313,7 @@ class GPT2Runner:
 
     @staticmethod
     def final_norm(b: HFBackbone, x: Tensor) -> Tensor:
-        return b.hf.transformer.ln_f(x)
+        return gpt2(b.hf).transformer.ln_f(x)
 
     @staticmethod
     def fuse(hf_model: nn.Module) -> None:
@@ -319,7 +324,7 @@ class GPT2Runner:
 RUNNERS: dict[str, type[LlamaRunner] | type[GPT2Runner]] = {**{t: LlamaRunner for t in LLAMA_LIKE}, "gpt2": GPT2Runner}
 
 
-def rms_norm(norm: nn.Module, x: Tensor) -> Tensor:
+def rms_norm(norm: Norm, x: Tensor) -> Tensor:
     """``norm(x)`` for a Llama/Qwen RMSNorm module: in float32 as one ``F.rms_norm`` call, which computes what the
     module's own forward does (``x · rsqrt(mean(x²) + eps) · weight``, tested equal bit for bit) in one op
     instead of seven; other dtypes (the module upcasts to float32 inside) and other norms run the module."""
@@ -329,8 +334,11 @@ def rms_norm(norm: nn.Module, x: Tensor) -> Tensor:
     return F.rms_norm(x, (x.shape[-1],), norm.weight, eps)
 
 
-def _concat_linear(*layers: nn.Linear) -> nn.Linear:
-    """One ``nn.Linear`` whose output is the outputs of ``layers`` (same input) side by side."""
+def _concat_linear(*projections: Projection) -> nn.Linear:
+    """One ``nn.Linear`` whose output is the outputs of ``projections`` (same input) side by side."""
+    layers = [m for m in projections if isinstance(m, nn.Linear)]
+    if len(layers) < len(projections):
+        raise UserError("fuse_projections fuses float nn.Linear layers: fuse before quantizing")
     fused = nn.Linear(layers[0].in_features, sum(m.out_features for m in layers), bias=layers[0].bias is not None,
                       device=layers[0].weight.device, dtype=layers[0].weight.dtype)
     with torch.no_grad():
@@ -351,12 +359,12 @@ def add_mask_token(model: nn.Module, tokenizer, mask_token: str = DEFAULT_MASK_T
     token keeps it. Models whose embedding matrix has spare rows (Qwen) need no resize."""
     if tokenizer.mask_token_id is None:
         tokenizer.add_special_tokens({"mask_token": mask_token})
-    mask_id = int(tokenizer.mask_token_id)
-    old = model.get_input_embeddings().num_embeddings
+    mask_id, lm = int(tokenizer.mask_token_id), causal_lm(model)
+    old = lm.get_input_embeddings().num_embeddings
     if mask_id >= old:
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        lm.resize_token_embeddings(len(tokenizer), mean_resizing=False)
         with torch.no_grad():  # new rows start at the mean of the old ones: deterministic, in distribution
-            for emb in {id(e): e for e in (model.get_input_embeddings(), model.get_output_embeddings())
+            for emb in {id(e): e for e in (lm.get_input_embeddings(), lm.get_output_embeddings())
                         if e is not None}.values():
                 emb.weight[old:] = emb.weight[:old].mean(0)
     return mask_id
@@ -425,7 +433,7 @@ def setdlm_tokenizer(tokenizer):
 
 def config_dict(backbone: HFBackbone) -> dict:
     """The wrapped model's ``transformers`` config as plain JSON (what a setdlm checkpoint records)."""
-    return json.loads(backbone.hf.config.to_json_string(use_diff=False))
+    return json.loads(causal_lm(backbone.hf).config.to_json_string(use_diff=False))
 
 
 def _no_init():
@@ -487,6 +495,6 @@ def load_pretrained(name_or_path: str, *, dtype: torch.dtype | None = None, devi
                 f"id needs network access; otherwise pass the path of a local folder holding the model (e.g. made "
                 f"elsewhere with `hf download {name_or_path} --local-dir DIR`)") from e
         raise
-    model = model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()  # type: ignore[call-arg]  # @wraps stub: self unbound
     backbone, mask_id = adapt(model, tokenizer, mask_token)
     return backbone, HFTokenizer(tokenizer), mask_id
