@@ -1,9 +1,9 @@
-"""Every output of the CFG engine valid or flagged (docs/decoding.md "Two engines"): llguidance's rows close their
-document within ``max_new_tokens`` (a closing is written once the positions left come within the reserve of it), a
-request whose empty output has no closing that fits is refused before decoding, and a row still cut is reported
-``"unfinished"`` (the server's ``"length"``), never as a whole document. A ConstraintCompiler keeps the refusals of
-its compile bounds, so a schema past a bound fails fast on the next request. Speculative decodes of a schema
-llguidance serves give the plain left-to-right outputs."""
+"""Every output of the CFG engine valid or refused (docs/decoding.md "Two engines"): llguidance's rows close their
+document within ``max_new_tokens`` (a closing is written once the positions left come within the reserve of it; a token
+after which none fits gives way to it: tests/decoding/test_constraint_cfg_closing.py), and a request whose empty output
+has no closing that fits is refused before decoding. A ConstraintCompiler keeps the refusals of its compile bounds, so a
+schema past a bound fails fast on the next request. Speculative decodes of a schema llguidance serves give the plain
+left-to-right outputs."""
 
 import dataclasses
 
@@ -26,6 +26,7 @@ from support import session_results, tiny  # noqa: E402
 from test_constraint_cfg import CHAR, SCHEMA, valid  # noqa: E402
 
 # an optional property whose value needs 37 characters at least: one token (its key's quote) grows the closing
+# past the reserve (tests/decoding/test_constraint_cfg_closing.py)
 GROWS = {"type": "object", "properties": {
     "x": {"type": "object", "properties": {k: {"type": "string", "pattern": "^[a-c]+(-[a-c]+)*$", "maxLength": 5}
                                            for k in ("aaaa", "bbbb", "cccc")},
@@ -49,16 +50,6 @@ def test_tight_budgets_close_the_document(budget, knobs):
 def test_a_budget_no_document_fits_is_refused_before_decoding():
     with pytest.raises(UserError, match="no match of at most 16 tokens"):
         generate(tiny("ar", CHAR, L=64, seed=3), ["a"], max_new_tokens=16, constraint=SCHEMA)
-
-
-def test_a_row_still_cut_is_reported_unfinished_never_as_a_document():
-    model = tiny("ar", CHAR, L=64, seed=3)
-    for budget in (12, 20, 40):
-        out = generate(model, PROMPTS, max_new_tokens=budget, constraint=GROWS, **SAMPLED)
-        for text, reason in zip(out.texts, out.finish_reason):
-            assert valid(text, GROWS) == (reason != "unfinished"), (budget, text, reason)
-        assert "unfinished" in out.finish_reason  # this random model opens "x" where it cannot fit
-    assert generate(model, ["y"], max_new_tokens=40, constraint=GROWS, temperature=1.0, seed=4).finish_reason == ["eos"]
 
 
 def test_speculative_decodes_under_a_tight_budget_give_the_left_to_right_outputs():

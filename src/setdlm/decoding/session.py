@@ -44,7 +44,7 @@ class RowDone:
 
     tokens: list[int]  # generated tokens (an ending EOS or stop string's tokens included, as generate)
     text: str | None  # the text (EOS and stop string excluded); None without a tokenizer
-    finish_reason: str  # "eos" | "stop" | "length" | "unfinished" (GenerationOutput's)
+    finish_reason: str  # "eos" | "stop" | "length" (GenerationOutput's)
     nfe: int  # forwards this row took part in (prefill excluded)
     committed: int  # tokens committed, including any past an EOS or stop string
 

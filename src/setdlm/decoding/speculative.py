@@ -57,7 +57,7 @@ from ..errors import UserError
 from ..masks import speculative_step_mask, with_cache
 from .sampling import process_logits, propose
 from .state import DecodeState, RowTensors, prefill as prefill_positions
-from .structured.enforce import allowed_given_drafts
+from .structured.enforce import allowed_given_drafts, vet_verified
 
 if TYPE_CHECKING:
     from .settings import VerifyLayout
@@ -222,6 +222,8 @@ def verify(st: DecodeState, kept: Tensor, v_pos: Tensor, v_ok: Tensor, v_tok: Te
     is_draft = drafted.gather(1, v_pos) & v_ok  # (B, K+1) verifiers whose position holds a draft
     d_tok = draft.gather(1, v_pos)
     acc = (is_draft & (v_tok == d_tok)).long().cumprod(-1).sum(-1)  # (B,) accepted drafts, a prefix
+    if st.constraints is not None:  # a CFG row's tokens vetted in order, as the left-to-right decode commits them
+        acc = vet_verified(st.constraints, v_ok, v_tok, is_draft, d_tok, acc)
     commit = v_ok & (h <= acc[:, None])  # (B, K+1) the accepted drafts and the verifier's next token
     st.cache.crop(kept + acc)  # keep the pending token and the accepted drafts
     st.write(v_tok, v_conf, commit, v_pos, v_ok, slot_pos, valid)

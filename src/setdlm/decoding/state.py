@@ -24,7 +24,7 @@ from torch import Tensor
 from ..masks import decode_block_mask, with_cache
 from .output import StepTrace
 from .sampling import Sampling, commit_rule, process_logits, propose
-from .structured.enforce import allowed_tokens, keep_jointly
+from .structured.enforce import allowed_tokens, keep_jointly, vet_commits
 
 
 Mode = Literal["generate", "fill"]  # generate: new tokens after a prompt; fill: the MASKs of a canvas (infill)
@@ -79,7 +79,7 @@ class RowTensors:
 class RowResult:
     tokens: list[int]
     sequence: list[int]
-    finish_reason: str  # "eos" | "stop" | "length" | "unfinished" | "done" (GenerationOutput's)
+    finish_reason: str  # "eos" | "stop" | "length" | "done" (GenerationOutput's)
     nfe: int
     committed: int
     trace: list[StepTrace] | None
@@ -208,12 +208,14 @@ class DecodeState:
             allowed = allowed_tokens(self.constraints, self.tokens, self.masked, qpos, qvalid, logits.shape[-1])
         tok, conf = propose(logits, qvalid, s, self.generators, self.seen, gen_len, allowed)  # (B, Q) each
         commit = commit_rule(conf, qvalid, s.threshold)  # (B, Q)
+        replaced = None  # (B, Q) where a CFG row put its closing's next token instead (docs/decoding.md "Two engines")
         if allowed is not None:  # a set is kept only as far as its members fit the constraint together
             commit = keep_jointly(self.constraints, self.tokens, self.masked, qpos, tok, conf, commit)
+            replaced = vet_commits(self.constraints, qpos, tok, commit)
         bound = None  # (B, Q) where the constraint overrode the model's own first choice (for the trace)
         if allowed is not None and self.traces is not None:
             free = logits.index_fill(-1, torch.tensor([s.mask_token_id], device=logits.device), float("-inf"))
-            bound = ~allowed.gather(-1, free.argmax(-1, keepdim=True))[..., 0]
+            bound = ~allowed.gather(-1, free.argmax(-1, keepdim=True))[..., 0] | replaced
         top = None  # (values, indices) (B, Q, k): the k most probable tokens of each query's distribution
         if self.cfg.top_logprobs and self.traces is not None:
             top = process_logits(logits, s, self.seen, gen_len, allowed).topk(self.cfg.top_logprobs, dim=-1)
@@ -330,7 +332,9 @@ class DecodeState:
             rc = self.constraints[b] if self.constraints is not None else None
             if rc is not None and not rc.complete(self.tokens[b, rc.start:rc.end].tolist(),
                                                   self.masked[b, rc.start:rc.end].tolist()):
-                reason = "unfinished"  # cut before its constraint's document closed (docs/decoding.md "Two engines")
+                # every committed prefix keeps a closing that fits (docs/decoding.md "Two engines"): never reached
+                raise RuntimeError(f"row {int(self.index[b])} reached max_new_tokens before its constraint's document "
+                                   f"closed: a broken invariant of {rc.engine}'s rows, not a finish reason")
         row = self.tokens[b, :length].tolist()
         tgt = self.target[b, :length].tolist()
         tokens = [t for i, (t, g) in enumerate(zip(row, tgt)) if g and i < end]

@@ -18,12 +18,19 @@ setdlm's own reason. Without llguidance everything is as it was.
 consumes each token the decode commits, in order (EOS ends the output; the positions after it are padding),
 and a speculative decode's drafts are consumed tentatively and rolled back. The allowed set keeps a prefix
 of a valid document; the matcher alone does not know whether the document can still close within
-``max_new_tokens``, as the automaton's reachability does. So each row keeps a *closing*: a token sequence
-from the committed prefix to an accepting end (found greedily and checked on a copy of the matcher, so it
-is an upper bound on the shortest one), and once the positions left come within :data:`RESERVE` tokens of
-it, the row writes it, token by token (docs/decoding.md "Two engines"). A request whose empty output has no
-closing within ``max_new_tokens`` is refused before decoding; a row that still ends unfinished (one token
-grew the closing past the reserve) reports it (:meth:`GrammarRow.complete`), never as a whole document.
+``max_new_tokens``, as the automaton's reachability does. So each row keeps an invariant: its committed prefix
+has a known *closing* (a token sequence to an accepting end, checked on a copy of the matcher) of at most the
+positions left. A request whose empty output has none is refused before decoding; after that, each token a
+decode chooses is vetted when it is committed (:meth:`GrammarRow.vet`, called by ``DecodeState.commit`` and by
+the speculative decodes' ``verify`` along their verified run): after the closing's own next token the rest of
+the closing fits; after any other token the greedy closing from there is searched within the positions left
+after it, and where none is found the row commits the closing's next token instead (deterministic, sampled or
+not; a speculative run is cut there, as at a rejected draft). So every accepted request ends on a whole
+document within ``max_new_tokens``: EOS at an accepting point, or the last position accepting. Once the
+positions left come within :data:`RESERVE` tokens of the closing's length, the mask itself allows only the
+closing's next token (docs/decoding.md "Two engines"). The closings are defined token by token from the
+committed prefix (:meth:`GrammarRow.closing_after`), so a speculative decode, which vets the same tokens,
+still gives the left-to-right output.
 """
 
 from __future__ import annotations
@@ -169,12 +176,15 @@ class GrammarRow:
             raise UserError(f"{constraint!r}: the CFG engine ({ENGINE}) failed: {why}", fields=(constraint.kind,))
         self.p = start  # first hole of the region: the tokens before it are consumed
         self.done = False  # an EOS was committed: the rest is padding
-        self.close: list[int] | None = None  # a closing from the state at p (None: not known)
+        # the closings known (:meth:`closing_after`): after the committed prefix and a run of tokens (the key),
+        # a closing of at most the positions left there, or None (none fits); () is the committed prefix's
+        self.ahead: dict[tuple[int, ...], list[int] | None] = {}
 
     def __copy__(self) -> GrammarRow:
         new = object.__new__(GrammarRow)
         new.__dict__.update(self.__dict__)
         new.m = self.m.deep_copy()
+        new.ahead = dict(self.ahead)
         return new
 
     def _fail(self, what: str) -> RuntimeError:
@@ -187,25 +197,65 @@ class GrammarRow:
             t = tokens[self.p - self.start]
             if not self.done and t in self.eos:
                 self.done = True
-            elif not self.done and not self.m.consume_token(t):
-                raise self._fail(f"rejected the committed token {t}")
-            self.close = self.close[1:] if self.close and self.close[0] == t else None
+            elif not self.done:
+                self.closing_after([t])  # the closing after t, by its rule, before the matcher moves
+                if not self.m.consume_token(t):
+                    raise self._fail(f"rejected the committed token {t}")
+            self.ahead = {k[1:]: c for k, c in self.ahead.items() if k and k[0] == t}
             self.p += 1
 
-    def _closing(self, limit: int) -> list[int] | None:
-        """Tokens that take the matcher from its state to an accepting one, at most ``limit`` of them, or None
-        when none is found: each step takes the token the matcher forces, else the first of :data:`CLOSERS` it
-        allows, else the longest token it allows (whitespace last); checked on a copy of the matcher, so what
-        it returns is a completion (an upper bound on the shortest one)."""
+    def closing_after(self, run: list[int]) -> list[int] | None:
+        """The closing after the committed prefix and ``run`` (tokens that follow it, no EOS among them), of at
+        most the positions left after them, or None where none fits. It is defined token by token, so that every
+        decode that reaches a prefix, left to right or speculative, knows the same one: the committed prefix's is
+        the greedy closing (:meth:`_closing`); after a token that is the first of the closing before it, the rest
+        of that closing; after any other token, the greedy closing from there. Kept in :attr:`ahead`."""
+        key: tuple[int, ...] = ()
+        if key not in self.ahead:
+            self.ahead[key] = self._closing(self.end - self.p, [])
+        close = self.ahead[key]
+        for t in run:
+            prev, key = close, key + (t,)
+            if key not in self.ahead:
+                self.ahead[key] = prev[1:] if prev and prev[0] == t else self._closing(
+                    self.end - self.p - len(key), list(key))
+            close = self.ahead[key]
+        return close
+
+    def vet(self, run: list[int], t: int) -> int:
+        """The token to commit where a decode chose ``t`` after the committed prefix and ``run`` (the tokens it
+        commits before ``t`` in the same step): ``t`` when a closing of at most the positions left after it is
+        known (:meth:`closing_after`), else the first token of the closing before it (EOS where that is empty),
+        which keeps one by construction. So every committed prefix keeps a closing that fits in the positions
+        left, and the region ends on a whole document (docs/decoding.md "Two engines")."""
+        if self.done or t in self.eos or any(x in self.eos for x in run) or self.p + len(run) >= self.end:
+            return t
+        close = self.closing_after(run)
+        if close is None or self.closing_after(run + [t]) is not None:
+            return t  # None: a tentative prefix past the invariant, which no decode commits
+        return close[0] if close else self.eos[0]
+
+    def _closing(self, limit: int, run: list[int]) -> list[int] | None:
+        """Tokens that take the matcher from its state after ``run`` to an accepting one, at most ``limit`` of
+        them, or None when none is found (``run`` rejected included): each step takes the token the matcher
+        forces, else the first of :data:`CLOSERS` it allows, else the longest token it allows (whitespace last),
+        never an EOS id (one ends the output); checked on a copy of the matcher, so what it returns is a
+        completion (an upper bound on the shortest one)."""
+        if limit < 0:
+            return None
         m, out = self.m.deep_copy(), list[int]()
+        if run and (m.validate_tokens(run) < len(run) or not m.consume_tokens(run)):
+            return None
         while not m.is_accepting():
             if len(out) >= limit or m.is_error():
                 return None
             forced = m.compute_ff_tokens()
-            if forced and forced[0] < self.text.numel() and int(self.info.length[forced[0]]):
+            if forced and forced[0] < self.text.numel() and int(self.info.length[forced[0]]) \
+                    and forced[0] not in self.eos:
                 t = forced[0]
             else:
                 bits = self._bits(m)
+                bits[[e for e in self.eos if e < bits.numel()]] = False
                 t = next((c for c in self.info.closers if bits[c]), -1)
                 if t < 0:
                     if not bool(bits.any()):
@@ -224,9 +274,7 @@ class GrammarRow:
             return False
         if not all(holes[self.p - self.start:]):
             return True
-        if self.close is None:
-            self.close = self._closing(self.end - self.p)
-        return self.close is not None
+        return self.closing_after([]) is not None
 
     def complete(self, tokens: list[int], holes: list[bool]) -> bool:
         """Is the region, all of it committed, a whole document: did an EOS end it, or does the matcher accept?"""
@@ -259,27 +307,25 @@ class GrammarRow:
             return mask
         if self.m.validate_tokens(run) < len(run):
             return mask
-        if run and not self.m.consume_tokens(run):
-            raise self._fail("rejected a draft it had validated")
-        try:
-            row = self._row(self.end - h, V, tentative=bool(run))
-        finally:
-            if run and not self.m.rollback(len(run)):
-                raise self._fail("could not roll back a draft")
+        row = self._row(run, V)
         for k, q in enumerate(queries):
             if q == h:
                 mask[k] = row
         return mask
 
-    def _row(self, left: int, V: int, tentative: bool) -> Tensor:
-        """(V,) bool: the closing's next token (EOS where it is empty) when ``left`` positions are at most its
-        length plus :data:`RESERVE`, else the matcher's set (:meth:`_mask`). ``tentative``: the matcher holds
-        drafts (the closing of the committed prefix is not theirs)."""
-        close = self._closing(left) if tentative or self.close is None else self.close
-        if not tentative:
-            self.close = close
-        if close is None or left - len(close) > RESERVE:
-            return self._mask(V)
+    def _row(self, run: list[int], V: int) -> Tensor:
+        """(V,) bool after the committed prefix and ``run`` (drafts the grammar accepts): the closing's next token
+        (EOS where it is empty) when the positions left are at most its length plus :data:`RESERVE`, else the
+        matcher's set (:meth:`_mask`, with ``run`` consumed and rolled back)."""
+        close = self.closing_after(run)
+        if close is None or self.end - self.p - len(run) - len(close) > RESERVE:
+            if run and not self.m.consume_tokens(run):
+                raise self._fail("rejected a draft it had validated")
+            try:
+                return self._mask(V)
+            finally:
+                if run and not self.m.rollback(len(run)):
+                    raise self._fail("could not roll back a draft")
         out = torch.zeros(V, dtype=torch.bool)
         if close:
             out[close[0]] = True

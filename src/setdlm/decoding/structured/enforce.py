@@ -318,3 +318,52 @@ def allowed_given_drafts(rows: list[RowConstraint | None], tokens: Tensor, maske
             holes_h = [hole and not s for hole, s in zip(holes, seen)]
             allowed[b, ks] = rc.allowed_now(t_h, holes_h, qpos[b, ks].tolist(), V)
     return allowed.to(qpos.device)
+
+
+def vet_commits(rows: list[RowConstraint | GrammarRow | None], qpos: Tensor, tok: Tensor, commit: Tensor) -> Tensor:
+    """(B, Q) bool: where a left-to-right decode's commit (``DecodeState.commit``: one query per row, at its first
+    hole) had its token ``tok`` replaced, in place, by a CFG row's :meth:`GrammarRow.vet
+    <setdlm.decoding.structured.cfg.GrammarRow.vet>`: a token after which no closing fits in the positions left
+    gives way to the closing's next token (docs/decoding.md "Two engines"). The automaton's rows are exact
+    already: never touched."""
+    replaced = torch.zeros_like(commit)
+    for b, rc in enumerate(rows):
+        if not isinstance(rc, GrammarRow):
+            continue
+        for k in torch.nonzero(commit[b]).flatten().tolist():
+            q, t = int(qpos[b, k]), int(tok[b, k])
+            if not rc.start <= q < rc.end:
+                continue
+            if q != rc.p:
+                raise RuntimeError(f"the CFG engine ({ENGINE}) serves left-to-right decodes only: a commit at {q}, "
+                                   f"past the first hole {rc.p}")
+            new = rc.vet([], t)
+            if new != t:
+                tok[b, k], replaced[b, k] = new, True
+    return replaced
+
+
+def vet_verified(rows: list[RowConstraint | GrammarRow | None], v_ok: Tensor, v_tok: Tensor, is_draft: Tensor,
+                 d_tok: Tensor, acc: Tensor) -> Tensor:
+    """The accepted drafts (B,) of a speculative step (``decoding/speculative.py``'s ``verify``) once each CFG row
+    has vetted its verifiers' tokens ``v_tok`` (B, K+1) in order, as the left-to-right decode would commit them
+    (:func:`vet_commits`): a token replaced by its closing's next token is written in place, and the drafts are
+    accepted while each equals the (vetted) verifier's token, so the run stops where the left-to-right decode's
+    tokens leave the draft. ``acc``: the step's own count, kept for every other row."""
+    acc = acc.clone()
+    for b, rc in enumerate(rows):
+        if not isinstance(rc, GrammarRow):
+            continue
+        ok, toks, drafts, known = v_ok[b].tolist(), v_tok[b].tolist(), d_tok[b].tolist(), is_draft[b].tolist()
+        run: list[int] = []
+        for i, t in enumerate(toks):
+            if not ok[i]:
+                break
+            new = rc.vet(run, t)
+            if new != t:
+                v_tok[b, i] = new
+            if not (known[i] and drafts[i] == new):
+                break
+            run.append(new)
+        acc[b] = len(run)
+    return acc
