@@ -27,13 +27,16 @@ at ``a .. a+w−1`` sees the features ``c_t, t < a`` and predicts ``x_{a+1} .. x
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .errors import UserError
+from .formats.hf_modules import Embedding, LlamaLayer, Rotary
 from .model import apply_rope
 
 
@@ -58,8 +61,8 @@ class DrafterConfig:
             raise UserError(f"the drafter needs at least one layer, got n_layers={self.n_layers}")
         if self.window < 2:
             raise UserError(f"the drafter's window must be >= 2 (a committed token and a mask), got {self.window}")
-        if not self.feature_layers:
-            raise UserError("feature_layers must name at least one base layer")
+        if not self.feature_layers or min(self.feature_layers) < 0:
+            raise UserError(f"feature_layers must name base layers (0-based), got {self.feature_layers}")
         if self.n_heads % self.n_kv_heads:
             raise UserError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
 
@@ -128,6 +131,8 @@ class SetDrafter(nn.Module):
     embedding and the draft vocabulary (``vocab_map``: draft index → token id). The token embeddings, RoPE and
     output head rows come from the base at call time."""
 
+    vocab_map: Tensor  # a buffer (draft vocabulary,) long
+
     def __init__(self, c: DrafterConfig):
         super().__init__()
         self.config = c
@@ -138,13 +143,17 @@ class SetDrafter(nn.Module):
         self.mask_embed = nn.Parameter(torch.zeros(d))
         self.register_buffer("vocab_map", torch.zeros(c.vocab_size, dtype=torch.long))
 
+    @property
+    def _blocks(self) -> Sequence[DrafterLayer]:
+        return cast(Sequence[DrafterLayer], self.layers)  # the nn.ModuleList (not generic) of DrafterLayers above
+
     def context(self, feats: list[Tensor]) -> Tensor:
         """The context features (B, T, d) from the base's hidden states at :attr:`DrafterConfig.feature_layers`."""
         return self.fuse(torch.cat(feats, -1))
 
     def context_kv(self, c: Tensor, cos: Tensor, sin: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Each layer's keys and values of the context features c (B, T, d)."""
-        return [layer.kv(c, cos, sin) for layer in self.layers]
+        return [layer.kv(c, cos, sin) for layer in self._blocks]
 
     def window(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: list[tuple[Tensor, Tensor]], mask: Tensor) -> Tensor:
         """The window's hidden states after the final norm (B, T, d). x: (B, T, d) its input embeddings."""
@@ -158,12 +167,12 @@ class SetDrafter(nn.Module):
         inv[self.vocab_map] = torch.arange(self.vocab_map.numel(), device=inv.device)
         return inv
 
-    def init_from_base(self, layers: list[nn.Module], final_norm: Tensor, mask_embedding: Tensor) -> None:
+    def init_from_base(self, layers: Sequence[LlamaLayer], final_norm: Tensor, mask_embedding: Tensor) -> None:
         """Start from the base: layer i copies the weights of ``layers[i]`` (HF Llama decoder layers, the base's
         last ones), the fusion passes the last feature through, the final norm and MASK embedding are the base's."""
         d = self.config.hidden_size
         with torch.no_grad():
-            for mine, theirs in zip(self.layers, layers):
+            for mine, theirs in zip(self._blocks, layers):
                 a, m = theirs.self_attn, theirs.mlp
                 mine.input_norm.copy_(theirs.input_layernorm.weight)
                 mine.post_norm.copy_(theirs.post_attention_layernorm.weight)
@@ -190,7 +199,7 @@ def window_mask(anchors: Tensor, valid: Tensor, n_ctx: int, w: int) -> Tensor:
 
 
 def window_loss(drafter: SetDrafter, feats: list[Tensor], tokens: Tensor, anchors: Tensor, valid: Tensor,
-                embed: nn.Module, rotary, head_weight: Tensor, decay: float = 0.8) -> tuple[Tensor, dict]:
+                embed: Embedding, rotary: Rotary, head_weight: Tensor, decay: float = 0.8) -> tuple[Tensor, dict]:
     """The drafter's objective (module docstring) on a batch.
 
     feats: the base's hidden states at the feature layers, each (B, N, d) (no gradient needed); tokens (B, N) the

@@ -23,9 +23,10 @@ from torch import Tensor, nn
 
 from ..drafter import DrafterConfig, SetDrafter
 from ..errors import UserError
-from ..model import KVCache, begin_step, end_step
+from ..model import CacheStep, KVCache, begin_step, end_step
 from .atomic import write_folder
 from .hf import HFBackbone, LlamaRunner
+from .hf_modules import causal_lm, llama
 
 FORMAT = "setdlm-drafter"
 
@@ -47,7 +48,7 @@ class DraftedBackbone(nn.Module):
                             f"base's ({base.n_kv_heads} of {base.head_dim}): they share one KV cache")
         self.base = base
         self.drafter = drafter
-        head = base.hf.get_output_embeddings().weight  # (V, d)
+        head = causal_lm(base.hf).get_output_embeddings().weight  # (V, d)
         self.draft_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False, dtype=head.dtype)
         with torch.no_grad():
             self.draft_head.weight.copy_(head[drafter.vocab_map])  # the draft vocabulary's rows of the head
@@ -80,21 +81,22 @@ class DraftedBackbone(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
         step = begin_step(cache, position_ids, attn_mask)
-        taps = {i: None for i in self.drafter.config.feature_layers} if cache is not None else None
-        x = self.base._llama_layers(input_ids, position_ids, step, cache, taps)  # (B, T, d)
+        taps: dict[int, Tensor | None] = dict.fromkeys(self.drafter.config.feature_layers)
+        x = self.base._llama_layers(input_ids, position_ids, step, cache, taps if cache is not None else None)
         if cache is not None:
             self._cache_context(taps, position_ids, step, cache)
         end_step(cache, step, keep)
-        h = self.base.hf.model.norm(x[:, logits_start:])
-        return self.base.hf.lm_head(h)  # (B, T', V)
+        hf = llama(self.base.hf)
+        return hf.lm_head(hf.model.norm(x[:, logits_start:]))  # (B, T', V)
 
     def features(self, input_ids: Tensor, attn_mask: Tensor | None = None) -> list[Tensor]:
         """The base's hidden states at the feature layers, each (B, T, d), for training (no cache, no logits)."""
         return base_features(self.base, input_ids, attn_mask, self.drafter.config.feature_layers)
 
-    def _cache_context(self, taps: dict, position_ids: Tensor, step, cache: KVCache) -> None:
-        c = self.drafter.context([taps[i] for i in self.drafter.config.feature_layers])  # (B, T, d)
-        cos, sin = self.base.hf.model.rotary_emb(c, position_ids)
+    def _cache_context(self, taps: dict[int, Tensor | None], position_ids: Tensor, step: CacheStep,
+                       cache: KVCache) -> None:
+        c = self.drafter.context(_tapped(taps, self.drafter.config.feature_layers, self.base.n_layers))  # (B, T, d)
+        cos, sin = llama(self.base.hf).model.rotary_emb(c, position_ids)
         for i, (k, v) in enumerate(self.drafter.context_kv(c, cos[:, None], sin[:, None])):
             cache.update(self.base.n_layers + i, k.to(cache.k[0].dtype), v.to(cache.k[0].dtype), step)
 
@@ -103,9 +105,10 @@ class DraftedBackbone(nn.Module):
         (their ids are ignored), at ``position_ids`` (B, T), over everything the cache holds. Writes nothing."""
         B, T = tokens.shape
         n, C = self.base.n_layers, cache.width
-        x = self.base.hf.model.embed_tokens(tokens)  # (B, T, d)
+        hf = llama(self.base.hf).model
+        x = hf.embed_tokens(tokens)  # (B, T, d)
         x = torch.cat([x[:, :1], self.drafter.mask_embed.to(x.dtype).expand(B, T - 1, -1)], 1)
-        cos, sin = self.base.hf.model.rotary_emb(x, position_ids)
+        cos, sin = hf.rotary_emb(x, position_ids)
         ctx = [(cache.k[n + i][:, :, :C], cache.v[n + i][:, :, :C]) for i in range(self.drafter.config.n_layers)]
         seen = cache.valid()[:, None, None, :].expand(B, 1, T, C)  # (B, 1, T, C)
         mask = torch.cat([seen, torch.ones(B, 1, T, T, dtype=torch.bool, device=x.device)], -1)
@@ -119,8 +122,8 @@ def base_features(base: HFBackbone, input_ids: Tensor, attn_mask: Tensor | None,
     (its layers run up to the last one asked for; positions 0..T−1)."""
     B, T = input_ids.shape
     pos = torch.arange(T, device=input_ids.device).expand(B, T)
-    taps = dict.fromkeys(layers)
-    hf = base.hf.model
+    taps: dict[int, Tensor | None] = dict.fromkeys(layers)
+    hf = llama(base.hf).model
     step = begin_step(None, pos, attn_mask)
     x = hf.embed_tokens(input_ids)
     cos, sin = hf.rotary_emb(x, pos)
@@ -128,7 +131,15 @@ def base_features(base: HFBackbone, input_ids: Tensor, attn_mask: Tensor | None,
         x = LlamaRunner.layer(base, layer, i, x, cos[:, None], sin[:, None], step, None)
         if i in taps:
             taps[i] = x
-    return [taps[i] for i in layers]
+    return _tapped(taps, layers, base.n_layers)
+
+
+def _tapped(taps: dict[int, Tensor | None], layers: tuple[int, ...], n_layers: int) -> list[Tensor]:
+    """The outputs of the base layers ``layers`` that a forward tapped, in that order."""
+    feats = [t for i in layers if (t := taps[i]) is not None]
+    if len(feats) < len(layers):
+        raise UserError(f"the drafter reads base layers {list(layers)}; the base's are 0..{n_layers - 1}")
+    return feats
 
 
 def is_drafter_folder(folder: Path) -> bool:

@@ -25,7 +25,10 @@ from ..drafter import DrafterConfig, SetDrafter, draft_vocabulary, window_loss
 from ..errors import UserError
 from ..formats.atomic import write_folder
 from ..formats.drafted import DraftedBackbone, base_features, is_drafter_folder, read_drafter, save_drafter
+from ..formats.hf import HFBackbone
+from ..formats.hf_modules import llama
 from ..formats.loading import load
+from ..lm import Model
 from ..resources import native_bf16
 from .self_distill import distill, distill_prompts
 
@@ -68,9 +71,9 @@ class DrafterTrainConfig:
             raise UserError(f"minutes must be > 0, got {self.minutes!r}", fields=("minutes",))
 
 
-def new_drafter(backbone, cfg: DrafterTrainConfig, counts: torch.Tensor, eos: list[int]) -> SetDrafter:
+def new_drafter(backbone: HFBackbone, cfg: DrafterTrainConfig, counts: torch.Tensor, eos: list[int]) -> SetDrafter:
     """A drafter over ``backbone`` (an HFBackbone), started from the base's last layers."""
-    hf = backbone.hf
+    hf = llama(backbone.hf)
     L = backbone.n_layers
     a = hf.model.layers[0].self_attn
     c = DrafterConfig(hidden_size=hf.config.hidden_size, n_layers=cfg.n_layers, n_heads=hf.config.num_attention_heads,
@@ -86,7 +89,7 @@ def new_drafter(backbone, cfg: DrafterTrainConfig, counts: torch.Tensor, eos: li
     return d
 
 
-def _features(base, layers: tuple[int, ...], records: list[dict], progress: bool) -> list[dict]:
+def _features(base: HFBackbone, layers: tuple[int, ...], records: list[dict], progress: bool) -> list[dict]:
     """Each record's tokens and its base features (``base``'s precision, stored in bfloat16), prompt length kept."""
     out = []
     for r in tqdm(records, desc="base features", unit="seq", disable=not progress):
@@ -123,7 +126,7 @@ def _batch(items: list[dict], anchors: int, w: int, rng: random.Random, every: b
 
 def _loss(drafted: DraftedBackbone, batch) -> tuple[torch.Tensor, dict]:
     toks, feats, anc, valid = batch
-    hf = drafted.base.hf
+    hf = llama(drafted.base.hf)
     return window_loss(drafted.drafter, [f.float() for f in feats], toks, anc, valid, hf.get_input_embeddings(),
                        hf.model.rotary_emb, drafted.draft_head.weight)
 
@@ -131,7 +134,8 @@ def _loss(drafted: DraftedBackbone, batch) -> tuple[torch.Tensor, dict]:
 def validate(drafted: DraftedBackbone, items: list[dict]) -> dict:
     """Draft accuracy per offset and the mean accepted drafts (+1: tokens per forward of a greedy decode) over
     every window of the held-out sequences."""
-    tot, n = {}, 0
+    tot: dict[str, float] = {}
+    n = 0
     with torch.no_grad():
         for i in range(0, len(items), 8):
             chunk = items[i:i + 8]
@@ -162,20 +166,22 @@ def train_drafter(cfg: DrafterTrainConfig, progress: bool = True) -> Path:
     torch.manual_seed(cfg.seed)
     fast = native_bf16(torch.device("cpu"))
     model = load(cfg.base, dtype="bfloat16" if fast else None)
-    base = model.backbone
+    base = _hf_base(model, cfg.base)
     train = distill(model, distill_prompts("train", cfg.chat, cfg.word, seed=cfg.seed), out / "distill-train.jsonl",
                     max_new_tokens=cfg.max_new_tokens, progress=progress)
     val = distill(model, distill_prompts("test", cfg.val_chat, cfg.val_word, seed=cfg.seed), out / "distill-val.jsonl",
                   max_new_tokens=cfg.max_new_tokens, progress=progress)
     model = load(cfg.base)  # float32 weights: the drafter trains in float32 over bfloat16 features
+    if model.tokenizer is None or model.tokenizer.eos_token_id is None:
+        raise UserError(f"{cfg.base}: a drafter's base needs a tokenizer with an EOS token (always drafted)")
     eos = [int(model.tokenizer.eos_token_id)]
     counts = torch.bincount(torch.tensor([t for r in train for t in r["completion"]]), minlength=base.vocab_size)
     if is_drafter_folder(out / "drafter"):
         _, drafter, saved = read_drafter(out / "drafter")
         step, seen = saved["training"]["step"], saved["training"]["tokens"]
     else:
-        drafter, step, seen = new_drafter(model.backbone, cfg, counts, eos), 0, 0
-    drafted = DraftedBackbone(model.backbone, drafter)
+        drafter, step, seen = new_drafter(_hf_base(model, cfg.base), cfg, counts, eos), 0, 0
+    drafted = DraftedBackbone(_hf_base(model, cfg.base), drafter)
     for p in drafted.base.parameters():
         p.requires_grad_(False)
     drafted.draft_head.weight.requires_grad_(False)
@@ -218,6 +224,12 @@ def train_drafter(cfg: DrafterTrainConfig, progress: bool = True) -> Path:
     _save(out, drafted, opt, step, seen, cfg)
     plot_acceptance(metrics, out / "acceptance.png")
     return out / "drafter"
+
+
+def _hf_base(model: Model, name: str) -> HFBackbone:
+    if not isinstance(model.backbone, HFBackbone):
+        raise UserError(f"{name}: a drafter's base is a Hugging Face model (Llama family), not a setdlm DiT")
+    return model.backbone
 
 
 def _log(path: Path, rec: dict) -> None:
