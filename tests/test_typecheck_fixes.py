@@ -1,7 +1,7 @@
 """Bugs the type checker found (issue #47 item 2), each pinned: a character tokenizer whose folder names no UNK
 token encodes an unseen character as the backend does (not as None); a JSON Schema ``type`` naming no JSON type
 is a UserError naming the keyword (not ``raise None``'s TypeError); a static-cache forward without a mask is a
-ValueError saying so."""
+UserError saying so (it was an AttributeError)."""
 
 import json
 
@@ -43,5 +43,5 @@ def test_a_static_cache_forward_needs_the_mask():
     model = tiny_model("ar")
     graphed = GraphedBackbone(model.backbone, capture=False)
     cache = graphed.new_cache(1, 8)
-    with pytest.raises(ValueError, match="static cache needs the decoder's attention mask"):
+    with pytest.raises(UserError, match="static cache needs the decoder's attention mask"):
         graphed(torch.tensor([[5, 6]]), None, None, cache)

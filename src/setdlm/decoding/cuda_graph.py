@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from ..backbone import Backbone
+from ..errors import UserError
 from ..model import KVCache, mask_to_buffer
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ class GraphedBackbone(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
         if attn_mask is None:  # the cache's width (contract coordinates) is read from the mask's shape
-            raise ValueError("GraphedBackbone: a forward with a static cache needs the decoder's attention mask "
+            raise UserError("GraphedBackbone: a forward with a static cache needs the decoder's attention mask "
                              f"(B, 1|H, {T}, C+{T})")
         C = attn_mask.shape[-1] - T  # the caller's cache width (contract coordinates), known from the shape
         if C + T > cache.capacity:  # outgrown: the next bucket (the storage moves, so graphs are captured anew)
