@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import types
 import typing
+from typing import Any
 
 from ..data.tasks import LEVELS, SPLITS
 from ..decoding.settings import DecodeSettings, GENERATE_ONLY
@@ -129,17 +130,18 @@ def add_settings_flags(p, names, *, defaults: dict | None = None, notes: dict | 
 def decode_settings(args) -> DecodeSettings:
     """The :class:`DecodeSettings` of the decoding flags given (and of --regex/--json-schema/--choice where
     the command has them), each value checked by the dataclass itself; its errors name the flag."""
-    kw = {}
+    kw: dict[str, Any] = {}  # argparse's values (untyped), each checked by DecodeSettings itself
     for name in SETTINGS:
-        v = getattr(args, name, None)
-        if v is None:
+        raw = getattr(args, name, None)
+        if raw is None:
             continue
+        v = raw
         if name == "length_penalty":
             try:
-                v = (int(v[0]), float(v[1]))
+                v = (int(raw[0]), float(raw[1]))
             except ValueError:
                 raise UserError("length_penalty takes START FACTOR (an integer and a number), got "
-                                f"{' '.join(v)}", fields=(name,)) from None
+                                f"{' '.join(raw)}", fields=(name,)) from None
         try:
             DecodeSettings(**{name: v})
         except (ValueError, TypeError) as e:  # the library's message names the field: the flag, when printed
