@@ -36,12 +36,15 @@ import json
 import re
 import sys
 from dataclasses import replace
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
+from torch import Tensor, nn
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
+from ..backbone import Backbone
 from ..batch import Batch
 from ..data.prompt import max_prompt_tokens, start_ids
 from ..decoding import generate
@@ -52,10 +55,32 @@ from ..formats.loading import load
 from ..objectives import compute_loss, log_probs
 from .likelihood import bound_generator
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+    from ..mask_rules import MaskRule
+    from ..model import KVCache
+
 PAPER_INSTRUCTION = "Please reason step by step, and put your final answer within $\\boxed{}$. "
 _QUESTION = re.compile(r"^\s*Question:\s*(.*?)\s*(?:\nAnswer:\s*)?$", re.S)
 _BOXED = re.compile(r"boxed\{([^}]*)\}")
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _Reference(TypedDict, total=False):
+    """The keywords of the authors' layout that :func:`setdlm.formats.loading.load` takes, those given only."""
+
+    tokenizer: str
+    base: str
+    D: int
+
+
+class _Sampling(TypedDict, total=False):
+    """The sampling settings an lm-eval request sets (none: the model's own)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
 
 
 def boxed_to_hashes(text: str) -> str:
@@ -96,10 +121,18 @@ class SetDLMLM(LM):
         if dtype is not None and dtype not in _DTYPES:
             raise UserError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        reference = {k: v for k, v in (("tokenizer", tokenizer), ("base", base), ("D", D)) if v is not None}
-        self.model = load(str(pretrained), ema=ema, device=device, dtype=_DTYPES.get(dtype), **reference)
+        reference = _Reference()
+        if tokenizer is not None:
+            reference["tokenizer"] = tokenizer
+        if base is not None:
+            reference["base"] = base
+        if D is not None:
+            reference["D"] = D
+        self.model = load(str(pretrained), ema=ema, device=device, dtype=None if dtype is None else _DTYPES[dtype],
+                          **reference)
         if self.model.tokenizer is None:
             raise UserError(f"{pretrained}: the model has no tokenizer; pass tokenizer=FOLDER_OR_HUB_NAME")
+        self._tok = self.model.tokenizer
         self.name = str(pretrained)
         self._device = torch.device(device)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1  # "auto" → 1
@@ -118,7 +151,7 @@ class SetDLMLM(LM):
         tok = self.model.tokenizer
         self._backend = Backend.from_str(tok.backend.to_str())
         self._backend.encode_special_tokens = False  # contexts may hold chat-template tokens, as in lm-eval's HF LM
-        self._renderer = None
+        self._renderer: PreTrainedTokenizerFast | None = None
         pad = next((i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None), 0)
         self._pad = pad if pad != self.model.family.mask_token_id else 0  # padding is never scored
 
@@ -151,10 +184,10 @@ class SetDLMLM(LM):
         return self.name.replace("/", "__")
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
-        return self.model.tokenizer.chat_template
+        return self._tok.chat_template
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        template = self.model.tokenizer.chat_template
+        template = self._tok.chat_template
         if template is None:
             raise UserError(f"{self.name}: the tokenizer has no chat template; drop --apply_chat_template")
         messages = [dict(m) for m in chat_history]
@@ -168,8 +201,11 @@ class SetDLMLM(LM):
 
             self._renderer = PreTrainedTokenizerFast(tokenizer_object=Backend.from_str(self._backend.to_str()),
                                                      chat_template=template)
-        return self._renderer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                            enable_thinking=self.enable_thinking)
+        text = self._renderer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                  enable_thinking=self.enable_thinking)
+        if not isinstance(text, str):  # tokenize=False renders text; transformers' annotation covers every mode
+            raise TypeError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, not the text")
+        return text
 
     # -- generation -------------------------------------------------------------------------------------------
 
@@ -177,17 +213,17 @@ class SetDLMLM(LM):
         groups: dict[str, list[int]] = {}
         for i, r in enumerate(requests):
             groups.setdefault(json.dumps(r.args[1], sort_keys=True, default=str), []).append(i)
-        out: list[str | None] = [None] * len(requests)
+        out: dict[int, str] = {}  # by request
         bar = tqdm(total=len(requests), desc="setdlm generate_until", disable=disable_tqdm)
         for idx in groups.values():
             kw = dict(requests[idx[0]].args[1])
             until = kw.pop("until", None) or []
             until = [until] if isinstance(until, str) else list(until)
             max_new = int(kw.pop("max_gen_toks", self.max_new_tokens))
-            sampling = {}
+            sampling = _Sampling()
             if kw.get("do_sample") or (kw.get("temperature") or 0.0) > 0:
-                sampling = {"temperature": float(kw.get("temperature") or 1.0),
-                            "top_p": float(kw.get("top_p") or 1.0), "top_k": int(kw.get("top_k") or 0)}
+                sampling = _Sampling(temperature=float(kw.get("temperature") or 1.0),
+                                     top_p=float(kw.get("top_p") or 1.0), top_k=int(kw.get("top_k") or 0))
             room = max_prompt_tokens(self.L)  # left-truncated to the prompt-length rule: room for a token
             prompts = {i: self._context(requests[i].args[0])[-room:] for i in idx}
             for lo in range(0, len(idx), self.batch_size):
@@ -199,12 +235,14 @@ class SetDLMLM(LM):
                     stop = tuple(dict.fromkeys((*self.settings.stop, *until)))  # the settings' own, and the task's
                     settings = replace(self.settings, max_new_tokens=n, stop=stop, **sampling)
                     res = generate(self.model, [prompts[i] for i in part], settings, seed=self.seed)
+                    if res.texts is None:  # the model has a tokenizer (checked when loaded)
+                        raise RuntimeError("generate returned no texts")
                     for i, text in zip(part, res.texts):
                         out[i] = boxed_to_hashes(text) if self.boxed else text
                         self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
                 bar.update(len(rows))
         bar.close()
-        return out
+        return [out[i] for i in range(len(requests))]
 
     # -- likelihood -------------------------------------------------------------------------------------------
 
@@ -281,24 +319,39 @@ class SetDLMLM(LM):
         out = compute_loss(capture, fam, batch, train=False, generator=generator)
         if not fam.spec.ordered:
             return out.nll, torch.zeros_like(batch.attention_mask)
+        if capture.logits is None:
+            raise RuntimeError(f"{fam.family}'s bound ran no forward of the backbone")
         lp = log_probs(capture.logits, fam.mask_token_id)
         if fam.spec.left_to_right:
             pred = torch.zeros_like(batch.input_ids)
             pred[:, 1:] = lp[:, :-1].argmax(-1)
             return out.nll, pred == batch.input_ids
+        if out.order is None:  # an ordered objective that is not left to right (SetDLM) returns its reveal order
+            raise RuntimeError(f"{fam.family}'s bound returned no reveal order")
         hit = lp.argmax(-1) == batch.input_ids.gather(1, out.order)  # setdlm: (B, L) by rank
         return out.nll, torch.zeros_like(hit).scatter(1, out.order, hit)
 
 
-class _Capture:
-    """Calls the backbone and keeps its last logits (to read argmaxes next to the bound)."""
+class _Capture(nn.Module):
+    """The backbone, keeping its last logits (to read argmaxes next to the bound)."""
 
-    def __init__(self, backbone):
-        self.backbone, self.logits = backbone, None
+    def __init__(self, backbone: Backbone):
+        super().__init__()
+        self.backbone = backbone
+        self.logits: Tensor | None = None
+        self.training = backbone.training  # the backbone's mode, as it is (no train() of its modules)
 
-    def __call__(self, *args, **kwargs):
-        self.logits = self.backbone(*args, **kwargs)
+    def forward(self, input_ids: Tensor, position_ids: Tensor | None = None,
+                attn_mask: Tensor | MaskRule | None = None, cache: KVCache | None = None, *,
+                keep: int | Tensor | None = None, logits_start: int = 0) -> Tensor:
+        self.logits = self.backbone(input_ids, position_ids, attn_mask, cache, keep=keep, logits_start=logits_start)
         return self.logits
+
+    def new_cache(self, batch: int, capacity: int = 64) -> KVCache:
+        return self.backbone.new_cache(batch, capacity)
+
+    def num_parameters(self) -> int:
+        return self.backbone.num_parameters()
 
 
 def main(argv: list[str] | None = None) -> int:
