@@ -1,7 +1,8 @@
 """Bugs the type checker found in the set drafter's code (issue #47 item 2), each pinned: base features asked of a
 layer the base does not have are a UserError naming the layers (they were a list holding None, which failed later
 in the drafter's torch.cat); a drafter config reading a negative base layer is refused when built; a drafter over
-a model that is not a Hugging Face one is a UserError (it was an AttributeError)."""
+a model that is not a Hugging Face one is a UserError (it was an AttributeError); a static cache given a mask rule
+is the ValueError that asks for a buffer mask (it was an AttributeError)."""
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ from setdlm.family import FamilyConfig
 from setdlm.formats.drafted import base_features
 from setdlm.formats.hf import HFBackbone
 from setdlm.lm import Model
+from setdlm.mask_rules import MaskRule
+from setdlm.model import KVCache, begin_step
 from setdlm.training.drafter import _hf_base
 
 from support import tiny_hf, tiny_model
@@ -40,3 +43,11 @@ def test_a_drafter_base_that_is_not_a_hugging_face_model_is_refused():
     assert _hf_base(Model(hf, FamilyConfig("ar", 16, 99)), "hf") is hf
     with pytest.raises(UserError, match="Hugging Face"):
         _hf_base(tiny_model("ar"), "dit")
+
+
+def test_a_static_cache_given_a_mask_rule_asks_for_a_buffer_mask():
+    cache = KVCache(1, 1, 2, 4, capacity=8)
+    cache.static = True
+    pos = torch.arange(3)[None]
+    with pytest.raises(ValueError, match="static cache needs"):
+        begin_step(cache, pos, MaskRule("causal", torch.ones(1, 3, dtype=torch.bool)))

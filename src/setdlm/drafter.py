@@ -27,7 +27,7 @@ at ``a .. a+w−1`` sees the features ``c_t, t < a`` and predicts ``x_{a+1} .. x
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import cast
 
@@ -36,7 +36,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .errors import UserError
-from .formats.hf_modules import Embedding, LlamaLayer, Rotary
 from .model import apply_rope
 
 
@@ -167,19 +166,17 @@ class SetDrafter(nn.Module):
         inv[self.vocab_map] = torch.arange(self.vocab_map.numel(), device=inv.device)
         return inv
 
-    def init_from_base(self, layers: Sequence[LlamaLayer], final_norm: Tensor, mask_embedding: Tensor) -> None:
+    def init_from_base(self, layers: Sequence[nn.Module], final_norm: Tensor, mask_embedding: Tensor) -> None:
         """Start from the base: layer i copies the weights of ``layers[i]`` (HF Llama decoder layers, the base's
         last ones), the fusion passes the last feature through, the final norm and MASK embedding are the base's."""
         d = self.config.hidden_size
         with torch.no_grad():
             for mine, theirs in zip(self._blocks, layers):
-                a, m = theirs.self_attn, theirs.mlp
-                mine.input_norm.copy_(theirs.input_layernorm.weight)
-                mine.post_norm.copy_(theirs.post_attention_layernorm.weight)
-                for name, src in (("q_proj", a.q_proj), ("k_proj", a.k_proj), ("v_proj", a.v_proj),
-                                  ("o_proj", a.o_proj), ("gate_proj", m.gate_proj), ("up_proj", m.up_proj),
-                                  ("down_proj", m.down_proj)):
-                    getattr(mine, name).weight.copy_(src.weight)
+                mine.input_norm.copy_(theirs.get_parameter("input_layernorm.weight"))
+                mine.post_norm.copy_(theirs.get_parameter("post_attention_layernorm.weight"))
+                for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+                    getattr(mine, name.split(".")[1]).weight.copy_(theirs.get_parameter(f"{name}.weight"))
             self.fuse.weight.zero_()
             self.fuse.weight[:, -d:].copy_(torch.eye(d))
             self.norm.copy_(final_norm)
@@ -199,7 +196,8 @@ def window_mask(anchors: Tensor, valid: Tensor, n_ctx: int, w: int) -> Tensor:
 
 
 def window_loss(drafter: SetDrafter, feats: list[Tensor], tokens: Tensor, anchors: Tensor, valid: Tensor,
-                embed: Embedding, rotary: Rotary, head_weight: Tensor, decay: float = 0.8) -> tuple[Tensor, dict]:
+                embed: Callable[[Tensor], Tensor], rotary: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+                head_weight: Tensor, decay: float = 0.8) -> tuple[Tensor, dict]:
     """The drafter's objective (module docstring) on a batch.
 
     feats: the base's hidden states at the feature layers, each (B, N, d) (no gradient needed); tokens (B, N) the

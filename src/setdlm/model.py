@@ -188,6 +188,7 @@ class KVCache:
             ck.view(-1, hd).index_copy_(0, flat, k.to(ck.dtype).reshape(B * H * T, hd))
             cv.view(-1, hd).index_copy_(0, flat, v.to(cv.dtype).reshape(B * H * T, hd))
         else:
+            assert step.write_idx is not None, "a cache write needs a step begun with the cache (begin_step)"
             idx = step.write_idx[:, None, :, None].expand(B, H, T, hd)
             ck.scatter_(2, idx, k.to(ck.dtype))
             cv.scatter_(2, idx, v.to(cv.dtype))
@@ -203,11 +204,8 @@ class KVCache:
 
     def clone(self) -> KVCache:
         new = KVCache.__new__(KVCache)
-        new.k = [t.clone() for t in self.k]
-        new.v = [t.clone() for t in self.v]
-        new.pos = self.pos.clone()
-        new.lengths = self.lengths.clone()
-        new.static = self.static
+        new.k, new.v = [t.clone() for t in self.k], [t.clone() for t in self.v]
+        new.pos, new.lengths, new.static = self.pos.clone(), self.lengths.clone(), self.static
         return new
 
 
@@ -303,7 +301,7 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
         self.wide_attention = False  # float64 attention (set by setdlm.formats.quantize: see attention())
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, layer: int,
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | MaskRule | None, layer: int,
                 cache: KVCache | None, step: CacheStep, kv_only: bool = False) -> Tensor:
         """``kv_only``: write this step's keys and values to ``cache`` and stop (x is returned unchanged): the
         last block of a forward that asks for no logits (a prefill) needs nothing else."""
@@ -403,9 +401,9 @@ class CacheStep:
     _flat: Tensor | None = None  # flat_write_idx, made by the first layer, reused by the others
     _additive: Tensor | None = None  # additive_mask, made by the first layer, reused by the others
 
-    def additive_mask(self, dtype: torch.dtype) -> Tensor | None:
+    def additive_mask(self, dtype: torch.dtype) -> Tensor | MaskRule | None:
         """:attr:`mask` as 0 / −inf in ``dtype`` (SDPA's own reading of a boolean mask), made once per step."""
-        if self.mask is None or self.mask.dtype != torch.bool:
+        if not isinstance(self.mask, Tensor) or self.mask.dtype != torch.bool:  # None, a rule, already additive
             return self.mask
         if self._additive is None or self._additive.dtype != dtype:
             self._additive = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device).masked_fill_(
@@ -415,6 +413,7 @@ class CacheStep:
     def flat_write_idx(self, n_heads: int, capacity: int) -> Tensor:
         """(B·H·T,) long: the row of each new key/value in a cache layer viewed as (B·H·capacity, hd), in
         (row, head, token) order (:meth:`KVCache.update`)."""
+        assert self.write_idx is not None, "a cache write needs a step begun with the cache (begin_step)"
         if self._flat is None or self._flat.numel() != self.write_idx.numel() * n_heads:
             B = self.write_idx.shape[0]
             base = torch.arange(B * n_heads, device=self.write_idx.device).view(B, n_heads, 1) * capacity
@@ -422,7 +421,7 @@ class CacheStep:
         return self._flat
 
 
-def begin_step(cache: KVCache | None, position_ids: Tensor, attn_mask: Tensor | None) -> CacheStep:
+def begin_step(cache: KVCache | None, position_ids: Tensor, attn_mask: Tensor | MaskRule | None) -> CacheStep:
     """Translate a contract mask (B, 1|H, T, C+T) to buffer coordinates, reserve room and record the new
     tokens' positions. Without a cache the mask passes through. Rows with no visible key see everything
     (their output is garbage but finite; callers ignore it)."""
@@ -434,8 +433,7 @@ def begin_step(cache: KVCache | None, position_ids: Tensor, attn_mask: Tensor | 
             return CacheStep(attn_mask, width=T, T=T)
         attn_mask = attn_mask.dense()
     if cache is None:
-        mask = attn_mask
-        step = CacheStep(mask, width=T, T=T)
+        step = CacheStep(attn_mask, width=T, T=T)
     else:
         if cache.batch != B:
             raise ValueError(f"cache holds {cache.batch} rows but the input has {B}")
@@ -451,17 +449,17 @@ def begin_step(cache: KVCache | None, position_ids: Tensor, attn_mask: Tensor | 
             cols = torch.arange(width, device=start.device)
             mask = (cols[None, :] < (start + T)[:, None])[:, None, None, :]  # (B, 1, 1, W)
         step = CacheStep(mask, start, write_idx, width, T)
-    if step.mask is not None:
+    if isinstance(step.mask, Tensor):  # not None (a rule was returned above)
         step.mask = step.mask | ~step.mask.any(-1, keepdim=True)  # a row with no visible key would give NaN
     return step
 
 
-def _static_step(cache: KVCache, position_ids: Tensor, attn_mask: Tensor | None) -> CacheStep:
+def _static_step(cache: KVCache, position_ids: Tensor, attn_mask: Tensor | MaskRule | None) -> CacheStep:
     """:func:`begin_step` for a static cache: ``attn_mask`` (B, 1|H, T, capacity) is already in buffer
     coordinates (:func:`mask_to_buffer` with ``width = capacity``), the step attends over the whole capacity,
     and nothing is read on the host. The caller guarantees ``lengths + T <= capacity``."""
     B, T = position_ids.shape
-    if attn_mask is None or attn_mask.shape[-1] != cache.capacity or attn_mask.shape[-2] != T:
+    if not isinstance(attn_mask, Tensor) or attn_mask.shape[-1] != cache.capacity or attn_mask.shape[-2] != T:
         raise ValueError(f"a static cache needs a (B, 1|H, {T}, {cache.capacity}) mask in buffer coordinates")
     start = cache.lengths.clone()  # (B,)
     write_idx = start[:, None] + torch.arange(T, device=start.device)  # (B, T)
@@ -474,6 +472,7 @@ def end_step(cache: KVCache | None, step: CacheStep, keep: int | Tensor | None) 
     """Persist the first ``keep`` (int or (B,)) of the step's new tokens per row (default all)."""
     if cache is None:
         return
+    assert step.start is not None, "end_step with a cache needs a step begun with it (begin_step)"
     n_keep = step.T if keep is None else keep
     lengths = step.start + torch.as_tensor(n_keep, dtype=torch.long, device=step.start.device).clamp(0, step.T)
     if cache.static:

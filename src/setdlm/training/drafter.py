@@ -85,7 +85,8 @@ def new_drafter(backbone: HFBackbone, cfg: DrafterTrainConfig, counts: torch.Ten
     d = SetDrafter(c)
     d.vocab_map.copy_(draft_vocabulary(counts, c.vocab_size, eos))
     emb = hf.get_input_embeddings().weight
-    d.init_from_base(list(hf.model.layers[-cfg.n_layers:]), hf.model.norm.weight, emb.mean(0))
+    last = [backbone.hf.get_submodule(f"model.layers.{i}") for i in range(max(L - cfg.n_layers, 0), L)]
+    d.init_from_base(last, hf.model.norm.weight, emb.mean(0))
     return d
 
 
