@@ -24,6 +24,7 @@ stay float32, as for ``quantize="int8"``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,8 +32,12 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from .gguf import _field, read_header
-from .quantize import (INT4_GROUP, Int4Linear, Int8Linear, check_cpu, finish, int4_groups, kept_float, linear_layers,
-                       replace_layer)
+from .hf_modules import causal_lm
+from .quantize import (INT4_GROUP, Int4Linear, Int8Linear, QuantizedLinear, check_cpu, finish, int4_groups, kept_float,
+                       linear_layers, replace_layer)
+
+if TYPE_CHECKING:
+    from gguf import ReaderTensor
 
 BLOCK = 32  # ggml's block of the legacy quant types (QK4_0 = QK4_1 = QK8_0 = 32)
 KERNEL_OF_TYPE = {"Q4_0": "int4", "Q4_1": "int4", "Q8_0": "int8"}  # every other type: dequantized float32
@@ -51,24 +56,25 @@ def q4_blocks(raw: np.ndarray, kind: str) -> tuple[Tensor, Tensor, Tensor]:
     return torch.from_numpy(q.astype(np.int32)), torch.from_numpy(d), torch.from_numpy(np.ascontiguousarray(lo))
 
 
-def file_tensors(path: Path, hf_model: nn.Module) -> dict[str, object]:
+def file_tensors(path: Path, hf_model: nn.Module) -> dict[str, ReaderTensor]:
     """The GGUF tensor (``gguf.ReaderTensor``) behind each linear weight of ``hf_model``, by the Hugging Face
     name of its module (``model.layers.0.self_attn.q_proj``); a tied output head maps to the embedding."""
     import gguf
 
 
-    reader = read_header(path)
-    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(_field(reader, "general.architecture"))
+    reader, lm = read_header(path), causal_lm(hf_model)
+    arch_name = _field(reader, "general.architecture")
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(arch_name or "")
     if arch is None:
-        raise UserError(f"{path}: quantize='gguf' does not know this file's architecture "
-                         f"({_field(reader, 'general.architecture')!r})", fields=("quantize",))
-    names = gguf.get_tensor_name_map(arch, hf_model.config.num_hidden_layers)
+        raise UserError(f"{path}: quantize='gguf' does not know this file's architecture ({arch_name!r})",
+                        fields=("quantize",))
+    names = gguf.get_tensor_name_map(arch, lm.config.num_hidden_layers)
     by_name = {t.name: t for t in reader.tensors}
     out = {}
     for name, _ in linear_layers(hf_model):
         tensor = by_name.get(names.get_name(name + ".weight", try_suffixes=(".weight",)) or "")
-        if tensor is None and getattr(hf_model.config, "tie_word_embeddings", False) and \
-                hf_model.get_output_embeddings() is hf_model.get_submodule(name):
+        if tensor is None and getattr(lm.config, "tie_word_embeddings", False) and \
+                lm.get_output_embeddings() is hf_model.get_submodule(name):
             tensor = by_name.get(f"{gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.TOKEN_EMBD]}.weight")
         if tensor is not None:
             out[name] = tensor
@@ -83,7 +89,7 @@ def _match_rows(weight: Tensor, file_weight: Tensor) -> Tensor:
     return torch.tensor([index.get(row.tobytes(), -1) for row in weight.float().numpy()])
 
 
-def int4_from_file(weight: Tensor, bias: Tensor | None, tensor) -> Int4Linear:
+def int4_from_file(weight: Tensor, bias: Tensor | None, tensor: ReaderTensor) -> Int4Linear:
     """An :class:`Int4Linear` whose groups are the Q4_0 / Q4_1 blocks of the file's ``tensor``."""
     from gguf import dequantize
 
@@ -91,7 +97,7 @@ def int4_from_file(weight: Tensor, bias: Tensor | None, tensor) -> Int4Linear:
     rows = _match_rows(weight, torch.from_numpy(dequantize(np.asarray(tensor.data), tensor.tensor_type)))
     own = int4_groups(weight)  # rows the file lacks keep the kernel's own rule
     have = rows >= 0
-    groups = tuple(o.clone() for o in own)
+    groups = own[0].clone(), own[1].clone(), own[2].clone()
     for mine, theirs in zip(groups, (q, s, lo)):
         mine[have] = theirs[rows[have]].to(mine.dtype)
     return Int4Linear(weight, bias, groups)
@@ -110,7 +116,10 @@ def keep_file_quantization(backbone: nn.Module, path: str | Path) -> nn.Module:
     types, keep = {}, kept_float(hf_model, "gguf")
     for name, (weight, bias) in linear_layers(hf_model):
         tensor = None if name in keep else tensors.get(name)
-        kind = None if tensor is None else tensor.tensor_type.name
+        if tensor is None:
+            continue
+        kind = tensor.tensor_type.name
+        layer: QuantizedLinear
         if KERNEL_OF_TYPE.get(kind) == "int4" and weight.shape[1] % INT4_GROUP == 0:
             layer = int4_from_file(weight, bias, tensor)
         elif KERNEL_OF_TYPE.get(kind) == "int8":
@@ -120,5 +129,5 @@ def keep_file_quantization(backbone: nn.Module, path: str | Path) -> nn.Module:
         replace_layer(hf_model, name, layer)
         types[name] = kind
     finish(backbone, "gguf")
-    backbone.gguf_types = types
+    backbone.gguf_types = types  # type: ignore[assignment]  # torch types Module.__setattr__ for Tensor | Module only
     return backbone.eval()
