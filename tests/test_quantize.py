@@ -10,7 +10,8 @@ import torch
 
 from setdlm import FamilyConfig, Model, load
 from setdlm.decoding import generate
-from setdlm.formats.quantize import INT4_GROUP, Int4Linear, Int8Linear, int4_groups, quantization_of, quantize
+from setdlm.formats.quantize import (INT4_GROUP, Int4Linear, Int8Linear, Int8WeightLinear, int4_groups, quantization_of,
+                                     quantize, self_check)
 
 from support import (MASK, PROMPTS, assert_bd3lm_steps_exact, assert_one_line_error, assert_setdlm_steps_exact,
                      recorded, run, save_tiny, tiny_hf, tiny_model)
@@ -71,7 +72,26 @@ def test_int4_is_groupwise_asymmetric_weights():
     assert fast(x).shape == (3, 40)
 
 
-@pytest.mark.parametrize("kernel", [Int8Linear, Int4Linear])
+def test_int4s_head_is_int8_weights_without_quantized_activations():
+    """Int8WeightLinear (int4's output head): y = x · (q·s)ᵀ + b with q in -127..127 per output channel and s in
+    bfloat16, the row rounded to bfloat16 going in and the product coming out, the row itself not quantized."""
+    w, b = _weights(out=40)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1)) * torch.tensor([1.0, 1e-3, 1e3])[:, None]
+    x[:, 5] *= 50  # an outlier channel: per-row activation quantization (Int8Linear) loses the small ones
+    lin = Int8WeightLinear(w, b)
+    s = (w.abs().amax(1) / 127).bfloat16().float()
+    w_q = torch.round(w / s[:, None]).clamp(-127, 127) * s[:, None]
+    assert torch.equal(lin.weight, w_q) and lin._q.dtype == torch.int8 and lin._s.dtype == torch.bfloat16
+    ref = x.bfloat16().double() @ w_q.double().T  # (3, 40)
+    got = (lin(x) - b).double()
+    assert torch.allclose(got, ref, atol=1e-3 * ref.abs().amax().item() * 2 ** -8, rtol=2 ** -8)
+    assert lin.engine.startswith("aten int8 weight-only GEMM")
+    act = Int8Linear(w, None)(x).double()  # the per-row 7-bit activations: far off on the quiet channels
+    full = x.double() @ w.double().T
+    assert (act - full).norm() > 4 * ((got - full).norm())
+
+
+@pytest.mark.parametrize("kernel", [Int8Linear, Int4Linear, Int8WeightLinear])
 def test_a_row_is_a_function_of_itself_alone(kernel):
     """Batched == alone bit for bit, and scaling one row changes no other row (PyTorch's dynamic int8 Linear,
     one activation range per tensor, fails this)."""
@@ -91,8 +111,8 @@ def test_quantize_replaces_every_linear_layer_and_keeps_the_rest():
     assert quantization_of(bb) == "int8" and not bb.training
     kinds = {type(m).__name__ for m in bb.modules()}
     assert "Linear" not in kinds and "Int8Linear" in kinds
-    four = quantize(tiny_model("setdlm", D=3).backbone, "int4")  # int4 keeps the output head in float
-    assert type(four.head) is torch.nn.Linear and isinstance(four.blocks[0].attn_qkv, Int4Linear)
+    four = quantize(tiny_model("setdlm", D=3).backbone, "int4")  # int4: the head's weights in int8, weight-only
+    assert isinstance(four.head, Int8WeightLinear) and isinstance(four.blocks[0].attn_qkv, Int4Linear)
     assert bb.embed.weight.dtype == torch.float64 and bb.new_cache(1).k[0].dtype == torch.float64
     with pytest.raises(ValueError, match="already int8-quantized"):
         quantize(bb, "int4")
@@ -172,13 +192,13 @@ def test_fused_projections_give_the_same_numbers(kind, q):
     """quantize fuses q/k/v and gate/up into one product each (fewer calls per step); each output channel
     sees the same quantized input row, so the logits equal those of the unfused quantized layers bit for bit."""
     from setdlm.formats import hf
-    from setdlm.formats.quantize import KERNELS, kept_float, linear_layers, replace_layer
+    from setdlm.formats.quantize import head_names, kept_float, kernel_of, linear_layers, replace_layer
 
     fused = quantize(hf.HFBackbone(tiny_hf(kind)), q)
     plain = hf.HFBackbone(tiny_hf(kind)).eval()
     for name, (w, b) in linear_layers(plain):
         if name not in kept_float(plain, q):
-            replace_layer(plain, name, KERNELS[q](w, b))
+            replace_layer(plain, name, kernel_of(q, name in head_names(plain))(w, b))
     attn = fused.hf.model.layers[0].self_attn
     assert hasattr(attn, "qkv_proj") and not hasattr(attn, "q_proj")
     ids = torch.tensor([PROMPTS[1], PROMPTS[1][::-1]])
@@ -202,7 +222,7 @@ def test_the_self_check_puts_a_batch_dependent_kernel_back_in_float():
     weights, with one warning naming kernel and layer; the row-independent kernels stay."""
     from torch import nn
 
-    from setdlm.formats.quantize import check_kernels, self_check
+    from setdlm.formats.quantize import check_kernels
 
     w, b = _weights()
     assert self_check(Int8Linear(w, b)) == 0.0 and self_check(Int4Linear(w, b)) == 0.0

@@ -16,6 +16,8 @@ attention product stay in the model's precision; the KV cache keeps its dtype.
 - ``"int4"``: asymmetric 4-bit weights in groups of 32 input channels (the layout of GGUF's Q4_1), packed two
   per byte, through PyTorch's weight-only int4 kernel (``aten._weight_int4pack_mm_for_cpu``) on its vectorized
   path: activations, scales and outputs in bfloat16 (a GGUF file's own 4-bit weights take its float32 path).
+  The output head gets int8 weights per output channel, weight-only (``aten._weight_int8pack_mm``, bfloat16
+  activations): 4-bit or activation-quantized heads move near-tied logits (docs/quantization.md).
 
 Either way each output row is a function of its own input row only, so the exactness contract of the
 decoders holds within the quantized model (docs/method.md §3.3): cached logits equal recomputed ones, and a
@@ -69,19 +71,25 @@ def output_head(module: nn.Module) -> nn.Module | None:
     """The layer that maps hidden states to logits: a Hugging Face model's output embeddings (``lm_head``,
     SmolLM2's tied to its input embedding), the DiT's ``head``."""
     hf = getattr(module, "hf", module)
-    if hasattr(hf, "get_output_embeddings"):
-        return hf.get_output_embeddings()
-    return getattr(module, "head", None)
+    getter = getattr(hf, "get_output_embeddings", None)
+    if callable(getter):
+        return getter()
+    head = getattr(module, "head", None)
+    return head if isinstance(head, nn.Module) else None
+
+
+def head_names(module: nn.Module) -> set[str]:
+    """Names of the output head (:func:`output_head`) inside ``module`` (empty where it has none)."""
+    head = output_head(module)
+    return set() if head is None else {name for name, m in module.named_modules() if m is head}
 
 
 def kept_float(module: nn.Module, quantize: str) -> set[str]:
-    """Names of the linear layers of ``module`` that ``quantize`` leaves in float: the output head under
-    "int4" and "gguf" (docs/quantization.md: a quantized head flips near-tied logits, e.g. SmolLM2's first
-    answer token), none under "int8"."""
-    head = output_head(module)
-    if quantize == "int8" or head is None:
-        return set()
-    return {name for name, m in module.named_modules() if m is head}
+    """Names of the linear layers of ``module`` that ``quantize`` leaves in float: the output head under "gguf"
+    (docs/quantization.md: a head quantized with its activations, or to 4 bits, flips near-tied logits, e.g.
+    SmolLM2's first answer token), none under "int8" and "int4" ("int4" gives the head
+    :class:`Int8WeightLinear`)."""
+    return head_names(module) if quantize == "gguf" else set()
 
 
 def replace_layer(root: nn.Module, name: str, layer: nn.Module) -> None:
@@ -104,8 +112,10 @@ def _weight_of(module: nn.Module) -> tuple[Tensor, Tensor | None] | None:
     """(weight (out, in), bias) of a linear layer (``nn.Linear`` or transformers' ``Conv1D``), else None."""
     if isinstance(module, nn.Linear):
         return module.weight.detach(), None if module.bias is None else module.bias.detach()
-    if type(module).__name__ == "Conv1D" and hasattr(module, "nf"):  # GPT-2: weight stored (in, out)
-        return module.weight.detach().t(), module.bias.detach()
+    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+    if type(module).__name__ == "Conv1D" and hasattr(module, "nf") and isinstance(weight, Tensor) \
+            and isinstance(bias, Tensor):  # GPT-2: weight stored (in, out)
+        return weight.detach().t(), bias.detach()
     return None
 
 
@@ -114,6 +124,7 @@ class QuantizedLinear(nn.Module):
     the kernel multiplies by) for inspection and tests. Subclasses set ``kind`` and implement ``_matmul``."""
 
     kind: str
+    bias: Tensor | None  # a buffer
 
     def __init__(self, weight: Tensor, bias: Tensor | None):
         super().__init__()
@@ -137,6 +148,13 @@ class QuantizedLinear(nn.Module):
     @property
     def engine(self) -> str:
         return describe_engine(self.kind)
+
+    @property
+    def weight(self) -> Tensor:
+        raise NotImplementedError
+
+    def _matmul(self, x: Tensor) -> Tensor:  # x (N, in) float32 → (N, out)
+        raise NotImplementedError
 
 
 class Int8Linear(QuantizedLinear):
@@ -226,6 +244,32 @@ class Int4Linear(QuantizedLinear):
         return y[:, : self.out_features].float()  # (N, out) of (N, Np)
 
 
+class Int8WeightLinear(QuantizedLinear):
+    """int4's output head: symmetric int8 weights per output channel, bfloat16 scales, and the activations not
+    quantized (weight-only): ATen's ``_weight_int8pack_mm`` on bfloat16 rows, its output rounded to bfloat16.
+    Half the bytes of a bfloat16 head and a quarter of a float32 one; unlike :class:`Int8Linear`'s per-row 7-bit
+    activations (which move SmolLM2's logits by tenths of a nat where outlier channels dominate a row) it keeps
+    the model's answers (docs/quantization.md, "int4's head"). Each output row depends on its own input row."""
+
+    kind = "int8w"
+    _q: Tensor  # (out, in) int8 codes, a buffer
+    _s: Tensor  # (out,) bfloat16 scales, a buffer
+
+    def __init__(self, weight: Tensor, bias: Tensor | None):
+        super().__init__(weight, bias)
+        w = weight.float()
+        s = (w.abs().amax(1) / 127).clamp(min=1e-12).to(torch.bfloat16)  # (out,) the kernel's scales
+        self.register_buffer("_q", torch.round(w / s.float()[:, None]).clamp(-127, 127).to(torch.int8))  # (out, in)
+        self.register_buffer("_s", s)
+
+    @property
+    def weight(self) -> Tensor:
+        return self._q.float() * self._s.float()[:, None]
+
+    def _matmul(self, x: Tensor) -> Tensor:  # x (N, in) float32 → (N, out)
+        return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self._q, self._s).float()
+
+
 # PyTorch's int4 CPU kernel runs float32 activations on a scalar path (docs/quantization.md, "Why these kernels"):
 # a GGUF file's own 4-bit weights, whose float16 block scales its vectorized (bfloat16) path cannot hold exactly,
 # decoded SmolLM2-135M at batch 1 (2 cores, AVX-512) at 3.8 tokens/s against int8's 30 and float32's ~15.
@@ -234,6 +278,12 @@ INT4_SLOW = InputWarning("quantize='gguf' keeps a GGUF file's own 4-bit weights 
                          "CPU (SmolLM2-135M: about 4 tokens/s against int8's 30): it saves memory, not time; use "
                          "quantize='int4' (or quantize='int8') for speed (docs/quantization.md)", fields=("quantize",))
 KERNELS = {"int8": Int8Linear, "int4": Int4Linear}
+
+
+def kernel_of(quantize: str, head: bool) -> type[QuantizedLinear]:
+    """The layer class :func:`quantize` gives a linear layer under ``quantize`` ("int8", "int4"): the scheme's
+    own, but :class:`Int8WeightLinear` for the output head (``head``) under "int4"."""
+    return Int8WeightLinear if quantize == "int4" and head else KERNELS[quantize]
 
 
 @contextlib.contextmanager
@@ -258,6 +308,8 @@ def describe_engine(kind: str) -> str:
         return f"fbgemm u8s8 GEMM, per-row 7-bit activations, CPU {cpu}"
     if kind == "int4":
         return f"aten int4 weight-only GEMM, bfloat16 activations, CPU {cpu}"
+    if kind == "int8w":
+        return f"aten int8 weight-only GEMM, bfloat16 activations, CPU {cpu}"
     return f"aten int4 weight-only GEMM, float32 activations (scalar), CPU {cpu}"
 
 
@@ -298,18 +350,19 @@ def check_kernels(backbone: nn.Module) -> None:
 
 def quantize(backbone: nn.Module, quantize: str) -> nn.Module:
     """Replace every linear layer of ``backbone`` (in place) by its ``quantize`` ("int8" or "int4") version;
-    returns the backbone, in eval mode. CPU only. The output head is quantized under "int8" only (a tied head,
-    SmolLM2's, as the head: the embedding it shares keeps full precision); "int4" keeps it in float."""
+    returns the backbone, in eval mode. CPU only. The output head too (a tied head, SmolLM2's, as the head: the
+    embedding it shares keeps full precision); under "int4" with int8 weights (:class:`Int8WeightLinear`)."""
     if check_quantize(quantize) == "gguf":
         raise UserError("quantize='gguf' keeps a GGUF file's own quantization: load the file with "
                          "setdlm.load(path, quantize='gguf')")
     check_cpu(backbone, quantize)
-    if hasattr(backbone, "fuse_projections"):  # HF backbones: q/k/v and gate/up as one product each, same numbers
-        backbone.fuse_projections()
-    keep = kept_float(backbone, quantize)
+    fuse = getattr(backbone, "fuse_projections", None)
+    if callable(fuse):  # HF backbones: q/k/v and gate/up as one product each, same numbers
+        fuse()
+    keep, head = kept_float(backbone, quantize), head_names(backbone)
     for name, (weight, bias) in linear_layers(backbone):
         if name not in keep:
-            replace_layer(backbone, name, KERNELS[quantize](weight, bias))
+            replace_layer(backbone, name, kernel_of(quantize, name in head)(weight, bias))
     finish(backbone, quantize)
     return backbone.eval()
 
@@ -321,9 +374,9 @@ def finish(backbone: nn.Module, quantize: str) -> None:
     check_kernels(backbone)
     widen_attention(backbone)
     prepare_fused(backbone)
-    backbone.quantization = quantize
+    backbone.quantization = quantize  # type: ignore[assignment]  # torch types Module.__setattr__ for Tensor | Module
     engines = sorted({f"{m.kind}: {m.engine}" for m in backbone.modules() if isinstance(m, QuantizedLinear)})
-    backbone.quantization_engine = "; ".join(engines)
+    backbone.quantization_engine = "; ".join(engines)  # type: ignore[assignment]  # (as above)
     log.info("quantize=%r: %s", quantize, backbone.quantization_engine)
 
 
@@ -333,7 +386,7 @@ def widen_attention(backbone: nn.Module) -> None:
     so the int8 activation quantizer sees the same inputs batched and alone, cached and recomputed."""
     for m in backbone.modules():
         if hasattr(m, "wide_attention"):
-            m.wide_attention = True
+            m.wide_attention = True  # type: ignore[assignment]  # (as in finish)
 
 
 def quantization_of(backbone: nn.Module) -> str | None:
