@@ -139,3 +139,14 @@ def test_the_drafter_decode_is_the_base_ar_decode_and_closes():
         ref = generate(base, PROMPTS, **kw)
         assert all(valid(t, GROWS) for t in ref.texts) and set(ref.finish_reason) <= {"eos", "length"}, ref.texts
         assert generate(drafted, PROMPTS, speculate="next_token", **kw).tokens == ref.tokens
+
+
+def test_a_free_string_closes_its_quote():
+    """The greedy closing prefers '}' first, which a free string takes as text, so its search wrote '}' until the
+    limit: every schema with a required free string was refused ("no match of at most 30 tokens"). Its second try
+    puts '"' first."""
+    schema = {"type": "object", "properties": {"z": {"type": "string"}, "x": GROWS["properties"]["x"]["properties"]
+              ["aaaa"]}, "required": ["z", "x"], "additionalProperties": False}
+    out = generate(tiny("ar", CHAR, L=64, seed=3), ["a", "b"], max_new_tokens=30, constraint=schema, temperature=1.0,
+                   seed=[1, 2])
+    assert all(valid(t, schema) for t in out.texts) and out.finish_reason == ["eos", "eos"], out.texts

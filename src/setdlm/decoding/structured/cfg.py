@@ -48,6 +48,7 @@ from ...errors import UserError
 ENGINE = "llguidance"
 RESERVE = 8  # tokens: a row writes its closing once the positions left are at most its length plus this
 CLOSERS = (b"}", b"]", b'"', b"0")  # the closing's preferred tokens, first allowed first (then the longest)
+QUOTE_FIRST = (b'"', b"}", b"]", b"0")  # the second try's order: a string that allows '}' and ']' closes first
 LEFT_TO_RIGHT = "only left-to-right decodes (AR, window=1, speculate, block_size=1) can use the CFG engine"
 
 
@@ -82,11 +83,12 @@ def schema_grammar(schema_text: str, whitespace: str | None = None) -> tuple[str
 class TokenInfo:
     """A vocabulary as a row's mask and closing read it: ``text`` (n,) the tokens with bytes, ``length`` (n,)
     their bytes' lengths (0 for whitespace alone, which a closing takes last), ``closers`` the ids of
-    :data:`CLOSERS` (those the vocabulary has), in that order."""
+    :data:`CLOSERS` (those the vocabulary has), in that order, and ``quote_first`` those of :data:`QUOTE_FIRST`."""
 
     text: Tensor
     length: Tensor
     closers: tuple[int, ...]
+    quote_first: tuple[int, ...]
 
     @staticmethod
     def of(pieces: list[bytes | None]) -> TokenInfo:
@@ -96,7 +98,8 @@ class TokenInfo:
                 first.setdefault(p, i)
         return TokenInfo(torch.tensor([p is not None for p in pieces], dtype=torch.bool),
                          torch.tensor([len(p) if p and p.strip() else 0 for p in pieces], dtype=torch.long),
-                         tuple(first[c] for c in CLOSERS if c in first))
+                         tuple(first[c] for c in CLOSERS if c in first),
+                         tuple(first[c] for c in QUOTE_FIRST if c in first))
 
 
 class Matchers:
@@ -237,15 +240,22 @@ class GrammarRow:
 
     def _closing(self, limit: int, run: list[int]) -> list[int] | None:
         """Tokens that take the matcher from its state after ``run`` to an accepting one, at most ``limit`` of
-        them, or None when none is found (``run`` rejected included): each step takes the token the matcher
-        forces, else the first of :data:`CLOSERS` it allows, else the longest token it allows (whitespace last),
-        never an EOS id (one ends the output); checked on a copy of the matcher, so what it returns is a
-        completion (an upper bound on the shortest one)."""
+        them, or None when none is found (``run`` rejected included): greedy, each step taking the token the
+        matcher forces, else the first of :data:`CLOSERS` it allows, else the longest token it allows (whitespace
+        last), never an EOS id (one ends the output); where that finds none, the same with :data:`QUOTE_FIRST`'s
+        order (inside a string that allows ``}``, the first order writes ``}`` until the limit). Checked on a
+        copy of the matcher, so what it returns is a completion (an upper bound on the shortest one)."""
         if limit < 0:
             return None
-        m, out = self.m.deep_copy(), list[int]()
+        m = self.m.deep_copy()
         if run and (m.validate_tokens(run) < len(run) or not m.consume_tokens(run)):
             return None
+        first = self._greedy(m.deep_copy(), limit, self.info.closers)
+        return first if first is not None else self._greedy(m, limit, self.info.quote_first)
+
+    def _greedy(self, m, limit: int, closers: tuple[int, ...]) -> list[int] | None:
+        """:meth:`_closing`'s search from matcher ``m`` (consumed) with the preferred tokens ``closers``."""
+        out = list[int]()
         while not m.is_accepting():
             if len(out) >= limit or m.is_error():
                 return None
@@ -256,7 +266,7 @@ class GrammarRow:
             else:
                 bits = self._bits(m)
                 bits[[e for e in self.eos if e < bits.numel()]] = False
-                t = next((c for c in self.info.closers if bits[c]), -1)
+                t = next((c for c in closers if bits[c]), -1)
                 if t < 0:
                     if not bool(bits.any()):
                         return None
