@@ -32,7 +32,7 @@ from ..errors import UserError
 from .api import decode_config, decoder_of, device_of, needs_seed, row_seeds, row_text, start
 from .output import StepTrace
 from .settings import DecodeSettings, default_max_new_tokens, drafts
-from .state import DecodeConfig, DecodeState
+from .state import DecodeConfig, DecodeState, Mode
 from .structured.cfg import GrammarRow, left_to_right
 from .structured.constraint import ConstraintCompiler
 from .structured.enforce import RowConstraint, row_constraints
@@ -143,7 +143,7 @@ class Session:
         with torch.inference_mode():
             for key, st in list(self.groups.items()):
                 ids = st.index.tolist()
-                steps = {row: len(self.rows[row].trace) for row in ids}  # steps each row completed before
+                steps = {row: len(self._trace(row)) for row in ids}  # steps each row completed before
                 try:
                     self._advance(st)
                 except Exception as e:  # the group's state is spent: each row is stepped again alone
@@ -171,15 +171,22 @@ class Session:
         """One event per row of ``rows`` for the step ``st`` just took; the rows it finished leave the session."""
         events = []
         for row in rows:
-            r = self.rows[row]
-            ev = RowStep(row, len(r.trace) - 1, r.trace[-1])
+            r, trace = self.rows[row], self._trace(row)
+            ev = RowStep(row, len(trace) - 1, trace[-1])
             res = st.results.pop(row, None)
             if res is not None:
                 text = row_text(self.model.tokenizer, res, r.config.stop) if self.model.tokenizer else None
-                ev.done = RowDone(res.tokens, text, res.finish_reason, len(r.trace), res.committed)
+                ev.done = RowDone(res.tokens, text, res.finish_reason, len(trace), res.committed)
                 del self.rows[row]
             events.append(ev)
         return events
+
+    def _trace(self, row: int) -> list[StepTrace]:
+        """The trace of a row that joined a state (a session's configs trace every row)."""
+        trace = self.rows[row].trace
+        if trace is None:
+            raise RuntimeError(f"row {row} has not joined a state")
+        return trace
 
     def _replay(self, row: int, steps: int) -> DecodeState:
         """``row`` alone, decoded afresh from its prompt and seed through ``steps`` + 1 steps: the state its
@@ -187,7 +194,7 @@ class Session:
         own generator, cache and stopping), with the same trace. Nothing is kept per step for this: it costs
         ``steps`` + 1 one-row forwards, and only after a failure (a group's state may be half-written then)."""
         st = self._prefill([row])
-        self.rows[row].trace = st.traces[0]
+        self.rows[row].trace = _traces(st)[0]
         for _ in range(steps + 1):
             self._advance(st)
         return st
@@ -243,9 +250,8 @@ class Session:
         """A new state of ``rows`` (one config), prefilled; touches no session state until joined. Each row's
         constraint is copied: it tracks its state's progress, and a row may start again (:meth:`_replay`)."""
         rs = [self.rows[i] for i in rows]
-        gens = None
-        if rs[0].seed is not None:
-            gens = [torch.Generator(device=self.device).manual_seed(r.seed) for r in rs]
+        seeds = [r.seed for r in rs if r.seed is not None]  # all or none: the rows of one config
+        gens = [torch.Generator(device=self.device).manual_seed(s) for s in seeds] if seeds else None
         cons = [copy.copy(r.constraint) for r in rs] if any(r.constraint for r in rs) else None
         new = DecodeState([r.sequence for r in rs], [r.targets() for r in rs], rs[0].config, index=rows,
                           generators=gens, device=self.device, width=self.width, constraints=cons)
@@ -253,7 +259,7 @@ class Session:
         return new
 
     def _join(self, key: tuple, new: DecodeState) -> None:
-        for row, tr in zip(new.index.tolist(), new.traces):
+        for row, tr in zip(new.index.tolist(), _traces(new)):
             self.rows[row].trace = tr
         if key in self.groups:
             self.groups[key].extend(new)
@@ -271,7 +277,7 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
     such as ``stop`` are a ValueError); a constraint compiles with ``compiler`` (default the library's).
     Touches no session state."""
     settings = DecodeSettings.of(settings, knobs, "prepare")
-    mode = "generate" if suffix is None else "fill"
+    mode: Mode = "generate" if suffix is None else "fill"
     cache_order, given = settings.cache_order or "position", settings.max_new_tokens
     if mode == "fill":
         settings = replace(settings, max_new_tokens=None)
@@ -298,6 +304,13 @@ def prepare(model, prompt, settings: DecodeSettings | None = None, *, width: int
     (row.constraint,) = row_constraints(settings.constraints(1), [row.sequence], [row.targets()], mode,
                                         model.tokenizer, eos, left_to_right(fam.spec, cfg), compiler) or [None]
     return row
+
+
+def _traces(st: DecodeState) -> list[list[StepTrace]]:
+    """The traces of a session's state (its configs trace every row)."""
+    if st.traces is None:
+        raise RuntimeError("a session's state keeps its rows' traces")
+    return st.traces
 
 
 def _key(cfg: DecodeConfig) -> tuple:

@@ -97,6 +97,8 @@ def position_uniforms(st: DecodeState) -> Tensor:
     u = torch.zeros(st.batch, st.canvas + 1, dtype=torch.float64, device=st.device)
     if st.cfg.sampling.greedy:
         return u
+    if st.generators is None:
+        raise ValueError("a sampled decode needs a generator per row")
     for b, g in enumerate(st.generators):
         n = int(st.target[b].sum())
         draws = [torch.rand(1, generator=g, dtype=torch.float64, device=st.device) for _ in range(n)]
@@ -176,9 +178,9 @@ def step(backbone, st: DecodeState) -> None:
     Tc = clean_pos.shape[1]
     slot_pos, valid = torch.cat([clean_pos, q_pos], 1), torch.cat([clean_ok, q_ok], 1)  # (B, T)
     ids = torch.cat([torch.where(drafted, draft, st.tokens).gather(1, clean_pos), st.tokens.gather(1, q_pos)], 1)
-    mask = with_cache(speculative_step_mask(clean_pos, clean_ok, horizon, q_ok), st.cache.width)  # (B, 1, T, C+T)
-    start = st.cache.lengths.clone()  # (B,)
-    logits = backbone(ids, slot_pos, mask, st.cache, keep=clean_ok.sum(-1), logits_start=Tc)  # (B, Q, V)
+    mask = with_cache(speculative_step_mask(clean_pos, clean_ok, horizon, q_ok), st.kv.width)  # (B, 1, T, C+T)
+    start = st.kv.lengths.clone()  # (B,)
+    logits = backbone(ids, slot_pos, mask, st.kv, keep=clean_ok.sum(-1), logits_start=Tc)  # (B, Q, V)
     tok, conf = predict(st, logits, q_pos, q_ok, horizon)  # (B, Q) each
     v_pos, v_ok, v_tok, v_conf = (x[:, vcols] for x in (q_pos, q_ok, tok, conf))  # (B, K+1) the verifiers
     acc, commit = verify(st, start + pending.sum(-1), v_pos, v_ok, v_tok, v_conf, slot_pos, valid)  # (B,), (B, K+1)
@@ -205,7 +207,7 @@ def predict(st: DecodeState, logits: Tensor, q_pos: Tensor, q_ok: Tensor, horizo
     seen, gen_len = _seen(st, drafted, draft, horizon, V), _gen_len(st, drafted, q_pos)
     if st.cfg.top_logprobs and st.traces is not None:  # each prediction's alternatives, for verify's trace
         top = process_logits(logits, st.cfg.sampling, seen, gen_len, allowed).topk(st.cfg.top_logprobs, dim=-1)
-        st.shared["step_top"] = (top.values, top.indices, q_pos, horizon, q_ok)
+        st.step_top = (top.values, top.indices, q_pos, horizon, q_ok)
     return propose(logits, q_ok, st.cfg.sampling, st.generators, seen, gen_len, allowed=allowed,
                    u=rows.u.gather(1, q_pos))
 
@@ -225,10 +227,11 @@ def verify(st: DecodeState, kept: Tensor, v_pos: Tensor, v_ok: Tensor, v_tok: Te
     if st.constraints is not None:  # a CFG row's tokens vetted in order, as the left-to-right decode commits them
         acc = vet_verified(st.constraints, v_ok, v_tok, is_draft, d_tok, acc)
     commit = v_ok & (h <= acc[:, None])  # (B, K+1) the accepted drafts and the verifier's next token
-    st.cache.crop(kept + acc)  # keep the pending token and the accepted drafts
+    st.kv.crop(kept + acc)  # keep the pending token and the accepted drafts
     st.write(v_tok, v_conf, commit, v_pos, v_ok, slot_pos, valid)
-    if "step_top" in st.shared:
-        st.trace_top(_verifiers_top(st.shared.pop("step_top"), v_pos), v_pos, v_ok)
+    if st.step_top is not None:
+        st.trace_top(_verifiers_top(st.step_top, v_pos), v_pos, v_ok)
+        st.step_top = None
     if st.traces is not None:
         for b, trace in enumerate(st.traces):
             trace[-1].draft_positions = v_pos[b][is_draft[b]].tolist()

@@ -55,9 +55,9 @@ def step(backbone, st: DecodeState) -> None:
     v_pos = torch.where(v_ok, f + h, N)
     ids = torch.where(drafted, draft, st.tokens).gather(1, clean_pos)  # (B, K+1)
     causal = speculative_next_token.causal_mask(K + 1, st.device)  # (K+1, K+1)
-    mask = with_cache(causal & clean_ok[:, None, :] | speculative_next_token.eye(K + 1, st.device), st.cache.width)
-    start = st.cache.lengths.clone()  # (B,)
-    logits = backbone(ids, clean_pos, mask, st.cache, keep=clean_ok.sum(-1))  # (B, K+1, V)
+    mask = with_cache(causal & clean_ok[:, None, :] | speculative_next_token.eye(K + 1, st.device), st.kv.width)
+    start = st.kv.lengths.clone()  # (B,)
+    logits = backbone(ids, clean_pos, mask, st.kv, keep=clean_ok.sum(-1))  # (B, K+1, V)
     tok, conf = predict(st, logits, v_pos, v_ok, v_pos)  # (B, K+1) each
     acc, _ = verify(st, start + 1, v_pos, v_ok, tok, conf, clean_pos, clean_ok)
     _next_draft(backbone, st, v_pos.gather(1, acc[:, None]), end)  # the verifier's token at m: the last committed
@@ -70,7 +70,7 @@ def _next_draft(backbone, st: DecodeState, m, end) -> None:
     off = torch.arange(w, device=st.device)
     wpos = torch.where(live, m + off, 0)  # (B, w) may run past the canvas: those drafts are dropped
     ids = st.tokens.gather(1, m).expand(-1, w)  # (B, w): the committed token; the drafter reads the rest as MASKs
-    logits = backbone.draft(ids, wpos, st.cache)  # (B, w−1, Vd)
+    logits = backbone.draft(ids, wpos, st.kv)  # (B, w−1, Vd)
     guess = backbone.drafter.vocab_map[logits.argmax(-1)]  # (B, w−1) token ids
     ok = live & (wpos[:, 1:] < end)  # (B, w−1)
     at = torch.where(ok, wpos[:, 1:], N)

@@ -111,9 +111,9 @@ def step(backbone, st: DecodeState) -> None:
     m_k = f + k[:, None]  # (B, 1) the horizon: the masks see every clean slot before m_k
     slot_pos, valid = torch.cat([clean_pos, q_pos], 1), torch.cat([clean_ok, q_ok], 1)  # (B, T)
     ids = torch.cat([torch.where(drafted, draft, st.tokens).gather(1, clean_pos), st.tokens.gather(1, q_pos)], 1)
-    mask = with_cache(_step_mask(K + 1, w - 1, st.device) & valid[:, None, :] | eye(K + w, st.device), st.cache.width)
-    start = st.cache.lengths.clone()  # (B,) then the pending token
-    logits = backbone(ids, slot_pos, mask, st.cache, keep=clean_ok.sum(-1), logits_start=0)  # (B, K+1 + w−1, V)
+    mask = with_cache(_step_mask(K + 1, w - 1, st.device) & valid[:, None, :] | eye(K + w, st.device), st.kv.width)
+    start = st.kv.lengths.clone()  # (B,) then the pending token
+    logits = backbone(ids, slot_pos, mask, st.kv, keep=clean_ok.sum(-1), logits_start=0)  # (B, K+1 + w−1, V)
 
     # every prediction, as (position predicted, horizon = the drafts it takes as committed): verifiers then masks
     p_pos, p_ok = torch.cat([v_pos, q_pos], 1), torch.cat([v_ok, q_ok], 1)  # (B, P)

@@ -16,18 +16,29 @@ compute.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
 from torch import Tensor
 
 from ..masks import decode_block_mask, with_cache
+from ..model import KVCache
 from .output import StepTrace
 from .sampling import Sampling, commit_rule, process_logits, propose
-from .structured.enforce import allowed_tokens, keep_jointly, vet_commits
+from .structured.cfg import GrammarRow
+from .structured.enforce import RowConstraint, allowed_tokens, keep_jointly, vet_commits
+
+if TYPE_CHECKING:
+    from .settings import VerifyLayout
 
 
 Mode = Literal["generate", "fill"]  # generate: new tokens after a prompt; fill: the MASKs of a canvas (infill)
+
+
+class TextOf(Protocol):
+    """What a decode reads of its tokenizer: the text of token ids (stop strings)."""
+
+    def decode(self, ids: list[int], /) -> str: ...
 
 
 class Decoder(Protocol):
@@ -53,9 +64,9 @@ class DecodeConfig:
     cache_order: str = "position"  # SetDLM: order of newly cached tokens, "position" or "reveal"
     speculate: bool | str = False  # SetDLM: self-speculative decoding (True: decoding/speculative.py, "next_token":
     # decoding/speculative_next_token.py)
-    verify_layout: str = "auto"  # speculate=True: "auto", "all" or "last" (decoding/speculative.py)
+    verify_layout: VerifyLayout = "auto"  # speculate=True: "auto", "all" or "last" (decoding/speculative.py)
     stop: tuple[str, ...] = ()
-    tokenizer: object | None = None
+    tokenizer: TextOf | None = None
     trace: bool = False
     top_logprobs: int = 0  # with ``trace``: each query's k most probable tokens (StepTrace.top; the server's logprobs)
 
@@ -94,7 +105,7 @@ class DecodeState:
 
     def __init__(self, sequences: list[list[int]], targets: list[list[bool]], cfg: DecodeConfig, *,
                  index: list[int], generators: list[torch.Generator] | None, device, width: int | None = None,
-                 constraints=None):
+                 constraints: list[RowConstraint | GrammarRow | None] | None = None):
         B = len(sequences)
         N = max(len(s) for s in sequences)
         if width is not None:  # a fixed canvas, so that states built apart can be joined (:meth:`extend`)
@@ -123,13 +134,17 @@ class DecodeState:
         self.seen: Tensor | None = None  # (B, V) counts for the repetition penalty, built on first use
         self.extra = RowTensors()  # the decoder's own per-row tensors (its init sets its RowTensors subclass)
         self.shared: dict[str, Tensor] = {}  # tensors shared by all rows (the decoders add their own)
-        self.cache = None
+        self.cache: KVCache | None = None  # the decoder's init makes it (:attr:`kv`)
+        # speculative decodes: a step's predictions' alternatives (values, indices, positions, horizons, valid),
+        # from predict to verify's trace
+        self.step_top: tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None = None
         self.forwards = 0  # steps so far (every row still here took part in all of them)
         self.may_overflow = N > cfg.context_length  # cache + new tokens <= N distinct positions otherwise
         self.traces: list[list[StepTrace]] | None = [[] for _ in range(B)] if cfg.trace else None
         self.results: dict[int, RowResult] = {}
         # per row, a RowConstraint (docs/decoding.md "Constrained decoding") or None; None: no row has one
-        self.constraints = list(constraints) if constraints is not None else None
+        self.constraints: list[RowConstraint | GrammarRow | None] | None = (
+            list(constraints) if constraints is not None else None)
         ends = cfg.stop_on_eos and cfg.mode == "generate"  # the EOS ids that end a row, made once
         self.shared["stop_ids"] = torch.tensor(cfg.sampling.eos_token_ids if ends else (), dtype=torch.long,
                                                device=device)
@@ -139,6 +154,13 @@ class DecodeState:
     @property
     def batch(self) -> int:
         return self.length.shape[0]
+
+    @property
+    def kv(self) -> KVCache:
+        """The cache, which the decoder's ``init`` made (a decoder without one never asks)."""
+        if self.cache is None:
+            raise RuntimeError("the decoder's init has not made the state's cache")
+        return self.cache
 
     def _first_masked(self) -> Tensor:
         return torch.where(self.masked, self.pos, self.canvas).min(-1).values  # (B,)
@@ -169,23 +191,21 @@ class DecodeState:
             raise ValueError("only states with the same decoding config and canvas width can be joined")
         for name in self.ROW_TENSORS:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
-        if (self.seen is None) != (other.seen is None):  # one side has not committed yet: start its counts
-            V = (self.seen if self.seen is not None else other.seen).shape[-1]
-            for st in (self, other):
-                if st.seen is None:
-                    st.seen = st._initial_seen(V)
-        if self.seen is not None:
+        counted = self.seen if self.seen is not None else other.seen
+        if counted is not None:  # one side may not have committed yet: start its counts
+            self.seen = self.seen if self.seen is not None else self._initial_seen(counted.shape[-1])
+            other.seen = other.seen if other.seen is not None else other._initial_seen(counted.shape[-1])
             self.seen = torch.cat([self.seen, other.seen])
         self.extra = self.extra.join(other.extra)
         self.index = torch.cat([self.index, other.index])
-        if self.generators is not None:
+        if self.generators is not None and other.generators is not None:  # both or neither: the same config
             self.generators = self.generators + other.generators
-        if self.traces is not None:
+        if self.traces is not None and other.traces is not None:
             self.traces = self.traces + other.traces
         if self.constraints is not None or other.constraints is not None:
             self.constraints = ((self.constraints or [None] * (self.batch - other.batch))
                                 + (other.constraints or [None] * other.batch))
-        if self.cache is not None:
+        if self.cache is not None and other.cache is not None:
             self.cache.cat_rows(other.cache)
         self.results.update(other.results)
 
@@ -203,19 +223,19 @@ class DecodeState:
             gen_len = done.cumsum(-1).gather(1, qpos)  # queries are masked: the count is exclusive
         if s.repetition_penalty != 1.0 and self.seen is None:
             self.seen = self._initial_seen(logits.shape[-1])
-        allowed = None
-        if self.constraints is not None:  # (B, Q, V) the tokens that keep each row's canvas completable
-            allowed = allowed_tokens(self.constraints, self.tokens, self.masked, qpos, qvalid, logits.shape[-1])
+        rows, allowed = self.constraints, None
+        if rows is not None:  # (B, Q, V) the tokens that keep each row's canvas completable
+            allowed = allowed_tokens(rows, self.tokens, self.masked, qpos, qvalid, logits.shape[-1])
         tok, conf = propose(logits, qvalid, s, self.generators, self.seen, gen_len, allowed)  # (B, Q) each
         commit = commit_rule(conf, qvalid, s.threshold)  # (B, Q)
-        replaced = None  # (B, Q) where a CFG row put its closing's next token instead (docs/decoding.md "Two engines")
-        if allowed is not None:  # a set is kept only as far as its members fit the constraint together
-            commit = keep_jointly(self.constraints, self.tokens, self.masked, qpos, tok, conf, commit)
-            replaced = vet_commits(self.constraints, qpos, tok, commit)
         bound = None  # (B, Q) where the constraint overrode the model's own first choice (for the trace)
-        if allowed is not None and self.traces is not None:
-            free = logits.index_fill(-1, torch.tensor([s.mask_token_id], device=logits.device), float("-inf"))
-            bound = ~allowed.gather(-1, free.argmax(-1, keepdim=True))[..., 0] | replaced
+        if rows is not None and allowed is not None:  # a set is kept only as far as its members fit together
+            commit = keep_jointly(rows, self.tokens, self.masked, qpos, tok, conf, commit)
+            # where a CFG row put its closing's next token instead (docs/decoding.md "Two engines")
+            replaced = vet_commits(rows, qpos, tok, commit)
+            if self.traces is not None:
+                free = logits.index_fill(-1, torch.tensor([s.mask_token_id], device=logits.device), float("-inf"))
+                bound = ~allowed.gather(-1, free.argmax(-1, keepdim=True))[..., 0] | replaced
         top = None  # (values, indices) (B, Q, k): the k most probable tokens of each query's distribution
         if self.cfg.top_logprobs and self.traces is not None:
             top = process_logits(logits, s, self.seen, gen_len, allowed).topk(self.cfg.top_logprobs, dim=-1)
@@ -228,6 +248,8 @@ class DecodeState:
         """Each query's k most probable tokens and their log-probabilities under the distribution its token was
         proposed from (``top``: values, indices (B, Q, k)), into the step's trace in query-position order."""
         values, indices = top
+        if self.traces is None:
+            return
         for b in range(self.batch):
             v = qvalid[b]
             order = torch.argsort(qpos[b][v])
@@ -262,7 +284,10 @@ class DecodeState:
             seen.scatter_add_(1, self.tokens[:, : self.canvas], ctx.long())
         return seen
 
-    def _trace(self, qpos, qvalid, tok, conf, commit, slot_pos, slot_valid, bound=None) -> None:
+    def _trace(self, qpos: Tensor, qvalid: Tensor, tok: Tensor, conf: Tensor, commit: Tensor, slot_pos: Tensor,
+               slot_valid: Tensor, bound: Tensor | None = None) -> None:
+        if self.traces is None:
+            return
         cache_len = self.cache.lengths.tolist() if self.cache is not None else [0] * self.batch
         for b in range(self.batch):
             v, c = qvalid[b], commit[b]
@@ -301,6 +326,8 @@ class DecodeState:
     def _search_stop_strings(self) -> None:
         """Search the newly resolved generated text of each row for the stop strings (Python, per row)."""
         tok = self.cfg.tokenizer
+        if tok is None:
+            raise ValueError("stop strings need the model's tokenizer")
         resolved = torch.minimum(self.first_masked, self.eos_pos)  # (B,) the text before any EOS
         grew = torch.nonzero((resolved > self.stop_checked) & (self.stop_end >= self.canvas)).flatten().tolist()
         for b in grew:

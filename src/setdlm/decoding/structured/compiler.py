@@ -16,6 +16,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import IO
 
 from ...errors import UserError
 
@@ -85,7 +88,7 @@ def class_end(pattern: str, i: int) -> int | None:
 _FLAGS = re.compile(r"\(\?([a-zA-Z-]*)[:)]")  # (?flags) and (?flags:...)
 
 
-def regex_atoms(pattern: str):
+def regex_atoms(pattern: str) -> Iterator[tuple[int, str | None]]:
     """``(start, atom)`` for each atom of ``pattern`` in order: an escape (``\\p{...}`` whole), a character
     class ``[...]`` whole, or one character; ``atom`` is None where a class or a ``\\p{`` is not closed (and
     the walk stops there)."""
@@ -100,10 +103,11 @@ def regex_atoms(pattern: str):
                     yield i, None
                     return
         elif c == "[":
-            j = class_end(pattern, i)
-            if j is None:
+            end = class_end(pattern, i)
+            if end is None:
                 yield i, None
                 return
+            j = end
         else:
             j = i + 1
         yield i, pattern[i:j]
@@ -132,14 +136,25 @@ def without_end_mark(pattern: str, where: str) -> str:
     return "".join(out)
 
 
+@dataclass
+class _Process:
+    """One compiling process: its pipes, its memory bound and the vocabularies it holds (the last two digests)."""
+
+    popen: subprocess.Popen[bytes]
+    stdin: IO[bytes]
+    stdout: IO[bytes]
+    memory: int
+    seen: list[str] = field(default_factory=list)
+
+
 class Compiler:
     """Processes running :mod:`setdlm.decoding.structured.worker`, at most ``bounds.workers`` at once; one
     that passes its time is killed, one that outgrows its memory dies alone. :meth:`run` replies as the worker
     does, or ``("bound", message, which)``: ``which`` the bound passed, ``"seconds"`` or ``"memory"``, or
     ``"wait"`` (no compiler was free in time: the load's doing, not the pattern's)."""
 
-    def __init__(self):
-        self._idle: list[subprocess.Popen] = []
+    def __init__(self) -> None:
+        self._idle: list[_Process] = []
         self._lock = threading.Lock()
         self._busy = 0
         self._free = threading.Condition(self._lock)
@@ -157,7 +172,7 @@ class Compiler:
             self._busy += 1
             proc = self._idle.pop() if self._idle else None
         try:
-            if proc is not None and (proc.poll() is not None or proc.memory != bounds.memory):  # gone, or stale
+            if proc is not None and (proc.popen.poll() is not None or proc.memory != bounds.memory):  # gone, stale
                 self._retire(proc)
                 proc = None
             if proc is None:
@@ -176,14 +191,15 @@ class Compiler:
                 self._busy -= 1
                 self._free.notify()
 
-    def _spawn(self, memory: int) -> subprocess.Popen:
+    def _spawn(self, memory: int) -> _Process:
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
-        proc = subprocess.Popen([sys.executable, "-P", script, str(int(memory))], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        proc.seen, proc.memory = [], memory
-        return proc
+        popen = subprocess.Popen([sys.executable, "-P", script, str(int(memory))], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        if popen.stdin is None or popen.stdout is None:  # PIPE gives both
+            raise RuntimeError("the compiling process has no pipes")
+        return _Process(popen, popen.stdin, popen.stdout, memory)
 
-    def _ask(self, proc: subprocess.Popen, request: tuple, deadline: float, seconds: float, memory: int) -> tuple:
+    def _ask(self, proc: _Process, request: tuple, deadline: float, seconds: float, memory: int) -> tuple:
         data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
         try:
             proc.stdin.write(struct.pack("<Q", len(data)) + data)
@@ -191,18 +207,18 @@ class Compiler:
             head = self._read(proc, 8, deadline)
             body = self._read(proc, struct.unpack("<Q", head)[0], deadline)
         except TimeoutError:
-            proc.kill()
+            proc.popen.kill()
             self._retire(proc)
             return ("bound", f"took more than the time bound ({seconds:g} s)", "seconds")
         except (EOFError, BrokenPipeError):
             self._retire(proc)
             return ("bound", f"outgrew the memory bound ({memory >> 20} MiB) and failed "
-                             f"(exit {proc.returncode})", "memory")
+                             f"(exit {proc.popen.returncode})", "memory")
         return pickle.loads(body)
 
     @staticmethod
-    def _read(proc: subprocess.Popen, n: int, deadline: float) -> bytes:
-        fd, parts, got = proc.stdout.fileno(), [], 0
+    def _read(proc: _Process, n: int, deadline: float) -> bytes:
+        fd, parts, got = proc.stdout.fileno(), list[bytes](), 0
         while got < n:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
@@ -221,11 +237,11 @@ class Compiler:
             self._retire(proc)
 
     @staticmethod
-    def _retire(proc: subprocess.Popen) -> None:
+    def _retire(proc: _Process) -> None:
         """End an idle process (its stdin closed, it exits) and wait for it."""
         try:
             proc.stdin.close()
         except OSError:
             pass
-        proc.wait()
+        proc.popen.wait()
         proc.stdout.close()

@@ -70,8 +70,7 @@ class Constraint:
         return "setdlm" if self.pattern is not None else "llguidance"
 
     def __repr__(self) -> str:
-        long = isinstance(self.spec, str) and len(self.spec) > 60
-        shown = self.spec[:60] + "…" if long else self.spec
+        shown = self.spec[:60] + "…" if isinstance(self.spec, str) and len(self.spec) > 60 else self.spec
         return f"{self.kind}({shown!r})"
 
 
@@ -158,8 +157,9 @@ def as_constraint(value) -> Constraint | None:
         return value
     if isinstance(value, dict):
         return json_schema(value)
-    if isinstance(value, type) and callable(getattr(value, "model_json_schema", None)):  # Pydantic v2 model
-        return json_schema(value.model_json_schema())
+    schema_of = getattr(value, "model_json_schema", None)
+    if isinstance(value, type) and callable(schema_of):  # Pydantic v2 model
+        return json_schema(schema_of())
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
         return choice(list(value))
     raise TypeError("constraint must be made by setdlm.decoding.structured.constraint.regex/json_schema/choice, or be "
@@ -237,6 +237,15 @@ class TokenAutomaton:
 class CompileBound(UserError):
     """Compiling a constraint's automaton passed a bound (time, memory, size; for a JSON Schema, a regex
     outlines-core cannot build): a left-to-right decode may then use the CFG engine."""
+
+
+class _Refused(Exception):
+    """A compile's refusal ``error`` and the ``bound`` under which a later call may take it from the cache of
+    refusals (``"seconds"``, ``"memory"``, ``"edges"``, ``"always"``; None: not kept)."""
+
+    def __init__(self, error: UserError, bound: str | None):
+        super().__init__(str(error))
+        self.error, self.bound = error, bound
 
 
 @dataclass(frozen=True)
@@ -341,14 +350,13 @@ class ConstraintCompiler:
             raise type(e)(str(e), fields=e.fields)  # as compiling again would: the bound is no larger now
         try:
             auto = self._compile(constraint, pattern, pieces, digest)
-        except UserError as e:
-            which = getattr(e, "bound", None)
-            if which is not None:
+        except _Refused as r:
+            if r.bound is not None:
                 with self._lock:
-                    self._refused[key] = (which, self._limit(which), e)
+                    self._refused[key] = (r.bound, self._limit(r.bound), r.error)
                     while len(self._refused) > REFUSALS_KEPT:
                         self._refused.popitem(last=False)
-            raise
+            raise r.error from None
         with self._lock:
             self._cache[key] = auto
         self._evict()
@@ -370,14 +378,15 @@ class ConstraintCompiler:
         other refusal (a pattern the tokens cannot spell, not a regex) stands whatever the bounds: infinity."""
         bounds = self.bounds
         if which == "seconds":
-            return bounds.seconds if _SECONDS.get() is None else min(bounds.seconds, _SECONDS.get())
+            given = _SECONDS.get()
+            return bounds.seconds if given is None else min(bounds.seconds, given)
         return float(getattr(bounds, which)) if which in ("memory", "edges") else float("inf")
 
     def _compile(self, constraint: Constraint, pattern: str, pieces: list[bytes | None], digest: str
                  ) -> TokenAutomaton:
-        """The automaton, or the refusal: a :class:`UserError` whose ``bound`` names what a later call may
-        take from the cache of refusals (``"seconds"``, ``"memory"``, ``"edges"``, ``"always"``); a wait for a
-        free compiler is not kept."""
+        """The automaton, or the refusal: a :class:`_Refused` whose ``bound`` names what a later call may take
+        it from the cache of refusals under (``"seconds"``, ``"memory"``, ``"edges"``, ``"always"``); a wait for
+        a free compiler is not kept."""
         where = constraint.kind
         reply = self._workers.run(digest, pieces, f"({without_end_mark(pattern, where)})\\x{{FFFF}}",
                                   self._limit("seconds"), self.bounds)
@@ -385,8 +394,7 @@ class ConstraintCompiler:
         if reply[0] == "bound":
             error = CompileBound(f"{where}: compiling {constraint!r} {reply[1]}; simplify it (fewer alternatives, "
                                  f"smaller repetition counts, less nesting) or lower max_tokens", fields=(where,))
-            error.bound = None if reply[2] == "wait" else reply[2]
-            raise error
+            raise _Refused(error, None if reply[2] == "wait" else reply[2])
         if reply[0] == "error":
             kind, message = reply[1], reply[2]
             if kind == "incompatible":
@@ -398,8 +406,7 @@ class ConstraintCompiler:
             else:
                 cls = CompileBound if where == "json_schema" else UserError  # a schema's regex is ours: a size limit
                 error = cls(f"{where}: {constraint!r}: invalid regular expression: {message}", fields=(where,))
-            error.bound = "edges" if kind == "size" else "always"
-            raise error
+            raise _Refused(error, "edges" if kind == "size" else "always")
         return _tables(*reply[1:], V=len(pieces))
 
 

@@ -27,6 +27,7 @@ costs the edges leaving ``F_i``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -201,6 +202,9 @@ class RowConstraint:
         return out
 
 
+Rows = Sequence[RowConstraint | GrammarRow | None]  # a state's rows: each one's engine, None for a free row
+
+
 def row_constraints(constraints, sequences: list[list[int]], targets: list[list[bool]], mode: str, tokenizer,
                     eos_ids: tuple[int, ...], left_to_right: bool = False,
                     compiler: ConstraintCompiler | None = None) -> list[RowConstraint | GrammarRow | None] | None:
@@ -240,7 +244,8 @@ def _row(i: int, c: Constraint, tokenizer, lo: int, hi: int, eos: tuple[int, ...
         try:
             return RowConstraint(c, compiler.automaton(c, tokenizer, hi - lo), lo, hi, eos)
         except CompileBound as e:
-            grammar = schema_grammar(c.spec, c.whitespace)[0] if c.kind == "json_schema" else None
+            spec = c.spec if c.kind == "json_schema" and isinstance(c.spec, str) else None  # the schema's JSON text
+            grammar = schema_grammar(spec, c.whitespace)[0] if spec is not None else None
             if grammar is None:
                 raise
             c = replace(c, pattern=None, grammar=grammar, refusal=str(e))
@@ -253,7 +258,7 @@ def _row(i: int, c: Constraint, tokenizer, lo: int, hi: int, eos: tuple[int, ...
     return GrammarRow(c, tokenizer, pieces, digest, lo, hi, eos, compiler.matchers)
 
 
-def allowed_tokens(rows: list[RowConstraint | None], tokens: Tensor, masked: Tensor, qpos: Tensor, qvalid: Tensor,
+def allowed_tokens(rows: Rows, tokens: Tensor, masked: Tensor, qpos: Tensor, qvalid: Tensor,
                    V: int) -> Tensor:
     """(B, Q, V) bool: the tokens each query of each row may take (everything for a row without a
     constraint). ``tokens``/``masked`` (B, N+1): the canvas; ``qpos``/``qvalid`` (B, Q): the queries."""
@@ -270,7 +275,7 @@ def allowed_tokens(rows: list[RowConstraint | None], tokens: Tensor, masked: Ten
     return allowed.to(qpos.device)
 
 
-def keep_jointly(rows: list[RowConstraint | None], tokens: Tensor, masked: Tensor, qpos: Tensor, tok: Tensor,
+def keep_jointly(rows: Rows, tokens: Tensor, masked: Tensor, qpos: Tensor, tok: Tensor,
                  conf: Tensor, commit: Tensor) -> Tensor:
     """The commit set (B, Q) with every member dropped that, together with the more confident members
     kept before it, would leave the canvas uncompletable (the most confident one is always kept)."""
@@ -293,7 +298,7 @@ def keep_jointly(rows: list[RowConstraint | None], tokens: Tensor, masked: Tenso
     return commit
 
 
-def allowed_given_drafts(rows: list[RowConstraint | None], tokens: Tensor, masked: Tensor, drafted: Tensor,
+def allowed_given_drafts(rows: Rows, tokens: Tensor, masked: Tensor, drafted: Tensor,
                          draft: Tensor, qpos: Tensor, qvalid: Tensor, horizon: Tensor, V: int) -> Tensor:
     """(B, Q, V) bool: the tokens each query of self-speculative decoding (``decoding/speculative.py``) may
     take. A query of horizon ``h`` sees the committed canvas and the drafts before ``h`` (``drafted``/``draft``
@@ -320,7 +325,7 @@ def allowed_given_drafts(rows: list[RowConstraint | None], tokens: Tensor, maske
     return allowed.to(qpos.device)
 
 
-def vet_commits(rows: list[RowConstraint | GrammarRow | None], qpos: Tensor, tok: Tensor, commit: Tensor) -> Tensor:
+def vet_commits(rows: Rows, qpos: Tensor, tok: Tensor, commit: Tensor) -> Tensor:
     """(B, Q) bool: where a left-to-right decode's commit (``DecodeState.commit``: one query per row, at its first
     hole) had its token ``tok`` replaced, in place, by a CFG row's :meth:`GrammarRow.vet
     <setdlm.decoding.structured.cfg.GrammarRow.vet>`: a token after which no closing fits in the positions left
@@ -343,7 +348,7 @@ def vet_commits(rows: list[RowConstraint | GrammarRow | None], qpos: Tensor, tok
     return replaced
 
 
-def vet_verified(rows: list[RowConstraint | GrammarRow | None], v_ok: Tensor, v_tok: Tensor, is_draft: Tensor,
+def vet_verified(rows: Rows, v_ok: Tensor, v_tok: Tensor, is_draft: Tensor,
                  d_tok: Tensor, acc: Tensor) -> Tensor:
     """The accepted drafts (B,) of a speculative step (``decoding/speculative.py``'s ``verify``) once each CFG row
     has vetted its verifiers' tokens ``v_tok`` (B, K+1) in order, as the left-to-right decode would commit them

@@ -24,18 +24,20 @@ import resource
 import struct
 import sys
 from array import array
+from typing import BinaryIO
 
 END_MARK = "\uffff".encode()  # a noncharacter no output holds: the pattern sent is (P)\x{FFFF}
+Request = tuple[str, list[bytes | None] | None, str, int]  # (digest, pieces or None, pattern, max_edges)
 
 
-def _read(stream) -> object | None:
+def _read(stream: BinaryIO) -> Request | None:
     head = stream.read(8)
     if len(head) < 8:
         return None
     return pickle.loads(stream.read(struct.unpack("<Q", head)[0]))
 
 
-def _write(stream, obj) -> None:
+def _write(stream: BinaryIO, obj: tuple) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(struct.pack("<Q", len(data)) + data)
     stream.flush()
