@@ -15,9 +15,12 @@ import os
 import sys
 import time
 
+# the first llguidance-only ones (json_schema's engine) of SchemaStore's schemas shuffled by random.Random(0)
 SCHEMAS = ("https://raw.githubusercontent.com/hadolint/hadolint/master/contrib/hadolint.json",
            "https://json.schemastore.org/band-manifest.json", "https://json.schemastore.org/bitrise.json",
-           "https://jenkins-x.io/schemas/jx-schema.json")  # the first llguidance-only ones of a seeded scan
+           "https://jenkins-x.io/schemas/jx-schema.json", "https://unpkg.com/@graphql-mesh/types@0.72.3/config-schema.json",
+           "https://json.schemastore.org/appsettings.json", "https://json.schemastore.org/liquibase-3.2.json",
+           "https://json.schemastore.org/eslintrc.json")
 
 
 class Counted:
@@ -42,6 +45,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--decodes", default="ar,drafter", help="ar, drafter (speculate='next_token'), comma-separated")
+    ap.add_argument("--schemas", type=int, default=4, help="how many of SCHEMAS, in order (at most 8)")
     args = ap.parse_args()
     sys.path.insert(0, os.path.dirname(__file__))
     import jsonschema
@@ -55,11 +59,10 @@ def main() -> None:
     closing = Counted(GrammarRow, "_closing")
     vetoed = Counted(GrammarRow, "vet", lambda a, out: out != a[1]) if hasattr(GrammarRow, "vet") else None
     by_url = {u: s for u, _, s in store_schemas()}
-    models = {"ar": (setdlm.load("smollm2-135m", quantize="int8"), {}),
-              "drafter": (setdlm.load("smollm2-135m-draft", quantize="int8"), {"speculate": "next_token"})}
+    loads = {"ar": ("smollm2-135m", {}), "drafter": ("smollm2-135m-draft", {"speculate": "next_token"})}
     for name in args.decodes.split(","):
-        model, knobs = models[name]
-        for url in SCHEMAS:
+        model, knobs = setdlm.load(loads[name][0], quantize="int8"), loads[name][1]
+        for url in SCHEMAS[:args.schemas]:
             schema = by_url[url]
             c = json_schema(schema)
             assert c.engine == "llguidance", url
