@@ -48,8 +48,8 @@ class GenerationOutput:
     tokens: list[list[int]]
     sequences: list[list[int]]
     texts: list[str] | None
-    # "eos" | "stop" | "length" (max_new_tokens reached) | "done" (all masks filled) | "unfinished" (a constrained
-    # output cut at max_new_tokens before its document closed: not a match; docs/decoding.md "Two engines")
+    # "eos" | "stop" | "length" (max_new_tokens reached; a constrained output is then a whole match,
+    # docs/decoding.md "Two engines") | "done" (all masks filled)
     finish_reason: list[str]
     nfe: int  # backbone forwards, prefill excluded (a batched forward counts once)
     row_nfe: list[int]  # forwards each row took part in

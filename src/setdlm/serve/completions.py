@@ -140,7 +140,7 @@ class Completions:
                 lp = (chat_logprobs(self.model.tokenizer, entries) if req.chat else
                       completion_logprobs(self.model.tokenizer, (echoed[p] if echoed else []) + entries))
             text, finish, calls = echo + (d.text or ""), finish_reason(d, constrained), None
-            if req.tools is not None and d.finish_reason != "unfinished":  # a call or {"content": text}: valid
+            if req.tools is not None:  # a call or {"content": text} (a stop string's cut: the text)
                 text, calls = tool_answer(d.text)
                 finish = "tool_calls" if calls else finish
             choices.append(choice(req.chat, job.choice, text, finish, lp, calls))
@@ -267,8 +267,8 @@ class _ChoiceStream:
         content: str | None = delta  # None: chat's content beside its tool calls
         calls = None
         if self.req.tools is not None:  # the answer is JSON until it ends: sent whole, as a call or as text
-            if ev.done is None or ev.done.finish_reason == "unfinished":  # cut: not JSON, the text as it is
-                content, calls = ("", None) if ev.done is None else (ev.done.text, None)
+            if ev.done is None:  # not ended: nothing yet
+                content, calls = "", None
             else:
                 content, calls = tool_answer(ev.done.text)
             finish = "tool_calls" if calls else finish

@@ -14,15 +14,15 @@ import uuid
 from ..decoding.session import Row, RowDone
 from ..decoding.state import stop_index
 
-# done: an infilled middle; unfinished: a constrained answer cut before its document closed
-FINISH = {"eos": "stop", "stop": "stop", "length": "length", "done": "stop", "unfinished": "length"}
+# done: an infilled middle
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "done": "stop"}
 
 
 def finish_reason(done: RowDone, constrained: bool) -> str:
     """OpenAI's ``finish_reason`` of a finished row. A constrained row that used its whole budget ended on a
     whole match (the constraint keeps the output completable within the budget, so its end is accepting):
-    "stop", as when the model closes the JSON itself, not "length" (which clients read as a cut answer); one
-    the decode reports ``"unfinished"`` (docs/decoding.md "Two engines") is cut: "length"."""
+    "stop", as when the model closes the JSON itself, not "length" (which clients read as a cut answer); this
+    holds for both engines (docs/decoding.md "Two engines")."""
     return "stop" if constrained and done.finish_reason == "length" else FINISH[done.finish_reason]
 
 

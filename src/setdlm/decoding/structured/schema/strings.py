@@ -145,10 +145,10 @@ def json_safe(pattern: str, where: str, boundary: bool = True) -> str:
     out = []
     for i, atom in regex_atoms(pattern):
         c = pattern[i]
+        if atom is None:  # the walk stops at an unclosed class or \p{
+            refuse("pattern", where, "an unclosed \\p{...}" if c == "\\" else "an unclosed character class")
         if c == "\\":
             out.append(_escape(pattern[i + 1:i + 2], atom, where))
-        elif atom is None:
-            refuse("pattern", where, "an unclosed character class")
         elif c == "[":
             out.append(atom if _SAFE_CLASS.fullmatch(atom) and _ranges_alnum(atom) else f"[{atom}&&{CHAR}]")
         elif c == ".":
