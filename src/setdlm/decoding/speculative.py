@@ -98,7 +98,7 @@ def position_uniforms(st: DecodeState) -> Tensor:
     if st.cfg.sampling.greedy:
         return u
     if st.generators is None:
-        raise ValueError("a sampled decode needs a generator per row")
+        raise RuntimeError("a sampled decode needs a generator per row (the decode state makes one per row)")
     for b, g in enumerate(st.generators):
         n = int(st.target[b].sum())
         draws = [torch.rand(1, generator=g, dtype=torch.float64, device=st.device) for _ in range(n)]
