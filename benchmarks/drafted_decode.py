@@ -36,7 +36,7 @@ from setdlm.data.tasks import reasoning_split
 from setdlm.decoding import generate
 from setdlm.formats import gguf
 
-PRECISIONS = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"}}
+PRECISIONS = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"}, "int4": {"quantize": "int4"}}
 
 
 def prompts_of(tok, chat: int, word: int) -> tuple[list[list[int]], list[str]]:
