@@ -184,13 +184,3 @@ def test_refused_fields_and_unknown_ones_are_a_400_naming_them(server):
                                   "parallel_tool_calls": False, "service_tier": "auto"}, "/v1/chat/completions")
     assert status == 200, out
 
-
-def test_an_answer_cut_before_its_document_closed_is_text_not_a_call():
-    """A ``stop`` string can end a constrained answer inside its JSON: the answer is then the text as written, no
-    tool call (before, it raised a JSONDecodeError: a 500)."""
-    from setdlm.serve.tools import answer
-
-    assert answer('{"name": "get_weather", "argu') == ('{"name": "get_weather", "argu', None)
-    content, calls = answer('{"name": "f", "arguments": {"x": 1}}')
-    assert content is None and calls is not None and json.loads(calls[0]["function"]["arguments"]) == {"x": 1}
-    assert answer('{"content": "hi"}') == ("hi", None)

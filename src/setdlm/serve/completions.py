@@ -140,7 +140,7 @@ class Completions:
                 lp = (chat_logprobs(self.model.tokenizer, entries) if req.chat else
                       completion_logprobs(self.model.tokenizer, (echoed[p] if echoed else []) + entries))
             text, finish, calls = echo + (d.text or ""), finish_reason(d, constrained), None
-            if req.tools is not None:  # a call or {"content": text} (a stop string's cut: the text)
+            if req.tools is not None:  # a call or {"content": text}: a whole document
                 text, calls = tool_answer(d.text)
                 finish = "tool_calls" if calls else finish
             choices.append(choice(req.chat, job.choice, text, finish, lp, calls))

@@ -104,12 +104,9 @@ def _mode(choice, functions: dict) -> str:
 
 def answer(text: str) -> tuple[str | None, list[dict] | None]:
     """``(content, tool_calls)`` of a constrained answer: a call becomes one tool call (its arguments as JSON
-    text, as OpenAI sends them), ``{"content": ...}`` the text. An answer a ``stop`` string cut before its
-    document closed is no call: the text as written."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return text, None
+    text, as OpenAI sends them), ``{"content": ...}`` the text. The answer is always a whole document: every
+    constrained row closes within its budget, and stop strings beside a constraint are refused."""
+    value = json.loads(text)
     if "name" in value:
         call = {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
                 "function": {"name": value["name"], "arguments": json.dumps(value["arguments"])}}
