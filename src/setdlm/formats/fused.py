@@ -69,19 +69,14 @@ def prepare(backbone: nn.Module) -> None:
 
 
 def _bind(ops: Any, args: tuple) -> Callable:
-    """``layer(x, cos, sin, ck, cv, flat, width, mask)``: the layer's op with its own arguments bound."""
+    """``layer(x, cos, sin, ck, cv, flat, width, mask)``: the layer's op (``llama_int8_layer`` or
+    ``llama_int4_layer``) with its own arguments bound."""
     kind, w_in, w_post, eps, products, sizes, scale = args
-    if kind == "int8":
-        op, (qkv, o, gate_up, down) = ops.llama_int8_layer.default, products
+    op = getattr(ops, f"llama_{kind}_layer").default
 
-        def layer(x, cos, sin, ck, cv, flat, width, mask):
-            return op(x, w_in, w_post, eps, qkv, o, gate_up, down, sizes, cos, sin, ck, cv, flat, width, mask, scale)
-        return layer
-    op4 = ops.llama_int4_layer.default
-
-    def layer4(x, cos, sin, ck, cv, flat, width, mask):
-        return op4(x, w_in, w_post, eps, products, sizes, cos, sin, ck, cv, flat, width, mask, scale)
-    return layer4
+    def layer(x, cos, sin, ck, cv, flat, width, mask):
+        return op(x, w_in, w_post, eps, *products, sizes, cos, sin, ck, cv, flat, width, mask, scale)
+    return layer
 
 
 def _layer_args(layer: Any) -> tuple | None:  # an HF decoder layer (attributes by name)
@@ -110,8 +105,7 @@ def _layer_args(layer: Any) -> tuple | None:  # an HF decoder layer (attributes 
         return None
     sizes = [*a.qkv_sizes, a.head_dim, norms[0].weight.numel(), mlp.gate_up_proj.out_features]
     scale = getattr(a, "scaling", a.head_dim ** -0.5)
-    if kind == "int8":
-        products: Any = [lin._packed for lin in linears]
-    else:
-        products = [t for lin in linears for t in (lin._q, lin._sz)]
+    # the op's product arguments: int8's four packed weights; int4's one list of codes and scales, in turn
+    products: tuple = (tuple(lin._packed for lin in linears) if kind == "int8" else
+                       ([t for lin in linears for t in (lin._q, lin._sz)],))
     return kind, norms[0].weight, norms[1].weight, float(eps), products, sizes, float(scale)
