@@ -251,6 +251,8 @@ class Session:
         constraint is copied: it tracks its state's progress, and a row may start again (:meth:`_replay`)."""
         rs = [self.rows[i] for i in rows]
         seeds = [r.seed for r in rs if r.seed is not None]  # all or none: the rows of one config
+        if seeds and len(seeds) != len(rs):
+            raise RuntimeError("rows of one config must all be seeded or none")
         gens = [torch.Generator(device=self.device).manual_seed(s) for s in seeds] if seeds else None
         cons = [copy.copy(r.constraint) for r in rs] if any(r.constraint for r in rs) else None
         new = DecodeState([r.sequence for r in rs], [r.targets() for r in rs], rs[0].config, index=rows,

@@ -41,8 +41,7 @@ class DraftedBackbone(nn.Module):
         if not base.runner.rotary:
             raise UserError("a set drafter needs a Llama/Qwen base (rotary positions); GPT-2 is not supported")
         c = drafter.config
-        if max(c.feature_layers) >= base.n_layers:
-            raise UserError(f"the drafter reads base layer {max(c.feature_layers)} but the base has {base.n_layers}")
+        check_layers(c.feature_layers, base.n_layers)
         if (c.n_kv_heads, c.head_dim) != (base.n_kv_heads, base.head_dim):
             raise UserError(f"the drafter's attention ({c.n_kv_heads} KV heads of {c.head_dim}) must match the "
                             f"base's ({base.n_kv_heads} of {base.head_dim}): they share one KV cache")
@@ -82,7 +81,7 @@ class DraftedBackbone(nn.Module):
             position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
         step = begin_step(cache, position_ids, attn_mask)
         taps: dict[int, Tensor | None] = dict.fromkeys(self.drafter.config.feature_layers)
-        x = self.base._llama_layers(input_ids, position_ids, step, cache, taps if cache is not None else None)
+        x = LlamaRunner.layers(self.base, input_ids, position_ids, step, cache, taps if cache is not None else None)
         if cache is not None:
             self._cache_context(taps, position_ids, step, cache)
         end_step(cache, step, keep)
@@ -95,7 +94,7 @@ class DraftedBackbone(nn.Module):
 
     def _cache_context(self, taps: dict[int, Tensor | None], position_ids: Tensor, step: CacheStep,
                        cache: KVCache) -> None:
-        c = self.drafter.context(_tapped(taps, self.drafter.config.feature_layers, self.base.n_layers))  # (B, T, d)
+        c = self.drafter.context(_tapped(taps, self.drafter.config.feature_layers))  # (B, T, d)
         cos, sin = llama(self.base.hf).model.rotary_emb(c, position_ids)
         for i, (k, v) in enumerate(self.drafter.context_kv(c, cos[:, None], sin[:, None])):
             cache.update(self.base.n_layers + i, k.to(cache.k[0].dtype), v.to(cache.k[0].dtype), step)
@@ -120,6 +119,7 @@ def base_features(base: HFBackbone, input_ids: Tensor, attn_mask: Tensor | None,
                   layers: tuple[int, ...]) -> list[Tensor]:
     """The outputs of the base's decoder layers ``layers``, each (B, T, d): what a drafter's context is made of
     (its layers run up to the last one asked for; positions 0..T−1)."""
+    check_layers(layers, base.n_layers)
     B, T = input_ids.shape
     pos = torch.arange(T, device=input_ids.device).expand(B, T)
     taps: dict[int, Tensor | None] = dict.fromkeys(layers)
@@ -131,14 +131,22 @@ def base_features(base: HFBackbone, input_ids: Tensor, attn_mask: Tensor | None,
         x = LlamaRunner.layer(base, layer, i, x, cos[:, None], sin[:, None], step, None)
         if i in taps:
             taps[i] = x
-    return _tapped(taps, layers, base.n_layers)
+    return _tapped(taps, layers)
 
 
-def _tapped(taps: dict[int, Tensor | None], layers: tuple[int, ...], n_layers: int) -> list[Tensor]:
-    """The outputs of the base layers ``layers`` that a forward tapped, in that order."""
+def check_layers(layers: tuple[int, ...], n_layers: int) -> None:
+    """A UserError unless every base layer in ``layers`` exists (0..``n_layers`` − 1)."""
+    if min(layers) < 0 or max(layers) >= n_layers:
+        raise UserError(f"the drafter reads base layers {list(layers)}; the base's are 0..{n_layers - 1}")
+
+
+def _tapped(taps: dict[int, Tensor | None], layers: tuple[int, ...]) -> list[Tensor]:
+    """The outputs of the base layers ``layers`` that a forward tapped, in that order (each exists:
+    :func:`check_layers`)."""
     feats = [t for i in layers if (t := taps[i]) is not None]
     if len(feats) < len(layers):
-        raise UserError(f"the drafter reads base layers {list(layers)}; the base's are 0..{n_layers - 1}")
+        raise RuntimeError(f"the forward tapped base layers {[i for i in layers if taps[i] is not None]} of "
+                           f"{list(layers)}")
     return feats
 
 

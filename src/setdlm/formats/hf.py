@@ -134,12 +134,6 @@ class HFBackbone(nn.Module):
                       wide=wide).to(dtype)  # GQA inside
         return y.transpose(1, 2).reshape(B, T, H * hd)  # (B, T, H·hd)
 
-    def _llama_layers(self, input_ids: Tensor, position_ids: Tensor, step: CacheStep, cache: KVCache | None,
-                      taps: dict[int, Tensor | None] | None = None) -> Tensor:
-        """The Llama-family decoder layers' output (B, T, d) (:meth:`LlamaRunner.layers`; ``taps``: a drafter's
-        features, :mod:`setdlm.formats.drafted`)."""
-        return LlamaRunner.layers(self, input_ids, position_ids, step, cache, taps)
-
     def fuse_projections(self) -> None:
         """Each Llama/Qwen layer's q/k/v projections become one linear layer (``qkv_proj``) and its MLP's gate
         and up projections another (``gate_up_proj``), the originals removed: fewer, wider matrix products per

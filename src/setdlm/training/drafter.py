@@ -176,13 +176,14 @@ def train_drafter(cfg: DrafterTrainConfig, progress: bool = True) -> Path:
     if model.tokenizer is None or model.tokenizer.eos_token_id is None:
         raise UserError(f"{cfg.base}: a drafter's base needs a tokenizer with an EOS token (always drafted)")
     eos = [int(model.tokenizer.eos_token_id)]
+    float_base = _hf_base(model, cfg.base)
     counts = torch.bincount(torch.tensor([t for r in train for t in r["completion"]]), minlength=base.vocab_size)
     if is_drafter_folder(out / "drafter"):
         _, drafter, saved = read_drafter(out / "drafter")
         step, seen = saved["training"]["step"], saved["training"]["tokens"]
     else:
-        drafter, step, seen = new_drafter(_hf_base(model, cfg.base), cfg, counts, eos), 0, 0
-    drafted = DraftedBackbone(_hf_base(model, cfg.base), drafter)
+        drafter, step, seen = new_drafter(float_base, cfg, counts, eos), 0, 0
+    drafted = DraftedBackbone(float_base, drafter)
     for p in drafted.base.parameters():
         p.requires_grad_(False)
     drafted.draft_head.weight.requires_grad_(False)
